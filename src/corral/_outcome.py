@@ -1,0 +1,228 @@
+"""Outcome: everything that happened to one sandboxed command.
+
+A policy denial is data here (``violations``), not an exception; callers who
+want an exception ask for it with :meth:`Outcome.raise_for_denial`, and
+:meth:`Outcome.check` raises when the command itself failed.
+
+Example::
+
+    outcome = sandbox.exec(["pytest", "-q"])
+    if outcome.violations:
+        print(outcome.violations[0].describe())
+    outcome.check()          # raises CommandFailed unless exit status 0
+"""
+
+from __future__ import annotations
+
+from ._exceptions import CommandFailed, PolicyDenied
+from ._frozen import Record
+
+__all__ = ["NetworkAttempt", "Outcome", "Violation", "status_for"]
+
+
+class Violation(Record):
+    """One thing the policy blocked.
+
+    Attributes:
+        kind: ``"fs-write"``, ``"fs-read"``, ``"network"``, ``"limit"`` ...
+        target: what was attempted: a path, ``host:port``, a limit name.
+        rule: the policy rule that blocked it, e.g. ``"filesystem.protect: **/.git/hooks/**"``.
+        operation: the attempted operation (``"open"``, ``"rename"``, ``"connect"`` ...).
+        pid: the process (as seen by corral) that attempted it, when known.
+    """
+
+    kind: str
+    target: str
+    rule: str
+    operation: str = ""
+    pid: int | None = None
+
+    def describe(self) -> str:
+        """One human line, e.g. ``blocked write to /w/.bashrc (filesystem.protect: **/.bashrc)``."""
+        verb = {
+            "fs-write": "write to",
+            "fs-read": "read of",
+            "network": "connection to",
+            "limit": "limit",
+        }.get(self.kind, self.kind)
+        return f"blocked {verb} {self.target} ({self.rule})"
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return self.fields()
+
+
+class NetworkAttempt(Record):
+    """One connection attempt through the egress proxy.
+
+    Attributes:
+        host: the host as the client named it (canonicalised).
+        port: the destination port.
+        method: ``CONNECT``, ``GET`` ..., or ``SOCKS5``.
+        decision: ``"allow"`` or ``"deny"``.
+        rule: the rule that decided (``"network.allow: *.pypi.org"`` or the reason).
+        bytes_up: bytes sent by the sandbox to the destination.
+        bytes_down: bytes received from the destination.
+        duration: seconds the connection was open.
+        started_at: UNIX time of the attempt.
+    """
+
+    host: str
+    port: int
+    method: str
+    decision: str
+    rule: str
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration: float = 0.0
+    started_at: float = 0.0
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return self.fields()
+
+
+def status_for(exit_code: int | None, signal: int | None, timed_out: bool, oom_killed: bool) -> int:
+    """The exit status ``corral run`` reports (DESIGN §5).
+
+    124 timed out; 137 killed by the memory limit; 128+N killed by signal N;
+    otherwise the command's own status.
+    """
+    if timed_out:
+        return 124
+    if oom_killed:
+        return 137
+    if signal is not None:
+        return 128 + signal
+    return 0 if exit_code is None else exit_code
+
+
+class Outcome(Record):
+    """What happened when a command ran in a sandbox.
+
+    Attributes:
+        sandbox_id: the sandbox's id.
+        backend: the backend that ran it (``"bubblewrap"`` ...).
+        argv: the command as run, with secrets redacted.
+        exit_code: the exit status when the command exited normally.
+        signal: the signal number when it was killed by a signal.
+        timed_out: the wall-clock timeout stopped it.
+        oom_killed: the memory limit stopped it.
+        stdout, stderr: captured output (empty when streamed).
+        stdout_truncated, stderr_truncated: output beyond the limit was dropped.
+        output_dropped: how many bytes were dropped.
+        duration: wall-clock seconds from launch to exit.
+        started_at: UNIX time of the launch.
+        violations: what the policy blocked.
+        network: egress attempts through the proxy.
+        degraded: rules that were *not* enforced because the caller opted in
+            with ``allowDegraded`` (empty in a fully enforced run).
+        unsandboxed: the ``none`` backend ran it (no isolation at all).
+        credentials: names (never values) of the credentials injected.
+        policy_digest: sha256 of the effective policy.
+        stdout_sha256, stderr_sha256, stdout_size, stderr_size: digests of the
+            full output as the command wrote it (for the audit log).
+    """
+
+    sandbox_id: str
+    backend: str
+    argv: tuple[str, ...]
+    exit_code: int | None = None
+    signal: int | None = None
+    timed_out: bool = False
+    oom_killed: bool = False
+    stdout: bytes = b""
+    stderr: bytes = b""
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    output_dropped: int = 0
+    duration: float = 0.0
+    started_at: float = 0.0
+    violations: tuple[Violation, ...] = ()
+    network: tuple[NetworkAttempt, ...] = ()
+    degraded: tuple[str, ...] = ()
+    unsandboxed: bool = False
+    credentials: tuple[str, ...] = ()
+    policy_digest: str = ""
+    stdout_sha256: str = ""
+    stderr_sha256: str = ""
+    stdout_size: int = 0
+    stderr_size: int = 0
+
+    @property
+    def returncode(self) -> int:
+        """The exit status ``corral run`` uses for this outcome (see :func:`status_for`)."""
+        return status_for(self.exit_code, self.signal, self.timed_out, self.oom_killed)
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with status 0 (violations do not change this)."""
+        return self.returncode == 0
+
+    @property
+    def truncated(self) -> bool:
+        """True when any output was dropped."""
+        return self.stdout_truncated or self.stderr_truncated
+
+    def text(self, stream: str = "stdout") -> str:
+        """Decode ``stdout`` or ``stderr`` as UTF-8, replacing invalid bytes."""
+        data = self.stdout if stream == "stdout" else self.stderr
+        return data.decode("utf-8", "replace")
+
+    def check(self) -> Outcome:
+        """Return self when the command succeeded; raise otherwise.
+
+        Raises:
+            CommandFailed: the command timed out, was killed, or exited non-zero.
+        """
+        if self.ok:
+            return self
+        if self.timed_out:
+            why = "timed out"
+        elif self.oom_killed:
+            why = "was killed by the memory limit"
+        elif self.signal is not None:
+            why = f"was killed by signal {self.signal}"
+        else:
+            why = f"exited with status {self.exit_code}"
+        raise CommandFailed(f"Command {' '.join(self.argv)!r} {why}", outcome=self)
+
+    def raise_for_denial(self) -> Outcome:
+        """Return self when nothing was blocked; raise :class:`PolicyDenied` otherwise."""
+        if not self.violations:
+            return self
+        first = self.violations[0].describe()
+        more = f" (and {len(self.violations) - 1} more)" if len(self.violations) > 1 else ""
+        raise PolicyDenied(f"The policy {first}{more}", outcome=self)
+
+    def to_json(self, *, include_output: bool = True) -> dict[str, object]:
+        """A JSON-ready dict (output decoded as UTF-8 with replacement)."""
+        data: dict[str, object] = {
+            "sandbox_id": self.sandbox_id,
+            "backend": self.backend,
+            "argv": list(self.argv),
+            "returncode": self.returncode,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "timed_out": self.timed_out,
+            "oom_killed": self.oom_killed,
+            "stdout_truncated": self.stdout_truncated,
+            "stderr_truncated": self.stderr_truncated,
+            "output_dropped": self.output_dropped,
+            "duration": round(self.duration, 6),
+            "started_at": self.started_at,
+            "violations": [v.to_json() for v in self.violations],
+            "network": [n.to_json() for n in self.network],
+            "degraded": list(self.degraded),
+            "unsandboxed": self.unsandboxed,
+            "credentials": list(self.credentials),
+            "policy_digest": self.policy_digest,
+            "stdout_sha256": self.stdout_sha256,
+            "stderr_sha256": self.stderr_sha256,
+            "stdout_size": self.stdout_size,
+            "stderr_size": self.stderr_size,
+        }
+        if include_output:
+            data["stdout"] = self.text("stdout")
+            data["stderr"] = self.text("stderr")
+        return data

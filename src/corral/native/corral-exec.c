@@ -1,0 +1,449 @@
+/*
+ * corral-exec: the last step before the sandboxed command runs.
+ *
+ * corral starts this helper as the first program inside the sandbox (inside
+ * bubblewrap's namespaces, or directly for the process-level backends). It
+ * applies the in-process restrictions that corral computed in Python, in a
+ * fixed order, and then execs the command:
+ *
+ *   1. report "R" on the status fd (the sandbox was reached)
+ *   2. setsid / parent-death signal / chdir            (when asked)
+ *   3. resource limits (setrlimit)                      (when asked)
+ *   4. PR_SET_NO_NEW_PRIVS                              (always)
+ *   5. Landlock ruleset                                 (when asked)
+ *   6. seccomp deny filter(s)                           (when asked)
+ *   7. seccomp user-notification filter, whose listener fd is sent to corral's
+ *      write broker over a unix socket                  (when asked)
+ *   8. mark every fd >= 3 close-on-exec, except --keep-fd ones
+ *   9. execvp(command)
+ *
+ * The helper holds no policy: every rule arrives as data (BPF programs,
+ * Landlock rules) built and unit-tested on the Python side. Any failure is
+ * written to the status fd as one line and the helper exits without running
+ * the command, so corral can tell "the sandbox could not be set up" (exit
+ * 125) from "the command ran and failed".
+ *
+ * Status fd protocol (one record per line, fd is close-on-exec):
+ *   R                      reached: the helper started
+ *   E<step>\t<errno>\t<text> setup failed at <step>; the command did not run
+ *   X<errno>\t<program>    execvp failed (the command was not found or not
+ *                          executable); the helper exits 127 or 126
+ * A successful exec closes the fd with no further record.
+ *
+ * SAFETY: this runs with the sandbox's credentials, after bubblewrap dropped
+ * capabilities. Nothing here trusts the command; the order above matters:
+ * no_new_privs must precede Landlock and seccomp (required by the kernel for
+ * unprivileged callers), and the notification filter is installed last so
+ * the helper's own remaining syscalls (sendmsg, close, execve) are not
+ * trapped.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#include <dirent.h>
+
+#ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
+#define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
+#endif
+#ifndef __NR_landlock_create_ruleset
+#define __NR_landlock_create_ruleset 444
+#define __NR_landlock_add_rule 445
+#define __NR_landlock_restrict_self 446
+#endif
+#ifndef __NR_close_range
+#define __NR_close_range 436
+#endif
+#define CLOSE_RANGE_CLOEXEC_FLAG (1U << 2)
+
+#define MAX_FILTERS 8
+#define MAX_KEEP 16
+#define MAX_RLIMITS 16
+#define MAX_PROGRAM (64 * 1024)
+
+static int status_fd = -1;
+
+static void status_write(const char *buf, size_t len) {
+    if (status_fd < 0)
+        return;
+    while (len > 0) {
+        ssize_t n = write(status_fd, buf, len);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return;
+        }
+        buf += n;
+        len -= (size_t)n;
+    }
+}
+
+/* Report a setup failure and exit; the command never runs. */
+static void fail(const char *step, int err, const char *fmt, ...) {
+    char text[512];
+    char line[700];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    int n = snprintf(line, sizeof line, "E%s\t%d\t%s\n", step, err, text);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    if (status_fd >= 0)
+        status_write(line, (size_t)n);
+    else
+        fprintf(stderr, "corral-exec: failed to %s: %s\n", step, text);
+    _exit(125);
+}
+
+static long parse_long(const char *s, const char *what) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0')
+        fail("parse-arguments", EINVAL, "bad number for %s: %s", what, s);
+    return v;
+}
+
+/* Read a whole fd (a BPF program or a Landlock spec) into buf. */
+static size_t read_all(int fd, unsigned char *buf, size_t cap, const char *what) {
+    size_t got = 0;
+    for (;;) {
+        if (got == cap)
+            fail(what, E2BIG, "input larger than %zu bytes", cap);
+        ssize_t n = read(fd, buf + got, cap - got);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            fail(what, errno, "read fd %d: %s", fd, strerror(errno));
+        }
+        if (n == 0)
+            break;
+        got += (size_t)n;
+    }
+    close(fd);
+    return got;
+}
+
+static int install_filter(int fd, unsigned long flags, const char *step) {
+    static unsigned char buf[MAX_PROGRAM];
+    size_t len = read_all(fd, buf, sizeof buf, step);
+    if (len == 0 || len % sizeof(struct sock_filter) != 0)
+        fail(step, EINVAL, "BPF program of %zu bytes is not a whole number of instructions", len);
+    struct sock_fprog prog = {
+        .len = (unsigned short)(len / sizeof(struct sock_filter)),
+        .filter = (struct sock_filter *)buf,
+    };
+    long r = syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, flags, &prog);
+    if (r < 0)
+        fail(step, errno, "seccomp(SET_MODE_FILTER): %s", strerror(errno));
+    return (int)r;
+}
+
+static void send_fd(int sock, int fd) {
+    char byte = 'L';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } control;
+    memset(&control, 0, sizeof control);
+    struct msghdr msg = {0};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = sizeof control.buf;
+    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    for (;;) {
+        ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+        if (n == 1)
+            return;
+        if (n < 0 && errno == EINTR)
+            continue;
+        fail("send-notify-listener", errno, "sendmsg: %s", strerror(errno));
+    }
+}
+
+/*
+ * Landlock spec (little-endian, produced by corral's Python side):
+ *   u64 handled_fs, u64 handled_net, u64 scoped
+ *   then records: u32 kind (1 = path beneath, 2 = net port), u32 length of
+ *   the payload, u64 allowed access, payload (a NUL-terminated path, or a
+ *   u64 port).
+ * The Python side already masked the rights to what this kernel's ABI knows.
+ */
+struct ll_ruleset_attr {
+    uint64_t handled_access_fs;
+    uint64_t handled_access_net;
+    uint64_t scoped;
+};
+struct ll_path_beneath {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+struct ll_net_port {
+    uint64_t allowed_access;
+    uint64_t port;
+};
+
+static void apply_landlock(int fd) {
+    static unsigned char buf[MAX_PROGRAM];
+    size_t len = read_all(fd, buf, sizeof buf, "read-landlock-spec");
+    if (len < 24)
+        fail("apply-landlock", EINVAL, "spec too short");
+    struct ll_ruleset_attr attr;
+    memcpy(&attr, buf, 24);
+    long abi = syscall(__NR_landlock_create_ruleset, NULL, 0, 1UL /* VERSION */);
+    if (abi < 1)
+        fail("apply-landlock", errno, "Landlock is not available: %s", strerror(errno));
+    size_t attr_size = attr.scoped ? 24 : (attr.handled_access_net ? 16 : 8);
+    long rfd = syscall(__NR_landlock_create_ruleset, &attr, attr_size, 0UL);
+    if (rfd < 0)
+        fail("apply-landlock", errno, "landlock_create_ruleset: %s", strerror(errno));
+    size_t off = 24;
+    while (off < len) {
+        if (len - off < 16)
+            fail("apply-landlock", EINVAL, "truncated rule header");
+        uint32_t kind, plen;
+        uint64_t access;
+        memcpy(&kind, buf + off, 4);
+        memcpy(&plen, buf + off + 4, 4);
+        memcpy(&access, buf + off + 8, 8);
+        off += 16;
+        if (plen > len - off)
+            fail("apply-landlock", EINVAL, "truncated rule payload");
+        if (kind == 1) {
+            const char *path = (const char *)(buf + off);
+            if (plen == 0 || path[plen - 1] != '\0')
+                fail("apply-landlock", EINVAL, "path rule is not NUL-terminated");
+            int pfd = open(path, O_PATH | O_CLOEXEC);
+            if (pfd < 0) {
+                /* A path that does not exist grants nothing; skipping it is
+                 * the restrictive choice. */
+                off += plen;
+                continue;
+            }
+            struct stat st;
+            if (fstat(pfd, &st) == 0 && !S_ISDIR(st.st_mode)) {
+                /* Only file rights apply to non-directories:
+                 * EXECUTE, WRITE_FILE, READ_FILE, TRUNCATE, IOCTL_DEV. */
+                access &= (1ULL << 0) | (1ULL << 1) | (1ULL << 2) | (1ULL << 14) | (1ULL << 15);
+            }
+            struct ll_path_beneath pb = {.allowed_access = access, .parent_fd = pfd};
+            if (access != 0 && syscall(__NR_landlock_add_rule, rfd, 1 /* PATH_BENEATH */, &pb, 0) < 0)
+                fail("apply-landlock", errno, "landlock_add_rule %s: %s", path, strerror(errno));
+            close(pfd);
+        } else if (kind == 2) {
+            if (plen != 8)
+                fail("apply-landlock", EINVAL, "port rule payload must be 8 bytes");
+            struct ll_net_port np;
+            np.allowed_access = access;
+            memcpy(&np.port, buf + off, 8);
+            if (syscall(__NR_landlock_add_rule, rfd, 2 /* NET_PORT */, &np, 0) < 0)
+                fail("apply-landlock", errno, "landlock_add_rule port %llu: %s",
+                     (unsigned long long)np.port, strerror(errno));
+        } else {
+            fail("apply-landlock", EINVAL, "unknown rule kind %u", kind);
+        }
+        off += plen;
+    }
+    if (syscall(__NR_landlock_restrict_self, rfd, 0) < 0)
+        fail("apply-landlock", errno, "landlock_restrict_self: %s", strerror(errno));
+    close((int)rfd);
+}
+
+static int rlimit_resource(const char *name) {
+    static const struct { const char *name; int res; } table[] = {
+        {"as", RLIMIT_AS},       {"core", RLIMIT_CORE},     {"cpu", RLIMIT_CPU},
+        {"data", RLIMIT_DATA},   {"fsize", RLIMIT_FSIZE},   {"nofile", RLIMIT_NOFILE},
+        {"nproc", RLIMIT_NPROC}, {"stack", RLIMIT_STACK},   {"memlock", RLIMIT_MEMLOCK},
+    };
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++)
+        if (strcmp(table[i].name, name) == 0)
+            return table[i].res;
+    fail("parse-arguments", EINVAL, "unknown rlimit %s", name);
+    return -1;
+}
+
+/* Mark every fd >= 3 close-on-exec, then clear the flag on the kept ones. */
+static void cloexec_all(const int *keep, int nkeep) {
+    if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_FLAG) < 0) {
+        DIR *d = opendir("/proc/self/fd");
+        if (d == NULL)
+            fail("close-inherited-fds", errno, "close_range and /proc/self/fd both unavailable");
+        struct dirent *e;
+        int dfd = dirfd(d);
+        while ((e = readdir(d)) != NULL) {
+            if (e->d_name[0] == '.')
+                continue;
+            int fd = atoi(e->d_name);
+            if (fd >= 3 && fd != dfd)
+                fcntl(fd, F_SETFD, FD_CLOEXEC);
+        }
+        closedir(d);
+    }
+    for (int i = 0; i < nkeep; i++) {
+        int flags = fcntl(keep[i], F_GETFD);
+        if (flags < 0 || fcntl(keep[i], F_SETFD, flags & ~FD_CLOEXEC) < 0)
+            fail("keep-fd", errno, "fd %d: %s", keep[i], strerror(errno));
+    }
+}
+
+static void usage(void) {
+    fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
+          "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]...\n"
+          "                   [--chdir DIR] [--setsid] [--die-with-parent PPID] -- COMMAND [ARG...]\n",
+          stderr);
+    _exit(125);
+}
+
+int main(int argc, char **argv) {
+    int seccomp_fds[MAX_FILTERS];
+    int nseccomp = 0;
+    int notify_fd = -1, notify_sock = -1, landlock_fd = -1;
+    int keep[MAX_KEEP];
+    int nkeep = 0;
+    struct { int res; struct rlimit lim; } rlimits[MAX_RLIMITS];
+    int nrlimits = 0;
+    const char *chdir_to = NULL;
+    int want_setsid = 0;
+    long parent_pid = -1;
+    int i = 1;
+
+    /* The status fd comes first so that argument errors can be reported. */
+    for (int j = 1; j + 1 < argc; j++) {
+        if (strcmp(argv[j], "--") == 0)
+            break;
+        if (strcmp(argv[j], "--status-fd") == 0) {
+            status_fd = (int)parse_long(argv[j + 1], "--status-fd");
+            fcntl(status_fd, F_SETFD, FD_CLOEXEC);
+            break;
+        }
+    }
+    status_write("R\n", 2);
+
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (i + 1 >= argc && strcmp(a, "--setsid") != 0)
+            usage();
+        if (strcmp(a, "--status-fd") == 0) {
+            i++;
+        } else if (strcmp(a, "--seccomp-fd") == 0) {
+            if (nseccomp == MAX_FILTERS)
+                fail("parse-arguments", E2BIG, "too many --seccomp-fd");
+            seccomp_fds[nseccomp++] = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--notify-fd") == 0) {
+            notify_fd = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--notify-sock") == 0) {
+            notify_sock = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--landlock-fd") == 0) {
+            landlock_fd = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--keep-fd") == 0) {
+            if (nkeep == MAX_KEEP)
+                fail("parse-arguments", E2BIG, "too many --keep-fd");
+            keep[nkeep++] = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--chdir") == 0) {
+            chdir_to = argv[++i];
+        } else if (strcmp(a, "--setsid") == 0) {
+            want_setsid = 1;
+        } else if (strcmp(a, "--die-with-parent") == 0) {
+            parent_pid = parse_long(argv[++i], a);
+        } else if (strcmp(a, "--rlimit") == 0) {
+            char spec[128];
+            snprintf(spec, sizeof spec, "%s", argv[++i]);
+            char *eq = strchr(spec, '=');
+            char *colon = eq ? strchr(eq, ':') : NULL;
+            if (!eq || !colon || nrlimits == MAX_RLIMITS)
+                fail("parse-arguments", EINVAL, "bad --rlimit %s", argv[i]);
+            *eq = '\0';
+            *colon = '\0';
+            rlimits[nrlimits].res = rlimit_resource(spec);
+            rlimits[nrlimits].lim.rlim_cur = (rlim_t)strtoull(eq + 1, NULL, 10);
+            rlimits[nrlimits].lim.rlim_max = (rlim_t)strtoull(colon + 1, NULL, 10);
+            nrlimits++;
+        } else {
+            fail("parse-arguments", EINVAL, "unknown option %s", a);
+        }
+    }
+    if (i >= argc)
+        fail("parse-arguments", EINVAL, "no command given");
+    if ((notify_fd < 0) != (notify_sock < 0))
+        fail("parse-arguments", EINVAL, "--notify-fd and --notify-sock go together");
+
+    /* 2. session, lifetime, directory */
+    if (want_setsid && setsid() < 0)
+        fail("setsid", errno, "%s", strerror(errno));
+    if (parent_pid > 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+            fail("set-parent-death-signal", errno, "%s", strerror(errno));
+        /* The parent may have died before the prctl took effect. */
+        if (getppid() != (pid_t)parent_pid)
+            fail("set-parent-death-signal", ESRCH, "parent %ld already exited", parent_pid);
+    }
+    if (chdir_to != NULL && chdir(chdir_to) < 0)
+        fail("chdir", errno, "%s: %s", chdir_to, strerror(errno));
+
+    /* 3. resource limits */
+    for (int k = 0; k < nrlimits; k++)
+        if (setrlimit(rlimits[k].res, &rlimits[k].lim) < 0)
+            fail("setrlimit", errno, "resource %d: %s", rlimits[k].res, strerror(errno));
+
+    /* 4. no_new_privs: required before Landlock/seccomp without CAP_SYS_ADMIN,
+     * and it makes set-user-ID binaries inert for the rest of the tree. */
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+        fail("set-no-new-privs", errno, "%s", strerror(errno));
+
+    /* 5. Landlock */
+    if (landlock_fd >= 0)
+        apply_landlock(landlock_fd);
+
+    /* 6. seccomp deny filters, in the order given */
+    for (int k = 0; k < nseccomp; k++)
+        install_filter(seccomp_fds[k], 0, "install-seccomp-filter");
+
+    /* 7. the write-broker filter; its listener goes to corral */
+    if (notify_fd >= 0) {
+        int listener = install_filter(notify_fd, SECCOMP_FILTER_FLAG_NEW_LISTENER,
+                                      "install-notify-filter");
+        send_fd(notify_sock, listener);
+        close(listener);
+        close(notify_sock);
+    }
+
+    /* 8. nothing but stdio and kept fds crosses into the command */
+    cloexec_all(keep, nkeep);
+
+    /* 9. run the command */
+    execvp(argv[i], argv + i);
+    int err = errno;
+    char line[600];
+    int n = snprintf(line, sizeof line, "X%d\t%s\n", err, argv[i]);
+    if (n > (int)sizeof line - 1)
+        n = (int)sizeof line - 1;
+    if (status_fd >= 0)
+        status_write(line, (size_t)n);
+    else
+        fprintf(stderr, "corral-exec: %s: %s\n", argv[i], strerror(err));
+    _exit(err == ENOENT ? 127 : 126);
+}

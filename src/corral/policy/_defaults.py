@@ -1,0 +1,133 @@
+"""Built-in defaults, each as an ``(item, reason)`` row.
+
+Every opening and every protection corral applies without being asked is a row
+here with the reason beside it; ``tests/repo`` fails on an empty reason, and
+``docs/policy-reference.md`` renders these tables. Paths starting with ``~/``
+are relative to the user's home directory.
+"""
+
+from __future__ import annotations
+
+from ._model import EnvPolicy, FilesystemPolicy, NetworkPolicy, Policy, ResourceLimits
+
+__all__ = [
+    "DEFAULT_RESOURCES",
+    "ENV_PASS",
+    "PROTECTED_PATTERNS",
+    "SECRET_PATHS",
+    "default_policy",
+    "expand_home",
+]
+
+#: Host paths that are unreadable inside the sandbox.
+SECRET_PATHS: tuple[tuple[str, str], ...] = (
+    ("~/.ssh", "SSH private keys, agent sockets and known hosts"),
+    ("~/.aws", "AWS access keys and session tokens"),
+    ("~/.gnupg", "GPG private keys and the agent socket"),
+    ("~/.config/gcloud", "Google Cloud credentials and access tokens"),
+    ("~/.azure", "Azure CLI tokens"),
+    ("~/.kube", "Kubernetes cluster credentials"),
+    ("~/.docker/config.json", "container registry credentials"),
+    ("~/.netrc", "passwords for HTTP/FTP hosts used by curl, git and pip"),
+    ("~/.git-credentials", "git's stored HTTPS passwords and tokens"),
+    ("~/.config/gh", "GitHub CLI OAuth token"),
+    ("~/.config/hub", "hub (GitHub) OAuth token"),
+    ("~/.pypirc", "PyPI upload tokens"),
+    ("~/.npmrc", "npm registry auth tokens"),
+    ("~/.yarnrc.yml", "yarn registry auth tokens"),
+    ("~/.cargo/credentials.toml", "crates.io publish token"),
+    ("~/.cargo/credentials", "crates.io publish token (old name)"),
+    ("~/.gem/credentials", "RubyGems API key"),
+    ("~/.m2/settings.xml", "Maven repository passwords"),
+    ("~/.gradle/gradle.properties", "Gradle repository and signing secrets"),
+    ("~/.terraform.d/credentials.tfrc.json", "Terraform Cloud tokens"),
+    ("~/.vault-token", "HashiCorp Vault token"),
+    ("~/.config/op", "1Password CLI session data"),
+    ("~/.local/share/keyrings", "GNOME keyring (saved passwords)"),
+    ("~/.password-store", "pass(1) password store"),
+    ("~/.mozilla", "Firefox profiles: cookies and saved passwords"),
+    ("~/.config/google-chrome", "Chrome profiles: cookies and saved passwords"),
+    ("~/.config/chromium", "Chromium profiles: cookies and saved passwords"),
+    ("~/.config/BraveSoftware", "Brave profiles: cookies and saved passwords"),
+    ("~/.claude/.credentials.json", "Claude Code's own OAuth credentials"),
+    ("~/.config/corral", "corral's user settings: the sandbox must not learn or probe its own policy"),
+    ("~/.local/state/corral", "corral's audit log, trust records and previews"),
+)
+
+#: Workspace-relative persistence points: code the host runs later without
+#: the sandbox. They may not be created, changed, renamed or deleted at any
+#: depth, existing or not.
+PROTECTED_PATTERNS: tuple[tuple[str, str], ...] = (
+    ("**/.bashrc", "run by every interactive bash"),
+    ("**/.bash_profile", "run by bash login shells"),
+    ("**/.bash_login", "run by bash login shells"),
+    ("**/.bash_logout", "run when a bash login shell exits"),
+    ("**/.profile", "run by sh/bash login shells"),
+    ("**/.zshrc", "run by every interactive zsh"),
+    ("**/.zshenv", "run by every zsh, even scripts"),
+    ("**/.zprofile", "run by zsh login shells"),
+    ("**/.zlogin", "run by zsh login shells"),
+    ("**/.zlogout", "run when a zsh login shell exits"),
+    ("**/.config/fish/**", "fish configuration and functions run by every fish"),
+    ("**/.git/hooks/**", "git runs hooks on commit, checkout, merge, push"),
+    ("**/.git/config", "git config can name programs (core.fsmonitor, core.sshCommand, aliases, filters)"),
+    ("**/.git/modules/**/hooks/**", "hooks of submodules"),
+    ("**/.git/modules/**/config", "git config of submodules"),
+    ("**/.git/worktrees/*/config.worktree", "per-worktree git config"),
+    ("**/.gitmodules", "submodule URLs and update commands"),
+    ("**/.husky/**", "husky hook scripts that git runs on commit"),
+    ("**/.vscode/**", "VS Code tasks, launch configs and settings can run programs"),
+    ("**/.idea/**", "JetBrains run configurations and tool settings can run programs"),
+    ("**/.devcontainer/**", "editors build and run dev containers from it"),
+    ("**/.claude/**", "Claude Code settings, hooks, commands and agents"),
+    ("**/.mcp.json", "MCP servers that agents start"),
+    ("**/.corral/**", "corral's own project settings"),
+)
+
+#: Host environment variables passed into the sandbox (names or globs).
+ENV_PASS: tuple[tuple[str, str], ...] = (
+    ("PATH", "find programs"),
+    ("HOME", "programs locate their (read-only) config"),
+    ("USER", "identify the user by name"),
+    ("LOGNAME", "identify the user by name"),
+    ("SHELL", "the user's shell for programs that spawn one"),
+    ("LANG", "locale: text encoding and messages"),
+    ("LANGUAGE", "locale: message language preference"),
+    ("LC_*", "locale categories"),
+    ("TERM", "terminal capabilities"),
+    ("COLORTERM", "terminal colour support"),
+    ("NO_COLOR", "user asked for no colour"),
+    ("TZ", "time zone"),
+)
+
+#: Default bounds (see ResourceLimits); null in settings removes one.
+DEFAULT_RESOURCES: tuple[tuple[str, object, str], ...] = (
+    ("memory", 8 << 30, "a runaway allocation cannot take the machine; large builds still fit"),
+    ("pids", 4096, "a fork bomb stops at the limit; parallel builds still fit"),
+    ("timeout", 3600.0, "nothing an agent starts runs unbounded; long test suites still fit"),
+    ("output", 64 << 20, "a flood of output cannot exhaust corral's or the agent's memory"),
+)
+
+
+def expand_home(path: str, home: str) -> str:
+    """Expand a leading ``~`` or ``~/`` against *home*; other paths are returned as is."""
+    if path == "~":
+        return home
+    if path.startswith("~/"):
+        return home.rstrip("/") + path[1:]
+    return path
+
+
+def default_policy(workspace: str, *, home: str) -> Policy:
+    """Return the built-in policy for *workspace* with secret paths under *home*."""
+    resources = ResourceLimits(**{name: value for name, value, _ in DEFAULT_RESOURCES})
+    return Policy(
+        filesystem=FilesystemPolicy(
+            workspace=workspace,
+            deny_read=tuple(expand_home(path, home) for path, _ in SECRET_PATHS),
+            protect=tuple(pattern for pattern, _ in PROTECTED_PATTERNS),
+        ),
+        network=NetworkPolicy(),
+        resources=resources,
+        env=EnvPolicy(pass_through=tuple(name for name, _ in ENV_PASS)),
+    )

@@ -1,0 +1,211 @@
+"""Glob patterns for paths, environment variable names and commands.
+
+Semantics (the same everywhere corral takes a glob):
+
+* ``*`` matches any run of characters except ``/``; ``?`` one such character;
+  ``[abc]``, ``[a-z]`` and ``[!abc]`` one character from (or not from) a set.
+* In *path* patterns, a segment that is exactly ``**`` matches zero or more
+  whole segments: ``**/.git/config`` matches ``.git/config`` and
+  ``a/b/.git/config``; ``build/**`` matches everything below ``build`` but not
+  ``build`` itself.
+* Matching is case-sensitive and purely textual: callers pass normalised,
+  ``/``-separated paths without ``.`` or ``..`` segments.
+* In *word* patterns (env names, commands) ``/`` is an ordinary character.
+
+This module deliberately does not use :mod:`fnmatch`/:mod:`re`: importing
+them costs several milliseconds on the hot path (docs/design.md, "Start-up
+budget"), and the grammar above is small.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PathPattern", "match_word", "validate_pattern"]
+
+
+def validate_pattern(pattern: str) -> str | None:
+    """Return a description of what is wrong with *pattern*, or ``None`` if it is valid."""
+    if not pattern:
+        return "empty pattern"
+    if "\x00" in pattern:
+        return "pattern contains a NUL byte"
+    i = 0
+    while i < len(pattern):
+        if pattern[i] == "[":
+            end = _class_end(pattern, i)
+            if end < 0:
+                return f"unclosed '[' at position {i}"
+            i = end
+        i += 1
+    return None
+
+
+def _class_end(pattern: str, start: int) -> int:
+    """Return the index of the ``]`` closing the class opened at *start*, or -1."""
+    i = start + 1
+    if i < len(pattern) and pattern[i] == "!":
+        i += 1
+    if i < len(pattern) and pattern[i] == "]":
+        i += 1
+    while i < len(pattern):
+        if pattern[i] == "]":
+            return i
+        i += 1
+    return -1
+
+
+def _class_matches(pattern: str, start: int, end: int, ch: str) -> bool:
+    """Whether *ch* is in the class ``pattern[start:end+1]`` (``[`` ... ``]``)."""
+    i = start + 1
+    negate = i < end and pattern[i] == "!"
+    if negate:
+        i += 1
+    found = False
+    first = True
+    while i < end:
+        c = pattern[i]
+        if c == "]" and not first:
+            break
+        if i + 2 < end and pattern[i + 1] == "-":
+            if pattern[i] <= ch <= pattern[i + 2]:
+                found = True
+            i += 3
+        else:
+            if c == ch:
+                found = True
+            i += 1
+        first = False
+    return found != negate
+
+
+def _match_text(pattern: str, text: str, *, slash_is_special: bool) -> bool:
+    """Match one segment (or a whole word) with ``*``, ``?`` and classes.
+
+    Iterative with single-star backtracking: linear in practice, and at worst
+    O(len(pattern) * len(text)), never exponential.
+    """
+    p = t = 0
+    star_p = star_t = -1
+    while t < len(text):
+        if p < len(pattern):
+            c = pattern[p]
+            if c == "*":
+                star_p, star_t = p, t
+                p += 1
+                continue
+            if c == "?" and not (slash_is_special and text[t] == "/"):
+                p += 1
+                t += 1
+                continue
+            if c == "[":
+                end = _class_end(pattern, p)
+                if end > 0:
+                    if not (slash_is_special and text[t] == "/") and _class_matches(
+                        pattern, p, end, text[t]
+                    ):
+                        p = end + 1
+                        t += 1
+                        continue
+                elif text[t] == "[":
+                    p += 1
+                    t += 1
+                    continue
+            elif c == text[t]:
+                p += 1
+                t += 1
+                continue
+        if star_p >= 0 and not (slash_is_special and text[star_t] == "/"):
+            star_t += 1
+            p, t = star_p + 1, star_t
+            continue
+        return False
+    while p < len(pattern) and pattern[p] == "*":
+        p += 1
+    return p == len(pattern)
+
+
+def match_word(pattern: str, word: str) -> bool:
+    """Match an environment variable name or a command line against *pattern*.
+
+    ``/`` is not special: ``"npm publish*"`` matches ``"npm publish --tag x"``.
+    """
+    return _match_text(pattern, word, slash_is_special=False)
+
+
+class PathPattern:
+    """A compiled path glob (see the module docstring for the grammar).
+
+    Example::
+
+        hooks = PathPattern("**/.git/hooks/**")
+        hooks.matches("vendor/lib/.git/hooks/pre-commit")   # True
+        hooks.could_match_below("vendor")                     # True
+    """
+
+    __slots__ = ("_segments", "absolute", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        problem = validate_pattern(pattern)
+        if problem is not None:
+            raise ValueError(f"invalid pattern {pattern!r}: {problem}")
+        self.pattern = pattern
+        self.absolute = pattern.startswith("/")
+        segments = [s for s in pattern.strip("/").split("/") if s not in ("", ".")]
+        # Collapse runs of ** (a/**/**/b == a/**/b).
+        collapsed: list[str] = []
+        for segment in segments:
+            if segment == "**" and collapsed and collapsed[-1] == "**":
+                continue
+            collapsed.append(segment)
+        self._segments = tuple(collapsed)
+
+    def __repr__(self) -> str:
+        return f"PathPattern({self.pattern!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PathPattern) and other.pattern == self.pattern
+
+    def __hash__(self) -> int:
+        return hash(self.pattern)
+
+    def matches(self, path: str) -> bool:
+        """Whether *path* (``/``-separated; relative unless the pattern is absolute) matches."""
+        parts = tuple(s for s in path.strip("/").split("/") if s)
+        return self._match(0, parts, 0)
+
+    def could_match_below(self, directory: str) -> bool:
+        """Whether some path strictly below *directory* could match this pattern.
+
+        Used to decide whether renaming a directory can move protected paths.
+        ``""`` stands for the base directory itself.
+        """
+        parts = tuple(s for s in directory.strip("/").split("/") if s)
+        return self._prefix(0, parts, 0)
+
+    def _match(self, si: int, parts: tuple[str, ...], pi: int) -> bool:
+        segments = self._segments
+        while si < len(segments):
+            segment = segments[si]
+            if segment == "**":
+                if si == len(segments) - 1:
+                    return pi < len(parts)  # trailing ** needs at least one segment
+                return any(self._match(si + 1, parts, k) for k in range(pi, len(parts) + 1))
+            if pi >= len(parts) or not _match_text(segment, parts[pi], slash_is_special=True):
+                return False
+            si += 1
+            pi += 1
+        return pi == len(parts)
+
+    def _prefix(self, si: int, parts: tuple[str, ...], pi: int) -> bool:
+        """Whether parts[pi:] can be extended by at least one segment into a match."""
+        segments = self._segments
+        while pi < len(parts):
+            if si >= len(segments):
+                return False
+            segment = segments[si]
+            if segment == "**":
+                return True
+            if not _match_text(segment, parts[pi], slash_is_special=True):
+                return False
+            si += 1
+            pi += 1
+        return si < len(segments)
