@@ -118,6 +118,8 @@ class Outcome(Record):
         degraded: rules that were *not* enforced because the caller opted in
             with ``allowDegraded`` (empty in a fully enforced run).
         unsandboxed: the ``none`` backend ran it (no isolation at all).
+        exec_error: why the command could not be executed (not found: exit
+            127; not executable: 126), e.g. ``"foo: No such file or directory"``.
         credentials: names (never values) of the credentials injected.
         policy_digest: sha256 of the effective policy.
         stdout_sha256, stderr_sha256, stdout_size, stderr_size: digests of the
@@ -142,6 +144,7 @@ class Outcome(Record):
     network: tuple[NetworkAttempt, ...] = ()
     degraded: tuple[str, ...] = ()
     unsandboxed: bool = False
+    exec_error: str | None = None
     credentials: tuple[str, ...] = ()
     policy_digest: str = ""
     stdout_sha256: str = ""
@@ -215,6 +218,7 @@ class Outcome(Record):
             "network": [n.to_json() for n in self.network],
             "degraded": list(self.degraded),
             "unsandboxed": self.unsandboxed,
+            "exec_error": self.exec_error,
             "credentials": list(self.credentials),
             "policy_digest": self.policy_digest,
             "stdout_sha256": self.stdout_sha256,

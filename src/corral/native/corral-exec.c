@@ -6,7 +6,8 @@
  * applies the in-process restrictions that corral computed in Python, in a
  * fixed order, and then execs the command:
  *
- *   1. report "R" on the status fd (the sandbox was reached)
+ *   1. report "R" on the status fd (the sandbox was reached); when asked,
+ *      wait for one byte on --wait-fd (corral moves us into cgroups first)
  *   2. setsid / parent-death signal / chdir            (when asked)
  *   3. resource limits (setrlimit)                      (when asked)
  *   4. PR_SET_NO_NEW_PRIVS                              (always)
@@ -308,7 +309,7 @@ static void cloexec_all(const int *keep, int nkeep) {
 
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
-          "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]...\n"
+          "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
           "                   [--chdir DIR] [--setsid] [--die-with-parent PPID] -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
@@ -317,7 +318,7 @@ static void usage(void) {
 int main(int argc, char **argv) {
     int seccomp_fds[MAX_FILTERS];
     int nseccomp = 0;
-    int notify_fd = -1, notify_sock = -1, landlock_fd = -1;
+    int notify_fd = -1, notify_sock = -1, landlock_fd = -1, wait_fd = -1;
     int keep[MAX_KEEP];
     int nkeep = 0;
     struct { int res; struct rlimit lim; } rlimits[MAX_RLIMITS];
@@ -357,6 +358,8 @@ int main(int argc, char **argv) {
             notify_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--notify-sock") == 0) {
             notify_sock = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--wait-fd") == 0) {
+            wait_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--landlock-fd") == 0) {
             landlock_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--keep-fd") == 0) {
@@ -391,10 +394,26 @@ int main(int argc, char **argv) {
     if ((notify_fd < 0) != (notify_sock < 0))
         fail("parse-arguments", EINVAL, "--notify-fd and --notify-sock go together");
 
+    /* 1b. corral may need to place us (e.g. into cgroups) before anything runs */
+    if (wait_fd >= 0) {
+        char byte;
+        ssize_t n;
+        do {
+            n = read(wait_fd, &byte, 1);
+        } while (n < 0 && errno == EINTR);
+        if (n != 1)
+            fail("wait-for-corral", n < 0 ? errno : EPIPE, "corral went away before the start signal");
+        close(wait_fd);
+    }
+
     /* 2. session, lifetime, directory */
     if (want_setsid && setsid() < 0)
         fail("setsid", errno, "%s", strerror(errno));
-    if (parent_pid > 0) {
+    if (parent_pid >= 0) {
+        /* 0 means "whoever started us"; read it before arming the signal so a
+         * parent that already died is noticed below. */
+        if (parent_pid == 0)
+            parent_pid = (long)getppid();
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
             fail("set-parent-death-signal", errno, "%s", strerror(errno));
         /* The parent may have died before the prctl took effect. */

@@ -1,0 +1,184 @@
+"""The audit log: one hash-chained JSON line per sandboxed run.
+
+File: ``<state dir>/audit.jsonl``. Each record holds (DESIGN §9) the time,
+sandbox id, agent session id, cwd, argv (secrets redacted), backend, policy
+digest, exit status, duration, sha256 and size of stdout and stderr,
+violations, network attempts, degraded rules, and ``prev``: the sha256 of the
+previous line's bytes (64 zeros for the first). A side file ``audit.head``
+holds the sequence number and hash of the last record, so that deleting the
+*last* record is detected too.
+
+:func:`verify` walks the chain and reports the first record that was edited,
+inserted or removed. The chain is tamper-*evident* against anything that
+cannot rewrite both files consistently - the sandbox itself cannot even read
+the state directory - it is not a signature.
+
+Writers take an exclusive ``flock`` on the log, so concurrent corral
+processes append in a consistent order.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ._jsonfast import JSONError, dumps, loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
+
+    from ._outcome import Outcome
+
+__all__ = ["GENESIS", "append", "audit_path", "iter_records", "record_for", "verify"]
+
+try:
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover
+    from hashlib import sha256 as _sha256
+
+GENESIS = "0" * 64
+_TAIL = 65536
+
+
+def audit_path(state_dir: str) -> str:
+    """The audit log's path inside *state_dir*."""
+    return os.path.join(state_dir, "audit.jsonl")
+
+
+def record_for(
+    outcome: Outcome, *, cwd: str, agent_session: str | None = None, extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The audit fields for *outcome* (``seq`` and ``prev`` are added by :func:`append`)."""
+    record: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(outcome.started_at or time.time())),
+        "sandbox_id": outcome.sandbox_id,
+        "agent_session": agent_session,
+        "cwd": cwd,
+        "argv": list(outcome.argv),
+        "backend": outcome.backend,
+        "policy_digest": outcome.policy_digest,
+        "exit_status": outcome.returncode,
+        "exit_code": outcome.exit_code,
+        "signal": outcome.signal,
+        "timed_out": outcome.timed_out,
+        "oom_killed": outcome.oom_killed,
+        "duration": round(outcome.duration, 6),
+        "stdout": {"sha256": outcome.stdout_sha256 or None, "size": outcome.stdout_size},
+        "stderr": {"sha256": outcome.stderr_sha256 or None, "size": outcome.stderr_size},
+        "output_dropped": outcome.output_dropped,
+        "violations": [v.to_json() for v in outcome.violations],
+        "network": [n.to_json() for n in outcome.network],
+        "degraded": list(outcome.degraded),
+        "unsandboxed": outcome.unsandboxed,
+        "credentials": list(outcome.credentials),
+    }
+    if extra:
+        record.update(extra)
+    return record
+
+
+def _last_line(fd: int) -> bytes | None:
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return None
+    chunk = min(size, _TAIL)
+    while True:
+        data = os.pread(fd, chunk, size - chunk)
+        body = data[:-1] if data.endswith(b"\n") else data
+        cut = body.rfind(b"\n")
+        if cut >= 0 or chunk == size:
+            return body[cut + 1 :]
+        chunk = min(size, chunk * 4)
+
+
+def append(state_dir: str, record: dict[str, Any]) -> dict[str, Any]:
+    """Append *record* to the log under an exclusive lock; return it with ``seq``/``prev``.
+
+    Raises:
+        OSError: the log could not be written (the caller reports it; the
+            command's result is not affected).
+    """
+    import fcntl
+
+    from ._state import ensure_dir
+
+    ensure_dir(state_dir)
+    path = audit_path(state_dir)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        last = _last_line(fd)
+        if last is None:
+            prev, seq = GENESIS, 1
+        else:
+            prev = _sha256(last).hexdigest()
+            try:
+                seq = int(loads(last).get("seq", 0)) + 1
+            except (JSONError, AttributeError, ValueError, TypeError):
+                seq = 0  # the previous line is corrupt; verify() will say so
+        full = {"seq": seq, **record, "prev": prev}
+        line = dumps(full).encode()
+        os.write(fd, line + b"\n")
+        head = os.path.join(state_dir, "audit.head")
+        tmp = f"{head}.{os.getpid()}.tmp"
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(f"{seq} {_sha256(line).hexdigest()}\n")
+        os.replace(tmp, head)
+    finally:
+        os.close(fd)
+    return full
+
+
+def iter_records(state_dir: str) -> Iterator[tuple[int, bytes]]:
+    """Yield ``(line number, raw line)`` for every record."""
+    try:
+        f = open(audit_path(state_dir), "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return
+    with f:
+        for number, line in enumerate(f, 1):
+            yield number, line.rstrip(b"\n")
+
+
+def verify(state_dir: str) -> tuple[bool, str]:
+    """Check the hash chain and the head; return ``(ok, message)``.
+
+    The message names the first broken line: an edited record breaks the
+    ``prev`` of the next one; a deleted or inserted record breaks ``prev`` or
+    ``seq``; deleting the last records disagrees with ``audit.head``.
+    """
+    prev = GENESIS
+    expected_seq = 1
+    count = 0
+    last_hash = GENESIS
+    for number, line in iter_records(state_dir):
+        count += 1
+        try:
+            record = loads(line)
+        except JSONError as exc:
+            return False, f"line {number}: not valid JSON ({exc}): the record was edited"
+        if not isinstance(record, dict):
+            return False, f"line {number}: not a record"
+        if record.get("prev") != prev:
+            return False, (f"line {number}: its 'prev' does not match the hash of line {number - 1}: "
+                           "a record before it was edited, inserted or deleted")
+        if record.get("seq") != expected_seq:
+            return False, f"line {number}: sequence number {record.get('seq')} where {expected_seq} was expected"
+        prev = last_hash = _sha256(line).hexdigest()
+        expected_seq += 1
+    head_path = os.path.join(state_dir, "audit.head")
+    try:
+        with open(head_path, encoding="ascii") as f:
+            head_seq, head_hash = f.read().split()
+    except FileNotFoundError:
+        if count == 0:
+            return True, "the audit log is empty"
+        return False, "audit.head is missing: the log's end cannot be checked"
+    except ValueError:
+        return False, "audit.head is corrupt"
+    if int(head_seq) != count or head_hash != last_hash:
+        return False, (f"the log ends at record {count} but audit.head records {head_seq}: "
+                       "records were deleted from (or added to) the end")
+    return True, f"{count} records, chain intact"

