@@ -121,11 +121,13 @@ def append(state_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         full = {"seq": seq, **record, "prev": prev}
         line = dumps(full).encode()
         os.write(fd, line + b"\n")
-        head = os.path.join(state_dir, "audit.head")
-        tmp = f"{head}.{os.getpid()}.tmp"
-        with open(tmp, "w", encoding="ascii") as f:
-            f.write(f"{seq} {_sha256(line).hexdigest()}\n")
-        os.replace(tmp, head)
+        # The head is rewritten in place with one fixed-size pwrite, under the
+        # log's lock: a rename here costs ~5 ms on ext4 (auto_da_alloc flush).
+        head_fd = os.open(os.path.join(state_dir, "audit.head"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            os.pwrite(head_fd, f"{seq:>20} {_sha256(line).hexdigest()}\n".encode(), 0)
+        finally:
+            os.close(head_fd)
     finally:
         os.close(fd)
     return full

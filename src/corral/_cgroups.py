@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["Cgroup", "CgroupLayout", "probe"]
+__all__ = ["Cgroup", "CgroupLayout", "Prestage", "probe"]
 
 _V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 
@@ -164,69 +164,85 @@ class Cgroup:
         cg.remove()
     """
 
-    __slots__ = ("dirs", "layout")
+    __slots__ = ("dirs", "layout", "name")
 
-    def __init__(self, layout: CgroupLayout, dirs: dict[str, str]) -> None:
+    def __init__(self, layout: CgroupLayout, dirs: dict[str, str], name: str = "") -> None:
         self.layout = layout
         self.dirs = dirs
+        self.name = name
 
     @classmethod
     def create(
         cls, layout: CgroupLayout, name: str, *, memory: int | None = None, pids: int | None = None,
-        cpus: float | None = None,
+        cpus: float | None = None, freezer: bool = True,
     ) -> Cgroup:
         """Create the group(s) named *name* and write the limits.
+
+        ``freezer`` (v1): also create a freezer group so :meth:`kill_all`
+        can stop a tree that has no pid namespace of its own.
 
         Raises:
             OSError: a directory or limit file could not be written.
         """
-        dirs: dict[str, str] = {}
-        group = cls(layout, dirs)
+        group = cls(layout, {})
+        group.name = name
         try:
-            if layout.version == 2:
-                parent = layout.parents[""]
-                if not os.path.isdir(parent):
-                    try:
-                        os.mkdir(parent)
-                    except FileExistsError:
-                        pass
-                enable = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in layout.controllers)
-                _write_ignore_busy(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), enable)
-                _write_ignore_busy(os.path.join(parent, "cgroup.subtree_control"), enable)
-                path = os.path.join(parent, name)
-                os.mkdir(path)
-                dirs[""] = path
-                if memory is not None:
-                    _write(os.path.join(path, "memory.max"), str(memory))
-                    _write_optional(os.path.join(path, "memory.swap.max"), "0")
-                if pids is not None:
-                    _write(os.path.join(path, "pids.max"), str(pids))
-                if cpus is not None:
-                    _write(os.path.join(path, "cpu.max"), f"{int(cpus * 100_000)} 100000")
-            else:
-                wanted = {"freezer"}
-                if memory is not None:
-                    wanted.add("memory")
-                if pids is not None:
-                    wanted.add("pids")
-                if cpus is not None:
-                    wanted.add("cpu")
-                for controller in sorted(wanted & set(layout.parents)):
-                    path = os.path.join(layout.parents[controller], name)
-                    os.mkdir(path)
-                    dirs[controller] = path
-                if memory is not None:
-                    _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
-                    _write_optional(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory))
-                if pids is not None:
-                    _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
-                if cpus is not None:
-                    _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), "100000")
-                    _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(int(cpus * 100_000)))
+            group.set_limits(memory=memory, pids=pids, cpus=cpus, freezer=freezer)
         except BaseException:
             group.remove()
             raise
         return group
+
+    def set_limits(self, *, memory: int | None, pids: int | None, cpus: float | None,
+                   freezer: bool = True) -> None:
+        """Create whatever group directories are still missing and write the limits."""
+        layout, dirs, name = self.layout, self.dirs, self.name
+        if layout.version == 2:
+            parent = layout.parents[""]
+            if not os.path.isdir(parent):
+                try:
+                    os.mkdir(parent)
+                except FileExistsError:
+                    pass
+            enable = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in layout.controllers)
+            _write_ignore_busy(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), enable)
+            _write_ignore_busy(os.path.join(parent, "cgroup.subtree_control"), enable)
+            path = os.path.join(parent, name)
+            if "" not in dirs:
+                os.mkdir(path)
+                dirs[""] = path
+            if memory is not None:
+                _write(os.path.join(path, "memory.max"), str(memory))
+                _write_optional(os.path.join(path, "memory.swap.max"), "0")
+            if pids is not None:
+                _write(os.path.join(path, "pids.max"), str(pids))
+            if cpus is not None:
+                _write(os.path.join(path, "cpu.max"), f"{int(cpus * 100_000)} 100000")
+        else:
+            wanted = {"freezer"} if freezer else set()
+            if memory is not None:
+                wanted.add("memory")
+            if pids is not None:
+                wanted.add("pids")
+            if cpus is not None:
+                wanted.add("cpu")
+            self.ensure_dirs(wanted)
+            if memory is not None:
+                _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
+                _write_optional(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory))
+            if pids is not None:
+                _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
+            if cpus is not None:
+                _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), "100000")
+                _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(int(cpus * 100_000)))
+
+    def ensure_dirs(self, controllers: set[str]) -> None:
+        """v1: create the group directory in each of *controllers* (that exists)."""
+        for controller in sorted(controllers & set(self.layout.parents)):
+            if controller not in self.dirs:
+                path = os.path.join(self.layout.parents[controller], self.name)
+                os.mkdir(path)
+                self.dirs[controller] = path
 
     def attach(self, pid: int) -> None:
         """Move *pid* into every group of this run."""
@@ -332,3 +348,90 @@ def _write_ignore_busy(path: str, value: str) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EBUSY, errno.EINVAL, errno.ENOENT):
             raise
+
+
+
+class Prestage:
+    """A run's cgroup, created in a background thread before it is needed.
+
+    On cgroup v1 the first ``cgroup.procs`` write after a quiet period waits
+    for an RCU grace period (``cgroup_threadgroup_rwsem`` entering writer
+    mode; ~8 ms on the CI machine) while holding ``cgroup_mutex``, so every
+    other cgroup operation queues behind it. Started at the very beginning of
+    ``corral run``, this thread creates the run's groups *first* and then
+    starts that wait with a no-op move of our own pid into our own group, all
+    while corral loads settings and bubblewrap sets up. Moving the sandbox
+    later is then nearly free.
+
+    Example::
+
+        stage = Prestage("corral-sbx-1a2b")          # returns at once
+        ...
+        group = stage.take()                         # Cgroup or None
+    """
+
+    __slots__ = ("_done", "_group", "_name")
+
+    def __init__(self, name: str) -> None:
+        import _thread
+
+        self._name = name
+        self._group: Cgroup | None = None
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        target = None
+        try:
+            # quick file reads and mkdirs here; only the slow write goes to a thread
+            layout, _why = probe(frozenset({"memory", "pids"}))
+            if layout is not None:
+                group = Cgroup(layout, {}, name)
+                try:
+                    if layout.version == 1:
+                        group.ensure_dirs({"memory", "pids"})
+                    else:
+                        group.set_limits(memory=None, pids=None, cpus=None, freezer=False)
+                    self._group = group
+                except OSError:
+                    group.remove()
+                target = _own_procs_file()
+        except OSError:
+            pass
+        if target is None:
+            self._done.release()
+        else:
+            _thread.start_new_thread(self._poke, (target,))
+
+    def _poke(self, target: str) -> None:
+        try:
+            _write(target, str(os.getpid()))
+        except OSError:
+            pass
+        finally:
+            self._done.release()
+
+    def take(self, timeout: float = 5.0) -> Cgroup | None:
+        """Wait for the thread and return the prepared group (the caller owns it)."""
+        if self._done.acquire(True, timeout):
+            self._done.release()
+            group, self._group = self._group, None
+            return group
+        return None
+
+    def discard(self) -> None:
+        """Remove the group if nobody took it."""
+        group = self.take()
+        if group is not None:
+            group.remove()
+
+
+def _own_procs_file() -> str | None:
+    """Our own group's ``cgroup.procs`` (pids hierarchy on v1), if writable."""
+    own_v1, own_v2 = _own_paths()
+    mounts_v1, mount_v2 = _mounts()
+    if "pids" in mounts_v1:
+        target = os.path.join(mounts_v1["pids"], own_v1.get("pids", "/").lstrip("/"), "cgroup.procs")
+    elif mount_v2 is not None and own_v2 is not None:
+        target = os.path.join(mount_v2, own_v2.lstrip("/"), "cgroup.procs")
+    else:
+        return None
+    return target if os.access(target, os.W_OK) else None

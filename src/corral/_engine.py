@@ -28,16 +28,18 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 
 from ._exceptions import BrokerFailed, LaunchFailed
-from ._outcome import Outcome, Violation
+from ._outcome import NetworkAttempt, Outcome, Violation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._cgroups import Cgroup, CgroupLayout
     from .backends._broker import Broker
     from .backends._plan import LaunchPlan
+    from .egress import EgressHandle
 
 __all__ = ["Running", "run_plan"]
 
@@ -89,6 +91,8 @@ class Running:
         capture: bool = True,
         cgroup_layout: CgroupLayout | None = None,
         sinks: tuple[int, int] = (1, 2),
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
         self._stdin_mode = stdin_mode
@@ -96,6 +100,7 @@ class Running:
         self._capture = capture
         self._layout = cgroup_layout
         self._sinks = sinks
+        self._stdio = stdio
         self.pid = -1
         self.sandbox_pid = -1  # bubblewrap's pid 1 in the sandbox (host pid)
         self._pidfd = -1
@@ -105,7 +110,9 @@ class Running:
         self._err: _Stream | None = None
         self._stdin_fd = -1
         self._cgroup: Cgroup | None = None
+        self._prestaged = cgroup
         self._broker: Broker | None = None
+        self._egress: EgressHandle | None = None
         self._status = bytearray()
         self._started = 0.0
         self._wall_start = 0.0
@@ -140,11 +147,13 @@ class Running:
                     child_fds.append((r, spec.number))
                     to_close_after_spawn.append(r)
                 elif spec.kind == "notify-sock":
-                    import socket
+                    import _socket  # not socket: its import (enum, selectors) costs ~4 ms
 
-                    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
                     self._parent_fds["notify"] = ours.detach()
                     fd = theirs.detach()
+                    os.set_inheritable(fd, False)
+                    os.set_inheritable(self._parent_fds["notify"], False)
                     child_fds.append((fd, spec.number))
                     to_close_after_spawn.append(fd)
                 else:
@@ -155,8 +164,10 @@ class Running:
             self._started = time.monotonic()
             self._wall_start = time.time()
             try:
+                # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
+                # so restore the defaults for the child (as subprocess does).
                 self.pid = os.posix_spawn(plan.argv[0], list(plan.argv), dict(plan.env),
-                                          file_actions=actions)
+                                          file_actions=actions, setsigdef=(13, 25))
             except OSError as exc:
                 raise LaunchFailed(
                     f"Failed to start {plan.argv[0]}: {exc.strerror}",
@@ -179,6 +190,8 @@ class Running:
             raise
 
     def _prepare_stdio(self, close_later: list[int]) -> list[int]:
+        if self._stdio is not None:
+            return list(self._stdio)  # e.g. a pty for an interactive shell
         if self._stdin_mode == "inherit":
             stdin = 0
         elif self._stdin_mode == "data":
@@ -212,21 +225,41 @@ class Running:
         if plan.cgroup is not None:
             from ._cgroups import Cgroup
 
-            if self._layout is None:
-                raise LaunchFailed("Failed to apply resource limits: no cgroup layout was probed")
-            self._cgroup = Cgroup.create(
-                self._layout, f"corral-{plan.sandbox_id}-{self.pid}",
-                memory=plan.cgroup.memory, pids=plan.cgroup.pids, cpus=plan.cgroup.cpus,
-            )
+            # with a pid namespace, killing its pid 1 stops everything: no freezer needed
+            freezer = plan.fd("info") is None
+            limits = plan.cgroup
+            if self._prestaged is not None:
+                self._cgroup, self._prestaged = self._prestaged, None
+                self._cgroup.set_limits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus,
+                                        freezer=freezer)
+            else:
+                if self._layout is None:
+                    raise LaunchFailed("Failed to apply resource limits: no cgroup layout was probed")
+                self._cgroup = Cgroup.create(
+                    self._layout, f"corral-{plan.sandbox_id}-{self.pid}",
+                    memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer,
+                )
+        elif self._prestaged is not None:
+            self._prestaged.remove()
+            self._prestaged = None
         if plan.broker is not None:
-            from .backends._broker import Broker  # imported while bwrap sets up (2 cores)
+            # start the broker's thread now: it loads ctypes while bwrap sets up
+            from .backends._broker import Broker
 
-            del Broker
+            self._broker = Broker(plan.broker)
+            self._broker.start()
         pids = [self.pid]
         if "info" in self._parent_fds:
             info = self._read_until(self._parent_fds["info"], b"}", deadline)
             self.sandbox_pid = _child_pid(info)
-            pids.append(self.sandbox_pid)
+            # bubblewrap's outer process never forks again: only the sandbox's
+            # pid 1 (and so everything below it) goes into the cgroup.
+            pids = [self.sandbox_pid]
+        if plan.egress is not None:
+            # the proxy must listen inside the sandbox's network before the command starts
+            from .egress import start_for_sandbox
+
+            self._egress = start_for_sandbox(plan.egress, sandbox_pid=pids[-1])
         if self._cgroup is not None:
             for pid in pids:
                 try:
@@ -239,12 +272,8 @@ class Running:
             except OSError as exc:
                 raise self._setup_failure(f"the sandbox exited during set-up ({exc.strerror})") from exc
             os.close(self._parent_fds.pop("block"))
-        if plan.broker is not None:
-            listener = self._receive_listener(deadline)
-            from .backends._broker import Broker
-
-            self._broker = Broker(plan.broker, listener)
-            self._broker.start()
+        if self._broker is not None:
+            self._broker.attach(self._receive_listener(deadline))
 
     def _read_until(self, fd: int, marker: bytes, deadline: float) -> bytes:
         data = bytearray()
@@ -260,18 +289,25 @@ class Running:
         return bytes(data)
 
     def _receive_listener(self, deadline: float) -> int:
-        import socket
+        import _socket
 
-        sock = socket.socket(fileno=self._parent_fds.pop("notify"))
+        fd = self._parent_fds.pop("notify")
+        sock = _socket.socket(fileno=fd)
         try:
             while True:
-                self._wait_readable(sock.fileno(), deadline)
+                self._wait_readable(fd, deadline)
                 try:
-                    msg, fds, _flags, _addr = socket.recv_fds(sock, 1, 1)
+                    msg, ancdata, _flags, _addr = sock.recvmsg(1, _socket.CMSG_SPACE(4))
                 except BlockingIOError:
                     continue
-                if fds:
-                    return fds[0]
+                for level, kind, data in ancdata:
+                    if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
+                        fds = [int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+                               for i in range(0, len(data) - len(data) % 4, 4)]
+                        for extra in fds[1:]:
+                            os.close(extra)
+                        os.set_inheritable(fds[0], False)
+                        return fds[0]
                 if not msg:
                     raise self._setup_failure("the sandbox exited before its write broker was attached")
         finally:
@@ -530,6 +566,14 @@ class Running:
             violations.extend(self._broker.violations)
             broker_error = self._broker.error
         oom = bool(self._cgroup is not None and self._cgroup.oom_killed())
+        network: tuple[NetworkAttempt, ...] = ()
+        if self._egress is not None:
+            network = tuple(self._egress.close())
+            violations.extend(
+                Violation(kind="network", target=f"{a.host}:{a.port}", rule=a.rule, operation=a.method)
+                for a in network if a.decision == "deny"
+            )
+            self._egress = None
         self._release()
 
         exit_code: int | None = None
@@ -575,6 +619,7 @@ class Running:
             duration=duration,
             started_at=self._wall_start,
             violations=tuple(violations),
+            network=network,
             degraded=plan.degraded,
             unsandboxed=plan.unsandboxed,
             exec_error=exec_error,
@@ -604,9 +649,15 @@ class Running:
                 pass
         if self._broker is not None:
             self._broker.stop()
+        if self._egress is not None:
+            self._egress.close()
+            self._egress = None
         self._release()
 
     def _release(self) -> None:
+        if self._prestaged is not None:
+            self._prestaged.remove()
+            self._prestaged = None
         if self._cgroup is not None:
             self._cgroup.kill_all()
             self._cgroup.remove()

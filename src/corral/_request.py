@@ -86,6 +86,8 @@ class ExecRequest(Record):
         capture: keep stdout/stderr on the Outcome (SDK); ``False`` streams
             them to corral's own stdout/stderr (CLI).
         shell_command: the original string when the request came from ``-c``.
+        tty: the command runs on a terminal corral provides (``corral shell``):
+            it gets a private pseudo-terminal as controlling terminal.
         sandbox_id: the id of the sandbox this runs in.
         agent_session: the agent's session id (e.g. Claude Code's), for audit.
     """
@@ -98,6 +100,7 @@ class ExecRequest(Record):
     timeout: float | None = None
     capture: bool = True
     shell_command: str | None = None
+    tty: bool = False
     sandbox_id: str = ""
     agent_session: str | None = None
 

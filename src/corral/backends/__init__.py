@@ -137,7 +137,7 @@ def inspect_host(
     bwrap = _find_bwrap(environ) if backend.name == "bubblewrap" else None
     broker_problem = None
     if backend.name in ("bubblewrap", "landlock"):
-        from ._broker import broker_supported
+        from ._kernel import broker_supported
 
         broker_problem = broker_supported()
     res = policy.resources

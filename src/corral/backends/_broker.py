@@ -45,11 +45,11 @@ refused by the deny filter before they reach the broker.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import stat
 import struct
-import threading
 
 from .._outcome import Violation
 from ..policy._glob import PathPattern
@@ -59,7 +59,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
 
-__all__ = ["Broker", "broker_supported"]
+__all__ = ["Broker"]
 
 # ------------------------------------------------------------------ kernel ABI
 _NOTIF_SIZE = 80  # struct seccomp_notif: id u64, pid u32, flags u32, seccomp_data (64)
@@ -106,25 +106,6 @@ _UTIME_NOW = (1 << 30) - 1
 _UTIME_OMIT = (1 << 30) - 2
 
 
-def broker_supported() -> str | None:
-    """Return why the broker cannot run on this kernel, or ``None`` if it can.
-
-    Needs seccomp user notification with ``ADDFD_FLAG_SEND`` (Linux 5.14) and
-    ``openat2`` (5.6).
-    """
-    machine = os.uname().machine
-    if machine not in _SYS_OPENAT2:
-        return f"the write broker does not support the {machine} architecture"
-    release = os.uname().release.split(".")
-    try:
-        major, minor = int(release[0]), int(release[1].split("-")[0])
-    except (ValueError, IndexError):
-        return f"cannot parse the kernel version {os.uname().release!r}"
-    if (major, minor) < (5, 14):
-        return f"Linux {major}.{minor} lacks seccomp ADDFD_FLAG_SEND (needs 5.14 or newer)"
-    return None
-
-
 class _Denied(Exception):
     """A policy refusal: respond EPERM and record the violation."""
 
@@ -166,8 +147,9 @@ class Broker:
 
     Usage::
 
-        broker = Broker(spec, listener_fd)   # takes ownership of listener_fd
-        broker.start()
+        broker = Broker(spec)
+        broker.start()                       # thread starts, loads ctypes, waits
+        broker.attach(listener_fd)           # takes ownership; serving begins
         ...                                  # the sandbox runs
         broker.stop()                        # after the sandbox exited
         broker.violations                    # what was refused
@@ -178,14 +160,18 @@ class Broker:
     :attr:`error` holds the cause.
     """
 
-    def __init__(self, spec: BrokerSpec, listener_fd: int) -> None:
+    def __init__(self, spec: BrokerSpec) -> None:
         self._spec = spec
-        self._listener = listener_fd
+        self._listener = -1
+        self._attached = _thread.allocate_lock()
+        self._attached.acquire()
         self._patterns = [(PathPattern(p), label) for p, label in spec.patterns]
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
-        self._thread = threading.Thread(target=self._run, name="corral-broker", daemon=True)
+        # _thread, not threading: the import alone would cost ~3 ms of start-up
+        self._done = _thread.allocate_lock()
+        self._started = False
         self._mem_fds: dict[int, int] = {}
         self.violations: list[Violation] = []
         self.error: BaseException | None = None
@@ -196,23 +182,38 @@ class Broker:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Open the supervised roots and start serving."""
+        """Open the supervised roots and start the thread (it waits for :meth:`attach`)."""
         for sandbox_path, host_path in self._spec.roots:
             fd = os.open(host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             self._roots.append(_Root(sandbox_path, fd))
         # Longest sandbox path first, so nested roots win.
         self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
-        self._thread.start()
+        self._done.acquire()
+        self._started = True
+        _thread.start_new_thread(self._main, ())
+
+    def attach(self, listener_fd: int) -> None:
+        """Hand over the seccomp listener; the thread starts serving it."""
+        self._listener = listener_fd
+        self._attached.release()
+
+    def _main(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._done.release()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop serving and release every fd (idempotent)."""
         self._stopping = True
+        if self._listener < 0 and self._attached.locked():
+            self._attached.release()  # never attached: let the thread exit
         try:
             os.write(self._wake_w, b"x")
         except OSError:
             pass
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        if self._started and self._done.acquire(True, timeout):
+            self._done.release()
         for fd in [self._listener, self._wake_r, self._wake_w, *(r.host_fd for r in self._roots),
                    *self._mem_fds.values()]:
             if fd >= 0:
@@ -226,16 +227,11 @@ class Broker:
 
     # ------------------------------------------------------------ thread body
     def _run(self) -> None:
-        import ctypes
         import fcntl
         import select
 
-        try:
-            self._libc = ctypes.CDLL(None, use_errno=True)
-            self._libc.syscall.restype = ctypes.c_long
-            self._isolate_thread()
-        except BaseException as exc:  # noqa: BLE001 - recorded and fail closed below
-            self.error = exc
+        self._attached.acquire()
+        if self._stopping or self._listener < 0:
             self._close_listener()
             return
         poller = select.poll()
@@ -249,6 +245,10 @@ class Broker:
                     if fd == self._wake_r:
                         return
                     if mask & select.POLLIN:
+                        if self._libc is None:
+                            # ctypes is loaded on the first notification only: runs
+                            # that never write the workspace do not pay for it
+                            self._load_native()
                         notif[:] = bytes(_NOTIF_SIZE)
                         try:
                             fcntl.ioctl(self._listener, _IOCTL_RECV, notif, True)
@@ -263,6 +263,13 @@ class Broker:
             self.error = exc
         finally:
             self._close_listener()
+
+    def _load_native(self) -> None:
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self._libc.syscall.restype = ctypes.c_long
+        self._isolate_thread()
 
     def _close_listener(self) -> None:
         if self._listener >= 0:
@@ -357,8 +364,11 @@ class Broker:
         return True
 
     # ------------------------------------------------------------ target memory
-    def _mem_fd(self, pid: int, notif_id: int) -> int:
+    def _mem_fd(self, pid: int, notif_id: int, *, fresh: bool = False) -> int:
         fd = self._mem_fds.get(pid)
+        if fd is not None and fresh:
+            os.close(self._mem_fds.pop(pid))
+            fd = None
         if fd is None:
             if len(self._mem_fds) > 256:
                 for old in self._mem_fds.values():
@@ -372,20 +382,29 @@ class Broker:
             raise OSError(errno.ESRCH, "target went away")
         return fd
 
+    def _pread(self, pid: int, notif_id: int, size: int, addr: int) -> bytes:
+        """Read target memory; a cached /proc/<pid>/mem goes stale when the task execs
+        (reads of a dead mm return nothing), so retry once with a fresh one."""
+        for fresh in (False, True):
+            fd = self._mem_fd(pid, notif_id, fresh=fresh)
+            try:
+                data = os.pread(fd, size, addr)
+            except OSError:
+                data = b""
+            if data:
+                return data
+        raise OSError(errno.EFAULT, "unreadable argument")
+
     def _read_string(self, pid: int, notif_id: int, addr: int) -> str:
         if addr == 0:
             raise OSError(errno.EFAULT, "NULL path")
-        fd = self._mem_fd(pid, notif_id)
         chunks: list[bytes] = []
         total = 0
         while total <= _MAX_PATH:
             page_left = 4096 - (addr % 4096)
-            try:
-                data = os.pread(fd, page_left, addr)
-            except OSError as exc:
-                self._mem_fds.pop(pid, None)
-                os.close(fd)
-                raise OSError(errno.EFAULT, "unreadable path argument") from exc
+            data = self._pread(pid, notif_id, page_left, addr)
+            if not data:
+                raise OSError(errno.EFAULT, "unreadable path argument")
             cut = data.find(b"\x00")
             if cut >= 0:
                 chunks.append(data[:cut])
@@ -396,8 +415,6 @@ class Broker:
             chunks.append(data)
             total += len(data)
             addr += len(data)
-            if not data:
-                raise OSError(errno.EFAULT, "unreadable path argument")
         raise OSError(errno.ENAMETOOLONG, "path too long")
 
     def _read_bytes(self, pid: int, notif_id: int, addr: int, size: int) -> bytes:
@@ -405,11 +422,7 @@ class Broker:
             return b""
         if addr == 0:
             raise OSError(errno.EFAULT, "NULL buffer")
-        fd = self._mem_fd(pid, notif_id)
-        try:
-            data = os.pread(fd, size, addr)
-        except OSError as exc:
-            raise OSError(errno.EFAULT, "unreadable argument") from exc
+        data = self._pread(pid, notif_id, size, addr)
         if len(data) != size:
             raise OSError(errno.EFAULT, "short read of argument")
         return data

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._frozen import Record
 
-__all__ = ["BrokerSpec", "CgroupSpec", "FdSpec", "HostFacts", "LaunchPlan"]
+__all__ = ["BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan"]
 
 
 class FdSpec(Record):
@@ -50,6 +50,21 @@ class BrokerSpec(Record):
     roots: tuple[tuple[str, str], ...]
     patterns: tuple[tuple[str, str], ...]
     syscall_names: tuple[tuple[int, str], ...] = ()
+
+
+class EgressSpec(Record):
+    """Egress through corral's proxy (``network.mode = "allowlist"``).
+
+    Attributes:
+        allow, deny: host patterns (see :mod:`corral.egress`).
+        port: the loopback port the proxy listens on inside the sandbox.
+        token: the per-sandbox proxy credential (in the proxy URL).
+    """
+
+    allow: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    port: int = 3128
+    token: str = ""
 
 
 class CgroupSpec(Record):
@@ -111,6 +126,7 @@ class LaunchPlan(Record):
         fds: extra fds the child receives.
         broker: the write broker's configuration, or ``None``.
         cgroup: cgroup limits, or ``None``.
+        egress: the egress proxy's configuration, or ``None``.
         timeout: wall-clock seconds, or ``None``.
         kill_grace: seconds between SIGTERM and SIGKILL on timeout.
         output_limit: bytes of output kept, or ``None``.
@@ -127,6 +143,7 @@ class LaunchPlan(Record):
     fds: tuple[FdSpec, ...] = ()
     broker: BrokerSpec | None = None
     cgroup: CgroupSpec | None = None
+    egress: EgressSpec | None = None
     timeout: float | None = None
     kill_grace: float = 2.0
     output_limit: int | None = None

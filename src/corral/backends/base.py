@@ -20,9 +20,11 @@ from .._exceptions import EnforcementUnavailable
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import ClassVar
 
-    from .._cgroups import CgroupLayout
+    from .._cgroups import Cgroup, CgroupLayout
+    from .._engine import Running
     from .._outcome import Outcome
     from .._request import ExecRequest
     from ..policy._model import Policy
@@ -92,12 +94,28 @@ class Backend:
         raise NotImplementedError
 
     def launch(
-        self, plan: LaunchPlan, request: ExecRequest, *, cgroup_layout: CgroupLayout | None = None,
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
     ) -> Outcome:
-        """Run *plan* and return the Outcome (default: corral's local process engine)."""
+        """Run *plan* and return the Outcome (default: corral's local process engine).
+
+        *on_start* is called with the running handle once the command has
+        been released (for signal forwarding and cancellation). *stdio*
+        replaces the command's stdin/stdout/stderr (e.g. a pty). *cgroup* is
+        a group prepared ahead (see :class:`corral._cgroups.Prestage`).
+        """
         from .._engine import Running
 
         running = Running(plan, stdin_mode=request.stdin_mode, stdin_data=request.stdin,
-                          capture=request.capture, cgroup_layout=cgroup_layout)
+                          capture=request.capture, cgroup_layout=cgroup_layout, stdio=stdio,
+                          cgroup=cgroup)
         running.start()
+        if on_start is not None:
+            on_start(running)
         return running.wait()

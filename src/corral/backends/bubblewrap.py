@@ -44,6 +44,10 @@ __all__ = ["BubblewrapBackend", "sandbox_env"]
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
 
+#: Where the exec helper appears inside the sandbox (bound read-only; the
+#: installed path may be hidden, e.g. a virtualenv under /tmp).
+SANDBOX_HELPER = "/dev/.corral-exec"
+
 #: Directories that get a private, empty tmpfs in every sandbox.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
 
@@ -178,6 +182,7 @@ class BubblewrapBackend(Backend):
             args.append("--disable-userns")
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
         for tmp in PRIVATE_TMP:
             args += ["--tmpfs", tmp]
         hidden_by_tmp = [t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))]
@@ -223,7 +228,7 @@ class BubblewrapBackend(Backend):
             FdSpec(number=FD_SECCOMP, kind="data",
                    data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True)),
         ]
-        helper = [facts.helper, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
+        helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
             column = 0 if facts.arch == "x86_64" else 1
@@ -244,6 +249,8 @@ class BubblewrapBackend(Backend):
         if res.cpu_time is not None:
             seconds = max(1, int(res.cpu_time))
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
+        if request.tty:
+            helper.append("--ctty")
         helper += ["--", *request.argv]
 
         timeout = res.timeout

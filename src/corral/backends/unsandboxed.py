@@ -70,6 +70,8 @@ class UnsandboxedBackend(Backend):
         if res.cpu_time is not None:
             seconds = max(1, int(res.cpu_time))
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
+        if request.tty:
+            helper.append("--ctty")
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,

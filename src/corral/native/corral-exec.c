@@ -52,6 +52,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -310,7 +311,7 @@ static void cloexec_all(const int *keep, int nkeep) {
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
-          "                   [--chdir DIR] [--setsid] [--die-with-parent PPID] -- COMMAND [ARG...]\n",
+          "                   [--chdir DIR] [--setsid] [--ctty] [--die-with-parent PPID] -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
 }
@@ -324,7 +325,7 @@ int main(int argc, char **argv) {
     struct { int res; struct rlimit lim; } rlimits[MAX_RLIMITS];
     int nrlimits = 0;
     const char *chdir_to = NULL;
-    int want_setsid = 0;
+    int want_setsid = 0, want_ctty = 0;
     long parent_pid = -1;
     int i = 1;
 
@@ -346,7 +347,7 @@ int main(int argc, char **argv) {
             i++;
             break;
         }
-        if (i + 1 >= argc && strcmp(a, "--setsid") != 0)
+        if (i + 1 >= argc && strcmp(a, "--setsid") != 0 && strcmp(a, "--ctty") != 0)
             usage();
         if (strcmp(a, "--status-fd") == 0) {
             i++;
@@ -370,6 +371,8 @@ int main(int argc, char **argv) {
             chdir_to = argv[++i];
         } else if (strcmp(a, "--setsid") == 0) {
             want_setsid = 1;
+        } else if (strcmp(a, "--ctty") == 0) {
+            want_ctty = 1;
         } else if (strcmp(a, "--die-with-parent") == 0) {
             parent_pid = parse_long(argv[++i], a);
         } else if (strcmp(a, "--rlimit") == 0) {
@@ -409,6 +412,16 @@ int main(int argc, char **argv) {
     /* 2. session, lifetime, directory */
     if (want_setsid && setsid() < 0)
         fail("setsid", errno, "%s", strerror(errno));
+    if (want_ctty) {
+        /* An interactive shell on corral's private pty: become a session leader
+         * (bubblewrap's init leads the sandbox's first session) and take the
+         * pty on stdin as controlling terminal. TIOCSTI on it can only inject
+         * input into this sandbox. */
+        if (!want_setsid)
+            (void)setsid();
+        if (ioctl(0, TIOCSCTTY, 0) < 0)
+            fail("set-controlling-terminal", errno, "%s", strerror(errno));
+    }
     if (parent_pid >= 0) {
         /* 0 means "whoever started us"; read it before arming the signal so a
          * parent that already died is noticed below. */
