@@ -191,8 +191,10 @@ class KeyTable:
         self._children: dict[str, list[str]] = {"": [], "integrations": []}
         for row in self.rows:
             _check_row(row)
-            if row.path in self._by_path or row.path in self._children:
+            if row.path in self._by_path:
                 raise ValueError(f"settings key {row.path!r} is declared twice")
+            if row.path in self._children:
+                raise ValueError(f"settings key {row.path!r} is both a value and an object")
             self._by_path[row.path] = row
             parent = ""
             for part in row.path.split("."):
