@@ -236,21 +236,26 @@ class KeyTable:
         )
 
 
+_KINDS = SCALAR_KINDS | LIST_KINDS | MAP_KINDS
+_LIST_DIRECTIONS = frozenset({LOOSENS, ADDITIONS, REMOVALS})
+_MAP_DIRECTIONS = frozenset({LOOSENS})
+_SCALAR_DIRECTIONS = TIGHTEN_DIRECTIONS - {ADDITIONS, REMOVALS}
+
+
 def _check_row(row: Key) -> None:
     """Reject rows the loader could not honour (a programming error, not a user one)."""
-    known_kinds = SCALAR_KINDS | LIST_KINDS | MAP_KINDS
-    if row.kind not in known_kinds:
+    if row.kind not in _KINDS:
         raise ValueError(f"settings key {row.path!r}: unknown kind {row.kind!r}")
     if row.tighten not in TIGHTEN_DIRECTIONS:
         raise ValueError(f"settings key {row.path!r}: unknown tighten direction {row.tighten!r}")
     if (row.kind == ENUM) != bool(row.choices):
         raise ValueError(f"settings key {row.path!r}: choices go with kind 'enum' only")
     allowed = (
-        {LOOSENS, ADDITIONS, REMOVALS}
+        _LIST_DIRECTIONS
         if row.kind in LIST_KINDS
-        else {LOOSENS}
+        else _MAP_DIRECTIONS
         if row.kind in MAP_KINDS
-        else TIGHTEN_DIRECTIONS - {ADDITIONS, REMOVALS}
+        else _SCALAR_DIRECTIONS
     )
     if row.tighten not in allowed:
         raise ValueError(
@@ -268,8 +273,6 @@ def _check_row(row: Key) -> None:
     if not is_integration and row.attr is None and row.kind not in (RULES, PROFILES):
         raise ValueError(f"settings key {row.path!r}: core keys need a Policy attribute")
 
-
-_LIMIT = "An untrusted project may lower it; raising it or null is ignored."
 
 #: The core keys (DESIGN §4), in processing order.
 CORE_KEYS: tuple[Key, ...] = (
