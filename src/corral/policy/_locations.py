@@ -36,11 +36,13 @@ LOCAL_SETTINGS = ".corral/settings.local.json"
 
 
 def default_home(environ: Mapping[str, str]) -> str:
-    """Return ``$HOME`` when it is absolute, else the home directory from the user database."""
+    """Return ``$HOME`` from *environ* when it is absolute, else the user database's entry."""
     home = environ.get("HOME", "")
     if home.startswith("/"):
         return posixpath.normpath(home)
-    return os.path.expanduser("~")
+    import pwd  # not os.path.expanduser: it would read the process's own $HOME
+
+    return pwd.getpwuid(os.getuid()).pw_dir
 
 
 def _xdg(environ: Mapping[str, str], name: str, home: str, fallback: str) -> str:

@@ -215,6 +215,13 @@ class MergeState:
             self.sources[row.path] = label
         return ignored
 
+    def add_entry(self, path: str, item: Any, label: str) -> None:
+        """Append *item* to the list key *path* unless it is there (for corral's own rows)."""
+        entries: list[Any] = self.values[path]
+        if item not in entries:
+            entries.append(item)
+            self.entry_sources[path].append(label)
+
     # ------------------------------------------------------------ output
     def provenance(self) -> dict[str, str]:
         """Flatten the sources: ``key``, ``key[i]`` (list entries), ``key.name`` (map entries)."""

@@ -202,6 +202,28 @@ def find_workspace(cwd: str, *, home: str) -> tuple[str, str]:
     return cwd, "detected: current directory"
 
 
+def _check_detected_workspace(workspace: str, home: str) -> list[str]:
+    """Refuse ``/`` as an implicit workspace; warn about the home directory.
+
+    Either means corral was started outside any project. An explicit
+    ``--workspace`` or ``filesystem.workspace`` is taken as given.
+    """
+    if workspace == "/":
+        raise SettingsError(
+            "refusing to use / as the workspace (it would make every file writable)",
+            source="detected: current directory",
+            key="filesystem.workspace",
+            hint="run corral inside a project, or pass --workspace DIR",
+        )
+    if workspace == home:
+        return [
+            f"the workspace is your home directory {home} (no git repository above the "
+            "current directory): everything in it except protected paths is writable; "
+            "pass --workspace DIR to narrow it"
+        ]
+    return []
+
+
 def _absolute(path: str, cwd: str, home: str) -> str:
     if path == "~" or path.startswith("~/"):
         path = home + path[1:]
@@ -264,19 +286,12 @@ def _protect_own_files(state: MergeState, dirs: tuple[str, ...]) -> None:
     command can never edit the user settings or trust records.
     """
     label = "defaults (corral's own files)"
-    deny_read: list[str] = state.values["filesystem.denyRead"]
-    for directory in dirs:
-        if directory not in deny_read:
-            deny_read.append(directory)
-            state.entry_sources["filesystem.denyRead"].append(label)
     writable = [state.values["filesystem.workspace"], *state.values["filesystem.allowWrite"]]
-    deny_write: list[str] = state.values["filesystem.denyWrite"]
     for directory in dirs:
+        state.add_entry("filesystem.denyRead", directory, label)
         if any(_overlaps(directory, area) for area in writable):
-            for pattern in (directory, directory + "/**"):
-                if pattern not in deny_write:
-                    deny_write.append(pattern)
-                    state.entry_sources["filesystem.denyWrite"].append(label)
+            state.add_entry("filesystem.denyWrite", directory, label)
+            state.add_entry("filesystem.denyWrite", directory + "/**", label)
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -347,6 +362,7 @@ def load_settings(
         extra.append(_FileLayer("settings", f"settings {path}", path, required=True))
 
     # 2. The workspace.
+    notes: list[str] = []  # warnings found before merging
     pre = Context(workspace=cwd, home=home, cwd=cwd)
     if workspace is not None:
         ws, ws_label = _absolute(workspace, cwd, home), "flags"
@@ -366,6 +382,7 @@ def load_settings(
                 break
         else:
             ws, ws_label = find_workspace(cwd, home=home)
+            notes += _check_detected_workspace(ws, home)
     if not posixpath.isdir(ws):
         problem = "does not exist" if not posixpath.exists(ws) else "is not a directory"
         raise SettingsError(
@@ -389,6 +406,7 @@ def load_settings(
 
     add_file(user)
     ignored_profiles, trust_problems = _add_project_layers(ws, home, env, ctx, keys, layers, plan)
+    notes += trust_problems
     if env_file is not None:
         add_file(env_file)
     for name, key in ENV_KEYS:
@@ -412,7 +430,7 @@ def load_settings(
     defaults = default_policy(ws, home=home)
     state = MergeState(keys, _default_values(keys, defaults))
     state.sources["filesystem.workspace"] = ws_label
-    state.warnings.extend(trust_problems)
+    state.warnings.extend(notes)
     for values, label, untrusted in plan:
         state.apply(values, label, untrusted=untrusted)
 

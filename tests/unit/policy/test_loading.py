@@ -52,6 +52,21 @@ def test_a_dotfiles_repository_in_home_is_not_a_project(world: SettingsWorld) ->
     assert find_workspace(project, home=world.home) == (project, "detected: current directory")
 
 
+def test_root_is_never_an_implicit_workspace(world: SettingsWorld) -> None:
+    from corral._exceptions import SettingsError
+
+    with pytest.raises(SettingsError, match="refusing to use / as the workspace"):
+        world.load(cwd="/")
+    assert world.load(cwd="/", workspace="/").workspace == "/"  # explicit is taken as given
+
+
+def test_an_implicit_home_workspace_is_reported(world: SettingsWorld) -> None:
+    resolved = world.load(cwd=world.home)
+    assert resolved.workspace == world.home
+    assert resolved.warnings[0].startswith(f"the workspace is your home directory {world.home}")
+    assert world.load(cwd=world.home, workspace="~").warnings == ()
+
+
 def test_the_workspace_can_come_from_a_settings_file(world: SettingsWorld) -> None:
     other = os.path.join(world.root, "other")
     os.makedirs(other)
@@ -113,9 +128,12 @@ def test_a_relative_cwd_is_relative_to_the_process_cwd(
 def test_a_relative_home_environment_falls_back_to_the_user_database(
     world: SettingsWorld,
 ) -> None:
+    import pwd
+
     from corral.policy._locations import default_home
 
-    assert default_home({"HOME": "relative"}) == os.path.expanduser("~")
+    assert default_home({"HOME": "relative"}) == pwd.getpwuid(os.getuid()).pw_dir
+    assert default_home({}) == pwd.getpwuid(os.getuid()).pw_dir
     assert default_home({"HOME": "/x//y/"}) == "/x/y"
 
 
