@@ -176,7 +176,7 @@ def explain(resolved: ResolvedSettings) -> str:
     out.append("layers:")
     for layer in resolved.layers:
         text = f"    {layer.label}"
-        if not layer.found:
+        if layer.path is not None and not layer.found:
             text += "    (not found)"
         elif not layer.trusted:
             text += (

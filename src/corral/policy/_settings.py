@@ -100,7 +100,8 @@ class LayerInfo(Record):
         label: the provenance label of its values, e.g.
             ``"user /home/me/.config/corral/settings.json"``.
         path: the file, for file layers.
-        found: whether the file exists (missing user and project files are fine).
+        found: whether the file exists (missing user and project files are fine);
+            always true for layers that are not files.
         trusted: ``False`` for an untrusted project file (only tightening values applied).
         sha256: the digest of the file's bytes, for project files.
     """
@@ -200,6 +201,50 @@ def find_workspace(cwd: str, *, home: str) -> tuple[str, str]:
             return directory, "detected: git top-level"
         directory = posixpath.dirname(directory)
     return cwd, "detected: current directory"
+
+
+def _settle_workspace(
+    workspace: str | None,
+    flags: dict[str, Any],
+    files: Sequence[_FileLayer | None],
+    *,
+    cwd: str,
+    home: str,
+) -> tuple[str, str, list[str]]:
+    """Return ``(workspace, provenance label, warnings)`` (see the module docstring).
+
+    *files* are the layers that may set ``filesystem.workspace``, latest first.
+
+    Raises:
+        SettingsError: the workspace does not exist or is not a directory.
+    """
+    notes: list[str] = []
+    if workspace is not None:
+        ws, label = _absolute(workspace, cwd, home), "flags"
+    else:
+        pre = Context(workspace=cwd, home=home, cwd=cwd)
+        candidates = [("flags", "flags", flags)] + [
+            (layer.info.label, layer.info.path or "", layer.document)
+            for layer in files
+            if layer is not None
+        ]
+        for candidate, source, document in candidates:
+            found = validate_workspace(document, source=source, ctx=pre)
+            if found is not None:
+                ws, label = found, candidate
+                break
+        else:
+            ws, label = find_workspace(cwd, home=home)
+            notes = _check_detected_workspace(ws, home)
+    if not posixpath.isdir(ws):
+        problem = "does not exist" if not posixpath.exists(ws) else "is not a directory"
+        raise SettingsError(
+            f"workspace {ws} {problem}",
+            source=label,
+            key="filesystem.workspace",
+            hint="pass --workspace DIR with an existing directory",
+        )
+    return ws, label, notes
 
 
 def _check_detected_workspace(workspace: str, home: str) -> list[str]:
@@ -362,35 +407,9 @@ def load_settings(
         extra.append(_FileLayer("settings", f"settings {path}", path, required=True))
 
     # 2. The workspace.
-    notes: list[str] = []  # warnings found before merging
-    pre = Context(workspace=cwd, home=home, cwd=cwd)
-    if workspace is not None:
-        ws, ws_label = _absolute(workspace, cwd, home), "flags"
-    else:
-        candidates = [
-            ("flags", "flags", flags),
-            *(
-                (layer.info.label, layer.info.path or "", layer.document)
-                for layer in (*reversed(extra), env_file, user)
-                if layer is not None
-            ),
-        ]
-        for label, source, document in candidates:
-            found = validate_workspace(document, source=source, ctx=pre)
-            if found is not None:
-                ws, ws_label = found, label
-                break
-        else:
-            ws, ws_label = find_workspace(cwd, home=home)
-            notes += _check_detected_workspace(ws, home)
-    if not posixpath.isdir(ws):
-        problem = "does not exist" if not posixpath.exists(ws) else "is not a directory"
-        raise SettingsError(
-            f"workspace {ws} {problem}",
-            source=ws_label,
-            key="filesystem.workspace",
-            hint="pass --workspace DIR with an existing directory",
-        )
+    ws, ws_label, notes = _settle_workspace(
+        workspace, flags, (*reversed(extra), env_file, user), cwd=cwd, home=home
+    )
     ctx = Context(workspace=ws, home=home, cwd=cwd)
 
     # 3. Validate every layer (in layer order, so the first bad file is reported).
@@ -438,7 +457,7 @@ def load_settings(
     selected = profile or env.get("CORRAL_PROFILE") or None
     if selected is not None:
         source = "flags" if profile else "environment CORRAL_PROFILE"
-        profiles: dict[str, Any] = state.values["profiles"] or {}
+        profiles: dict[str, Any] = state.values["profiles"]
         if selected not in profiles:
             raise SettingsError(
                 f'unknown profile "{selected}"' + did_you_mean(selected, profiles),
@@ -461,7 +480,7 @@ def load_settings(
                 layers.append(LayerInfo(name="rule", label=label))
                 state.apply(rule.values, label)
                 matched.append(rule.match)
-    layers.append(LayerInfo(name="flags", label="flags", found=bool(flags)))
+    layers.append(LayerInfo(name="flags", label="flags"))
     state.apply(flag_values, "flags")
     if workspace is not None:
         state.apply({"filesystem.workspace": ws}, "flags")

@@ -87,7 +87,7 @@ def test_explain_ends_with_warnings_and_layers(world: SettingsWorld) -> None:
         f"project {world.project_file} (untrusted: only tightening values applied; run "
         "'corral trust' to accept it)",
         f"local {world.local_file} (not found)",
-        "flags (not found)",
+        "flags",
     ]
     world.trust()
     assert f"project {world.project_file} (trusted)" in [
