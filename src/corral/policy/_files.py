@@ -16,7 +16,15 @@ import os
 import posixpath
 import stat
 
-__all__ = ["MAX_FILE_SIZE", "read_small_file", "write_file_atomically"]
+from .._exceptions import SettingsError
+
+__all__ = [
+    "MAX_FILE_SIZE",
+    "error_reason",
+    "read_settings_file",
+    "read_small_file",
+    "write_file_atomically",
+]
 
 #: Settings and trust files larger than this are refused.
 MAX_FILE_SIZE = 1 << 20
@@ -50,6 +58,26 @@ def read_small_file(path: str, *, limit: int = MAX_FILE_SIZE) -> bytes | None:
         return b"".join(chunks)
     finally:
         os.close(fd)
+
+
+def error_reason(exc: BaseException) -> str:
+    """The part of an error worth showing: ``Permission denied``, ``not a regular file``."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+
+
+def read_settings_file(path: str, *, required: bool = False) -> bytes | None:
+    """Return the bytes of the settings file *path*, or ``None`` if it is missing.
+
+    Raises:
+        SettingsError: the file cannot be read, or it is *required* and missing.
+    """
+    try:
+        data = read_small_file(path)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"cannot read the file: {error_reason(exc)}", source=path) from exc
+    if data is None and required:
+        raise SettingsError("settings file not found", source=path)
+    return data
 
 
 def write_file_atomically(path: str, data: bytes, *, mode: int = 0o600) -> None:

@@ -44,11 +44,10 @@ import posixpath
 
 from .._exceptions import SettingsError
 from .._frozen import Record
-from .._jsonfast import JSONError, loads
 from . import _keys as k
-from ._defaults import default_policy
+from ._defaults import default_policy, expand_home
 from ._digest import sha256_hex
-from ._files import read_small_file
+from ._files import read_settings_file
 from ._glob import match_word
 from ._locations import (
     LOCAL_SETTINGS,
@@ -66,6 +65,7 @@ from ._validate import (
     Context,
     check_project_workspace,
     did_you_mean,
+    parse_settings,
     validate_layer,
     validate_workspace,
 )
@@ -149,37 +149,14 @@ class ResolvedSettings(Record):
 
 
 # ---------------------------------------------------------------- files
-def _parse_file(path: str, data: bytes) -> Any:
-    try:
-        return loads(data)
-    except JSONError as exc:
-        raise SettingsError(
-            f"malformed JSON at line {exc.line} column {exc.column}: {exc.reason}",
-            source=path,
-            hint="settings files are strict JSON: no comments, no trailing commas",
-        ) from None
-
-
-def _read(path: str, *, required: bool) -> bytes | None:
-    try:
-        data = read_small_file(path)
-    except OSError as exc:
-        raise SettingsError(f"cannot read the file: {exc.strerror or exc}", source=path) from exc
-    except ValueError as exc:
-        raise SettingsError(f"cannot read the file: {exc}", source=path) from exc
-    if data is None and required:
-        raise SettingsError("settings file not found", source=path)
-    return data
-
-
 class _FileLayer:
     """A settings file read before the workspace is known (user, environment, --settings)."""
 
     __slots__ = ("document", "info")
 
     def __init__(self, name: str, label: str, path: str, *, required: bool) -> None:
-        data = _read(path, required=required)
-        self.document = None if data is None else _parse_file(path, data)
+        data = read_settings_file(path, required=required)
+        self.document = None if data is None else parse_settings(data, source=path)
         self.info = LayerInfo(name=name, label=label, path=path, found=data is not None)
 
 
@@ -270,9 +247,7 @@ def _check_detected_workspace(workspace: str, home: str) -> list[str]:
 
 
 def _absolute(path: str, cwd: str, home: str) -> str:
-    if path == "~" or path.startswith("~/"):
-        path = home + path[1:]
-    return posixpath.normpath(posixpath.join(cwd, path))
+    return posixpath.normpath(posixpath.join(cwd, expand_home(path, home)))
 
 
 # ---------------------------------------------------------------- defaults and policy
@@ -536,11 +511,11 @@ def _add_project_layers(
     for name, relative in (("project", PROJECT_SETTINGS), ("local", LOCAL_SETTINGS)):
         path = posixpath.join(ws, relative)
         label = f"{name} {path}"
-        data = _read(path, required=False)
+        data = read_settings_file(path)
         if data is None:
             layers.append(LayerInfo(name=name, label=label, path=path, found=False, trusted=False))
             continue
-        values = validate_layer(_parse_file(path, data), source=path, ctx=ctx, table=keys)
+        values = validate_layer(parse_settings(data, source=path), source=path, ctx=ctx, table=keys)
         digest = sha256_hex(data)
         if records is None:
             records, problem = read_trust_records(trust_file(home=home, environ=env))

@@ -25,9 +25,9 @@ import posixpath
 
 from .._exceptions import SettingsError
 from .._frozen import Record
-from .._jsonfast import JSONError, dumps, loads
+from .._jsonfast import dumps, loads
 from ._digest import sha256_hex
-from ._files import read_small_file, write_file_atomically
+from ._files import error_reason, read_settings_file, read_small_file, write_file_atomically
 from ._locations import LOCAL_SETTINGS, PROJECT_SETTINGS, default_home, trust_file
 
 TYPE_CHECKING = False
@@ -81,18 +81,14 @@ def read_trust_records(path: str) -> tuple[dict[str, str], str | None]:
     try:
         data = read_small_file(path)
     except (OSError, ValueError) as exc:
-        return {}, f"cannot read trust records {path}: {_reason(exc)}; {_UNTRUSTED}"
+        return {}, f"cannot read trust records {path}: {error_reason(exc)}; {_UNTRUSTED}"
     if data is None:
         return {}, None
     try:
         records = _parse_records(data)
-    except (JSONError, ValueError) as exc:
+    except ValueError as exc:  # JSONError is a ValueError
         return {}, f"ignoring malformed trust records {path}: {exc}; {_UNTRUSTED}"
     return records, None
-
-
-def _reason(exc: BaseException) -> str:
-    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _parse_records(data: bytes) -> dict[str, str]:
@@ -113,13 +109,6 @@ def _parse_records(data: bytes) -> dict[str, str]:
 
 def _project_files(workspace: str) -> tuple[str, str]:
     return posixpath.join(workspace, PROJECT_SETTINGS), posixpath.join(workspace, LOCAL_SETTINGS)
-
-
-def _read_project_file(path: str) -> bytes | None:
-    try:
-        return read_small_file(path)
-    except (OSError, ValueError) as exc:
-        raise SettingsError(f"cannot read the file: {_reason(exc)}", source=path) from exc
 
 
 def _resolve(
@@ -160,7 +149,7 @@ def trust_status(
     records, _ = read_trust_records(trust_file(home=home, environ=env))
     statuses = []
     for path in _project_files(workspace):
-        data = _read_project_file(path)
+        data = read_settings_file(path)
         if data is None:
             statuses.append(TrustStatus(path=path, state=TRUST_MISSING))
             continue
@@ -207,19 +196,16 @@ def trust_project(
         trust_project("/src/app")  # ["/src/app/.corral/settings.json"]
     """
     from ._keys import KEYS
-    from ._validate import Context, check_project_workspace, validate_layer
+    from ._validate import Context, check_project_workspace, parse_settings, validate_layer
 
     workspace, home, env = _resolve(workspace, home, environ)
     ctx = Context(workspace=workspace, home=home, cwd=workspace)
     digests: dict[str, str] = {}
     for path in _project_files(workspace):
-        data = _read_project_file(path)
+        data = read_settings_file(path)
         if data is None:
             continue
-        try:
-            document = loads(data)
-        except JSONError as exc:
-            raise SettingsError(f"invalid JSON: {exc}", source=path) from None
+        document = parse_settings(data, source=path)
         values = validate_layer(document, source=path, ctx=ctx, table=keys or KEYS)
         check_project_workspace(values, source=path, workspace=workspace)
         digests[path] = sha256_hex(data)
@@ -238,7 +224,9 @@ def _record(path: str, digests: dict[str, str]) -> None:
         os.makedirs(posixpath.dirname(path), mode=0o700, exist_ok=True)
         lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     except OSError as exc:
-        raise SettingsError(f"cannot write trust records: {_reason(exc)}", source=path) from exc
+        raise SettingsError(
+            f"cannot write trust records: {error_reason(exc)}", source=path
+        ) from exc
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -250,7 +238,7 @@ def _record(path: str, digests: dict[str, str]) -> None:
                 _parse_records(data)
         except (OSError, ValueError) as exc:  # JSONError is a ValueError
             raise SettingsError(
-                f"cannot update trust records: {_reason(exc)}",
+                f"cannot update trust records: {error_reason(exc)}",
                 source=path,
                 hint="fix or remove the file (removing it untrusts every project)",
             ) from exc
@@ -259,6 +247,8 @@ def _record(path: str, digests: dict[str, str]) -> None:
         try:
             write_file_atomically(path, (dumps(document, sort_keys=True) + "\n").encode("ascii"))
         except OSError as exc:
-            raise SettingsError(f"cannot write trust records: {_reason(exc)}", source=path) from exc
+            raise SettingsError(
+                f"cannot write trust records: {error_reason(exc)}", source=path
+            ) from exc
     finally:
         os.close(lock)

@@ -26,7 +26,7 @@ import posixpath
 
 from .._exceptions import SettingsError
 from .._frozen import Record
-from .._jsonfast import dumps
+from .._jsonfast import JSONError, dumps, loads
 from . import _keys as k
 from ._defaults import expand_home
 from ._glob import validate_pattern
@@ -45,6 +45,7 @@ __all__ = [
     "Rule",
     "check_project_workspace",
     "did_you_mean",
+    "parse_settings",
     "validate_layer",
     "validate_workspace",
 ]
@@ -119,6 +120,23 @@ def _show(name: str) -> str:
 
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
+
+
+def parse_settings(data: bytes, *, source: str) -> Any:
+    """Parse the bytes of a settings file as strict JSON.
+
+    Raises:
+        SettingsError: malformed JSON (with line and column), duplicate keys,
+            NaN/Infinity, invalid UTF-8.
+    """
+    try:
+        return loads(data)
+    except JSONError as exc:
+        raise SettingsError(
+            f"malformed JSON at line {exc.line} column {exc.column}: {exc.reason}",
+            source=source,
+            hint="settings files are strict JSON: no comments, no trailing commas",
+        ) from None
 
 
 def validate_layer(
@@ -312,13 +330,15 @@ class _Checker:
             self.fail(key, f"{raw} is too large (at most {_MAX_INT})")
         return raw
 
+    def expand_tilde(self, text: str, key: str) -> str:
+        """Expand a leading ``~`` or ``~/``; refuse ``~user``."""
+        if text.startswith("~") and text != "~" and not text.startswith("~/"):
+            self.fail(key, f'{describe(text)}: only "~/" is expanded, not "~user/"')
+        return expand_home(text, self.ctx.home)
+
     def path(self, raw: object, key: str, base: str) -> str:
-        text = self.text(raw, key, what="a path")
-        if text.startswith("~"):
-            if text != "~" and not text.startswith("~/"):
-                self.fail(key, f'{describe(text)}: only "~/" is expanded, not "~user/"')
-            text = expand_home(text, self.ctx.home)
-        elif not text.startswith("/"):
+        text = self.expand_tilde(self.text(raw, key, what="a path"), key)
+        if not text.startswith("/"):
             text = posixpath.join(base, text)
         text = posixpath.normpath(text)
         return "/" + text.lstrip("/")  # normpath keeps a leading "//"
@@ -384,11 +404,7 @@ class _Checker:
         return text
 
     def path_pattern(self, raw: object, key: str) -> str:
-        text = self.pattern(raw, key)
-        if text.startswith("~"):
-            if text != "~" and not text.startswith("~/"):
-                self.fail(key, f'{describe(text)}: only "~/" is expanded, not "~user/"')
-            text = expand_home(text, self.ctx.home)
+        text = self.expand_tilde(self.pattern(raw, key), key)
         segments = [s for s in text.split("/") if s not in ("", ".")]
         if ".." in segments:
             self.fail(key, f'{describe(text)}: ".." is not allowed in a path glob')

@@ -69,7 +69,7 @@ def test_an_invalid_project_file_is_not_trusted(world: SettingsWorld) -> None:
     with pytest.raises(SettingsError, match='unknown key \\(did you mean "network"\\?\\)'):
         world.trust()
     world.project("{")
-    with pytest.raises(SettingsError, match="invalid JSON"):
+    with pytest.raises(SettingsError, match="malformed JSON at line 1 column 2"):
         world.trust()
     assert not os.path.exists(world.trust_file)
 
