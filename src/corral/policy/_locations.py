@@ -25,6 +25,7 @@ __all__ = [
     "PROJECT_SETTINGS",
     "config_dir",
     "default_home",
+    "project_settings_files",
     "state_dir",
     "trust_file",
     "user_settings_file",
@@ -69,3 +70,11 @@ def user_settings_file(*, home: str, environ: Mapping[str, str]) -> str:
 def trust_file(*, home: str, environ: Mapping[str, str]) -> str:
     """Return the path of the trust records file (it need not exist)."""
     return posixpath.join(state_dir(home=home, environ=environ), "trust.json")
+
+
+def project_settings_files(workspace: str) -> tuple[tuple[str, str], ...]:
+    """Return ``(("project", path), ("local", path))`` for *workspace*, in layer order."""
+    return (
+        ("project", posixpath.join(workspace, PROJECT_SETTINGS)),
+        ("local", posixpath.join(workspace, LOCAL_SETTINGS)),
+    )

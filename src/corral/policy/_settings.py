@@ -50,10 +50,9 @@ from ._digest import sha256_hex
 from ._files import read_settings_file
 from ._glob import match_word
 from ._locations import (
-    LOCAL_SETTINGS,
-    PROJECT_SETTINGS,
     config_dir,
     default_home,
+    project_settings_files,
     state_dir,
     trust_file,
     user_settings_file,
@@ -508,8 +507,7 @@ def _add_project_layers(
     records: dict[str, str] | None = None
     ignored_profiles: set[str] = set()
     problems: list[str] = []
-    for name, relative in (("project", PROJECT_SETTINGS), ("local", LOCAL_SETTINGS)):
-        path = posixpath.join(ws, relative)
+    for name, path in project_settings_files(ws):
         label = f"{name} {path}"
         data = read_settings_file(path)
         if data is None:

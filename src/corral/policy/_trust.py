@@ -28,7 +28,7 @@ from .._frozen import Record
 from .._jsonfast import dumps, loads
 from ._digest import sha256_hex
 from ._files import error_reason, read_settings_file, read_small_file, write_file_atomically
-from ._locations import LOCAL_SETTINGS, PROJECT_SETTINGS, default_home, trust_file
+from ._locations import default_home, project_settings_files, trust_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -107,10 +107,6 @@ def _parse_records(data: bytes) -> dict[str, str]:
     return records
 
 
-def _project_files(workspace: str) -> tuple[str, str]:
-    return posixpath.join(workspace, PROJECT_SETTINGS), posixpath.join(workspace, LOCAL_SETTINGS)
-
-
 def _resolve(
     workspace: str,
     home: str | None,
@@ -148,7 +144,7 @@ def trust_status(
     workspace, home, env = _resolve(workspace, home, environ)
     records, _ = read_trust_records(trust_file(home=home, environ=env))
     statuses = []
-    for path in _project_files(workspace):
+    for _, path in project_settings_files(workspace):
         data = read_settings_file(path)
         if data is None:
             statuses.append(TrustStatus(path=path, state=TRUST_MISSING))
@@ -201,7 +197,7 @@ def trust_project(
     workspace, home, env = _resolve(workspace, home, environ)
     ctx = Context(workspace=workspace, home=home, cwd=workspace)
     digests: dict[str, str] = {}
-    for path in _project_files(workspace):
+    for _, path in project_settings_files(workspace):
         data = read_settings_file(path)
         if data is None:
             continue

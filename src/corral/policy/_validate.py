@@ -265,9 +265,9 @@ class _Checker:
         if raw is None and row.nullable:
             return None
         if row.kind in k.LIST_KINDS:
-            return self.list(row, raw, key)
+            return self.list_ops(row, raw, key)
         if row.kind in k.MAP_KINDS:
-            return self.map(row, raw, key)
+            return self.map_entries(row, raw, key)
         return self.scalar(row, raw, key)
 
     # ------------------------------------------------------------ scalars
@@ -356,7 +356,7 @@ class _Checker:
         k.RULES: "rules",
     }
 
-    def list(self, row: k.Key, raw: object, key: str) -> list[tuple[str, Any]]:
+    def list_ops(self, row: k.Key, raw: object, key: str) -> list[tuple[str, Any]]:
         if not isinstance(raw, (list, tuple)):
             hint = f"write [{describe(raw)}]" if isinstance(raw, str) else None
             self.fail(
@@ -510,7 +510,7 @@ class _Checker:
         return Rule(match=match, values=values)
 
     # ------------------------------------------------------------ maps
-    def map(self, row: k.Key, raw: object, key: str) -> dict[str, Any]:
+    def map_entries(self, row: k.Key, raw: object, key: str) -> dict[str, Any]:
         if not isinstance(raw, dict):
             self.fail(key, f"expected an object, got {describe(raw)}")
         out: dict[str, Any] = {}
