@@ -1,11 +1,16 @@
-"""Policy: what a sandboxed command may do (pure data, no OS access).
+"""Policy: what a sandboxed command may do (pure data), and the settings that produce it.
 
-See :mod:`corral.policy._model` for the types and
-:mod:`corral.policy._defaults` for the built-in rows.
+See :mod:`corral.policy._model` for the types, :mod:`corral.policy._defaults`
+for the built-in rows, :mod:`corral.policy._keys` for the settings keys and
+:mod:`corral.policy._settings` for loading the layered settings files.
 """
 
 from ._defaults import ENV_PASS, PROTECTED_PATTERNS, SECRET_PATHS, default_policy
+from ._digest import policy_digest
+from ._explain import effective_settings_json, explain
 from ._glob import PathPattern, match_word
+from ._keys import BACKEND_ISOLATION, BACKENDS, KEYS, Key, KeyTable
+from ._locations import config_dir, state_dir
 from ._model import (
     ISOLATION_LEVELS,
     NETWORK_MODES,
@@ -17,21 +22,45 @@ from ._model import (
     ResourceLimits,
     isolation_rank,
 )
+from ._settings import LayerInfo, ResolvedSettings, find_workspace, load_settings
+from ._trust import TrustStatus, trust_project, trust_status
+from ._units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
+    "BACKENDS",
+    "BACKEND_ISOLATION",
     "ENV_PASS",
     "ISOLATION_LEVELS",
+    "KEYS",
     "NETWORK_MODES",
     "PROTECTED_PATTERNS",
     "SECRET_PATHS",
     "Credential",
     "EnvPolicy",
     "FilesystemPolicy",
+    "Key",
+    "KeyTable",
+    "LayerInfo",
     "NetworkPolicy",
     "PathPattern",
     "Policy",
+    "ResolvedSettings",
     "ResourceLimits",
+    "TrustStatus",
+    "config_dir",
     "default_policy",
+    "effective_settings_json",
+    "explain",
+    "find_workspace",
+    "format_duration",
+    "format_size",
     "isolation_rank",
+    "load_settings",
     "match_word",
+    "parse_duration",
+    "parse_size",
+    "policy_digest",
+    "state_dir",
+    "trust_project",
+    "trust_status",
 ]

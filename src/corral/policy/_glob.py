@@ -60,11 +60,9 @@ def _class_matches(pattern: str, start: int, end: int, ch: str) -> bool:
     if negate:
         i += 1
     found = False
-    first = True
+    # No "]" can occur before *end* except as the first member: _class_end stops at the first one.
     while i < end:
         c = pattern[i]
-        if c == "]" and not first:
-            break
         if i + 2 < end and pattern[i + 1] == "-":
             if pattern[i] <= ch <= pattern[i + 2]:
                 found = True
@@ -73,7 +71,6 @@ def _class_matches(pattern: str, start: int, end: int, ch: str) -> bool:
             if c == ch:
                 found = True
             i += 1
-        first = False
     return found != negate
 
 

@@ -1,0 +1,129 @@
+"""Globs for paths, environment variable names and command lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral.policy import PathPattern, match_word
+from corral.policy._glob import _match_text, validate_pattern
+
+
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("", "empty pattern"),
+        ("a\x00b", "pattern contains a NUL byte"),
+        ("[abc", "unclosed '[' at position 0"),
+        ("x/[!a", "unclosed '[' at position 2"),
+        ("[]", "unclosed '[' at position 0"),
+        ("ok", None),
+        ("[]]", None),
+        ("[!]]x", None),
+        ("**/*.pem", None),
+    ],
+)
+def test_validates_patterns(pattern: str, problem: str | None) -> None:
+    assert validate_pattern(pattern) == problem
+
+
+@pytest.mark.parametrize(
+    ("pattern", "word", "expected"),
+    [
+        ("npm publish*", "npm publish --tag next", True),
+        ("npm publish*", "npm install", False),
+        ("*", "", True),
+        ("*", "anything/with/slashes", True),
+        ("LC_*", "LC_ALL", True),
+        ("LC_*", "LANG", False),
+        ("?", "a", True),
+        ("?", "", False),
+        ("a?c", "abc", True),
+        ("[abc]x", "bx", True),
+        ("[abc]x", "dx", False),
+        ("[a-c]", "b", True),
+        ("[a-c]", "d", False),
+        ("[!a-c]", "d", True),
+        ("[!a-c]", "b", False),
+        ("[]]", "]", True),
+        ("[!]]", "]", False),
+        ("[!]]", "a", True),
+        ("[a]]", "a]", True),
+        ("[ab-]", "-", True),
+        ("[a", "[a", True),  # an unclosed class is literal when matching
+        ("[a", "a", False),
+        ("*a*b", "xxaxxb", True),
+        ("*a*b", "xxaxx", False),
+        ("a*", "b", False),
+        ("**", "x", True),
+        ("abc", "abcd", False),
+    ],
+)
+def test_matches_words(pattern: str, word: str, expected: bool) -> None:
+    assert match_word(pattern, word) is expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "text"),
+    [("a*", "a/b"), ("a?b", "a/b"), ("a[/]b", "a/b"), ("*", "/")],
+)
+def test_slash_is_not_matched_by_wildcards_in_path_segments(pattern: str, text: str) -> None:
+    assert not _match_text(pattern, text, slash_is_special=True)
+    assert _match_text(pattern, text, slash_is_special=False)
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        ("**/.git/config", ".git/config", True),
+        ("**/.git/config", "a/b/.git/config", True),
+        ("**/.git/config", "a/.git/config/x", False),
+        ("build/**", "build/x/y", True),
+        ("build/**", "build", False),
+        ("**/.git/hooks/**", "vendor/lib/.git/hooks/pre-commit", True),
+        ("a/**/**/b", "a/x/b", True),
+        ("a/**/b", "a/b", True),
+        ("*.pem", "key.pem", True),
+        ("*.pem", "dir/key.pem", False),
+        ("./src/*.py", "src/x.py", True),
+        ("/etc/*.conf", "/etc/a.conf", True),
+        ("a/b", "a", False),
+        ("a", "a/b", False),
+    ],
+)
+def test_matches_paths(pattern: str, path: str, expected: bool) -> None:
+    assert PathPattern(pattern).matches(path) is expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "directory", "expected"),
+    [
+        ("**/.git/hooks/**", "vendor", True),
+        ("**/.git/hooks/**", "", True),
+        (".vscode/**", ".vscode", True),
+        (".vscode/**", "src", False),
+        ("a/b", "a", True),
+        ("a/b", "a/b", False),
+        ("a/b", "a/b/c", False),
+        ("a", "", True),
+    ],
+)
+def test_knows_whether_a_directory_can_hold_matches(
+    pattern: str, directory: str, expected: bool
+) -> None:
+    assert PathPattern(pattern).could_match_below(directory) is expected
+
+
+def test_path_patterns_are_values() -> None:
+    pattern = PathPattern("/etc/**")
+    assert pattern.absolute
+    assert not PathPattern("etc/**").absolute
+    assert pattern == PathPattern("/etc/**")
+    assert pattern != PathPattern("/etc/*")
+    assert pattern != "/etc/**"
+    assert hash(pattern) == hash(PathPattern("/etc/**"))
+    assert repr(pattern) == "PathPattern('/etc/**')"
+
+
+def test_invalid_path_patterns_are_refused() -> None:
+    with pytest.raises(ValueError, match=r"invalid pattern '\[x': unclosed"):
+        PathPattern("[x")
