@@ -352,36 +352,40 @@ def _write_ignore_busy(path: str, value: str) -> None:
 
 
 class Prestage:
-    """A run's cgroup, created in a background thread before it is needed.
+    """A run's cgroup, created before corral knows it needs it.
 
     On cgroup v1 the first ``cgroup.procs`` write after a quiet period waits
     for an RCU grace period (``cgroup_threadgroup_rwsem`` entering writer
-    mode; ~8 ms on the CI machine) while holding ``cgroup_mutex``, so every
-    other cgroup operation queues behind it. Started at the very beginning of
-    ``corral run``, this thread creates the run's groups *first* and then
-    starts that wait with a no-op move of our own pid into our own group, all
-    while corral loads settings and bubblewrap sets up. Moving the sandbox
-    later is then nearly free.
+    mode: 7-22 ms on the CI machine) while holding ``cgroup_mutex``, and every
+    other cgroup operation queues behind it. So at the very start of
+    ``corral run`` this creates the run's groups (fast) and starts that wait
+    in a thread with a no-op move of our own pid into our own group. corral
+    meanwhile loads its settings, plans, and starts bubblewrap; moving the
+    sandbox into the group then waits only for what is left of the grace
+    period instead of a whole one.
 
     Example::
 
-        stage = Prestage("corral-sbx-1a2b")          # returns at once
+        stage = Prestage("corral-1234-sbx-1a2b")   # returns at once
         ...
-        group = stage.take()                         # Cgroup or None
+        group = stage.take()     # the Cgroup (the caller owns it), or None
+        # or: stage.discard()    # not needed after all
+        ...
+        stage.finish()           # before exiting: lets a discarded group go
     """
 
-    __slots__ = ("_done", "_group", "_name")
+    __slots__ = ("_discarded", "_done", "_group", "_lock")
 
     def __init__(self, name: str) -> None:
         import _thread
 
-        self._name = name
         self._group: Cgroup | None = None
+        self._discarded: Cgroup | None = None
+        self._lock = _thread.allocate_lock()
         self._done = _thread.allocate_lock()
         self._done.acquire()
         target = None
         try:
-            # quick file reads and mkdirs here; only the slow write goes to a thread
             layout, _why = probe(frozenset({"memory", "pids"}))
             if layout is not None:
                 group = Cgroup(layout, {}, name)
@@ -407,21 +411,32 @@ class Prestage:
         except OSError:
             pass
         finally:
-            self._done.release()
+            with self._lock:
+                leftover, self._discarded = self._discarded, None
+                self._done.release()
+            if leftover is not None:
+                leftover.remove()
 
-    def take(self, timeout: float = 5.0) -> Cgroup | None:
-        """Wait for the thread and return the prepared group (the caller owns it)."""
-        if self._done.acquire(True, timeout):
-            self._done.release()
-            group, self._group = self._group, None
-            return group
-        return None
+    def take(self) -> Cgroup | None:
+        """The prepared group (the caller owns it from now on), without waiting."""
+        group, self._group = self._group, None
+        return group
 
     def discard(self) -> None:
-        """Remove the group if nobody took it."""
-        group = self.take()
-        if group is not None:
-            group.remove()
+        """The run needs no cgroup: remove the group now or when the thread is done."""
+        group, self._group = self._group, None
+        if group is None:
+            return
+        with self._lock:
+            if self._done.locked():
+                self._discarded = group  # removing it now would queue behind the poke
+                return
+        group.remove()
+
+    def finish(self, timeout: float = 1.0) -> None:
+        """Wait (briefly) for the background thread so no group is left behind."""
+        if self._done.acquire(True, timeout):
+            self._done.release()
 
 
 def _own_procs_file() -> str | None:

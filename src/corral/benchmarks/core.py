@@ -12,7 +12,6 @@ raw bwrap; the in-process API without limits within 1.5x of raw bwrap.
 from __future__ import annotations
 
 import os
-import subprocess
 
 from . import Context, Row
 
@@ -92,5 +91,4 @@ def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
         target = "<= 1.5x" if label == "no limits" else None
         rows.append(Row(f"in-process API run(['true']) ({label})", value, samples=ctx.runs,
                         baseline="raw bwrap", target=target, note=_ratio(value, raw)))
-    del subprocess
     return rows

@@ -16,6 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from ..._cgroups import Prestage
     from ..._engine import Running
     from ..._outcome import Outcome
     from ..._request import ExecRequest
@@ -79,26 +80,32 @@ def build_request(opts: RunOptions, workspace: str, *, capture: bool = False,
 
 def execute_options(opts: RunOptions) -> int:
     """Resolve settings, run, report, audit; return the exit status."""
-    from ..._runner import audit_outcome, launch, prepare
-    from ..._state import state_dir
-    from ...policy import policy_digest
-
     from ..._cgroups import Prestage
     from ..._request import new_sandbox_id
 
     sandbox_id = new_sandbox_id()
-    # cgroups are slow to set up the first time; do it while the rest happens
-    stage = Prestage(f"corral-{sandbox_id}") if os.geteuid() == 0 or _cgroup_delegated() else None
-    environ = os.environ
+    # The first cgroup move is slow (an RCU grace period); start it right away
+    # so that it overlaps with loading settings and starting bubblewrap.
+    stage = Prestage(f"corral-{os.getpid()}-{sandbox_id}") if os.geteuid() == 0 else None
     try:
-        resolved = resolve(opts, environ)
-        policy = resolved.policy
-        request = build_request(opts, resolved.workspace).replace(sandbox_id=sandbox_id)
-        prepared = prepare(request, policy, environ=environ)
-    except BaseException:
+        return _execute(opts, sandbox_id, stage)
+    finally:
         if stage is not None:
-            stage.discard()
-        raise
+            stage.discard()  # a no-op when the run took the group
+            stage.finish()
+
+
+def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None) -> int:
+    from ..._runner import audit_outcome, launch, prepare
+    from ..._state import state_dir
+    from ...policy import policy_digest
+
+    environ = os.environ
+    resolved = resolve(opts, environ)
+    policy = resolved.policy
+    request = build_request(opts, resolved.workspace).replace(sandbox_id=sandbox_id)
+    prepared = prepare(request, policy, environ=environ)
+    cgroup = stage.take() if stage is not None and prepared.plan.cgroup is not None else None
 
     running: list[Running] = []
     pending: list[int] = []
@@ -109,16 +116,14 @@ def execute_options(opts: RunOptions) -> int:
         else:
             pending.append(signum)
 
-    import _signal
-
-    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
-
     def started(handle: Running) -> None:
         running.append(handle)
         for signum in pending:
             handle.send_signal(signum)
 
-    cgroup = stage.take() if stage is not None else None
+    import _signal  # not signal: its enum wrappers cost an import of enum
+
+    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
     try:
         outcome = launch(prepared, request, on_start=started, cgroup=cgroup)
     finally:
@@ -132,11 +137,6 @@ def execute_options(opts: RunOptions) -> int:
     if opts.json_out:
         _write_json(opts.json_out, outcome)
     return outcome.returncode
-
-
-def _cgroup_delegated() -> bool:
-    """Whether a non-root user may create cgroups here (v2 delegation)."""
-    return False
 
 
 def report(outcome: Outcome, *, policy_timeout: float | None) -> None:
