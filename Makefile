@@ -1,0 +1,48 @@
+# The only developer entry points. CI runs .ci/run, which calls `make ci`.
+PY ?= python3
+VENV ?= .venv
+BIN = $(VENV)/bin
+CC ?= cc
+
+.PHONY: setup native fmt check test test-unit test-contract test-integration schema bench ci clean
+
+setup: $(BIN)/python native  ## create the virtualenv with corral (editable) and the dev tools
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+
+native: src/corral/_bin/corral-exec  ## build the exec helper in place (editable installs)
+src/corral/_bin/corral-exec: src/corral/native/corral-exec.c
+	mkdir -p src/corral/_bin
+	$(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -static -o $@ $< \
+	  || $(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o $@ $<
+
+fmt:
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+check:  ## lint, types, generated files
+	$(BIN)/ruff check src tests
+	$(BIN)/mypy
+	$(BIN)/python -m corral.policy._schema --check
+
+test: native  ## the whole suite (what CI runs)
+	$(BIN)/python -m pytest -q
+
+test-unit:
+	$(BIN)/python -m pytest -q tests/unit tests/repo
+
+test-contract: native
+	$(BIN)/python -m pytest -q tests/contract
+
+test-integration: native
+	$(BIN)/python -m pytest -q tests/integration
+
+schema:  ## regenerate the JSON Schema and the policy reference
+	$(BIN)/python -m corral.policy._schema --write
+
+bench:
+	$(BIN)/corral bench
+
+clean:
+	rm -rf $(VENV) build dist src/corral/_bin .pytest_cache .mypy_cache .ruff_cache
