@@ -23,7 +23,7 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["Cgroup", "CgroupLayout", "Prestage", "probe"]
+__all__ = ["Cgroup", "CgroupLayout", "Prestage", "probe", "sweep"]
 
 _V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
 
@@ -308,21 +308,55 @@ class Cgroup:
                 pass
 
     def remove(self) -> None:
-        """Remove the group(s); waits briefly for killed processes to leave."""
+        """Remove the group(s) once every process has left them.
+
+        Killed processes take a moment to exit (longer on a loaded machine),
+        and a group with tasks cannot be removed: wait for ``cgroup.procs`` to
+        empty (up to 10 s), then remove. A group that still cannot be removed
+        is left for :func:`sweep` (its name carries corral's pid).
+        """
         import time
 
+        deadline = time.monotonic() + 10.0
+        delay = 0.0005
+        while self.procs() and time.monotonic() < deadline:
+            time.sleep(delay)
+            delay = min(delay * 2, 0.02)
         for path in list(self.dirs.values()):
-            for attempt in range(200):
+            for attempt in range(100):
                 try:
                     os.rmdir(path)
                     break
                 except FileNotFoundError:
                     break
                 except OSError as exc:
-                    if exc.errno != errno.EBUSY or attempt == 199:
+                    if exc.errno != errno.EBUSY or attempt == 99:
                         break
-                    time.sleep(0.005)
+                    time.sleep(0.01)
         self.dirs = {}
+
+
+def sweep(layout: CgroupLayout) -> None:
+    """Remove groups left behind by corral processes that no longer exist.
+
+    Group names are ``corral-<pid>-<sandbox id>``; a group whose pid is gone
+    and that has no processes is removed. Cheap (one ``listdir`` per parent).
+    """
+    for directory in set(layout.parents.values()):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith("corral-"):
+                continue
+            pid = name.split("-", 2)[1]
+            if not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+                continue
+            try:
+                os.rmdir(os.path.join(directory, name))
+            except OSError:
+                pass
 
 
 def _write(path: str, value: str) -> None:
@@ -388,6 +422,7 @@ class Prestage:
         try:
             layout, _why = probe(frozenset({"memory", "pids"}))
             if layout is not None:
+                sweep(layout)
                 group = Cgroup(layout, {}, name)
                 try:
                     if layout.version == 1:

@@ -235,8 +235,11 @@ class Running:
             else:
                 if self._layout is None:
                     raise LaunchFailed("Failed to apply resource limits: no cgroup layout was probed")
+                from ._cgroups import sweep
+
+                sweep(self._layout)
                 self._cgroup = Cgroup.create(
-                    self._layout, f"corral-{plan.sandbox_id}-{self.pid}",
+                    self._layout, f"corral-{os.getpid()}-{plan.sandbox_id}",
                     memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer,
                 )
         elif self._prestaged is not None:
@@ -330,7 +333,7 @@ class Running:
             events = dict(poller.poll(remaining * 1000))
             if status >= 0 and status in events:
                 self._read_status()
-                if b"\nE" in b"\n" + self._status or b"\nX" in b"\n" + self._status:
+                if b"\nE" in b"\n" + self._status:  # X (exec failed) is the command's result
                     raise self._setup_failure("")
             if fd in events:
                 return

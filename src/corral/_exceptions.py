@@ -82,6 +82,7 @@ class SettingsError(UsageError):
     Attributes:
         source: the file (or ``"flags"``, ``"environment"``) the value came from.
         key: the dotted key path, e.g. ``"resources.memory"``.
+        reason: the message without the source and key.
     """
 
     reference = "invalid-settings"
@@ -94,6 +95,7 @@ class SettingsError(UsageError):
         super().__init__(f"{where}: {message}" if where else message, hint=hint)
         self.source = source
         self.key = key
+        self.reason = message
 
 
 class InvalidRequest(UsageError):

@@ -115,12 +115,12 @@ def loads(text: str | bytes) -> Any:
         return _loads_stdlib(text)
     try:
         value, stop = _scanner(text, start)
-    except StopIteration as exc:
-        raise JSONError("expected a JSON value", text, exc.value) from None
-    except ValueError as exc:
-        pos = getattr(exc, "pos", start)
-        reason = getattr(exc, "msg", None) or str(exc)
-        raise JSONError(reason, text, pos) from None
+    except (StopIteration, ValueError, SystemError):
+        # The C scanner reports errors through json.decoder.JSONDecodeError and,
+        # when json.decoder was never imported, fails without an exception
+        # (SystemError). Errors are the cold path: re-parse with the json
+        # module for a precise message and position.
+        return _loads_stdlib(text)
     while stop < end and text[stop] in _WHITESPACE:
         stop += 1
     if stop != end:
@@ -128,7 +128,8 @@ def loads(text: str | bytes) -> Any:
     return value
 
 
-def _loads_stdlib(text: str) -> Any:  # pragma: no cover - fallback path
+def _loads_stdlib(text: str) -> Any:
+    """Parse with :mod:`json` (same strictness); used for errors and without ``_json``."""
     import json
 
     try:
@@ -137,6 +138,8 @@ def _loads_stdlib(text: str) -> Any:  # pragma: no cover - fallback path
         )
     except json.JSONDecodeError as exc:
         raise JSONError(exc.msg, text, exc.pos) from None
+    except ValueError as exc:  # duplicate keys, NaN/Infinity
+        raise JSONError(str(exc), text, 0) from None
 
 
 def dumps(obj: Any, *, sort_keys: bool = False) -> str:

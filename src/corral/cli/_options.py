@@ -17,7 +17,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["RUN_OPTIONS", "RunOptions", "parse_run_options", "run_options_help"]
+__all__ = ["RUN_OPTIONS", "RunOptions", "option_for_key", "parse_run_options", "run_options_help"]
 
 # (option, kind, target, help). kind: "flag" | "value" | "append"
 RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
@@ -156,6 +156,17 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
     if command_required and opts.shell is None and not opts.argv:
         raise UsageError("no command given", hint="corral run [OPTIONS] -- COMMAND [ARG...]  or  -c 'STRING'")
     return opts
+
+
+def option_for_key(key: str) -> str | None:
+    """The command-line option that sets settings *key* (``resources.output`` -> ``--max-output``)."""
+    if key.startswith(("env.set", "env.pass")):
+        return "--env"
+    base = key.split("[", 1)[0]
+    for opt, _kind, target, _help in RUN_OPTIONS:
+        if target == base:
+            return opt
+    return None
 
 
 def _value(args: list[str], i: int, name: str, inline: str | None) -> tuple[str, int]:

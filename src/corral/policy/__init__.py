@@ -7,7 +7,6 @@ for the built-in rows, :mod:`corral.policy._keys` for the settings keys and
 
 from ._defaults import ENV_PASS, PROTECTED_PATTERNS, SECRET_PATHS, default_policy
 from ._digest import policy_digest
-from ._explain import effective_settings_json, explain
 from ._glob import PathPattern, match_word
 from ._keys import BACKEND_ISOLATION, BACKENDS, KEYS, Key, KeyTable
 from ._locations import config_dir, state_dir
@@ -23,7 +22,6 @@ from ._model import (
     isolation_rank,
 )
 from ._settings import LayerInfo, ResolvedSettings, find_workspace, load_settings
-from ._trust import TrustStatus, trust_project, trust_status
 from ._units import format_duration, format_size, parse_duration, parse_size
 
 __all__ = [
@@ -64,3 +62,29 @@ __all__ = [
     "trust_project",
     "trust_status",
 ]
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._explain import effective_settings_json, explain
+    from ._trust import TrustStatus, trust_project, trust_status
+
+# Cold helpers (``corral policy``, ``corral trust``) load on first use: the run
+# path imports this package and should not pay for them.
+_LAZY = {
+    "effective_settings_json": "._explain",
+    "explain": "._explain",
+    "TrustStatus": "._trust",
+    "trust_project": "._trust",
+    "trust_status": "._trust",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'corral.policy' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

@@ -44,13 +44,21 @@ def main(args: list[str]) -> int:
 
 def resolve(opts: RunOptions, environ: Mapping[str, str]) -> ResolvedSettings:
     """Load the settings layers with the command line's flags; print warnings."""
+    from ..._exceptions import SettingsError, UsageError
     from ...policy import load_settings
+    from .._options import option_for_key
 
     command = opts.shell if opts.shell is not None else (opts.argv or None)
-    resolved = load_settings(
-        environ=environ, flags=opts.flags, settings_files=tuple(opts.settings_files),
-        profile=opts.profile, command=command,
-    )
+    try:
+        resolved = load_settings(
+            environ=environ, flags=opts.flags, settings_files=tuple(opts.settings_files),
+            profile=opts.profile, command=command,
+        )
+    except SettingsError as exc:
+        option = option_for_key(exc.key or "") if exc.source == "flags" else None
+        if option is None:
+            raise
+        raise UsageError(f"{option}: {exc.reason}", hint=exc.hint) from exc
     for warning in resolved.warnings:
         print_error(warning)
     return resolved

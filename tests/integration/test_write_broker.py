@@ -1,0 +1,136 @@
+"""The write broker under real workloads and real attacks.
+
+Normal file operations must keep working inside the workspace (they are
+performed by the broker), protected names must stay protected however they
+are reached, and racing the broker's check must not help.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import PROBE_PYTHON, World, needs_bwrap
+
+pytestmark = [needs_bwrap, pytest.mark.backend("bubblewrap")]
+
+
+def py(world: World, code: str, *options: str) -> object:
+    path = World.write(world.ws("probe.py"), code)
+    return world.corral("run", *options, "--", PROBE_PYTHON, path)
+
+
+def test_file_operations_work_through_the_broker(world: World) -> None:
+    code = r'''
+import os, stat, tempfile
+os.makedirs("d/e", exist_ok=True)
+with open("d/e/f.txt", "w") as f: f.write("one")
+with open("d/e/f.txt", "a") as f: f.write("two")
+with open("d/e/f.txt", "r+") as f: f.seek(0); f.write("ONE")
+os.rename("d/e/f.txt", "d/g.txt")
+os.replace("d/g.txt", "d/h.txt")
+os.link("d/h.txt", "d/h2.txt")
+os.unlink("d/h2.txt")
+os.symlink("h.txt", "d/link")
+with open("d/link", "a") as f: f.write("3")        # through a symlink inside the workspace
+os.chmod("d/h.txt", 0o640)
+os.truncate("d/h.txt", 4)
+os.utime("d/h.txt", (1000000000, 1000000000))
+os.mkfifo("d/fifo")
+fd = os.open("d", os.O_TMPFILE | os.O_WRONLY, 0o600)
+os.write(fd, b"tmpfile")
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)   # the O_TMPFILE recipe: linkat(..., AT_SYMLINK_FOLLOW)
+assert libc.linkat(-100, f"/proc/self/fd/{fd}".encode(), -100, b"d/from-tmpfile", 0x400) == 0, ctypes.get_errno()
+os.close(fd)
+os.setxattr("d/h.txt", "user.corral", b"yes")
+dirfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY)
+with open(os.open("via-dirfd.txt", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=dirfd), "w") as f: f.write("x")
+os.rmdir("d/e")
+os.umask(0o077); open("private.txt", "w").close()
+print("OK")
+'''
+    result = py(world, code)
+    assert result.returncode == 0, result.stderr  # type: ignore[attr-defined]
+    d = world.ws("d")
+    assert World.read(os.path.join(d, "h.txt")) == "ONEt"
+    assert os.readlink(os.path.join(d, "link")) == "h.txt"
+    assert oct(os.stat(os.path.join(d, "h.txt")).st_mode & 0o777) == oct(0o640)
+    assert os.stat(os.path.join(d, "h.txt")).st_mtime == 1000000000
+    assert World.read(os.path.join(d, "from-tmpfile")) == "tmpfile"
+    assert os.getxattr(os.path.join(d, "h.txt"), "user.corral") == b"yes"
+    assert World.read(os.path.join(d, "via-dirfd.txt")) == "x"
+    assert not os.path.exists(os.path.join(d, "e"))
+    assert oct(os.stat(world.ws("private.txt")).st_mode & 0o777) == oct(0o600)
+
+
+def test_exec_after_a_supervised_syscall_keeps_working(world: World) -> None:
+    # /proc/<pid>/mem goes stale when a process execs; the broker must notice
+    result = world.run("echo a > a.txt && exec sh -c 'echo b > b.txt && exec sh -c \"echo c > c.txt\"'")
+    assert result.returncode == 0, result.stderr
+    assert [World.read(world.ws(n)) for n in ("a.txt", "b.txt", "c.txt")] == ["a\n", "b\n", "c\n"]
+
+
+def test_racing_the_path_check_does_not_create_a_protected_file(world: World) -> None:
+    # One thread flips the path between a harmless name and .bashrc while
+    # another keeps creating it: the kernel's read-only mount must catch
+    # whatever slips past the check.
+    code = r'''
+import ctypes, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+buf = ctypes.create_string_buffer(b"ok_name\0\0", 16)
+stop = False
+def flip():
+    while not stop:
+        ctypes.memmove(buf, b".bashrc\0", 8)
+        ctypes.memmove(buf, b"ok_name\0", 8)
+t = threading.Thread(target=flip); t.start()
+end = time.time() + 3
+n = 0
+while time.time() < end:
+    fd = libc.open(buf, 0o101, 0o644)   # O_WRONLY|O_CREAT
+    if fd >= 0:
+        libc.close(fd)
+    libc.unlink(b"ok_name")
+    n += 1
+stop = True; t.join()
+print("tries", n)
+'''
+    os.unlink(world.ws(".bashrc"))
+    result = py(world, code)
+    assert b"tries" in result.stdout, result.stderr  # type: ignore[attr-defined]
+    assert not os.path.exists(world.ws(".bashrc"))
+
+
+def test_renaming_a_big_tree_keeps_protection(world: World) -> None:
+    tree = world.ws("big")
+    for i in range(300):
+        World.write(os.path.join(tree, f"d{i % 10}", f"f{i}.txt"), "x")
+    os.makedirs(os.path.join(tree, "nested", ".git", "hooks"))
+    World.write(os.path.join(tree, "nested", ".git", "config"), "[core]\n")
+    World.write(os.path.join(tree, "plain", "config"), "[core]\n\tfsmonitor = evil\n")
+    result = world.run("mv big big2 && mkdir -p q && mv big2/plain q/.git; echo done")
+    # the tree moves: everything below it keeps its protection status ...
+    assert os.path.exists(world.ws("big2", "nested", ".git", "config"))
+    assert len(os.listdir(world.ws("big2", "d3"))) == 30
+    # ... but a directory whose "config" would become a repository's .git/config may not
+    assert not os.path.exists(world.ws("q", ".git"))
+    assert os.path.exists(world.ws("big2", "plain", "config"))
+    assert b"blocked write to" in result.stderr
+
+
+def test_unprotecting_a_row_from_a_trusted_layer(world: World) -> None:
+    settings = World.write(os.path.join(world.home, ".config", "corral", "settings.json"),
+                           '{"filesystem": {"protect": ["!**/.git/config", "!**/.git/hooks/**"]}}')
+    assert os.path.exists(settings)
+    result = world.run("git init -q sub && test -f sub/.git/config && echo inited")
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(world.ws("sub", ".git", "config"))
+
+
+def test_untrusted_project_cannot_unprotect(world: World) -> None:
+    World.write(world.ws(".corral", "settings.json"), '{"filesystem": {"protect": ["!**/.bashrc"]}}')
+    result = world.run("echo pwned > sub.bashrc; mkdir -p s; echo pwned > s/.bashrc; true")
+    assert not os.path.exists(world.ws("s", ".bashrc"))
+    assert b"ignoring filesystem.protect" in result.stderr

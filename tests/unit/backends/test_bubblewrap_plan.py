@@ -1,0 +1,193 @@
+"""Whole-plan tests of the bubblewrap backend: plan() is pure, so compare entire plans."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from corral._request import ExecRequest
+from corral.backends._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
+from corral.backends._seccomp import compile_filter
+from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+from corral.backends.bubblewrap import BubblewrapBackend
+from corral.policy import Policy, ResourceLimits
+
+WS = "/src/app"
+HOME = "/home/me"
+
+
+def facts(**overrides: object) -> HostFacts:
+    base = dict(
+        uid=1000, gid=1000, home=HOME, arch="x86_64", bwrap="/usr/bin/bwrap", bwrap_version=(0, 8, 0),
+        helper="/opt/corral/_bin/corral-exec", broker_problem=None, cgroup_problem=None,
+        path_kinds=((WS, "dir"), (f"{HOME}/.ssh", "dir"), (f"{HOME}/.netrc", "file"), (f"{WS}/.git/hooks", "dir")),
+        environ=(("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"),
+                 ("AWS_SECRET_ACCESS_KEY", "xxx"), ("TERM", "xterm")),
+    )
+    base.update(overrides)
+    return HostFacts(**base)  # type: ignore[arg-type]
+
+
+def policy(**resources: object) -> Policy:
+    p = Policy.for_workspace(WS, home=HOME)
+    p = p.replace(filesystem=p.filesystem.replace(deny_read=(f"{HOME}/.ssh", f"{HOME}/.netrc", f"{HOME}/.aws"),
+                                                  protect=("**/.git/hooks/**", "**/.bashrc")))
+    return p.replace(resources=ResourceLimits(**resources))  # type: ignore[arg-type]
+
+
+def request(**kw: object) -> ExecRequest:
+    return ExecRequest.from_argv(["pytest", "-q"], cwd=WS, sandbox_id="sbx-000000000001", **kw)  # type: ignore[arg-type]
+
+
+def broker_names() -> tuple[tuple[int, str], ...]:
+    return tuple(sorted((SYSCALLS[name][0], name) for rule in BROKER_RULES for name in rule[0]
+                        if SYSCALLS[name][0] is not None))  # type: ignore[misc]
+
+
+COMMON = [
+    "/usr/bin/bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
+    "--unshare-net", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+    "--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
+    "--ro-bind", "/opt/corral/_bin/corral-exec", "/dev/.corral-exec", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
+]
+
+
+def test_default_plan_in_full() -> None:
+    plan = BubblewrapBackend().plan(request(), policy(memory=1 << 30, pids=64, timeout=30.0, output=1000),
+                                    facts())
+    expected = LaunchPlan(
+        backend="bubblewrap",
+        sandbox_id="sbx-000000000001",
+        argv=(*COMMON,
+              "--ro-bind", WS, WS,  # read-only: the write broker performs allowed writes
+              "--ro-bind", "/dev/null", f"{HOME}/.netrc",  # secrets, sorted; missing ones skipped
+              "--tmpfs", f"{HOME}/.ssh", "--remount-ro", f"{HOME}/.ssh",
+              "--chdir", WS, "--info-fd", "7", "--block-fd", "8",
+              "--", "/dev/.corral-exec", "--status-fd", "3", "--seccomp-fd", "4",
+              "--notify-fd", "5", "--notify-sock", "6", "--", "pytest", "-q"),
+        env=(("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"), ("TERM", "xterm"),
+             ("TMPDIR", "/tmp"), ("CORRAL_SANDBOX_ID", "sbx-000000000001")),
+        cwd="/",
+        fds=(
+            FdSpec(number=3, kind="status"),
+            FdSpec(number=4, kind="data", data=compile_filter((*DENY_RULES, unix_socket_rule()), arch="x86_64",
+                                                              deny_unknown=True)),
+            FdSpec(number=5, kind="data", data=compile_filter(BROKER_RULES, arch="x86_64", deny_unknown=False)),
+            FdSpec(number=6, kind="notify-sock"),
+            FdSpec(number=7, kind="info"),
+            FdSpec(number=8, kind="block"),
+        ),
+        broker=BrokerSpec(roots=((WS, WS),),
+                          patterns=(("**/.git/hooks/**", "filesystem.protect: **/.git/hooks/**"),
+                                    ("**/.bashrc", "filesystem.protect: **/.bashrc")),
+                          syscall_names=broker_names()),
+        cgroup=CgroupSpec(memory=1 << 30, pids=64),
+        timeout=30.0,
+        kill_grace=2.0,
+        output_limit=1000,
+        display_argv=("pytest", "-q"),
+    )
+    assert plan == expected
+
+
+def test_plan_is_pure_and_repeatable() -> None:
+    assert BubblewrapBackend().plan(request(), policy(), facts()) == BubblewrapBackend().plan(request(), policy(), facts())
+
+
+def test_read_only_workspace_needs_no_broker() -> None:
+    p = policy()
+    p = p.replace(filesystem=p.filesystem.replace(read_only=True))
+    plan = BubblewrapBackend().plan(request(), p, facts())
+    assert plan.broker is None
+    assert ("--ro-bind", WS, WS) == plan.argv[COMMON.__len__():COMMON.__len__() + 3]
+    assert "--notify-fd" not in plan.argv
+
+
+def test_open_network_shares_the_host_network() -> None:
+    p = policy()
+    p = p.replace(network=p.network.replace(mode="open", allow_unix_sockets=True))
+    plan = BubblewrapBackend().plan(request(), p, facts())
+    assert "--unshare-net" not in plan.argv
+    assert plan.fds[1].data == compile_filter(DENY_RULES, arch="x86_64", deny_unknown=True)
+
+
+def test_allowed_write_paths_are_supervised_too() -> None:
+    p = policy()
+    p = p.replace(filesystem=p.filesystem.replace(allow_write=("/data",)))
+    plan = BubblewrapBackend().plan(request(), p, facts(path_kinds=((WS, "dir"), ("/data", "dir"))))
+    assert plan.broker is not None and plan.broker.roots == ((WS, WS), ("/data", "/data"))
+    i = plan.argv.index("/data")
+    assert plan.argv[i - 1] == "--ro-bind"
+
+
+def test_secrets_under_private_tmp_are_not_masked_twice() -> None:
+    p = policy()
+    p = p.replace(filesystem=p.filesystem.replace(deny_read=("/tmp/secret",)))
+    plan = BubblewrapBackend().plan(request(), p, facts(path_kinds=((WS, "dir"), ("/tmp/secret", "dir"))))
+    assert "/tmp/secret" not in plan.argv
+
+
+def test_environment_is_an_allowlist() -> None:
+    plan = BubblewrapBackend().plan(request(env={"EXTRA": "1"}), policy(), facts())
+    names = [name for name, _ in plan.env]
+    assert "AWS_SECRET_ACCESS_KEY" not in names
+    assert names[-3:] == ["EXTRA", "TMPDIR", "CORRAL_SANDBOX_ID"]
+
+
+def test_cpu_time_and_request_timeout() -> None:
+    plan = BubblewrapBackend().plan(request(timeout=5.0), policy(cpu_time=10.0, timeout=60.0), facts())
+    assert plan.timeout == 5.0
+    i = plan.argv.index("--rlimit")
+    assert plan.argv[i + 1] == "cpu=10:11"
+
+
+def test_missing_bwrap_or_helper_is_unavailable() -> None:
+    with pytest.raises(BackendUnavailable, match="apt-get install bubblewrap"):
+        BubblewrapBackend().plan(request(), policy(), facts(bwrap=None))
+    with pytest.raises(BackendUnavailable, match="exec helper"):
+        BubblewrapBackend().plan(request(), policy(), facts(helper=None))
+    with pytest.raises(BackendUnavailable, match="CORRAL_BWRAP"):
+        BubblewrapBackend().plan(request(), policy(), facts(bwrap=None, environ=(("CORRAL_BWRAP", "/x"),)))
+
+
+def test_limits_without_cgroups_are_refused_or_recorded() -> None:
+    f = facts(cgroup_problem="no writable cgroup")
+    with pytest.raises(EnforcementUnavailable) as info:
+        BubblewrapBackend().plan(request(), policy(memory=1 << 20), f)
+    assert info.value.rule == "resources.memory"
+    assert "--allow-degraded resources.memory" in (info.value.hint or "")
+    p = policy(memory=1 << 20).replace(allow_degraded=frozenset({"resources.memory"}))
+    plan = BubblewrapBackend().plan(request(), p, f)
+    assert plan.cgroup is None and plan.degraded == ("resources.memory",)
+
+
+def test_protection_without_the_broker_is_refused_or_degraded_to_existing_paths() -> None:
+    f = facts(broker_problem="Linux 5.4 lacks seccomp ADDFD_FLAG_SEND")
+    with pytest.raises(EnforcementUnavailable, match="filesystem.protect"):
+        BubblewrapBackend().plan(request(), policy(), f)
+    p = policy().replace(allow_degraded=frozenset({"filesystem.protect"}))
+    plan = BubblewrapBackend().plan(request(), p, f)
+    assert plan.broker is None and plan.degraded == ("filesystem.protect",)
+    # the persistence points that exist at the root are still read-only
+    hooks = f"{WS}/.git/hooks"
+    i = plan.argv.index(hooks)
+    assert plan.argv[i - 1] == "--ro-bind" and plan.argv[i + 1] == hooks
+
+
+def test_workspace_must_exist_and_not_be_secret() -> None:
+    with pytest.raises(UsageError, match="not an existing directory"):
+        BubblewrapBackend().plan(request(), policy(), facts(path_kinds=()))
+    p = policy()
+    p = p.replace(filesystem=p.filesystem.replace(deny_read=("/src",)))
+    with pytest.raises(UsageError, match="inside the secret path"):
+        BubblewrapBackend().plan(request(), p, facts())
+
+
+def test_terminal_requests_a_controlling_tty() -> None:
+    plan = BubblewrapBackend().plan(request().replace(tty=True), policy(), facts())
+    assert plan.argv[-4:] == ("--ctty", "--", "pytest", "-q")
+
+
+def test_old_bwrap_without_disable_userns() -> None:
+    plan = BubblewrapBackend().plan(request(), policy(), facts(bwrap_version=(0, 6, 1)))
+    assert "--disable-userns" not in plan.argv
