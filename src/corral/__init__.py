@@ -74,7 +74,34 @@ _LAZY = {
     "ResourceLimits": ".policy",
 }
 
-__all__ = sorted([*_LAZY, "__version__"])
+__all__ = [
+    "ApplyConflict",
+    "BackendUnavailable",
+    "BrokerFailed",
+    "CommandFailed",
+    "CorralError",
+    "Credential",
+    "EnforcementUnavailable",
+    "EnvPolicy",
+    "ExecRequest",
+    "FilesystemPolicy",
+    "InvalidRequest",
+    "LaunchFailed",
+    "NetworkAttempt",
+    "NetworkPolicy",
+    "Outcome",
+    "Policy",
+    "PolicyDenied",
+    "PreviewError",
+    "ProxyStartFailed",
+    "ResourceLimits",
+    "SandboxError",
+    "SessionClosed",
+    "SettingsError",
+    "UsageError",
+    "Violation",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> object:

@@ -136,7 +136,7 @@ def append(state_dir: str, record: dict[str, Any]) -> dict[str, Any]:
 def iter_records(state_dir: str) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, raw line)`` for every record."""
     try:
-        f = open(audit_path(state_dir), "rb")  # noqa: SIM115 - closed below
+        f = open(audit_path(state_dir), "rb")
     except FileNotFoundError:
         return
     with f:

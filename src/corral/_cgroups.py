@@ -75,7 +75,7 @@ def _mounts() -> tuple[dict[str, str], str | None]:
     for line in _read("/proc/self/mountinfo").splitlines():
         left, _, right = line.partition(" - ")
         fields = left.split()
-        fstype, _source, options = (right.split() + ["", "", ""])[:3]
+        fstype, _source, options = ([*right.split(), "", "", ""])[:3]
         mount_point = fields[4] if len(fields) > 4 else ""
         if fstype == "cgroup2":
             v2 = mount_point

@@ -14,7 +14,15 @@ import time
 
 import pytest
 
-from tests.conftest import AWS_CREDENTIALS, PROBE_PYTHON, SECRET_ENV_VALUE, SSH_KEY, World, needs_bwrap, needs_root
+from tests.conftest import (
+    AWS_CREDENTIALS,
+    PROBE_PYTHON,
+    SECRET_ENV_VALUE,
+    SSH_KEY,
+    World,
+    needs_bwrap,
+    needs_root,
+)
 
 pytestmark = [needs_bwrap, pytest.mark.backend("bubblewrap")]
 

@@ -259,7 +259,7 @@ class Broker:
                         self._handle(bytes(notif), fcntl)
                     elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                         return  # every task that used the filter is gone
-        except BaseException as exc:  # noqa: BLE001 - recorded; the listener closes: ENOSYS
+        except BaseException as exc:
             self.error = exc
         finally:
             self._close_listener()
@@ -598,7 +598,7 @@ class Broker:
 
     # ------------------------------------------------------------ emulation
     def _dispatch(self, name: str, pid: int, nid: int, a: tuple[int, ...]) -> int | _FdResult:
-        s = lambda addr: self._read_string(pid, nid, addr)  # noqa: E731
+        s = lambda addr: self._read_string(pid, nid, addr)
         sfd = _signed_fd
         if name == "open":
             return self._open(pid, nid, _AT_FDCWD, s(a[0]), a[1], a[2])
@@ -789,7 +789,7 @@ class Broker:
             os.close(r.parent_fd)
 
     def _link(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
-        s = lambda addr: self._read_string(pid, nid, addr)  # noqa: E731
+        s = lambda addr: self._read_string(pid, nid, addr)
         if name == "link":
             olddir, old, newdir, new, flags = _AT_FDCWD, s(a[0]), _AT_FDCWD, s(a[1]), 0
         else:
@@ -829,7 +829,7 @@ class Broker:
     def _rename(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
         import ctypes
 
-        s = lambda addr: self._read_string(pid, nid, addr)  # noqa: E731
+        s = lambda addr: self._read_string(pid, nid, addr)
         if name == "rename":
             olddir, old, newdir, new, flags = _AT_FDCWD, s(a[0]), _AT_FDCWD, s(a[1]), 0
         else:
@@ -862,7 +862,7 @@ class Broker:
     def _utimes(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
         import ctypes
 
-        s = lambda addr: self._read_string(pid, nid, addr)  # noqa: E731
+        s = lambda addr: self._read_string(pid, nid, addr)
         flags = 0
         if name == "utimensat":
             dirfd, path, times_addr, flags = _signed_fd(a[0]), s(a[1]), a[2], a[3]

@@ -17,13 +17,13 @@ HOME = "/home/me"
 
 
 def facts(**overrides: object) -> HostFacts:
-    base = dict(
-        uid=1000, gid=1000, home=HOME, arch="x86_64", bwrap="/usr/bin/bwrap", bwrap_version=(0, 8, 0),
-        helper="/opt/corral/_bin/corral-exec", broker_problem=None, cgroup_problem=None,
-        path_kinds=((WS, "dir"), (f"{HOME}/.ssh", "dir"), (f"{HOME}/.netrc", "file"), (f"{WS}/.git/hooks", "dir")),
-        environ=(("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"),
+    base = {
+        "uid": 1000, "gid": 1000, "home": HOME, "arch": "x86_64", "bwrap": "/usr/bin/bwrap", "bwrap_version": (0, 8, 0),
+        "helper": "/opt/corral/_bin/corral-exec", "broker_problem": None, "cgroup_problem": None,
+        "path_kinds": ((WS, "dir"), (f"{HOME}/.ssh", "dir"), (f"{HOME}/.netrc", "file"), (f"{WS}/.git/hooks", "dir")),
+        "environ": (("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"),
                  ("AWS_SECRET_ACCESS_KEY", "xxx"), ("TERM", "xterm")),
-    )
+    }
     base.update(overrides)
     return HostFacts(**base)  # type: ignore[arg-type]
 
@@ -99,7 +99,7 @@ def test_read_only_workspace_needs_no_broker() -> None:
     p = p.replace(filesystem=p.filesystem.replace(read_only=True))
     plan = BubblewrapBackend().plan(request(), p, facts())
     assert plan.broker is None
-    assert ("--ro-bind", WS, WS) == plan.argv[COMMON.__len__():COMMON.__len__() + 3]
+    assert plan.argv[COMMON.__len__():COMMON.__len__() + 3] == ("--ro-bind", WS, WS)
     assert "--notify-fd" not in plan.argv
 
 
