@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 
+from ._hashing import sha256 as _sha256
 from ._jsonfast import JSONError, dumps, loads
 
 TYPE_CHECKING = False
@@ -32,11 +33,6 @@ if TYPE_CHECKING:
     from ._outcome import Outcome
 
 __all__ = ["GENESIS", "append", "audit_path", "iter_records", "record_for", "verify"]
-
-try:
-    from _sha256 import sha256 as _sha256
-except ImportError:  # pragma: no cover
-    from hashlib import sha256 as _sha256
 
 GENESIS = "0" * 64
 _TAIL = 65536
@@ -135,11 +131,10 @@ def append(state_dir: str, record: dict[str, Any]) -> dict[str, Any]:
 
 def iter_records(state_dir: str) -> Iterator[tuple[int, bytes]]:
     """Yield ``(line number, raw line)`` for every record."""
-    try:
-        f = open(audit_path(state_dir), "rb")
-    except FileNotFoundError:
+    path = audit_path(state_dir)
+    if not os.path.exists(path):
         return
-    with f:
+    with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             yield number, line.rstrip(b"\n")
 

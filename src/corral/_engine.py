@@ -32,6 +32,7 @@ import sys
 import time
 
 from ._exceptions import BrokerFailed, LaunchFailed
+from ._hashing import sha256 as _sha256
 from ._outcome import NetworkAttempt, Outcome, Violation
 
 TYPE_CHECKING = False
@@ -42,11 +43,6 @@ if TYPE_CHECKING:
     from .egress import EgressHandle
 
 __all__ = ["Running", "run_plan"]
-
-try:
-    from _sha256 import sha256 as _sha256
-except ImportError:  # pragma: no cover - other Python builds
-    from hashlib import sha256 as _sha256
 
 _POLLIN, _POLLOUT, _POLLERR, _POLLHUP, _POLLNVAL = 0x001, 0x004, 0x008, 0x010, 0x020
 _CHUNK = 65536

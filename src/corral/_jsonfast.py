@@ -77,7 +77,7 @@ try:
 except ImportError:  # pragma: no cover - only on Pythons without the accelerator
     _scanner = _encoder = _sorted_encoder = None
 else:
-    _scanner = _c_make_scanner(_Context())
+    _scanner = _c_make_scanner(_Context())  # type: ignore[arg-type]  # reads JSONDecoder's attributes
 
     def _default(obj: Any) -> Any:
         if isinstance(obj, (tuple, frozenset, set)):
@@ -85,7 +85,7 @@ else:
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
     def _make(sort_keys: bool) -> Callable[[Any, int], Any]:
-        return _c_make_encoder(  # type: ignore[no-any-return]
+        return _c_make_encoder(
             None, _default, _c_escape, None, ":", ",", sort_keys, False, False
         )
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 __all__ = ["cache_get", "cache_put", "config_dir", "ensure_dir", "state_dir"]
 
 _CACHE_NAME = "probe-cache.json"
+_loaded: dict[str, Any] | None = None  # the cache as read by this process
 
 
 def _home(environ: Mapping[str, str]) -> str:
@@ -50,15 +51,18 @@ def ensure_dir(path: str) -> str:
 
 
 def cache_get(key: str) -> Any:
-    """The cached value for *key*, or None."""
-    from ._jsonfast import JSONError, loads
+    """The cached value for *key*, or None (the file is read once per process)."""
+    global _loaded
+    if _loaded is None:
+        from ._jsonfast import JSONError, loads
 
-    try:
-        with open(os.path.join(state_dir(), _CACHE_NAME), "rb") as f:
-            data = loads(f.read())
-    except (OSError, JSONError):
-        return None
-    return data.get(key) if isinstance(data, dict) else None
+        try:
+            with open(os.path.join(state_dir(), _CACHE_NAME), "rb") as f:
+                data = loads(f.read())
+        except (OSError, JSONError):
+            data = {}
+        _loaded = data if isinstance(data, dict) else {}
+    return _loaded.get(key)
 
 
 def cache_put(key: str, value: Any) -> None:
@@ -77,6 +81,8 @@ def cache_put(key: str, value: Any) -> None:
         except (OSError, JSONError):
             data = {}
         data[key] = value
+        global _loaded
+        _loaded = data
         tmp = f"{path}.{os.getpid()}.tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.write(dumps(data))

@@ -41,11 +41,12 @@ def test_blocks_write_outside_workspace(world: World) -> None:
     before = world.tree()
     target = os.path.join(world.outside, "target.txt")
     new = os.path.join(world.outside, "new.txt")
-    result = world.run(f"echo pwned > {target}; echo pwned > {new}; echo pwned > /etc/corral-test; "
+    etc = f"/etc/corral-test-{os.path.basename(world.root)}"
+    result = world.run(f"echo pwned > {target}; echo pwned > {new}; echo pwned > {etc}; "
                        f"echo pwned > {world.home}/.profile; true")
     assert result.returncode == 0
     assert world.tree() == before
-    assert not os.path.exists("/etc/corral-test")
+    assert not os.path.exists(etc)
 
 
 def test_allows_write_inside_workspace_and_tmp(world: World) -> None:

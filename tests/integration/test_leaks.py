@@ -31,23 +31,31 @@ def _children() -> list[int]:
     return found
 
 
-def _corral_cgroups() -> list[str]:
+def _corral_cgroups(pids: set[int]) -> list[str]:
+    """cgroups named by corral processes among *pids* (names are ``corral-<pid>-<sandbox>``)."""
     found = []
     for base in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup"):
         for directory, dirs, _files in os.walk(base):
-            found += [os.path.join(directory, d) for d in dirs if d.startswith("corral-")]
+            found += [os.path.join(directory, d) for d in dirs
+                      if d.startswith("corral-") and d.split("-")[1].isdigit() and int(d.split("-")[1]) in pids]
             if directory.count("/") > 7:
                 dirs[:] = []
     return found
 
 
-def _corral_tmp() -> list[str]:
-    return sorted(name for name in os.listdir("/tmp") if "corral" in name)
+def _private_tmp(world: World) -> str:
+    """A TMPDIR for this test only: anything corral leaves in a temp dir shows up here
+    (a shared /tmp would also show other programs' files)."""
+    path = os.path.join(world.root, "host-tmp")
+    os.makedirs(path, exist_ok=True)
+    world.environ["TMPDIR"] = path
+    return path
 
 
-def _mounts() -> int:
+def _mounts(marker: str) -> list[str]:
+    """Host mounts that mention *marker* (the test's world)."""
     with open("/proc/self/mountinfo") as f:
-        return len(f.readlines())
+        return [line for line in f if marker in line]
 
 
 def test_a_thousand_in_process_runs_leak_nothing(world: World) -> None:
@@ -55,21 +63,30 @@ def test_a_thousand_in_process_runs_leak_nothing(world: World) -> None:
     from corral._runner import execute
     from corral.policy import load_settings
 
+    tmp = _private_tmp(world)
     resolved = load_settings(cwd=world.workspace, environ=world.environ, command="true")
     policy = resolved.policy
     state = world.state_dir
-    baseline = (_fds(), _children(), _mounts(), _corral_tmp(), threading.active_count())
-    for i in range(1000):
-        request = ExecRequest.from_argv(["sh", "-c", f"echo {i} > out.txt; true"], cwd=world.workspace)
-        outcome = execute(request, policy, environ=world.environ, state_dir=state)
-        assert outcome.returncode == 0, outcome.stderr
+    baseline = (_fds(), _children(), threading.active_count())
+    saved_tmpdir = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = tmp
+    try:
+        for i in range(1000):
+            request = ExecRequest.from_argv(["sh", "-c", f"echo {i} > out.txt; true"], cwd=world.workspace)
+            outcome = execute(request, policy, environ=world.environ, state_dir=state)
+            assert outcome.returncode == 0, outcome.stderr
+    finally:
+        if saved_tmpdir is None:
+            del os.environ["TMPDIR"]
+        else:
+            os.environ["TMPDIR"] = saved_tmpdir
     assert World.read(world.ws("out.txt")) == "999\n"
     assert _fds() == baseline[0]
     assert _children() == baseline[1]
-    assert _mounts() == baseline[2]
-    assert _corral_tmp() == baseline[3]
-    assert threading.active_count() == baseline[4]
-    assert _corral_cgroups() == []
+    assert _mounts(world.root) == []
+    assert threading.active_count() == baseline[2]
+    assert os.listdir(tmp) == []
+    assert _corral_cgroups({os.getpid()}) == []
     from corral._audit import verify
 
     assert verify(state) == (True, "1000 records, chain intact")
@@ -78,10 +95,16 @@ def test_a_thousand_in_process_runs_leak_nothing(world: World) -> None:
 def test_two_hundred_cli_runs_leak_nothing(world: World) -> None:
     import subprocess
 
-    before = (_children(), _corral_tmp())
-    script = "; ".join([f"{' '.join(corral_command())} run -- true || exit 1"] * 200)
-    result = subprocess.run(["sh", "-c", script], cwd=world.workspace, env=world.environ,
-                            capture_output=True, check=False, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert (_children(), _corral_tmp()) == before
-    assert _corral_cgroups() == []
+    tmp = _private_tmp(world)
+    before = _children()
+    pids = set()
+    for _ in range(200):
+        proc = subprocess.Popen([*corral_command(), "run", "--", "true"], cwd=world.workspace, env=world.environ,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        pids.add(proc.pid)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err
+    assert _children() == before
+    assert os.listdir(tmp) == []
+    assert _mounts(world.root) == []
+    assert _corral_cgroups(pids) == []

@@ -89,7 +89,12 @@ def test_all_is_sorted_and_resolvable(package: str) -> None:
 def test_every_builtin_row_has_a_reason() -> None:
     from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, unix_socket_rule
     from corral.backends.bubblewrap import SANDBOX_ENV
-    from corral.policy._defaults import DEFAULT_RESOURCES, ENV_PASS, PROTECTED_PATTERNS, SECRET_PATHS
+    from corral.policy._defaults import (
+        DEFAULT_RESOURCES,
+        ENV_PASS,
+        PROTECTED_PATTERNS,
+        SECRET_PATHS,
+    )
 
     for table in (SECRET_PATHS, PROTECTED_PATTERNS, ENV_PASS):
         for item, reason in table:
@@ -110,7 +115,7 @@ def test_every_module_is_documented() -> None:
                 with open(os.path.join(directory, name), encoding="utf-8") as f:
                     text += f.read()
     missing = []
-    for module, path in modules().items():
+    for path in modules().values():
         rel = os.path.relpath(path, SRC)
         if rel.endswith("__init__.py") or rel.startswith(("testing" + os.sep, "benchmarks" + os.sep)):
             continue

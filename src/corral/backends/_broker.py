@@ -598,7 +598,9 @@ class Broker:
 
     # ------------------------------------------------------------ emulation
     def _dispatch(self, name: str, pid: int, nid: int, a: tuple[int, ...]) -> int | _FdResult:
-        s = lambda addr: self._read_string(pid, nid, addr)
+        def s(addr: int) -> str:
+            return self._read_string(pid, nid, addr)
+
         sfd = _signed_fd
         if name == "open":
             return self._open(pid, nid, _AT_FDCWD, s(a[0]), a[1], a[2])
@@ -789,7 +791,9 @@ class Broker:
             os.close(r.parent_fd)
 
     def _link(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
-        s = lambda addr: self._read_string(pid, nid, addr)
+        def s(addr: int) -> str:
+            return self._read_string(pid, nid, addr)
+
         if name == "link":
             olddir, old, newdir, new, flags = _AT_FDCWD, s(a[0]), _AT_FDCWD, s(a[1]), 0
         else:
@@ -829,7 +833,9 @@ class Broker:
     def _rename(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
         import ctypes
 
-        s = lambda addr: self._read_string(pid, nid, addr)
+        def s(addr: int) -> str:
+            return self._read_string(pid, nid, addr)
+
         if name == "rename":
             olddir, old, newdir, new, flags = _AT_FDCWD, s(a[0]), _AT_FDCWD, s(a[1]), 0
         else:
@@ -862,7 +868,9 @@ class Broker:
     def _utimes(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
         import ctypes
 
-        s = lambda addr: self._read_string(pid, nid, addr)
+        def s(addr: int) -> str:
+            return self._read_string(pid, nid, addr)
+
         flags = 0
         if name == "utimensat":
             dirfd, path, times_addr, flags = _signed_fd(a[0]), s(a[1]), a[2], a[3]

@@ -123,9 +123,9 @@ class BubblewrapBackend(Backend):
         problem = self.problem(facts)
         if problem is not None:
             raise BackendUnavailable(f"Failed to use the bubblewrap backend: {problem}")
-        assert facts.bwrap is not None and facts.helper is not None
-        from ._seccomp import compile_filter
-        from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+        assert facts.bwrap is not None
+        assert facts.helper is not None
+        from ._programs import broker_syscalls, seccomp_program
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
@@ -226,25 +226,18 @@ class BubblewrapBackend(Backend):
             args += ["--info-fd", str(FD_INFO), "--block-fd", str(FD_BLOCK)]
 
         # --- seccomp and the exec helper
-        deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
         fds = [
             FdSpec(number=FD_STATUS, kind="status"),
             FdSpec(number=FD_SECCOMP, kind="data",
-                   data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True)),
+                   data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch)),
         ]
         helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
-            column = 0 if facts.arch == "x86_64" else 1
-            names = sorted(
-                (nr, name) for rule in BROKER_RULES for name in rule[0]
-                if (nr := SYSCALLS[name][column]) is not None
-            )
             broker = BrokerSpec(roots=tuple((w, w) for w in writable), patterns=tuple(patterns),
-                                syscall_names=tuple(names))
+                                syscall_names=broker_syscalls(facts.arch))
             fds += [
-                FdSpec(number=FD_NOTIFY_BPF, kind="data",
-                       data=compile_filter(BROKER_RULES, arch=facts.arch, deny_unknown=False)),
+                FdSpec(number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]
             helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]

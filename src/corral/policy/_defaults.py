@@ -120,7 +120,13 @@ def expand_home(path: str, home: str) -> str:
 
 def default_policy(workspace: str, *, home: str) -> Policy:
     """Return the built-in policy for *workspace* with secret paths under *home*."""
-    resources = ResourceLimits(**{name: value for name, value, _ in DEFAULT_RESOURCES})
+    values = {name: value for name, value, _ in DEFAULT_RESOURCES}
+    resources = ResourceLimits(
+        memory=int(values["memory"]),  # type: ignore[call-overload]
+        pids=int(values["pids"]),  # type: ignore[call-overload]
+        timeout=float(values["timeout"]),  # type: ignore[arg-type]
+        output=int(values["output"]),  # type: ignore[call-overload]
+    )
     return Policy(
         filesystem=FilesystemPolicy(
             workspace=workspace,

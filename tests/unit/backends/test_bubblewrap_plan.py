@@ -163,7 +163,7 @@ def test_limits_without_cgroups_are_refused_or_recorded() -> None:
 
 def test_protection_without_the_broker_is_refused_or_degraded_to_existing_paths() -> None:
     f = facts(broker_problem="Linux 5.4 lacks seccomp ADDFD_FLAG_SEND")
-    with pytest.raises(EnforcementUnavailable, match="filesystem.protect"):
+    with pytest.raises(EnforcementUnavailable, match=r"filesystem\.protect"):
         BubblewrapBackend().plan(request(), policy(), f)
     p = policy().replace(allow_degraded=frozenset({"filesystem.protect"}))
     plan = BubblewrapBackend().plan(request(), p, f)
@@ -175,7 +175,7 @@ def test_protection_without_the_broker_is_refused_or_degraded_to_existing_paths(
 
 
 def test_workspace_must_exist_and_not_be_secret() -> None:
-    with pytest.raises(UsageError, match="not an existing directory"):
+    with pytest.raises(UsageError, match=r"not an existing directory"):
         BubblewrapBackend().plan(request(), policy(), facts(path_kinds=()))
     p = policy()
     p = p.replace(filesystem=p.filesystem.replace(deny_read=("/src",)))

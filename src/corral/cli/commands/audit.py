@@ -37,7 +37,7 @@ def _row(record: dict[str, object]) -> str:
     flag = f" blocked={len(violations)}" if isinstance(violations, list) and violations else ""
     return (f"{record.get('seq', '?'):>5} {record.get('time', '?')} {record.get('sandbox_id', '?')} "
             f"{record.get('backend', '?'):<10} exit={record.get('exit_status', '?'):<3} "
-            f"{float(record.get('duration') or 0):7.3f}s{flag}  {command}")
+            f"{float(str(record.get('duration') or 0)):7.3f}s{flag}  {command}")
 
 
 def _show(line: bytes, as_json: bool) -> None:

@@ -129,7 +129,7 @@ def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None) -> int:
         for signum in pending:
             handle.send_signal(signum)
 
-    import _signal  # not signal: its enum wrappers cost an import of enum
+    import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
 
     previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
     try:
@@ -162,7 +162,7 @@ def report(outcome: Outcome, *, policy_timeout: float | None) -> None:
         lines.append(f"... and {len(described) - _MAX_VIOLATION_LINES} more blocked operations "
                      "(see 'corral audit')")
     if outcome.exec_error:
-        program, _, why = outcome.exec_error.partition(": ")
+        program = outcome.exec_error.partition(": ")[0]
         lines.append(f"{program}: command not found" if outcome.exit_code == 127 else outcome.exec_error)
     if outcome.timed_out:
         lines.append(f"timed out after {_seconds(policy_timeout)}; the command and everything it started "
