@@ -318,3 +318,38 @@ def test_output_cap_drops_the_rest_and_says_so(world: World) -> None:
     result = world.run("head -c 100000 /dev/zero", "--max-output", "1k")
     assert len(result.stdout) == 1024
     assert b"dropped 98976 bytes" in result.stderr
+
+
+def test_kernel_attack_surface_syscalls_fail(world: World) -> None:
+    code = r'''
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+calls = {
+    "keyctl": (250, 0, 0, 0, 0, 0),
+    "bpf": (321, 0, 0, 0, 0, 0),
+    "perf_event_open": (298, 0, 0, -1, -1, 0),
+    "io_uring_setup": (425, 8, 0, 0, 0, 0),
+    "userfaultfd": (323, 0, 0, 0, 0, 0),
+    "process_vm_readv": (310, 1, 0, 0, 0, 0),
+    "unshare_newuser": (272, 0x10000000, 0, 0, 0, 0),
+    "setns": (308, 0, 0, 0, 0, 0),
+    "mount": (165, 0, 0, 0, 0, 0),
+    "pidfd_getfd": (438, 0, 0, 0, 0, 0),
+}
+for name, (nr, *args) in calls.items():
+    r = libc.syscall(nr, *args)
+    print(name, r, ctypes.get_errno())
+'''
+    result = world.run(_py(code))
+    lines = dict((line.split()[0], line.split()[1:]) for line in result.stdout.decode().splitlines())
+    assert len(lines) == 10, result.stderr
+    for name, (ret, err) in lines.items():
+        assert ret == "-1" and err == "1", f"{name} returned {ret} errno {err}"  # EPERM from seccomp
+
+
+def test_cpu_time_limit_stops_a_busy_process(world: World) -> None:
+    start = time.monotonic()
+    result = world.run(_py("while True: pass"), "--cpu-time", "1s", "--timeout", "30s")
+    assert time.monotonic() - start < 15
+    assert result.returncode in (128 + 24, 137)  # SIGXCPU at the soft limit, SIGKILL at the hard one

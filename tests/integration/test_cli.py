@@ -149,3 +149,31 @@ def test_shell_runs_on_a_private_terminal(world: World) -> None:
     assert os.waitstatus_to_exitcode(status) == 5
     assert b"ON-A-TTY" in output
     assert b"blocked write" in output
+
+
+def test_audit_follow_prints_new_records(world: World) -> None:
+    world.run("true")
+    follower = subprocess.Popen([*corral_command(), "audit", "--follow", "-n", "0"], cwd=world.workspace,
+                                env=world.environ, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        world.run("echo followed-run")
+        assert follower.stdout is not None
+        line = b""
+        deadline = time.monotonic() + 10
+        while b"followed-run" not in line and time.monotonic() < deadline:
+            ready, _, _ = select.select([follower.stdout], [], [], 1)
+            if ready:
+                line = follower.stdout.readline()
+        assert b"followed-run" in line
+    finally:
+        follower.kill()
+        follower.communicate()
+
+
+def test_bench_reports_medians_as_json(world: World) -> None:
+    result = world.corral("bench", "--json", "-n", "3", "core", timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)["core"]}
+    assert rows["corral run -- true (default policy)"]["value"] > 0
+    assert rows["raw bwrap (agent profile) true"]["value"] > 0
