@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "UNREGISTERED",
     "Backend",
     "BrokerSpec",
     "CgroupSpec",
@@ -43,7 +44,20 @@ __all__ = [
 #: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
 BACKENDS: dict[str, tuple[str, str]] = {
     "bubblewrap": ("corral.backends.bubblewrap", "BubblewrapBackend"),
+    "docker": ("corral.backends.docker", "DockerBackend"),
+    "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
+    "landlock": ("corral.backends.landlock", "LandlockBackend"),
     "none": ("corral.backends.unsandboxed", "UnsandboxedBackend"),
+    "podman": ("corral.backends.podman", "PodmanBackend"),
+    "seatbelt": ("corral.backends.seatbelt", "SeatbeltBackend"),
+}
+
+#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
+UNREGISTERED: dict[str, str] = {
+    "microvm": ("not implemented in this build; on this class of machine KVM is a nested PVM that "
+                "hangs standard guests, and TCG boots take ~1.7 s per VM"),
+    "boxlite": ("not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
+                "guests, which this class of machine lacks"),
 }
 
 _instances: dict[str, Backend] = {}
@@ -159,6 +173,7 @@ def inspect_host(
         cgroup_problem=cgroup_problem,
         path_kinds=tuple(sorted((p, _kind(p)) for p in paths)),
         environ=tuple(environ.items()),
+        details=tuple(sorted(backend.inspect(request, policy, environ).items())),
     )
     return facts, layout
 
