@@ -150,10 +150,15 @@ def inspect_host(
     home = environ.get("HOME") or os.path.expanduser("~")
     bwrap = _find_bwrap(environ) if backend.name == "bubblewrap" else None
     broker_problem = None
-    if backend.name in ("bubblewrap", "landlock"):
+    if backend.uses_broker:
         from ._kernel import broker_supported
 
         broker_problem = broker_supported()
+    abi = 0
+    if backend.name == "landlock":
+        from .landlock import landlock_abi
+
+        abi = landlock_abi()
     res = policy.resources
     needed = frozenset(
         name for name, value in (("memory", res.memory), ("pids", res.pids), ("cpu", res.cpus))
@@ -171,6 +176,7 @@ def inspect_host(
         helper=helper_path(),
         broker_problem=broker_problem,
         cgroup_problem=cgroup_problem,
+        landlock_abi=abi,
         path_kinds=tuple(sorted((p, _kind(p)) for p in paths)),
         environ=tuple(environ.items()),
         details=tuple(sorted(backend.inspect(request, policy, environ).items())),

@@ -74,6 +74,8 @@ class Backend:
     cost_ms: ClassVar[float] = 1000.0
     #: never chosen by ``auto`` (only ``none``)
     explicit_only: ClassVar[bool] = False
+    #: plans may ask for the write broker (``inspect_host`` then checks the kernel)
+    uses_broker: ClassVar[bool] = False
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""
