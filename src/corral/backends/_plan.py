@@ -153,6 +153,9 @@ class LaunchPlan(Record):
         degraded: rules not enforced on this run (opted in by the caller).
         display_argv: the command as recorded in the audit log (redacted).
         unsandboxed: the plan runs the command without isolation.
+        files: ``(path, content)`` files the backend's ``launch`` writes
+            before spawning (e.g. an OCI bundle's ``config.json``) and
+            removes afterwards; the engine itself ignores them.
     """
 
     backend: str
@@ -170,6 +173,7 @@ class LaunchPlan(Record):
     degraded: tuple[str, ...] = ()
     display_argv: tuple[str, ...] = ()
     unsandboxed: bool = False
+    files: tuple[tuple[str, bytes], ...] = ()
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""
