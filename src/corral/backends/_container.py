@@ -81,6 +81,8 @@ class ContainerBackend(Backend):
     passes_fds = False
     #: the CLI program
     program = ""
+    #: extra options of ``rm -f`` (podman: no stop timeout)
+    rm_options: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ facts
     def engine_env(self, facts: HostFacts) -> dict[str, str]:
@@ -372,7 +374,8 @@ class ContainerBackend(Backend):
         """Force-remove *name* (no error if it is already gone)."""
         import subprocess
 
-        subprocess.run([plan.argv[0], "rm", "-f", name], env=dict(plan.env), stdout=subprocess.DEVNULL,
+        subprocess.run([plan.argv[0], "rm", "-f", *self.rm_options, name], env=dict(plan.env),
+                       stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False, timeout=60)
 
     # ------------------------------------------------------------ sessions
@@ -471,7 +474,7 @@ class ContainerSession:
         self.closed = True
         import subprocess
 
-        subprocess.run([str(self.facts.detail("engine")), "rm", "-f", self.name],
+        subprocess.run([str(self.facts.detail("engine")), "rm", "-f", *self.backend.rm_options, self.name],
                        env=self.backend.engine_env(self.facts), stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, check=False, timeout=60)
 

@@ -76,6 +76,9 @@ class Backend:
     explicit_only: ClassVar[bool] = False
     #: plans may ask for the write broker (``inspect_host`` then checks the kernel)
     uses_broker: ClassVar[bool] = False
+    #: guarantees of the conformance matrix (:mod:`corral.testing.conformance`)
+    #: this backend has no mechanism for, with the reason
+    not_expressible: ClassVar[dict[str, str]] = {}
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""

@@ -13,10 +13,11 @@ Guarantees (with the default policy):
   * ``--network=none`` (loopback only) or the host network for ``open``;
   * no host unix sockets (runsc's default ``--host-uds=none``), own pid,
     ipc and uts namespaces, no capabilities, no new privileges;
-  * memory, pids and CPU through corral's cgroup around the whole runsc tree
-    (gVisor's own threads count against ``pids``: corral adds
-    :data:`PIDS_HEADROOM`); CPU time as ``RLIMIT_CPU`` inside; wall clock and
-    output as everywhere.
+  * memory, pids and CPU as OCI ``linux.resources``, which runsc applies to
+    the cgroup it puts its Sentry and Gofer in (gVisor's own threads count
+    against ``pids``: corral adds :data:`PIDS_HEADROOM`); the memory limit
+    kills the whole sandbox (exit 137); CPU time as ``RLIMIT_CPU`` inside;
+    wall clock and output as everywhere.
 
 Refused unless degraded (``allowDegraded``): ``filesystem.protect`` and glob
 ``denyWrite`` rules (the write broker needs host seccomp, which gVisor's
@@ -35,7 +36,7 @@ import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from .._request import redact
-from ._plan import CgroupSpec, FdSpec, LaunchPlan
+from ._plan import FdSpec, LaunchPlan
 from .base import Backend, Degradations
 from .bubblewrap import sandbox_env
 
@@ -53,7 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = ["PIDS_HEADROOM", "GvisorBackend", "oci_spec"]
 
-FD_STATUS, FD_WAIT = 3, 4
+FD_STATUS = 3
 
 #: Threads of gVisor itself (Sentry, Gofer, ptrace stubs) that count against
 #: the cgroup's pids limit on top of the command's own.
@@ -101,8 +102,21 @@ def oci_spec(
     root: str,
     mounts: list[dict[str, object]],
     cpu_time: float | None,
+    network_namespace: bool = True,
+    resources: dict[str, object] | None = None,
+    cgroups_path: str = "",
 ) -> dict[str, object]:
-    """The OCI runtime ``config.json`` for one command (pure)."""
+    """The OCI runtime ``config.json`` for one command (pure).
+
+    Without *network_namespace* the sandbox uses the host network
+    (``runsc --network=host`` needs that). *resources* are OCI
+    ``linux.resources`` (runsc applies them to *cgroups_path*).
+    """
+    linux: dict[str, object] = {"namespaces": [
+        {"type": t} for t in ("pid", "network", "ipc", "uts", "mount") if t != "network" or network_namespace]}
+    if resources:
+        linux["resources"] = resources
+        linux["cgroupsPath"] = cgroups_path
     rlimits: list[dict[str, object]] = [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024}]
     if cpu_time is not None:
         seconds = max(1, int(cpu_time))
@@ -122,7 +136,7 @@ def oci_spec(
         "root": {"path": root, "readonly": True},
         "hostname": "corral",
         "mounts": mounts,
-        "linux": {"namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")]},
+        "linux": linux,
     }
 
 
@@ -235,8 +249,9 @@ class GvisorBackend(Backend):
             kind = facts.kind(secret)
             if kind == "missing" or not any(_under(secret, v) for v in visible):
                 continue
-            if image.kind == "host" and any(_under(secret, t) for t in PRIVATE_TMP):
-                continue
+            if (image.kind == "host" and any(_under(secret, t) for t in PRIVATE_TMP)
+                    and not any(_under(secret, w) for w in writable)):
+                continue  # already hidden by the private /tmp
             if kind == "dir":
                 mounts.append({"destination": secret, "type": "tmpfs", "source": "tmpfs",
                                "options": ["ro", "nosuid", "nodev", "mode=700"]})
@@ -249,12 +264,9 @@ class GvisorBackend(Backend):
                     mounts.append({"destination": carve, "type": "bind", "source": carve,
                                    "options": ["rbind", "ro"]})
 
-        env = sandbox_env(request, policy, facts.environ)
-        spec = oci_spec(argv=request.argv, env=env, cwd=cwd, uid=facts.uid, gid=facts.gid, root=root,
-                        mounts=mounts, cpu_time=res.cpu_time)
-        state = str(facts.detail("state"))
-        bundle = os.path.join(state, "bundles", request.sandbox_id)
-        cgroup = None
+        # --- limits: runsc moves its Sentry and Gofer into a cgroup of its own,
+        # so they go into the spec (linux.resources), not around the runsc process
+        resources: dict[str, object] = {}
         if res.memory is not None or res.pids is not None or res.cpus is not None:
             if facts.cgroup_problem is not None:
                 for rule, value in (("resources.memory", res.memory), ("resources.pids", res.pids),
@@ -262,13 +274,20 @@ class GvisorBackend(Backend):
                     if value is not None:
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
-                pids = res.pids + PIDS_HEADROOM if res.pids is not None else None
-                cgroup = CgroupSpec(memory=res.memory, pids=pids, cpus=res.cpus)
+                if res.memory is not None:
+                    resources["memory"] = {"limit": res.memory, "swap": res.memory}
+                if res.pids is not None:
+                    resources["pids"] = {"limit": res.pids + PIDS_HEADROOM}
+                if res.cpus is not None:
+                    resources["cpu"] = {"quota": int(res.cpus * 100_000), "period": 100_000}
+        env = sandbox_env(request, policy, facts.environ)
+        spec = oci_spec(argv=request.argv, env=env, cwd=cwd, uid=facts.uid, gid=facts.gid, root=root,
+                        mounts=mounts, cpu_time=res.cpu_time, network_namespace=net.mode != "open",
+                        resources=resources, cgroups_path=f"/corral/{request.sandbox_id}")
+        state = str(facts.detail("state"))
+        bundle = os.path.join(state, "bundles", request.sandbox_id)
         fds = [FdSpec(number=FD_STATUS, kind="status")]
         helper = [facts.helper, "--status-fd", str(FD_STATUS), "--setsid", "--die-with-parent", "0"]
-        if cgroup is not None:
-            helper += ["--wait-fd", str(FD_WAIT)]
-            fds.append(FdSpec(number=FD_WAIT, kind="block"))
         runsc = [str(facts.detail("runsc")), "--root", os.path.join(state, "runsc"),
                  f"--network={'host' if net.mode == 'open' else 'none'}", f"--platform={self.platform(facts)}",
                  "run", "--bundle", bundle, request.sandbox_id]
@@ -279,7 +298,6 @@ class GvisorBackend(Backend):
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),),
             cwd="/",
             fds=tuple(fds),
-            cgroup=cgroup,
             timeout=request.timeout if request.timeout is not None else res.timeout,
             kill_grace=res.kill_grace,
             output_limit=res.output,

@@ -68,6 +68,7 @@ from .bubblewrap import sandbox_env
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import ClassVar
 
     from .._cgroups import Cgroup, CgroupLayout
     from .._engine import Running
@@ -162,6 +163,10 @@ class LandlockBackend(Backend):
     isolation = "process"
     cost_ms = 2.0
     uses_broker = True
+    not_expressible: ClassVar[dict[str, str]] = {
+        "host processes": "no pid namespace: host processes stay visible in /proc (their memory and "
+                          "environment do not: Landlock blocks ptrace-style access)",
+    }
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.helper is None:

@@ -80,6 +80,7 @@ class PodmanBackend(ContainerBackend):
     passes_fds = True
     uses_broker = True
     program = "podman"
+    rm_options = ("-t", "0")
 
     def missing_engine_hint(self) -> str:
         return "podman is not installed; install it (Debian/Ubuntu: apt-get install podman runc)"

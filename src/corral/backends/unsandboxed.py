@@ -19,6 +19,8 @@ from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import ClassVar
+
     from .._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import HostFacts
@@ -35,6 +37,11 @@ class UnsandboxedBackend(Backend):
     isolation = "none"
     cost_ms = 1.0
     explicit_only = True
+    not_expressible: ClassVar[dict[str, str]] = {
+        name: "no sandbox: the command runs with the user's full rights"
+        for name in ("fs write outside", "secret read", "protected path", "network egress",
+                     "host processes", "unix socket")
+    }
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.helper is None:
