@@ -154,11 +154,11 @@ def split_readable(
     Returns the rules, sorted by path; *root* itself gets a rule only when
     nothing hidden lies beneath it.
     """
+    if any(_under(root, h) for h in hidden):
+        return []  # the root itself is hidden (or inside a hidden path)
     inside = [h for h in hidden if _under(h, root)]
     if not inside:
         return [LandlockRule("path", FS_READ, reason, path=root)]
-    if any(h == root or _under(root, h) for h in inside):
-        return []
     rules: list[LandlockRule] = []
     for name, kind in listings.get(root, ()):
         child = root.rstrip("/") + "/" + name
