@@ -18,7 +18,9 @@ def _available() -> dict[str, str | None]:
     for name in sorted(BACKENDS):
         backend = get_backend(name)
         image = "corral:python" if name in ("podman", "docker") else None
-        policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/root")).replace(image=image)
+        policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/root")).replace(
+            image=image
+        )
         facts, _ = inspect_host(backend, ExecRequest.from_argv(["true"]), policy, dict(os.environ))
         problem = backend.problem(facts)
         if problem is None and image is not None:

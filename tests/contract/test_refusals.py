@@ -14,8 +14,10 @@ from .conftest import available
 CANNOT: dict[str, tuple[dict[str, object], str]] = {
     "landlock": ({"network": {"mode": "allowlist", "allow": ["example.org"]}}, "network.mode"),
     "gvisor": ({}, "filesystem.protect"),
-    "podman": ({"network": {"mode": "allowlist", "allow": ["example.org"]}, "image": "corral:python"},
-               "network.mode"),
+    "podman": (
+        {"network": {"mode": "allowlist", "allow": ["example.org"]}, "image": "corral:python"},
+        "network.mode",
+    ),
     "docker": ({"image": "corral:python"}, "filesystem.protect"),
     "bubblewrap": ({"network": {"mode": "allowlist", "allow": ["example.org"]}}, "network.mode"),
 }
@@ -36,8 +38,23 @@ def test_refuses_what_it_cannot_enforce(backend: str, tmp_path: object) -> None:
         json.dump(settings, f)
     marker = os.path.join(str(tmp_path), "ran")
     result = subprocess.run(
-        [sys.executable, "-m", "corral", "run", "--workspace", str(tmp_path), "--settings", path, "--",
-         "touch", marker], capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "corral",
+            "run",
+            "--workspace",
+            str(tmp_path),
+            "--settings",
+            path,
+            "--",
+            "touch",
+            marker,
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert result.returncode == 125, result.stderr
     assert f"Failed to enforce {rule}" in result.stderr
     assert "--allow-degraded" in result.stderr or "hint" in result.stderr

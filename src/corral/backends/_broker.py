@@ -268,7 +268,7 @@ class Broker:
                         self._handle(bytes(notif), fcntl)
                     elif mask & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
                         return  # every task that used the filter is gone
-        except BaseException as exc:  # noqa: BLE001 - recorded; the listener closes: ENOSYS
+        except BaseException as exc:
             self.error = exc
         finally:
             self._close_listener()

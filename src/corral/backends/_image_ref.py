@@ -48,7 +48,9 @@ class ImageRef(Record):
 def image_cache_dir(environ: dict[str, str] | None = None) -> str:
     """Where ``corral image build`` keeps its builds (``$XDG_CACHE_HOME/corral/images``)."""
     env = os.environ if environ is None else environ
-    base = env.get("XDG_CACHE_HOME") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".cache")
+    base = env.get("XDG_CACHE_HOME") or os.path.join(
+        env.get("HOME") or os.path.expanduser("~"), ".cache"
+    )
     return os.path.join(base, "corral", "images")
 
 
@@ -65,15 +67,26 @@ def resolve_image(value: str | None, environ: dict[str, str] | None = None) -> I
             with open(pointer, "rb") as f:
                 record = loads(f.read())
         except (OSError, JSONError):
-            return ImageRef(kind="corral", value=value,
-                            problem=f"the image {name!r} is not built yet: run 'corral image build {name}'")
+            return ImageRef(
+                kind="corral",
+                value=value,
+                problem=f"the image {name!r} is not built yet: run 'corral image build {name}'",
+            )
         directory = str(record.get("dir", ""))
         rootfs = os.path.join(directory, "rootfs")
         if not os.path.isdir(rootfs):
-            return ImageRef(kind="corral", value=value,
-                            problem=f"the build of {name!r} at {directory} is gone: run 'corral image build {name}'")
-        return ImageRef(kind="corral", value=value, rootfs=rootfs, oci_layout=os.path.join(directory, "oci"),
-                        engine_ref=f"localhost/corral-{name}:{record.get('key', 'latest')}")
+            return ImageRef(
+                kind="corral",
+                value=value,
+                problem=f"the build of {name!r} at {directory} is gone: run 'corral image build {name}'",
+            )
+        return ImageRef(
+            kind="corral",
+            value=value,
+            rootfs=rootfs,
+            oci_layout=os.path.join(directory, "oci"),
+            engine_ref=f"localhost/corral-{name}:{record.get('key', 'latest')}",
+        )
     if value.startswith("/"):
         if not os.path.isdir(value):
             return ImageRef(kind="rootfs", value=value, problem=f"{value} is not a directory")

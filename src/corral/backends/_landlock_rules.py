@@ -60,8 +60,18 @@ FS_TRUNCATE = 1 << 14  # ABI 3
 FS_IOCTL_DEV = 1 << 15  # ABI 5
 
 FS_READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
-FS_WRITE_V1 = (FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_CHAR | FS_MAKE_DIR | FS_MAKE_REG
-               | FS_MAKE_SOCK | FS_MAKE_FIFO | FS_MAKE_BLOCK | FS_MAKE_SYM)
+FS_WRITE_V1 = (
+    FS_WRITE_FILE
+    | FS_REMOVE_DIR
+    | FS_REMOVE_FILE
+    | FS_MAKE_CHAR
+    | FS_MAKE_DIR
+    | FS_MAKE_REG
+    | FS_MAKE_SOCK
+    | FS_MAKE_FIFO
+    | FS_MAKE_BLOCK
+    | FS_MAKE_SYM
+)
 #: Rights that apply to non-directories (the helper masks file rules to these).
 FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
 
@@ -109,7 +119,9 @@ class LandlockRule:
 
     __slots__ = ("access", "kind", "path", "port", "reason")
 
-    def __init__(self, kind: str, access: int, reason: str, *, path: str = "", port: int = 0) -> None:
+    def __init__(
+        self, kind: str, access: int, reason: str, *, path: str = "", port: int = 0
+    ) -> None:
         self.kind = kind
         self.access = access
         self.reason = reason
@@ -187,7 +199,9 @@ def ancestors_to_list(root: str, hidden: tuple[str, ...]) -> set[str]:
     return needed
 
 
-def encode_spec(*, handled_fs: int, handled_net: int, scoped: int, rules: list[LandlockRule]) -> bytes:
+def encode_spec(
+    *, handled_fs: int, handled_net: int, scoped: int, rules: list[LandlockRule]
+) -> bytes:
     """The spec the exec helper reads from ``--landlock-fd`` (little-endian).
 
     Header ``u64 handled_fs, u64 handled_net, u64 scoped``; then per rule

@@ -56,7 +56,9 @@ def glob_to_regex(pattern: str) -> tuple[str, list[str]]:
             does not translate.
     """
     if "[" in pattern:
-        raise ValueError(f"character classes are not supported in Seatbelt protect rules: {pattern!r}")
+        raise ValueError(
+            f"character classes are not supported in Seatbelt protect rules: {pattern!r}"
+        )
     parts = pattern.strip("/").split("/")
     out: list[str] = []
     ancestors: list[str] = []
@@ -66,7 +68,7 @@ def glob_to_regex(pattern: str) -> tuple[str, list[str]]:
             continue
         piece = "".join("[^/]*" if c == "*" else "[^/]" if c == "?" else _escape(c) for c in part)
         out.append("/" + piece)
-        if index < len(parts) - 1 and "**" not in parts[index:index + 1]:
+        if index < len(parts) - 1 and "**" not in parts[index : index + 1]:
             ancestors.append("".join(out) + "$")
     regex = "".join(out) + "$"
     return regex, [a for a in ancestors if a != regex]
@@ -102,36 +104,49 @@ def build_profile(
     allow("run the command and the programs it starts", "(allow process-exec process-fork)")
     allow("signal its own processes only", "(allow signal (target same-sandbox))")
     allow("programs read system settings (hw.ncpu, kern.osversion)", "(allow sysctl-read)")
-    allow("the system log and directory services that libSystem needs",
-          '(allow mach-lookup (global-name "com.apple.system.logger") '
-          '(global-name "com.apple.system.opendirectoryd.libinfo"))')
+    allow(
+        "the system log and directory services that libSystem needs",
+        '(allow mach-lookup (global-name "com.apple.system.logger") '
+        '(global-name "com.apple.system.opendirectoryd.libinfo"))',
+    )
     allow("readable system: everything not hidden below", "(allow file-read* file-test-existence)")
-    allow("discard output and use the terminal",
-          '(allow file-write-data (literal "/dev/null") (literal "/dev/tty") (literal "/dev/dtracehelper"))')
+    allow(
+        "discard output and use the terminal",
+        '(allow file-write-data (literal "/dev/null") (literal "/dev/tty") (literal "/dev/dtracehelper"))',
+    )
     allow("terminal ioctls on the controlling terminal", '(allow file-ioctl (literal "/dev/tty"))')
     writable = [] if read_only else [workspace]
     writable += list(allow_write)
     for path in writable:
-        allow("the workspace" if path == workspace else "filesystem.allowWrite",
-              f"(allow file-write* (subpath {param('WRITE', path)}))")
+        allow(
+            "the workspace" if path == workspace else "filesystem.allowWrite",
+            f"(allow file-write* (subpath {param('WRITE', path)}))",
+        )
     allow("the private TMPDIR", f"(allow file-write* (subpath {param('TMPDIR', tmpdir)}))")
     if network_mode == "open":
         allow('network.mode "open"', "(allow network*)")
     elif network_mode == "allowlist" and proxy_port is not None:
-        allow("network.mode allowlist: only corral's egress proxy on loopback",
-              f'(allow network-outbound (remote tcp "localhost:{int(proxy_port)}"))')
+        allow(
+            "network.mode allowlist: only corral's egress proxy on loopback",
+            f'(allow network-outbound (remote tcp "localhost:{int(proxy_port)}"))',
+        )
     lines.append("")
     for path in deny_read:
         lines.append("; filesystem.denyRead")
         lines.append(f"(deny file-read* (subpath {param('DENY_READ', path)}))")
     for path in allow_read:
-        allow("filesystem.allowRead: re-exposed beneath a hidden path",
-              f"(allow file-read* (subpath {param('ALLOW_READ', path)}))")
+        allow(
+            "filesystem.allowRead: re-exposed beneath a hidden path",
+            f"(allow file-read* (subpath {param('ALLOW_READ', path)}))",
+        )
     for path in deny_write:
         if path.startswith("/") and not any(c in path for c in "*?["):
             lines.append("; filesystem.denyWrite")
             lines.append(f"(deny file-write* (subpath {param('DENY_WRITE', path)}))")
-    globs = [*protect, *(p for p in deny_write if not p.startswith("/") or any(c in p for c in "*?["))]
+    globs = [
+        *protect,
+        *(p for p in deny_write if not p.startswith("/") or any(c in p for c in "*?[")),
+    ]
     for pattern in globs:
         regex, ancestors = glob_to_regex(pattern.removeprefix("/"))
         for area in writable:
@@ -140,5 +155,7 @@ def build_profile(
             lines.append(f'(deny file-write* (require-all (subpath {ref}) (regex #"{regex}")))')
             for ancestor in ancestors:
                 lines.append(f"; protected: {pattern} (its ancestors cannot be renamed or removed)")
-                lines.append(f'(deny file-write-unlink (require-all (subpath {ref}) (regex #"{ancestor}")))')
+                lines.append(
+                    f'(deny file-write-unlink (require-all (subpath {ref}) (regex #"{ancestor}")))'
+                )
     return SeatbeltProfile("\n".join(lines) + "\n", tuple(params))

@@ -31,6 +31,7 @@ from ._container import ContainerBackend
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._image_ref import ImageRef
+    from ._plan import HostFacts
 
 __all__ = ["DockerBackend", "docker_socket"]
 
@@ -39,7 +40,7 @@ def docker_socket(environ: dict[str, str]) -> str | None:
     """The unix socket path of the Docker engine the CLI would use, if it is a unix socket."""
     host = environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
     if host.startswith("unix://"):
-        return host[len("unix://"):]
+        return host[len("unix://") :]
     return None
 
 
@@ -65,12 +66,18 @@ class DockerBackend(ContainerBackend):
             sock.settimeout(2.0)
             sock.connect(path)
         except OSError as exc:
-            return (f"the Docker engine is not running ({path}: {os.strerror(exc.errno or 0)}); start it "
-                    "(systemctl start docker, or dockerd with iptables and the bridge off) or set DOCKER_HOST")
+            return (
+                f"the Docker engine is not running ({path}: {os.strerror(exc.errno or 0)}); start it "
+                "(systemctl start docker, or dockerd with iptables and the bridge off) or set DOCKER_HOST"
+            )
         finally:
             sock.close()
         return None
 
-    def run_options(self, facts):  # type: ignore[no-untyped-def]
-        image: ImageRef = facts.detail("image")
-        return ["--log-driver=none", "--ipc=private", *(["--pull=never"] if image.kind == "corral" else [])]
+    def run_options(self, facts: HostFacts) -> list[str]:
+        image: ImageRef = facts.detail("image")  # type: ignore[assignment]
+        return [
+            "--log-driver=none",
+            "--ipc=private",
+            *(["--pull=never"] if image.kind == "corral" else []),
+        ]

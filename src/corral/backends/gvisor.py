@@ -79,7 +79,9 @@ def _runsc_version(path: str) -> int:
     import subprocess
 
     try:
-        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10, check=False).stdout
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
     version = 0
@@ -112,8 +114,13 @@ def oci_spec(
     (``runsc --network=host`` needs that). *resources* are OCI
     ``linux.resources`` (runsc applies them to *cgroups_path*).
     """
-    linux: dict[str, object] = {"namespaces": [
-        {"type": t} for t in ("pid", "network", "ipc", "uts", "mount") if t != "network" or network_namespace]}
+    linux: dict[str, object] = {
+        "namespaces": [
+            {"type": t}
+            for t in ("pid", "network", "ipc", "uts", "mount")
+            if t != "network" or network_namespace
+        ]
+    }
     if resources:
         linux["resources"] = resources
         linux["cgroupsPath"] = cgroups_path
@@ -129,7 +136,13 @@ def oci_spec(
             "args": list(argv),
             "env": [f"{name}={value}" for name, value in env],
             "cwd": cwd,
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "capabilities": {
+                "bounding": [],
+                "effective": [],
+                "inheritable": [],
+                "permitted": [],
+                "ambient": [],
+            },
             "noNewPrivileges": True,
             "rlimits": rlimits,
         },
@@ -147,12 +160,15 @@ class GvisorBackend(Backend):
     isolation = "kernel"
     cost_ms = 250.0
 
-    def inspect(self, request: ExecRequest, policy: Policy, environ: dict[str, str]) -> dict[str, object]:
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
         from ._container import find_program
         from ._image_ref import resolve_image
 
         runsc = find_program("runsc", environ) or next(
-            (p for p in ("/usr/sbin/runsc", "/usr/local/sbin/runsc") if os.access(p, os.X_OK)), None)
+            (p for p in ("/usr/sbin/runsc", "/usr/local/sbin/runsc") if os.access(p, os.X_OK)), None
+        )
         from .. import _state
 
         return {
@@ -164,10 +180,14 @@ class GvisorBackend(Backend):
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.detail("runsc") is None:
-            return "runsc (gVisor) is not installed; install it (Debian/Ubuntu: apt-get install runsc)"
+            return (
+                "runsc (gVisor) is not installed; install it (Debian/Ubuntu: apt-get install runsc)"
+            )
         if facts.helper is None:
-            return ("corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
-                    "available (apt-get install gcc libc6-dev)")
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
         if facts.uid != 0:
             return "this build runs gVisor as root only (runsc's rootless mode cannot bind the workspace)"
         return None
@@ -175,7 +195,9 @@ class GvisorBackend(Backend):
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
         fs = policy.filesystem
         paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
-        paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
+        paths.update(
+            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
+        )
         if request.cwd:
             paths.add(request.cwd)
         return paths
@@ -197,80 +219,158 @@ class GvisorBackend(Backend):
         image: ImageRef = facts.detail("image")  # type: ignore[assignment]
         workspace = fs.workspace.rstrip("/") or "/"
         if facts.kind(workspace) != "dir":
-            raise UsageError(f"Failed to use the workspace {workspace}: it is not an existing directory")
+            raise UsageError(
+                f"Failed to use the workspace {workspace}: it is not an existing directory"
+            )
         for secret in fs.deny_read:
             if _under(workspace, secret):
-                raise UsageError(f"Failed to use the workspace {workspace}: it lies inside the secret path "
-                                 f"{secret} (filesystem.denyRead)")
+                raise UsageError(
+                    f"Failed to use the workspace {workspace}: it lies inside the secret path "
+                    f"{secret} (filesystem.denyRead)"
+                )
         if image.problem is not None:
             raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
         if image.kind in ("ref", "oci") or (image.kind != "host" and image.rootfs is None):
-            raise UsageError(f"Failed to use the image {image.value!r} with gvisor: it needs a root filesystem "
-                             "directory or corral:NAME", hint="run 'corral image build NAME'")
+            raise UsageError(
+                f"Failed to use the image {image.value!r} with gvisor: it needs a root filesystem "
+                "directory or corral:NAME",
+                hint="run 'corral image build NAME'",
+            )
         root = "/" if image.kind == "host" else str(image.rootfs)
         cwd = request.cwd or workspace
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the gvisor backend: the egress proxy is not "
-                "available to gVisor in this build", rule="network.mode", hint="use --net none or --net open")
+                "available to gVisor in this build",
+                rule="network.mode",
+                hint="use --net none or --net open",
+            )
         if policy.credentials:
             raise EnforcementUnavailable(
                 "Failed to enforce credentials on the gvisor backend: scoped credentials need the egress proxy",
-                rule="credentials", hint="remove the credentials setting")
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
 
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
         globs = [p for p in fs.deny_write if any(c in p for c in "*?[") or not p.startswith("/")]
         if writable and fs.protect:
-            degrade.cannot("filesystem.protect", "gVisor's system calls never reach the host seccomp filter "
-                           "the write broker relies on", fix="use --backend bubblewrap or podman")
+            degrade.cannot(
+                "filesystem.protect",
+                "gVisor's system calls never reach the host seccomp filter "
+                "the write broker relies on",
+                fix="use --backend bubblewrap or podman",
+            )
         if writable and globs:
-            degrade.cannot("filesystem.denyWrite", "pattern rules need the write broker, which gVisor cannot host",
-                           fix="use --backend bubblewrap or podman, or name existing paths")
+            degrade.cannot(
+                "filesystem.denyWrite",
+                "pattern rules need the write broker, which gVisor cannot host",
+                fix="use --backend bubblewrap or podman, or name existing paths",
+            )
 
         # --- mounts (in order: later ones cover earlier ones)
         mounts: list[dict[str, object]] = [
             {"destination": "/proc", "type": "proc", "source": "proc"},
-            {"destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "mode=755"]},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "mode=755"],
+            },
         ]
         for tmp in PRIVATE_TMP:
-            mounts.append({"destination": tmp, "type": "tmpfs", "source": "tmpfs",
-                           "options": ["nosuid", "nodev", "mode=1777"]})
-        mounts.append({"destination": workspace, "type": "bind", "source": workspace,
-                       "options": ["rbind", "ro" if fs.read_only else "rw"]})
+            mounts.append(
+                {
+                    "destination": tmp,
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777"],
+                }
+            )
+        mounts.append(
+            {
+                "destination": workspace,
+                "type": "bind",
+                "source": workspace,
+                "options": ["rbind", "ro" if fs.read_only else "rw"],
+            }
+        )
         for extra in fs.allow_write:
             if facts.kind(extra) == "dir" and not fs.read_only:
-                mounts.append({"destination": extra, "type": "bind", "source": extra, "options": ["rbind", "rw"]})
+                mounts.append(
+                    {
+                        "destination": extra,
+                        "type": "bind",
+                        "source": extra,
+                        "options": ["rbind", "rw"],
+                    }
+                )
         visible = [workspace, *writable] if image.kind != "host" else ["/"]
         for path in fs.deny_write:
-            if path.startswith("/") and facts.kind(path) in ("dir", "file") and any(_under(path, v) for v in visible):
-                mounts.append({"destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"]})
+            if (
+                path.startswith("/")
+                and facts.kind(path) in ("dir", "file")
+                and any(_under(path, v) for v in visible)
+            ):
+                mounts.append(
+                    {
+                        "destination": path,
+                        "type": "bind",
+                        "source": path,
+                        "options": ["rbind", "ro"],
+                    }
+                )
         for secret in sorted(fs.deny_read):
             kind = facts.kind(secret)
             if kind == "missing" or not any(_under(secret, v) for v in visible):
                 continue
-            if (image.kind == "host" and any(_under(secret, t) for t in PRIVATE_TMP)
-                    and not any(_under(secret, w) for w in writable)):
+            if (
+                image.kind == "host"
+                and any(_under(secret, t) for t in PRIVATE_TMP)
+                and not any(_under(secret, w) for w in writable)
+            ):
                 continue  # already hidden by the private /tmp
             if kind == "dir":
-                mounts.append({"destination": secret, "type": "tmpfs", "source": "tmpfs",
-                               "options": ["ro", "nosuid", "nodev", "mode=700"]})
+                mounts.append(
+                    {
+                        "destination": secret,
+                        "type": "tmpfs",
+                        "source": "tmpfs",
+                        "options": ["ro", "nosuid", "nodev", "mode=700"],
+                    }
+                )
             else:
-                mounts.append({"destination": secret, "type": "bind", "source": "/dev/null",
-                               "options": ["rbind", "ro"]})
+                mounts.append(
+                    {
+                        "destination": secret,
+                        "type": "bind",
+                        "source": "/dev/null",
+                        "options": ["rbind", "ro"],
+                    }
+                )
         if image.kind == "host":
             for carve in fs.allow_read:
                 if facts.kind(carve) != "missing":
-                    mounts.append({"destination": carve, "type": "bind", "source": carve,
-                                   "options": ["rbind", "ro"]})
+                    mounts.append(
+                        {
+                            "destination": carve,
+                            "type": "bind",
+                            "source": carve,
+                            "options": ["rbind", "ro"],
+                        }
+                    )
 
         # --- limits: runsc moves its Sentry and Gofer into a cgroup of its own,
         # so they go into the spec (linux.resources), not around the runsc process
         resources: dict[str, object] = {}
         if res.memory is not None or res.pids is not None or res.cpus is not None:
             if facts.cgroup_problem is not None:
-                for rule, value in (("resources.memory", res.memory), ("resources.pids", res.pids),
-                                    ("resources.cpus", res.cpus)):
+                for rule, value in (
+                    ("resources.memory", res.memory),
+                    ("resources.pids", res.pids),
+                    ("resources.cpus", res.cpus),
+                ):
                     if value is not None:
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
@@ -281,16 +381,34 @@ class GvisorBackend(Backend):
                 if res.cpus is not None:
                     resources["cpu"] = {"quota": int(res.cpus * 100_000), "period": 100_000}
         env = sandbox_env(request, policy, facts.environ)
-        spec = oci_spec(argv=request.argv, env=env, cwd=cwd, uid=facts.uid, gid=facts.gid, root=root,
-                        mounts=mounts, cpu_time=res.cpu_time, network_namespace=net.mode != "open",
-                        resources=resources, cgroups_path=f"/corral/{request.sandbox_id}")
+        spec = oci_spec(
+            argv=request.argv,
+            env=env,
+            cwd=cwd,
+            uid=facts.uid,
+            gid=facts.gid,
+            root=root,
+            mounts=mounts,
+            cpu_time=res.cpu_time,
+            network_namespace=net.mode != "open",
+            resources=resources,
+            cgroups_path=f"/corral/{request.sandbox_id}",
+        )
         state = str(facts.detail("state"))
         bundle = os.path.join(state, "bundles", request.sandbox_id)
         fds = [FdSpec(number=FD_STATUS, kind="status")]
         helper = [facts.helper, "--status-fd", str(FD_STATUS), "--setsid", "--die-with-parent", "0"]
-        runsc = [str(facts.detail("runsc")), "--root", os.path.join(state, "runsc"),
-                 f"--network={'host' if net.mode == 'open' else 'none'}", f"--platform={self.platform(facts)}",
-                 "run", "--bundle", bundle, request.sandbox_id]
+        runsc = [
+            str(facts.detail("runsc")),
+            "--root",
+            os.path.join(state, "runsc"),
+            f"--network={'host' if net.mode == 'open' else 'none'}",
+            f"--platform={self.platform(facts)}",
+            "run",
+            "--bundle",
+            bundle,
+            request.sandbox_id,
+        ]
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
@@ -319,7 +437,7 @@ class GvisorBackend(Backend):
         """Write the bundle, run runsc, then delete the sandbox's state and the bundle."""
         import shutil
 
-        runsc_argv = plan.argv[plan.argv.index("--") + 1:]
+        runsc_argv = plan.argv[plan.argv.index("--") + 1 :]
         root = runsc_argv[runsc_argv.index("--root") + 1]
         for path, data in plan.files:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -328,13 +446,24 @@ class GvisorBackend(Backend):
         if stdio is not None and any(not _is_pipe_or_tty(fd) for fd in stdio[1:]):
             stdio = None  # runsc garbles regular files as stdout: let the engine pipe
         try:
-            return super().launch(plan, request, cgroup_layout=cgroup_layout, on_start=on_start, stdio=stdio,
-                                  cgroup=cgroup)
+            return super().launch(
+                plan,
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+            )
         finally:
             import subprocess
 
-            subprocess.run([runsc_argv[0], "--root", root, "delete", "-force", plan.sandbox_id],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, timeout=60)
+            subprocess.run(
+                [runsc_argv[0], "--root", root, "delete", "-force", plan.sandbox_id],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+                timeout=60,
+            )
             for path, _data in plan.files:
                 shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 

@@ -165,21 +165,27 @@ class LandlockBackend(Backend):
     uses_broker = True
     not_expressible: ClassVar[dict[str, str]] = {
         "host processes": "no pid namespace: host processes stay visible in /proc (their memory and "
-                          "environment do not: Landlock blocks ptrace-style access)",
+        "environment do not: Landlock blocks ptrace-style access)",
     }
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.helper is None:
-            return ("corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
-                    "available (apt-get install gcc libc6-dev)")
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
         if facts.arch not in ("x86_64", "aarch64"):
             return f"seccomp rules exist for x86_64 and aarch64 only, not {facts.arch}"
         if facts.landlock_abi < 1:
-            return ("Landlock is not enabled in this kernel: it needs Linux 5.13 or newer built with "
-                    "CONFIG_SECURITY_LANDLOCK and 'landlock' in the lsm= boot parameter")
+            return (
+                "Landlock is not enabled in this kernel: it needs Linux 5.13 or newer built with "
+                "CONFIG_SECURITY_LANDLOCK and 'landlock' in the lsm= boot parameter"
+            )
         if facts.broker_problem is not None:
-            return (f"the write broker cannot run here ({facts.broker_problem}); without it metadata "
-                    "changes outside the workspace cannot be confined")
+            return (
+                f"the write broker cannot run here ({facts.broker_problem}); without it metadata "
+                "changes outside the workspace cannot be confined"
+            )
         return None
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
@@ -190,7 +196,9 @@ class LandlockBackend(Backend):
             paths.add(request.cwd)
         return paths
 
-    def inspect(self, request: ExecRequest, policy: Policy, environ: dict[str, str]) -> dict[str, object]:
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
         fs = policy.filesystem
         hidden = (*fs.deny_read, *(p for p, _ in HIDDEN_BY_DEFAULT))
         dirs = ancestors_to_list("/", hidden)
@@ -219,13 +227,19 @@ class LandlockBackend(Backend):
         abi = facts.landlock_abi
         workspace = fs.workspace.rstrip("/") or "/"
         if facts.kind(workspace) != "dir":
-            raise UsageError(f"Failed to use the workspace {workspace}: it is not an existing directory")
+            raise UsageError(
+                f"Failed to use the workspace {workspace}: it is not an existing directory"
+            )
         for secret in fs.deny_read:
-            for area, key in ((workspace, "filesystem.workspace"),
-                              *((p, "filesystem.allowWrite") for p in fs.allow_write)):
+            for area, key in (
+                (workspace, "filesystem.workspace"),
+                *((p, "filesystem.allowWrite") for p in fs.allow_write),
+            ):
                 if _under(area, secret):
-                    raise UsageError(f"Failed to use {key} {area}: it lies inside the secret path {secret} "
-                                     "(filesystem.denyRead)")
+                    raise UsageError(
+                        f"Failed to use {key} {area}: it lies inside the secret path {secret} "
+                        "(filesystem.denyRead)"
+                    )
         cwd = request.cwd or workspace
 
         # --- network: what a process-level sandbox can and cannot express
@@ -239,19 +253,26 @@ class LandlockBackend(Backend):
         if policy.credentials:
             raise EnforcementUnavailable(
                 "Failed to enforce credentials on the landlock backend: scoped credentials need the "
-                "egress proxy", rule="credentials", hint="remove the credentials setting")
+                "egress proxy",
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
 
         # --- Landlock: read everywhere except hidden paths; write nowhere directly
         read, write = fs_rights(abi)
-        listings = dict(facts.detail("listings", ()))  # type: ignore[arg-type]
+        listings: dict[str, tuple[tuple[str, str], ...]] = dict(facts.detail("listings", ()))  # type: ignore[call-overload]
         hidden = (*fs.deny_read, *(p for p, _ in HIDDEN_BY_DEFAULT))
         tmp = private_tmp(request.sandbox_id)
         rules: list[LandlockRule] = split_readable("/", hidden, listings, "readable system")
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
         for area in dict.fromkeys([workspace, *writable]):
-            rules += split_readable(area, tuple(fs.deny_read), listings,
-                                    "the workspace" if area == workspace else "filesystem.allowWrite")
+            rules += split_readable(
+                area,
+                tuple(fs.deny_read),
+                listings,
+                "the workspace" if area == workspace else "filesystem.allowWrite",
+            )
         for carve in fs.allow_read:
             if facts.kind(carve) != "missing":
                 rules.append(LandlockRule("path", FS_READ, "filesystem.allowRead", path=carve))
@@ -263,30 +284,42 @@ class LandlockBackend(Backend):
         for path, reason in DEVICE_RULES:
             rules.append(LandlockRule("path", device_access, reason, path=path))
         net_handled = handled_net(abi) if net.mode == "none" else 0
-        spec = encode_spec(handled_fs=read | write, handled_net=net_handled, scoped=scoped(abi), rules=rules)
+        spec = encode_spec(
+            handled_fs=read | write, handled_net=net_handled, scoped=scoped(abi), rules=rules
+        )
         if len(spec) > 60_000:
             raise EnforcementUnavailable(
                 "Failed to enforce filesystem.denyRead on the landlock backend: hiding those paths needs "
                 f"{len(rules)} Landlock rules (a directory beside them has too many entries)",
-                rule="filesystem.denyRead", hint="use --backend bubblewrap, or hide fewer paths")
+                rule="filesystem.denyRead",
+                hint="use --backend bubblewrap, or hide fewer paths",
+            )
 
         # --- the write broker: protected paths at any depth, metadata confinement
         patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
         patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write]
         for secret in fs.deny_read:
             if any(_under(secret, area) for area in writable):
-                patterns += [(secret, f"filesystem.denyRead: {secret}"),
-                             (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}")]
+                patterns += [
+                    (secret, f"filesystem.denyRead: {secret}"),
+                    (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}"),
+                ]
         column = 0 if facts.arch == "x86_64" else 1
         broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES)
-        names = sorted({
-            (nr, name) for rule in broker_rules for name in rule[0]
-            if (nr := SYSCALLS[name][column]) is not None
-        })
+        names = sorted(
+            {
+                (nr, name)
+                for rule in broker_rules
+                for name in rule[0]
+                if (nr := SYSCALLS[name][column]) is not None
+            }
+        )
         open_roots = (tmp, *caches)
         broker = BrokerSpec(
             roots=tuple((w, w) for w in dict.fromkeys([*writable, *open_roots])),
-            patterns=tuple(patterns), syscall_names=tuple(names), open_roots=open_roots,
+            patterns=tuple(patterns),
+            syscall_names=tuple(names),
+            open_roots=open_roots,
             confine_metadata=True,
         )
 
@@ -301,8 +334,11 @@ class LandlockBackend(Backend):
         cgroup = None
         if res.memory is not None or res.pids is not None or res.cpus is not None:
             if facts.cgroup_problem is not None:
-                for rule, value in (("resources.memory", res.memory), ("resources.pids", res.pids),
-                                    ("resources.cpus", res.cpus)):
+                for rule, value in (
+                    ("resources.memory", res.memory),
+                    ("resources.pids", res.pids),
+                    ("resources.cpus", res.cpus),
+                ):
                     if value is not None:
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
@@ -311,16 +347,37 @@ class LandlockBackend(Backend):
         fds = [
             FdSpec(number=FD_STATUS, kind="status"),
             FdSpec(number=FD_LANDLOCK, kind="data", data=spec),
-            FdSpec(number=FD_SECCOMP, kind="data",
-                   data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True)),
-            FdSpec(number=FD_NOTIFY_BPF, kind="data",
-                   data=compile_filter(broker_rules, arch=facts.arch, deny_unknown=False)),
+            FdSpec(
+                number=FD_SECCOMP,
+                kind="data",
+                data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True),
+            ),
+            FdSpec(
+                number=FD_NOTIFY_BPF,
+                kind="data",
+                data=compile_filter(broker_rules, arch=facts.arch, deny_unknown=False),
+            ),
             FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
         ]
-        helper = [facts.helper, "--status-fd", str(FD_STATUS), "--setsid", "--die-with-parent", "0",
-                  "--chdir", cwd, "--drop-caps", "--landlock-fd", str(FD_LANDLOCK),
-                  "--seccomp-fd", str(FD_SECCOMP), "--notify-fd", str(FD_NOTIFY_BPF),
-                  "--notify-sock", str(FD_NOTIFY_SOCK)]
+        helper = [
+            facts.helper,
+            "--status-fd",
+            str(FD_STATUS),
+            "--setsid",
+            "--die-with-parent",
+            "0",
+            "--chdir",
+            cwd,
+            "--drop-caps",
+            "--landlock-fd",
+            str(FD_LANDLOCK),
+            "--seccomp-fd",
+            str(FD_SECCOMP),
+            "--notify-fd",
+            str(FD_NOTIFY_BPF),
+            "--notify-sock",
+            str(FD_NOTIFY_SOCK),
+        ]
         if cgroup is not None:
             helper += ["--wait-fd", str(FD_WAIT)]
             fds.append(FdSpec(number=FD_WAIT, kind="block"))
@@ -365,8 +422,14 @@ class LandlockBackend(Backend):
                 for path in plan.broker.open_roots:
                     if path != tmp:
                         os.makedirs(path, mode=0o700, exist_ok=True)
-            return super().launch(plan, request, cgroup_layout=cgroup_layout, on_start=on_start,
-                                  stdio=stdio, cgroup=cgroup)
+            return super().launch(
+                plan,
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+            )
         finally:
             _remove_tree(tmp)
 

@@ -27,6 +27,8 @@ from ._container import ContainerBackend
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .._request import ExecRequest
+    from ..policy._model import Policy
     from ._image_ref import ImageRef
     from ._plan import HostFacts
 
@@ -47,8 +49,14 @@ def podman_config(environ: dict[str, str]) -> str:
     nproc_hard = resource.getrlimit(resource.RLIMIT_NPROC)[1]
     nofile = min(1024 * 1024, nofile_hard if nofile_hard != resource.RLIM_INFINITY else 1024 * 1024)
     nproc = min(32768, nproc_hard if nproc_hard != resource.RLIM_INFINITY else 32768)
-    runtime = "runc" if any(os.access(os.path.join(d, "runc"), os.X_OK)
-                            for d in ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")) else ""
+    runtime = (
+        "runc"
+        if any(
+            os.access(os.path.join(d, "runc"), os.X_OK)
+            for d in ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
+        )
+        else ""
+    )
     text = (
         "# Written by corral for its podman runs; see corral/backends/podman.py.\n"
         "[containers]\n"
@@ -91,7 +99,9 @@ class PodmanBackend(ContainerBackend):
         del environ
         return None
 
-    def inspect(self, request, policy, environ):  # type: ignore[no-untyped-def]
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
         details = super().inspect(request, policy, environ)
         details["containers_conf"] = podman_config(environ) if details["engine"] else None
         return details
@@ -109,7 +119,9 @@ class PodmanBackend(ContainerBackend):
         if image.kind == "corral":
             options.append("--pull=never")
         if facts.uid != 0:
-            options.append("--userns=keep-id")  # rootless: the user's uid inside is the user's uid outside
+            options.append(
+                "--userns=keep-id"
+            )  # rootless: the user's uid inside is the user's uid outside
         return options
 
     def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:

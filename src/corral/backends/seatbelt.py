@@ -55,7 +55,9 @@ class SeatbeltBackend(Backend):
         "limits": "macOS has no cgroups: memory, pids and CPU limits are refused",
     }
 
-    def inspect(self, request: ExecRequest, policy: Policy, environ: dict[str, str]) -> dict[str, object]:
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
         import os
 
         return {"platform": sys.platform, "sandbox_exec": os.access(SANDBOX_EXEC, os.X_OK)}
@@ -80,19 +82,35 @@ class SeatbeltBackend(Backend):
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the seatbelt backend: the egress proxy is not "
-                "available in this build", rule="network.mode", hint="use --net none or --net open")
+                "available in this build",
+                rule="network.mode",
+                hint="use --net none or --net open",
+            )
         if policy.credentials:
-            raise EnforcementUnavailable("Failed to enforce credentials on the seatbelt backend: they need "
-                                         "the egress proxy", rule="credentials", hint="remove the credentials setting")
-        for rule, value in (("resources.memory", res.memory), ("resources.pids", res.pids),
-                            ("resources.cpus", res.cpus)):
+            raise EnforcementUnavailable(
+                "Failed to enforce credentials on the seatbelt backend: they need the egress proxy",
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
+        for rule, value in (
+            ("resources.memory", res.memory),
+            ("resources.pids", res.pids),
+            ("resources.cpus", res.cpus),
+        ):
             if value is not None:
                 degrade.cannot(rule, "macOS has no cgroups", fix=f"unset {rule}")
         tmpdir = f"/private/tmp/corral-{request.sandbox_id}"
         profile = build_profile(
-            workspace=fs.workspace, tmpdir=tmpdir, read_only=fs.read_only, allow_write=fs.allow_write,
-            deny_read=fs.deny_read, allow_read=fs.allow_read, protect=fs.protect, deny_write=fs.deny_write,
-            network_mode=net.mode)
+            workspace=fs.workspace,
+            tmpdir=tmpdir,
+            read_only=fs.read_only,
+            allow_write=fs.allow_write,
+            deny_read=fs.deny_read,
+            allow_read=fs.allow_read,
+            protect=fs.protect,
+            deny_write=fs.deny_write,
+            network_mode=net.mode,
+        )
         env = dict(sandbox_env(request, policy, facts.environ))
         env["TMPDIR"] = tmpdir
         return LaunchPlan(

@@ -44,18 +44,48 @@ def run(ctx: Context) -> list[Row]:
     raw = None
     if bwrap:
         ws = ctx.workspace
-        raw = ctx.median_cmd_ms([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-                                 "--bind", ws, ws, "--unshare-all", "--die-with-parent", "--new-session", "true"])
+        raw = ctx.median_cmd_ms(
+            [
+                bwrap,
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--tmpfs",
+                "/tmp",
+                "--bind",
+                ws,
+                ws,
+                "--unshare-all",
+                "--die-with-parent",
+                "--new-session",
+                "true",
+            ]
+        )
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
     works = {e["backend"]: bool(e["works"]) for e in check_backends()}
     for name in ("none", "landlock", "bubblewrap", "gvisor", "podman", "docker"):
         if not works.get(name):
-            rows.append(Row(f"corral run --backend {name} -- true", float("nan"), note="unavailable here"))
+            rows.append(
+                Row(f"corral run --backend {name} -- true", float("nan"), note="unavailable here")
+            )
             continue
         runs = ctx.runs if name in ("none", "landlock", "bubblewrap") else max(5, ctx.runs // 3)
-        value = ctx.median_cmd_ms([*ctx.corral, "run", *_settings(ctx, name), *NO_LIMITS, "--", "true"], runs=runs)
-        rows.append(Row(f"corral run --backend {name} -- true", value, samples=runs, baseline="raw bwrap",
-                        note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare"))
+        value = ctx.median_cmd_ms(
+            [*ctx.corral, "run", *_settings(ctx, name), *NO_LIMITS, "--", "true"], runs=runs
+        )
+        rows.append(
+            Row(
+                f"corral run --backend {name} -- true",
+                value,
+                samples=runs,
+                baseline="raw bwrap",
+                note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare",
+            )
+        )
     for name in ("podman", "docker"):
         if works.get(name):
             rows.append(_session_row(ctx, name, raw, bare))
@@ -69,8 +99,11 @@ def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row
     from .core import _ratio
 
     backend = get_backend(name)
-    flags = {"image": "corral:python", "backend": name,
-             "resources": {"memory": None, "pids": None, "timeout": None, "output": None}}
+    flags = {
+        "image": "corral:python",
+        "backend": name,
+        "resources": {"memory": None, "pids": None, "timeout": None, "output": None},
+    }
     if name == "docker":
         flags["allowDegraded"] = ["filesystem.protect", "network.allowUnixSockets"]
     policy = load_settings(cwd=ctx.workspace, workspace=ctx.workspace, flags=flags).policy
@@ -78,14 +111,22 @@ def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row
     facts, _ = inspect_host(backend, request, policy, dict(os.environ))
     session = backend.open_session(policy, facts, new_sandbox_id())  # type: ignore[attr-defined]
     try:
+
         def once() -> None:
             outcome = session.exec(ExecRequest.from_argv(["true"], cwd=ctx.workspace))
             if outcome.returncode != 0:
-                raise RuntimeError(f"session exec exited {outcome.returncode}: {outcome.text('stderr')}")
+                raise RuntimeError(
+                    f"session exec exited {outcome.returncode}: {outcome.text('stderr')}"
+                )
 
         runs = max(5, ctx.runs // 3)
         value = ctx.median_ms(once, runs)
     finally:
         session.close()
-    return Row(f"{name} session exec true (in-process)", value, samples=runs, baseline="raw bwrap",
-               note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare")
+    return Row(
+        f"{name} session exec true (in-process)",
+        value,
+        samples=runs,
+        baseline="raw bwrap",
+        note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare",
+    )

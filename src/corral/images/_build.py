@@ -16,9 +16,16 @@ from ._presets import BASE_PACKAGES, PRESETS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
-__all__ = ["BuiltImage", "ImageBuildFailed", "build_image", "cache_root", "find_built", "host_apt_source"]
+__all__ = [
+    "BuiltImage",
+    "ImageBuildFailed",
+    "build_image",
+    "cache_root",
+    "find_built",
+    "host_apt_source",
+]
 
 #: Bumped when the build procedure changes what it produces (part of the cache key).
 BUILDER_VERSION = 1
@@ -97,7 +104,9 @@ def host_apt_source() -> tuple[str, str]:
                     candidates.append(next(w for w in words[1:] if "://" in w))
     except (OSError, StopIteration):
         pass
-    mirror = next((c for c in candidates if c.rstrip("/").endswith("/debian")), "http://deb.debian.org/debian")
+    mirror = next(
+        (c for c in candidates if c.rstrip("/").endswith("/debian")), "http://deb.debian.org/debian"
+    )
     return mirror, suite or "bookworm"
 
 
@@ -120,10 +129,14 @@ def find_built(name: str, environ: dict[str, str] | None = None) -> BuiltImage |
 def _record_to_image(record: dict[str, object], *, reused: bool = False) -> BuiltImage:
     directory = str(record["dir"])
     return BuiltImage(
-        name=str(record["name"]), key=str(record["key"]), directory=directory,
-        rootfs=os.path.join(directory, "rootfs"), oci_layout=os.path.join(directory, "oci"),
-        layer=str(record["layer"]), packages=tuple(record["packages"]),  # type: ignore[arg-type]
-        engines=tuple(tuple(e) for e in record.get("engines", ())),  # type: ignore[attr-defined, misc]
+        name=str(record["name"]),
+        key=str(record["key"]),
+        directory=directory,
+        rootfs=os.path.join(directory, "rootfs"),
+        oci_layout=os.path.join(directory, "oci"),
+        layer=str(record["layer"]),
+        packages=tuple(record["packages"]),  # type: ignore[arg-type]
+        engines=tuple(tuple(e) for e in record.get("engines", ())),  # type: ignore[attr-defined]
         reused=reused,
     )
 
@@ -156,22 +169,41 @@ def build_image(
     """
     say = progress or (lambda _line: None)
     if not name or not all(c.isalnum() or c in "-_." for c in name) or name[0] in "-.":
-        raise UsageError(f"Failed to build image {name!r}: names are letters, digits, '-', '_' and '.'")
+        raise UsageError(
+            f"Failed to build image {name!r}: names are letters, digits, '-', '_' and '.'"
+        )
     for package in packages:
         if not package or not all(c.isalnum() or c in "+-.:" for c in package) or package[0] == "-":
-            raise UsageError(f"Failed to build image {name!r}: {package!r} is not an apt package name")
+            raise UsageError(
+                f"Failed to build image {name!r}: {package!r} is not an apt package name"
+            )
     mmdebstrap = shutil.which("mmdebstrap")
     if mmdebstrap is None:
-        raise UsageError("Failed to build an image: mmdebstrap is not installed",
-                         hint="apt-get install mmdebstrap")
+        raise UsageError(
+            "Failed to build an image: mmdebstrap is not installed",
+            hint="apt-get install mmdebstrap",
+        )
     host_mirror, host_suite = host_apt_source()
     suite = suite or host_suite
     mirror = mirror or host_mirror
-    wanted = sorted({*(p for p, _ in BASE_PACKAGES), *(p for p, _ in PRESETS.get(name, ())), *packages})
-    arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True, text=True,
-                          check=False).stdout.strip() or "amd64"
-    inputs: dict[str, object] = {"suite": suite, "mirror": mirror, "arch": arch, "packages": wanted,
-                                 "variant": "minbase", "epoch": SOURCE_DATE_EPOCH, "builder": BUILDER_VERSION}
+    wanted = sorted(
+        {*(p for p, _ in BASE_PACKAGES), *(p for p, _ in PRESETS.get(name, ())), *packages}
+    )
+    arch = (
+        subprocess.run(
+            ["dpkg", "--print-architecture"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        or "amd64"
+    )
+    inputs: dict[str, object] = {
+        "suite": suite,
+        "mirror": mirror,
+        "arch": arch,
+        "packages": wanted,
+        "variant": "minbase",
+        "epoch": SOURCE_DATE_EPOCH,
+        "builder": BUILDER_VERSION,
+    }
     key = _key(inputs)
     root = cache_root(environ)
     os.makedirs(root, exist_ok=True)
@@ -197,19 +229,35 @@ def build_image(
     return _record_to_image(record, reused=reused)
 
 
-def _build(name: str, key: str, inputs: dict[str, object], directory: str, mmdebstrap: str,
-           stage: Callable[[str], None]) -> dict[str, object]:
+def _build(
+    name: str,
+    key: str,
+    inputs: dict[str, object],
+    directory: str,
+    mmdebstrap: str,
+    stage: Callable[[str], None],
+) -> dict[str, object]:
     scratch = f"{directory}.tmp-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
     rootfs = os.path.join(scratch, "rootfs")
     packages = list(inputs["packages"])  # type: ignore[call-overload]
-    argv = [mmdebstrap, "--variant=minbase", f"--include={','.join(packages)}", "--format=directory",
-            f"--architectures={inputs['arch']}", str(inputs["suite"]), rootfs, str(inputs["mirror"])]
+    argv = [
+        mmdebstrap,
+        "--variant=minbase",
+        f"--include={','.join(packages)}",
+        "--format=directory",
+        f"--architectures={inputs['arch']}",
+        str(inputs["suite"]),
+        rootfs,
+        str(inputs["mirror"]),
+    ]
     stage(f"mmdebstrap {inputs['suite']} ({', '.join(packages)}) from {inputs['mirror']}")
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(SOURCE_DATE_EPOCH), LC_ALL="C.UTF-8")
     try:
-        with subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env) as proc:
+        with subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+        ) as proc:
             assert proc.stderr is not None
             tail: list[str] = []
             for line in proc.stderr:
@@ -219,15 +267,22 @@ def _build(name: str, key: str, inputs: dict[str, object], directory: str, mmdeb
                     stage(line[3:])
             status = proc.wait()
         if status != 0:
-            raise ImageBuildFailed(f"Failed to build image {name!r}: mmdebstrap exited {status}:\n"
-                                   + "\n".join(tail[-10:]),
-                                   hint="check that apt can reach the Debian mirror and the package names exist")
+            raise ImageBuildFailed(
+                f"Failed to build image {name!r}: mmdebstrap exited {status}:\n"
+                + "\n".join(tail[-10:]),
+                hint="check that apt can reach the Debian mirror and the package names exist",
+            )
         stage("writing the OCI layout")
         layer_digest, layer_size = _write_layout(scratch, rootfs)
         record: dict[str, object] = {
-            "name": name, "key": key, "dir": directory, "inputs": inputs, "packages": packages,
+            "name": name,
+            "key": key,
+            "dir": directory,
+            "inputs": inputs,
+            "packages": packages,
             "layer": os.path.join(directory, "oci", "blobs", "sha256", layer_digest),
-            "layer_digest": f"sha256:{layer_digest}", "layer_size": layer_size,
+            "layer_digest": f"sha256:{layer_digest}",
+            "layer_size": layer_size,
         }
         _write_json(os.path.join(scratch, "image.json"), record)
         shutil.rmtree(directory, ignore_errors=True)
@@ -244,10 +299,21 @@ def _write_layout(scratch: str, rootfs: str) -> tuple[str, int]:
     blobs = os.path.join(layout, "blobs", "sha256")
     os.makedirs(blobs)
     tmp_layer = os.path.join(blobs, "layer.tmp")
-    tar = [shutil.which("tar") or "/bin/tar", "--sort=name", f"--mtime=@{SOURCE_DATE_EPOCH}", "--clamp-mtime",
-           "--numeric-owner", "--xattrs", "--format=pax",
-           "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
-           "-C", rootfs, "-cf", tmp_layer, "."]
+    tar = [
+        shutil.which("tar") or "/bin/tar",
+        "--sort=name",
+        f"--mtime=@{SOURCE_DATE_EPOCH}",
+        "--clamp-mtime",
+        "--numeric-owner",
+        "--xattrs",
+        "--format=pax",
+        "--pax-option=exthdr.name=%d/PaxHeaders/%f,delete=atime,delete=ctime",
+        "-C",
+        rootfs,
+        "-cf",
+        tmp_layer,
+        ".",
+    ]
     result = subprocess.run(tar, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ImageBuildFailed(f"Failed to write the image layer: {result.stderr.strip()[-500:]}")
@@ -255,23 +321,38 @@ def _write_layout(scratch: str, rootfs: str) -> tuple[str, int]:
     size = os.path.getsize(tmp_layer)
     os.rename(tmp_layer, os.path.join(blobs, digest))
     config = {
-        "architecture": _oci_arch(), "os": "linux",
+        "architecture": _oci_arch(),
+        "os": "linux",
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(SOURCE_DATE_EPOCH)),
         "config": {"Env": [f"PATH={_PATH}"], "Cmd": ["/bin/sh"]},
         "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
     }
     config_digest, config_size = _blob(blobs, config)
     manifest = {
-        "schemaVersion": 2, "mediaType": _MANIFEST_MEDIA,
-        "config": {"mediaType": _CONFIG_MEDIA, "digest": f"sha256:{config_digest}", "size": config_size},
+        "schemaVersion": 2,
+        "mediaType": _MANIFEST_MEDIA,
+        "config": {
+            "mediaType": _CONFIG_MEDIA,
+            "digest": f"sha256:{config_digest}",
+            "size": config_size,
+        },
         "layers": [{"mediaType": _LAYER_MEDIA, "digest": f"sha256:{digest}", "size": size}],
     }
     manifest_digest, manifest_size = _blob(blobs, manifest)
-    _write_json(os.path.join(layout, "index.json"), {
-        "schemaVersion": 2,
-        "manifests": [{"mediaType": _MANIFEST_MEDIA, "digest": f"sha256:{manifest_digest}",
-                       "size": manifest_size, "annotations": {"org.opencontainers.image.ref.name": "latest"}}],
-    })
+    _write_json(
+        os.path.join(layout, "index.json"),
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {
+                    "mediaType": _MANIFEST_MEDIA,
+                    "digest": f"sha256:{manifest_digest}",
+                    "size": manifest_size,
+                    "annotations": {"org.opencontainers.image.ref.name": "latest"},
+                }
+            ],
+        },
+    )
     _write_json(os.path.join(layout, "oci-layout"), {"imageLayoutVersion": "1.0.0"})
     return digest, size
 
@@ -280,7 +361,7 @@ def _oci_arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(os.uname().machine, os.uname().machine)
 
 
-def _blob(blobs: str, document: dict[str, object]) -> tuple[str, int]:
+def _blob(blobs: str, document: Mapping[str, object]) -> tuple[str, int]:
     data = json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.sha256(data).hexdigest()
     with open(os.path.join(blobs, digest), "wb") as f:
@@ -304,23 +385,44 @@ def _write_json(path: str, document: object) -> None:
     os.replace(tmp, path)
 
 
-def _import(record: dict[str, object], engines: Sequence[tuple[str, Sequence[str], dict[str, str]]],
-            stage: Callable[[str], None]) -> list[tuple[str, str]]:
+def _import(
+    record: dict[str, object],
+    engines: Sequence[tuple[str, Sequence[str], dict[str, str]]],
+    stage: Callable[[str], None],
+) -> list[tuple[str, str]]:
     """Import the layer into each engine as ``localhost/corral-NAME:KEY`` and ``:latest``."""
     name, key = record["name"], record["key"]
     done: list[tuple[str, str]] = []
     for engine, prefix, env in engines:
         repo = f"localhost/corral-{name}"
         ref = f"{repo}:{key}"
-        exists = subprocess.run([*prefix, "image", "inspect", ref], capture_output=True, env=env, check=False)
+        exists = subprocess.run(
+            [*prefix, "image", "inspect", ref], capture_output=True, env=env, check=False
+        )
         if exists.returncode != 0:
             stage(f"importing into {engine} as {ref}")
             result = subprocess.run(
-                [*prefix, "import", "--change", 'CMD ["/bin/sh"]', "--change", f"ENV PATH={_PATH}",
-                 str(record["layer"]), ref], capture_output=True, text=True, env=env, check=False)
+                [
+                    *prefix,
+                    "import",
+                    "--change",
+                    'CMD ["/bin/sh"]',
+                    "--change",
+                    f"ENV PATH={_PATH}",
+                    str(record["layer"]),
+                    ref,
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                check=False,
+            )
             if result.returncode != 0:
-                raise ImageBuildFailed(f"Failed to import image {name!r} into {engine}: "
-                                       f"{result.stderr.strip()[-500:]}")
-        subprocess.run([*prefix, "tag", ref, f"{repo}:latest"], capture_output=True, env=env, check=False)
+                raise ImageBuildFailed(
+                    f"Failed to import image {name!r} into {engine}: {result.stderr.strip()[-500:]}"
+                )
+        subprocess.run(
+            [*prefix, "tag", ref, f"{repo}:latest"], capture_output=True, env=env, check=False
+        )
         done.append((engine, ref))
     return done

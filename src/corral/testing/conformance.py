@@ -44,17 +44,24 @@ if TYPE_CHECKING:
 __all__ = ["GUARANTEES", "Guarantee", "Probe", "Verdict", "check", "expected", "probe_dir"]
 
 ENFORCED, REFUSED, NOT_EXPRESSIBLE, VIOLATED, ERROR = (
-    "enforced", "refused", "not expressible", "VIOLATED", "error")
+    "enforced",
+    "refused",
+    "not expressible",
+    "VIOLATED",
+    "error",
+)
 
 #: Images the container backends run the probes in (they need python3).
 PROBE_IMAGE = "corral:python"
 
 #: Rules a backend refuses under the default policy: (backend, guarantee).
-EXPECTED_REFUSALS: frozenset[tuple[str, str]] = frozenset({
-    ("docker", "protected path"),
-    ("docker", "unix socket"),
-    ("gvisor", "protected path"),
-})
+EXPECTED_REFUSALS: frozenset[tuple[str, str]] = frozenset(
+    {
+        ("docker", "protected path"),
+        ("docker", "unix socket"),
+        ("gvisor", "protected path"),
+    }
+)
 #: The policy rule behind a guarantee that some backends refuse. The probes
 #: of the *other* guarantees run with those rules degraded (recorded), so one
 #: refusal does not hide what the backend does enforce.
@@ -96,13 +103,20 @@ class Probe:
         self.outside = os.path.join(root, "outside")
         for path in (self.workspace, self.home, self.outside):
             os.makedirs(path)
-        os.chmod(root, 0o755)
-        shutil.copytree(probe_dir(), os.path.join(self.workspace, ".probes"),
-                        ignore=shutil.ignore_patterns("__pycache__", "__init__.py"))
-        self.environ = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": self.home, "LANG": "C.UTF-8",
-                        "XDG_STATE_HOME": os.path.join(root, "state"),
-                        "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME")
-                        or os.path.join(os.environ.get("HOME", "/root"), ".cache")}
+        os.chmod(root, 0o755)  # noqa: S103 - containers run as the user must reach the workspace
+        shutil.copytree(
+            probe_dir(),
+            os.path.join(self.workspace, ".probes"),
+            ignore=shutil.ignore_patterns("__pycache__", "__init__.py"),
+        )
+        self.environ = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": self.home,
+            "LANG": "C.UTF-8",
+            "XDG_STATE_HOME": os.path.join(root, "state"),
+            "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME")
+            or os.path.join(os.environ.get("HOME", "/root"), ".cache"),
+        }
         for name in ("DOCKER_HOST",):
             if name in os.environ:
                 self.environ[name] = os.environ[name]
@@ -114,11 +128,16 @@ class Probe:
 
         backend = get_backend(self.backend)
         level = backend.isolation if backend.isolation not in ("none",) else "process"
-        policy = Policy.for_workspace(self.workspace, home=self.home).replace(backend=self.backend, isolation=level)
+        policy = Policy.for_workspace(self.workspace, home=self.home).replace(
+            backend=self.backend, isolation=level
+        )
         if self.backend in ("podman", "docker"):
             policy = policy.replace(image=PROBE_IMAGE)
-        degraded = frozenset(rule for name, rule in REFUSABLE_RULES.items()
-                             if name != self.guarantee and (self.backend, name) in EXPECTED_REFUSALS)
+        degraded = frozenset(
+            rule
+            for name, rule in REFUSABLE_RULES.items()
+            if name != self.guarantee and (self.backend, name) in EXPECTED_REFUSALS
+        )
         return policy.replace(allow_degraded=degraded, **changes)
 
     def run(self, policy: Policy, script: str, *args: str, timeout: float | None = None) -> Outcome:
@@ -126,8 +145,11 @@ class Probe:
         from .._request import ExecRequest
         from .._runner import launch, prepare
 
-        request = ExecRequest.from_argv(["python3", f"{self.workspace}/.probes/{script}", *args],
-                                        cwd=self.workspace, timeout=timeout)
+        request = ExecRequest.from_argv(
+            ["python3", f"{self.workspace}/.probes/{script}", *args],
+            cwd=self.workspace,
+            timeout=timeout,
+        )
         prepared = prepare(request, policy, environ=self.environ)
         return launch(prepared, request)
 
@@ -135,7 +157,9 @@ class Probe:
 class Guarantee:
     """A named promise with its harmless/malicious probe pair."""
 
-    def __init__(self, name: str, run: Callable[[Probe], tuple[bool, bool, str]], description: str) -> None:
+    def __init__(
+        self, name: str, run: Callable[[Probe], tuple[bool, bool, str]], description: str
+    ) -> None:
         self.name = name
         self.description = description
         self._run = run
@@ -156,8 +180,11 @@ def _fs_write(p: Probe) -> tuple[bool, bool, str]:
     owner_ok = os.path.exists(inside) and os.stat(inside).st_uid == os.getuid()
     target = os.path.join(p.outside, "escaped.txt")
     bad = p.run(policy, "write_file.py", target)
-    return (ok.returncode == 0 and owner_ok, not os.path.exists(target),
-            f"inside: {_text(ok)}; outside: {_text(bad)}")
+    return (
+        ok.returncode == 0 and owner_ok,
+        not os.path.exists(target),
+        f"inside: {_text(ok)}; outside: {_text(bad)}",
+    )
 
 
 def _secret(p: Probe) -> tuple[bool, bool, str]:
@@ -168,8 +195,9 @@ def _secret(p: Probe) -> tuple[bool, bool, str]:
     with open(os.path.join(p.workspace, "readme.txt"), "w") as f:
         f.write("hello\n")
     policy = p.policy()
-    policy = policy.replace(filesystem=policy.filesystem.replace(
-        deny_read=(*policy.filesystem.deny_read, secrets)))
+    policy = policy.replace(
+        filesystem=policy.filesystem.replace(deny_read=(*policy.filesystem.deny_read, secrets))
+    )
     ok = p.run(policy, "read_file.py", os.path.join(p.workspace, "readme.txt"))
     bad = p.run(policy, "read_file.py", os.path.join(secrets, "key.txt"))
     return ("hello" in _text(ok), "TOPSECRET" not in _text(bad), f"secret read: {_text(bad)[:120]}")
@@ -184,8 +212,8 @@ def _protected(p: Probe) -> tuple[bool, bool, str]:
 
 
 def _env(p: Probe) -> tuple[bool, bool, str]:
-    p.environ["CORRAL_PROBE_TOKEN"] = "leak-9b2e"
-    p.environ["AWS_SECRET_ACCESS_KEY"] = "leak-aws-77"
+    p.environ["CORRAL_PROBE_TOKEN"] = "leak-9b2e"  # noqa: S105 - a decoy, not a secret
+    p.environ["AWS_SECRET_ACCESS_KEY"] = "leak-aws-77"  # noqa: S105 - a decoy
     policy = p.policy()
     policy = policy.replace(env=policy.env.replace(set=(("PROBE_OK", "yes"),)))
     out = _text(p.run(policy, "print_env.py"))
@@ -229,8 +257,12 @@ def _network(p: Probe) -> tuple[bool, bool, str]:
         policy = p.policy()
         bad = p.run(policy, "connect_tcp.py", "127.0.0.1", str(port))
         escaped = bool(received)
-        ok = p.run(policy.replace(network=policy.network.replace(mode="open")), "connect_tcp.py",
-                   "127.0.0.1", str(port))
+        ok = p.run(
+            policy.replace(network=policy.network.replace(mode="open")),
+            "connect_tcp.py",
+            "127.0.0.1",
+            str(port),
+        )
     return ok.returncode == 0, not escaped, f"none: {_text(bad)[:100]}"
 
 
@@ -273,8 +305,11 @@ def _limits(p: Probe) -> tuple[bool, bool, str]:
     policy = policy.replace(resources=policy.resources.replace(memory=192 << 20))
     ok = p.run(policy, "allocate.py", "16")
     bad = p.run(policy, "allocate.py", "768")
-    return ("ALLOCATED" in _text(ok), "ALLOCATED" not in _text(bad),
-            f"exit {bad.returncode}, oom {bad.oom_killed}")
+    return (
+        "ALLOCATED" in _text(ok),
+        "ALLOCATED" not in _text(bad),
+        f"exit {bad.returncode}, oom {bad.oom_killed}",
+    )
 
 
 def _timeout(p: Probe) -> tuple[bool, bool, str]:
@@ -282,8 +317,11 @@ def _timeout(p: Probe) -> tuple[bool, bool, str]:
     policy = policy.replace(resources=policy.resources.replace(timeout=2.0, kill_grace=1.0))
     ok = p.run(policy, "sleep.py", "0.1")
     bad = p.run(policy, "sleep.py", "60")
-    return ("WOKE" in _text(ok), bad.timed_out and bad.returncode == 124 and bad.duration < 20,
-            f"timed out {bad.timed_out} after {bad.duration:.1f}s")
+    return (
+        "WOKE" in _text(ok),
+        bad.timed_out and bad.returncode == 124 and bad.duration < 20,
+        f"timed out {bad.timed_out} after {bad.duration:.1f}s",
+    )
 
 
 #: The guarantees, in ``doctor --matrix`` column order.

@@ -12,9 +12,17 @@ WS = "/Users/me/proj (x)"
 
 
 def _profile(**changes: object):  # type: ignore[no-untyped-def]
-    args = dict(workspace=WS, tmpdir="/private/tmp/corral-1", read_only=False, allow_write=("/Users/me/cache",),
-                deny_read=("/Users/me/.ssh",), allow_read=("/Users/me/.ssh/config",),
-                protect=("**/.git/hooks/**", "**/.bashrc"), deny_write=("**/*.pem",), network_mode="none")
+    args = {
+        "workspace": WS,
+        "tmpdir": "/private/tmp/corral-1",
+        "read_only": False,
+        "allow_write": ("/Users/me/cache",),
+        "deny_read": ("/Users/me/.ssh",),
+        "allow_read": ("/Users/me/.ssh/config",),
+        "protect": ("**/.git/hooks/**", "**/.bashrc"),
+        "deny_write": ("**/*.pem",),
+        "network_mode": "none",
+    }
     args.update(changes)
     return build_profile(**args)  # type: ignore[arg-type]
 
@@ -41,14 +49,18 @@ def test_every_allowance_carries_its_reason() -> None:
     lines = _profile().text.splitlines()
     for i, line in enumerate(lines):
         if line.startswith("(allow"):
-            assert lines[i - 1].startswith("; reason: ") and len(lines[i - 1]) > len("; reason: ")
+            assert lines[i - 1].startswith("; reason: ")
+            assert len(lines[i - 1]) > len("; reason: ")
 
 
 def test_untrusted_paths_are_parameters_never_profile_text() -> None:
     profile = _profile()
-    assert WS not in profile.text and "/Users/me" not in profile.text
+    assert WS not in profile.text
+    assert "/Users/me" not in profile.text
     values = dict(profile.params).values()
-    assert WS in values and "/Users/me/.ssh" in values and "/Users/me/.ssh/config" in values
+    assert WS in values
+    assert "/Users/me/.ssh" in values
+    assert "/Users/me/.ssh/config" in values
     for name, _value in profile.params:
         assert f'(param "{name}")' in profile.text
 
@@ -56,8 +68,10 @@ def test_untrusted_paths_are_parameters_never_profile_text() -> None:
 def test_traces_each_rule_to_the_policy() -> None:
     text = _profile().text
     assert "; filesystem.denyRead" in text
-    assert "filesystem.allowRead" in text and "filesystem.allowWrite" in text
-    assert "; protected: **/.git/hooks/**" in text and "; protected: **/*.pem" in text
+    assert "filesystem.allowRead" in text
+    assert "filesystem.allowWrite" in text
+    assert "; protected: **/.git/hooks/**" in text
+    assert "; protected: **/*.pem" in text
 
 
 def test_network_none_opens_nothing_and_open_opens_all() -> None:
@@ -69,7 +83,8 @@ def test_network_none_opens_nothing_and_open_opens_all() -> None:
 
 def test_protect_globs_become_anchored_regexes_with_ancestors() -> None:
     regex, ancestors = glob_to_regex("**/.git/hooks/**")
-    assert re.search(regex, "/p/a/.git/hooks/pre-commit") and re.search(regex, "/p/.git/hooks")
+    assert re.search(regex, "/p/a/.git/hooks/pre-commit")
+    assert re.search(regex, "/p/.git/hooks")
     assert not re.search(regex, "/p/.git/hooksx/y")
     assert any(re.search(a, "/p/sub/.git") for a in ancestors)
     assert re.search(glob_to_regex("**/*.pem")[0], "/p/k/x.pem")

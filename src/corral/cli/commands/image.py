@@ -22,7 +22,9 @@ def _engines(environ: dict[str, str]) -> list[tuple[str, list[str], dict[str, st
     from ...backends.podman import podman_config
 
     engines: list[tuple[str, list[str], dict[str, str]]] = []
-    base = {k: v for k, v in environ.items() if k in ("PATH", "HOME", "XDG_RUNTIME_DIR", "DOCKER_HOST")}
+    base = {
+        k: v for k, v in environ.items() if k in ("PATH", "HOME", "XDG_RUNTIME_DIR", "DOCKER_HOST")
+    }
     podman = find_program("podman", environ)
     if podman:
         engines.append(("podman", [podman], {**base, "CONTAINERS_CONF": podman_config(environ)}))
@@ -40,11 +42,15 @@ def main(args: list[str]) -> int:
     sub = parser.add_subparsers(dest="action", required=True)
     build = sub.add_parser("build", help="build (or reuse) an image")
     build.add_argument("name", help=f"a preset ({', '.join(PRESETS)}) or a name of your own")
-    build.add_argument("-p", "--package", action="append", default=[], help="extra apt package (repeatable)")
+    build.add_argument(
+        "-p", "--package", action="append", default=[], help="extra apt package (repeatable)"
+    )
     build.add_argument("--suite", help="Debian suite (default: the host's)")
     build.add_argument("--mirror", help="Debian mirror (default: the host's apt source)")
     build.add_argument("--no-import", action="store_true", help="do not import into podman/docker")
-    build.add_argument("--rebuild", action="store_true", help="ignore a cached build with the same inputs")
+    build.add_argument(
+        "--rebuild", action="store_true", help="ignore a cached build with the same inputs"
+    )
     sub.add_parser("list", help="list the builds in the cache")
     try:
         ns = parser.parse_args(args)
@@ -55,7 +61,11 @@ def main(args: list[str]) -> int:
         from ...images import cache_root, find_built
 
         root = cache_root(environ)
-        names = sorted(n[:-5] for n in os.listdir(root) if n.endswith(".json")) if os.path.isdir(root) else []
+        names = (
+            sorted(n[:-5] for n in os.listdir(root) if n.endswith(".json"))
+            if os.path.isdir(root)
+            else []
+        )
         for name in names:
             image = find_built(name, environ)
             if image is not None:
@@ -71,18 +81,31 @@ def main(args: list[str]) -> int:
         tty = sys.stderr.isatty()
 
         def progress(line: str) -> None:
-            sys.stderr.write(("\r\x1b[K" if tty else "") + f"corral: image {ns.name}: {line}" + ("" if tty else "\n"))
+            sys.stderr.write(
+                ("\r\x1b[K" if tty else "")
+                + f"corral: image {ns.name}: {line}"
+                + ("" if tty else "\n")
+            )
             sys.stderr.flush()
 
-        image = build_image(ns.name, packages=extra, suite=ns.suite, mirror=ns.mirror,
-                            engines=[] if ns.no_import else _engines(environ), progress=progress,
-                            environ=environ, rebuild=ns.rebuild)
+        image = build_image(
+            ns.name,
+            packages=extra,
+            suite=ns.suite,
+            mirror=ns.mirror,
+            engines=[] if ns.no_import else _engines(environ),
+            progress=progress,
+            environ=environ,
+            rebuild=ns.rebuild,
+        )
         if tty:
             sys.stderr.write("\n")
     except CorralError as exc:
         print_error(exc.message, exc.hint)
         return EXIT_USAGE
-    sys.stdout.write(f"image:   corral:{image.name}\nrootfs:  {image.rootfs}\noci:     {image.oci_layout}\n")
+    sys.stdout.write(
+        f"image:   corral:{image.name}\nrootfs:  {image.rootfs}\noci:     {image.oci_layout}\n"
+    )
     for engine, ref in image.engines:
         sys.stdout.write(f"{engine}:  {ref}\n")
     return 0

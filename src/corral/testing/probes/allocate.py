@@ -1,4 +1,5 @@
 """allocate.py MIB: allocate and touch MIB mebibytes."""
+
 import sys
 
 chunks = []

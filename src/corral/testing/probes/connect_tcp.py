@@ -1,4 +1,5 @@
 """connect_tcp.py HOST PORT: connect and send a line."""
+
 import socket
 import sys
 

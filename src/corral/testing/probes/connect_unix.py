@@ -1,4 +1,5 @@
 """connect_unix.py PATH: connect to a unix socket ("pair": use socketpair instead)."""
+
 import socket
 import sys
 

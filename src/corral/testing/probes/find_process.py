@@ -3,6 +3,7 @@
 The marker arrives reversed, so that our own command line (and the
 sandbox's launcher above us) does not contain it. "self" looks for us.
 """
+
 import os
 import sys
 

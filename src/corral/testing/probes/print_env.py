@@ -1,4 +1,5 @@
 """print_env.py: print the environment, one NAME=VALUE per line."""
+
 import os
 
 for name, value in sorted(os.environ.items()):

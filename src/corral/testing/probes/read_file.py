@@ -1,4 +1,5 @@
 """read_file.py PATH: print the contents of PATH."""
+
 import sys
 
 try:

@@ -1,4 +1,5 @@
 """sleep.py SECONDS: sleep, then say so."""
+
 import sys
 import time
 

@@ -1,4 +1,5 @@
 """write_file.py PATH: create PATH (and its missing parent directories) with a marker."""
+
 import os
 import sys
 
