@@ -548,17 +548,7 @@ CORE_KEYS: tuple[Key, ...] = (
 
 #: Keys of integrations (``integrations.<tool>.<key>``). Integration modules
 #: append their rows here; see the module docstring.
-INTEGRATION_KEYS: tuple[Key, ...] = (
-    Key(
-        path="integrations.image.packages",
-        kind=STRINGS,
-        tighten=LOOSENS,
-        description=(
-            "Extra apt packages that `corral image build` installs on top of the preset "
-            "(python, node, go, base)."
-        ),
-    ),
-)
+INTEGRATION_KEYS: tuple[Key, ...] = ()
 
 #: The table the loader, the schema and the docs use.
 KEYS = KeyTable(CORE_KEYS + INTEGRATION_KEYS)
