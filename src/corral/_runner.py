@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from ._exceptions import BackendUnavailable, CorralError
+from ._exceptions import BackendUnavailable, CorralError, EnforcementUnavailable, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str])
         BackendUnavailable: nothing suitable works here.
         EnforcementUnavailable: a rule cannot be enforced (and was not allowed to degrade).
     """
-    from .backends import BACKENDS, get_backend, inspect_host
+    from .backends import BACKEND_TRAITS, get_backend, inspect_host
     from .policy._model import isolation_rank
 
     env = dict(environ)
@@ -67,19 +67,31 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str])
                                      hint="run 'corral doctor' to see what works here")
         return Prepared(backend, facts, layout, backend.plan(request, policy, facts), policy)
     reasons: list[str] = []
-    candidates = sorted(
-        (get_backend(name) for name in BACKENDS),
-        key=lambda b: b.cost_ms,
+    refusals: list[EnforcementUnavailable] = []
+    minimum = isolation_rank(policy.isolation)
+    names = sorted(
+        (name for name, (level, _cost, explicit) in BACKEND_TRAITS.items()
+         if not explicit and isolation_rank(level) >= minimum),
+        key=lambda name: BACKEND_TRAITS[name][1],
     )
-    for backend in candidates:
-        if backend.explicit_only or isolation_rank(backend.isolation) < isolation_rank(policy.isolation):
-            continue
+    for name in names:
+        backend = get_backend(name)
         facts, layout = inspect_host(backend, request, policy, env)
         problem = backend.problem(facts)
         if problem is not None:
-            reasons.append(f"{backend.name}: {problem}")
+            reasons.append(f"{name}: {problem}")
             continue
-        return Prepared(backend, facts, layout, backend.plan(request, policy, facts), policy)
+        try:
+            return Prepared(backend, facts, layout, backend.plan(request, policy, facts), policy)
+        except EnforcementUnavailable as exc:
+            refusals.append(exc)  # this one cannot express the policy: try the next
+            reasons.append(f"{name}: {exc.message}")
+        except (BackendUnavailable, UsageError) as exc:
+            reasons.append(f"{name}: {exc.message}")
+    if refusals:
+        # the backends that work here refused a rule: the cheapest one's refusal is the
+        # actionable message (it names the rule and --allow-degraded)
+        raise refusals[0]
     raise BackendUnavailable(
         f"Failed to find a backend with at least {policy.isolation!r} isolation"
         + (f": {'; '.join(reasons)}" if reasons else ""),

@@ -69,7 +69,7 @@ def test_unknown_option_is_refused(world: World) -> None:
 
 
 def test_missing_bwrap_is_refused(world: World) -> None:
-    result = world.run(f"touch {MARKER}", env={"CORRAL_BWRAP": "/nonexistent/bwrap"})
+    result = world.run(f"touch {MARKER}", "--backend", "bubblewrap", env={"CORRAL_BWRAP": "/nonexistent/bwrap"})
     _assert_refused(world, result, "bubblewrap", "CORRAL_BWRAP")
 
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_TRAITS",
+    "UNREGISTERED",
     "Backend",
     "BrokerSpec",
     "CgroupSpec",
@@ -43,7 +45,33 @@ __all__ = [
 #: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
 BACKENDS: dict[str, tuple[str, str]] = {
     "bubblewrap": ("corral.backends.bubblewrap", "BubblewrapBackend"),
+    "docker": ("corral.backends.docker", "DockerBackend"),
+    "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
+    "landlock": ("corral.backends.landlock", "LandlockBackend"),
     "none": ("corral.backends.unsandboxed", "UnsandboxedBackend"),
+    "podman": ("corral.backends.podman", "PodmanBackend"),
+    "seatbelt": ("corral.backends.seatbelt", "SeatbeltBackend"),
+}
+
+#: name -> (isolation, cost in ms, explicit only): what ``auto`` needs to order
+#: and filter candidates without importing every backend module (the class
+#: attributes say the same; ``tests/unit/backends`` checks they agree).
+BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
+    "landlock": ("process", 2.0, False),
+    "seatbelt": ("process", 3.0, False),
+    "bubblewrap": ("namespace", 6.0, False),
+    "podman": ("namespace", 150.0, False),
+    "docker": ("namespace", 200.0, False),
+    "gvisor": ("kernel", 250.0, False),
+    "none": ("none", 1.0, True),
+}
+
+#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
+UNREGISTERED: dict[str, str] = {
+    "microvm": ("not implemented in this build; on this class of machine KVM is a nested PVM that "
+                "hangs standard guests, and TCG boots take ~1.7 s per VM"),
+    "boxlite": ("not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
+                "guests, which this class of machine lacks"),
 }
 
 _instances: dict[str, Backend] = {}
@@ -169,10 +197,15 @@ def inspect_host(
     home = environ.get("HOME") or os.path.expanduser("~")
     bwrap = _find_bwrap(environ) if backend.name == "bubblewrap" else None
     broker_problem = None
-    if backend.name in ("bubblewrap", "landlock"):
+    if backend.uses_broker:
         from ._kernel import broker_supported
 
         broker_problem = broker_supported()
+    abi = 0
+    if backend.name == "landlock":
+        from .landlock import landlock_abi
+
+        abi = landlock_abi()
     res = policy.resources
     needed = frozenset(
         name for name, value in (("memory", res.memory), ("pids", res.pids), ("cpu", res.cpus))
@@ -190,8 +223,10 @@ def inspect_host(
         helper=helper_path(),
         broker_problem=broker_problem,
         cgroup_problem=cgroup_problem,
+        landlock_abi=abi,
         path_kinds=tuple(sorted((p, _kind(p)) for p in paths)),
         environ=tuple(environ.items()),
+        details=tuple(sorted(backend.inspect(request, policy, environ).items())),
     )
     return facts, layout
 

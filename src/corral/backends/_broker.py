@@ -97,6 +97,15 @@ _SYS_CAPGET = {"x86_64": 125, "aarch64": 90}
 _SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 _SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
 _SYS_UTIMENSAT = {"x86_64": 280, "aarch64": 88}
+_SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}
+#: Calls that change metadata rather than names. Landlock does not govern
+#: them, so with ``confine_metadata`` they are refused outside the roots.
+_FD_METADATA_CALLS = frozenset({"fchmod", "fchown", "fsetxattr", "fremovexattr"})
+_METADATA_CALLS = _FD_METADATA_CALLS | frozenset({
+    "chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat", "utime", "utimes", "futimesat",
+    "utimensat", "setxattr", "lsetxattr", "removexattr", "lremovexattr", "truncate", "setxattrat",
+    "removexattrat", "file_setattr",
+})
 _CLONE_FS = 0x00000200
 _MAX_PATH = 4096
 _MAX_XATTR = 65536
@@ -308,7 +317,15 @@ class Broker:
         self.handled += 1
         name = self._names.get(nr, "")
         try:
-            result = self._dispatch(name, pid, notif_id, args)
+            try:
+                result = self._dispatch(name, pid, notif_id, args)
+            except _Continue:
+                if not (self._spec.confine_metadata and name in _METADATA_CALLS):
+                    raise
+                # No read-only mount backs this backend up: a metadata change
+                # outside the supervised roots is refused, never continued.
+                raise _Denied(self._describe_target(pid, notif_id, name, args),
+                              "filesystem: outside the writable areas") from None
         except _Continue:
             self._respond(notif_id, 0, 0, _RESP_FLAG_CONTINUE)
             return
@@ -433,7 +450,8 @@ class Broker:
 
         libc = self._libc
         assert libc is not None
-        table = {"openat2": _SYS_OPENAT2, "renameat2": _SYS_RENAMEAT2, "utimensat": _SYS_UTIMENSAT}
+        table = {"openat2": _SYS_OPENAT2, "renameat2": _SYS_RENAMEAT2, "utimensat": _SYS_UTIMENSAT,
+                 "pidfd_getfd": _SYS_PIDFD_GETFD}
         result = int(libc.syscall(table[name][self._arch], *args))
         if result < 0:
             err = ctypes.get_errno()
@@ -540,6 +558,8 @@ class Broker:
     # ------------------------------------------------------------ policy
     def _check(self, resolved: _Resolved) -> None:
         """Refuse if the resolved name is protected or write-denied."""
+        if resolved.root.sandbox_path in self._spec.open_roots:
+            return
         label = self._denied_by(resolved.rel, resolved.sandbox_path)
         if label is not None:
             raise _Denied(resolved.sandbox_path, label)
@@ -574,7 +594,7 @@ class Broker:
             st = os.stat(src.name, dir_fd=src.parent_fd, follow_symlinks=False)
         except FileNotFoundError:
             return
-        if not stat.S_ISDIR(st.st_mode):
+        if not stat.S_ISDIR(st.st_mode) or src.root.sandbox_path in self._spec.open_roots:
             return
         if not any(
             p.could_match_below(src.sandbox_path if p.absolute else src.rel)
@@ -595,6 +615,66 @@ class Broker:
                 after = self._denied_by(f"{dst.rel}/{tail}", f"{dst.sandbox_path}/{tail}")
                 if before != after:
                     raise _Denied(f"{src.sandbox_path}/{tail}", before or after or "")
+
+    def _describe_target(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> str:
+        """Best-effort text of what a refused metadata call aimed at (for the violation)."""
+        try:
+            if name in _FD_METADATA_CALLS:
+                return os.readlink(f"/proc/{pid}/fd/{_signed_fd(a[0])}")
+            index = 0 if name in ("chmod", "chown", "lchown", "utime", "utimes", "truncate", "setxattr",
+                                  "lsetxattr", "removexattr", "lremovexattr") else 1
+            return self._read_string(pid, nid, a[index]) if a[index] else f"fd {_signed_fd(a[0])}"
+        except (OSError, _Continue):
+            return "?"
+
+    # ------------------------------------------------------------ fd-based metadata
+    def _on_open_file(self, pid: int, fd_arg: int, act: object) -> int:
+        """Run *act(fd)* on the target's open file *fd_arg* if it lies in a supervised root.
+
+        Used for fchmod/fchown/fsetxattr/fremovexattr/futimens and the
+        ``AT_EMPTY_PATH`` forms, only with ``confine_metadata`` (otherwise the
+        kernel decides: the read-only mount holds).
+
+        SAFETY: the broker takes a duplicate of the target's *open file*
+        (``pidfd_getfd``), checks where that file lives (its path, verified by
+        device and inode against the supervised root) and acts on the
+        duplicate, so the target cannot swap the file between check and use.
+        """
+        import ctypes
+
+        if not self._spec.confine_metadata:
+            raise _Continue
+        pidfd = os.pidfd_open(pid)
+        try:
+            ours = self._syscall("pidfd_getfd", ctypes.c_int(pidfd), ctypes.c_int(_signed_fd(fd_arg)),
+                                 ctypes.c_uint(0))
+        finally:
+            os.close(pidfd)
+        outside = "filesystem: outside the writable areas"
+        try:
+            path = os.readlink(f"/proc/self/fd/{ours}")
+            root = self._root_for(path) if path.startswith("/") else None
+            if root is None:
+                raise _Denied(path, outside)
+            rel = path[len(root.sandbox_path):].strip("/")
+            try:
+                check_fd = self._openat2(root.host_fd, rel or ".", os.O_PATH,
+                                         _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+            except OSError:
+                raise _Denied(path, outside) from None
+            try:
+                mine, theirs = os.fstat(ours), os.fstat(check_fd)
+            finally:
+                os.close(check_fd)
+            if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+                raise _Denied(path, outside)
+            label = None if root.sandbox_path in self._spec.open_roots else self._denied_by(rel, path)
+            if label is not None:
+                raise _Denied(path, label)
+            act(ours)  # type: ignore[operator]
+            return 0
+        finally:
+            os.close(ours)
 
     # ------------------------------------------------------------ emulation
     def _dispatch(self, name: str, pid: int, nid: int, a: tuple[int, ...]) -> int | _FdResult:
@@ -646,7 +726,7 @@ class Broker:
                 dirfd, path, mode = sfd(a[0]), s(a[1]), a[2]
                 flags = a[3] if name == "fchmodat2" else 0
             if flags & _AT_EMPTY_PATH:
-                raise _Continue
+                return self._on_open_file(pid, a[0], lambda fd: os.chmod(fd, mode & 0o7777))
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
             return self._with(r, lambda: os.chmod(r.name, mode & 0o7777, dir_fd=r.parent_fd,
                                                   follow_symlinks=False), changes_inode=True)
@@ -656,10 +736,10 @@ class Broker:
             else:
                 dirfd, path, uid, gid = _AT_FDCWD, s(a[0]), a[1], a[2]
                 flags = _AT_SYMLINK_NOFOLLOW if name == "lchown" else 0
-            if flags & _AT_EMPTY_PATH:
-                raise _Continue
             host_uid = self._map_id(pid, "uid_map", uid)
             host_gid = self._map_id(pid, "gid_map", gid)
+            if flags & _AT_EMPTY_PATH:
+                return self._on_open_file(pid, a[0], lambda fd: os.chown(fd, host_uid, host_gid))
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
             return self._with(r, lambda: os.chown(r.name, host_uid, host_gid, dir_fd=r.parent_fd,
                                                   follow_symlinks=False), changes_inode=True)
@@ -678,6 +758,8 @@ class Broker:
             return self._with(r, truncate, changes_inode=True)
         if name in ("utime", "utimes", "futimesat", "utimensat"):
             return self._utimes(pid, nid, name, a)
+        if name in ("fchmod", "fchown", "fsetxattr", "fremovexattr"):
+            return self._fd_call(pid, nid, name, a)
         if name in ("setxattr", "lsetxattr", "removexattr", "lremovexattr"):
             path, attr = s(a[0]), s(a[1])
             if attr.startswith(("security.", "trusted.")):
@@ -696,6 +778,23 @@ class Broker:
             return self._with(r, lambda: os.removexattr(target, attr, follow_symlinks=False),
                               changes_inode=True)
         raise _Continue
+
+    def _fd_call(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
+        """The plain fd-based metadata calls (trapped only with ``confine_metadata``)."""
+        if name == "fchmod":
+            return self._on_open_file(pid, a[0], lambda fd: os.chmod(fd, a[1] & 0o7777))
+        if name == "fchown":
+            uid, gid = self._map_id(pid, "uid_map", a[1]), self._map_id(pid, "gid_map", a[2])
+            return self._on_open_file(pid, a[0], lambda fd: os.chown(fd, uid, gid))
+        attr = self._read_string(pid, nid, a[1])
+        if attr.startswith(("security.", "trusted.")):
+            raise OSError(errno.EPERM, "privileged extended attribute")
+        if name == "fsetxattr":
+            if a[3] > _MAX_XATTR:
+                raise OSError(errno.E2BIG, "attribute value too large")
+            value, flags = self._read_bytes(pid, nid, a[2], a[3]), a[4]
+            return self._on_open_file(pid, a[0], lambda fd: os.setxattr(fd, attr, value, flags))
+        return self._on_open_file(pid, a[0], lambda fd: os.removexattr(fd, attr))
 
     def _with(self, r: _Resolved, action: object, *, changes_inode: bool = False) -> int:
         """Check *r* against the policy, then run *action* (a callable); return 0.
@@ -872,8 +971,9 @@ class Broker:
             return self._read_string(pid, nid, addr)
 
         flags = 0
+        path: str | None
         if name == "utimensat":
-            dirfd, path, times_addr, flags = _signed_fd(a[0]), s(a[1]), a[2], a[3]
+            dirfd, path, times_addr, flags = _signed_fd(a[0]), (s(a[1]) if a[1] else None), a[2], a[3]
             times = self._read_bytes(pid, nid, times_addr, 32) if times_addr else None
         else:
             if name == "futimesat":
@@ -888,10 +988,13 @@ class Broker:
                 else:  # two struct timeval
                     a_s, a_us, m_s, m_us = struct.unpack("<qqqq", self._read_bytes(pid, nid, times_addr, 32))
                     times = struct.pack("<qqqq", a_s, a_us * 1000, m_s, m_us * 1000)
-        if flags & _AT_EMPTY_PATH:
-            raise _Continue
-        r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
         buf = ctypes.create_string_buffer(times, 32) if times is not None else None
+        if flags & _AT_EMPTY_PATH or path is None:
+            def touch_fd(fd: int) -> None:
+                self._syscall("utimensat", ctypes.c_int(fd), None, buf, ctypes.c_int(0))
+
+            return self._on_open_file(pid, dirfd, touch_fd)
+        r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
 
         def touch() -> None:
             self._syscall("utimensat", ctypes.c_int(r.parent_fd), os.fsencode(r.name), buf,

@@ -45,11 +45,21 @@ class BrokerSpec(Record):
             path relative to its root, absolute ones to the sandbox path.
         syscall_names: ``(number, name)`` of the trapped syscalls for this
             architecture.
+        open_roots: sandbox paths of roots the patterns do not apply to
+            (e.g. the landlock backend's private TMPDIR): the broker only
+            performs operations there.
+        confine_metadata: refuse metadata changes (chmod, chown, utimes,
+            xattrs, truncate, also through file descriptors) outside the
+            supervised roots instead of letting the kernel decide. For
+            backends without a read-only mount as backstop (``landlock``:
+            Landlock does not govern metadata).
     """
 
     roots: tuple[tuple[str, str], ...]
     patterns: tuple[tuple[str, str], ...]
     syscall_names: tuple[tuple[int, str], ...] = ()
+    open_roots: tuple[str, ...] = ()
+    confine_metadata: bool = False
 
 
 class EgressSpec(Record):
@@ -91,6 +101,8 @@ class HostFacts(Record):
         path_kinds: ``(path, kind)`` for the paths the policy names, kind one
             of ``"dir"``, ``"file"``, ``"other"``, ``"missing"``.
         environ: the host environment (the policy's allowlist picks from it).
+        details: backend-specific facts gathered by ``Backend.inspect`` (tool
+            paths, engine state, directory listings), as ``(name, value)``.
     """
 
     uid: int
@@ -105,6 +117,14 @@ class HostFacts(Record):
     landlock_abi: int = 0
     path_kinds: tuple[tuple[str, str], ...] = ()
     environ: tuple[tuple[str, str], ...] = ()
+    details: tuple[tuple[str, object], ...] = ()
+
+    def detail(self, name: str, default: object = None) -> object:
+        """The backend-specific fact *name* (see ``Backend.inspect``), or *default*."""
+        for known, value in self.details:
+            if known == name:
+                return value
+        return default
 
     def kind(self, path: str) -> str:
         """The kind recorded for *path* (``"missing"`` when not inspected)."""
@@ -133,6 +153,9 @@ class LaunchPlan(Record):
         degraded: rules not enforced on this run (opted in by the caller).
         display_argv: the command as recorded in the audit log (redacted).
         unsandboxed: the plan runs the command without isolation.
+        files: ``(path, content)`` files the backend's ``launch`` writes
+            before spawning (e.g. an OCI bundle's ``config.json``) and
+            removes afterwards; the engine itself ignores them.
     """
 
     backend: str
@@ -150,6 +173,7 @@ class LaunchPlan(Record):
     degraded: tuple[str, ...] = ()
     display_argv: tuple[str, ...] = ()
     unsandboxed: bool = False
+    files: tuple[tuple[str, bytes], ...] = ()
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""

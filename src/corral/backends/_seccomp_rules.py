@@ -34,7 +34,10 @@ __all__ = [
     "BROKER_RULES",
     "CLONE_NAMESPACE_FLAGS",
     "DENY_RULES",
+    "INET_SOCKET_RULES",
     "MAX_KNOWN_SYSCALL",
+    "METADATA_BROKER_RULES",
+    "PROCESS_LEVEL_DENY_RULES",
     "SYSCALLS",
     "unix_socket_rule",
 ]
@@ -154,6 +157,13 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "lsetxattr": (189, 6),
     "removexattr": (197, 14),
     "lremovexattr": (198, 15),
+    "fchown": (93, 55),
+    "fsetxattr": (190, 7),
+    "fremovexattr": (199, 16),
+    "setxattrat": (463, 463),
+    "removexattrat": (466, 466),
+    "file_setattr": (469, 469),
+    "ioctl": (16, 29),
 }
 
 Condition = tuple[object, ...] | None
@@ -227,4 +237,36 @@ BROKER_RULES: tuple[Rule, ...] = (
          "setxattr", "lsetxattr", "removexattr", "lremovexattr"),
         "NOTIFY", None, "creating, renaming, deleting or changing a file by path",
     ),
+)
+
+
+AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
+FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR, TIOCSTI = 0x40086602, 0x40046602, 0x401C5820, 0x5412
+
+#: Rows for ``network.mode = "none"`` where no network namespace exists
+#: (landlock): Landlock governs TCP ports only, so sockets of the IP families
+#: are not created at all.
+INET_SOCKET_RULES: tuple[Rule, ...] = (
+    (("socket",), "EACCES", ("eq", 0, AF_INET), "network.mode none without a network namespace: no IPv4 sockets"),
+    (("socket",), "EACCES", ("eq", 0, AF_INET6), "network.mode none without a network namespace: no IPv6 sockets"),
+    (("socket",), "EACCES", ("eq", 0, AF_PACKET), "raw link-layer sockets reach the host's interfaces"),
+)
+
+#: Extra deny rows for process-level backends (no namespaces, no read-only
+#: mounts): calls that would change host state Landlock does not govern.
+PROCESS_LEVEL_DENY_RULES: tuple[Rule, ...] = (
+    (("setxattrat", "removexattrat", "file_setattr"), "EPERM", None,
+     "metadata changes by path that Landlock does not govern; libc uses setxattr, which the broker checks"),
+    (("ioctl",), "EPERM", ("eq", 1, FS_IOC_SETFLAGS), "inode flags of host files (chattr)"),
+    (("ioctl",), "EPERM", ("eq", 1, FS_IOC32_SETFLAGS), "inode flags of host files (chattr, 32-bit)"),
+    (("ioctl",), "EPERM", ("eq", 1, FS_IOC_FSSETXATTR), "extended inode attributes of host files"),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
+)
+
+#: Broker rows added where the broker must also confine metadata changes
+#: through file descriptors (see ``BrokerSpec.confine_metadata``).
+METADATA_BROKER_RULES: tuple[Rule, ...] = (
+    (("fchmod", "fchown", "fsetxattr", "fremovexattr"), "NOTIFY", None,
+     "changing metadata through a file descriptor: Landlock does not govern it"),
+    (("utimensat",), "NOTIFY", None, "changing timestamps through a file descriptor (futimens)"),
 )

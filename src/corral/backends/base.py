@@ -4,6 +4,7 @@
 
     backend.problem(facts)                 -> None if usable here, else why (and the fix)
     backend.paths_to_inspect(req, policy)  -> host paths whose kind the plan depends on
+    backend.inspect(req, policy, environ)  -> backend-specific facts (may do I/O)
     backend.plan(req, policy, facts)       -> LaunchPlan      (pure: no I/O)
     backend.launch(plan, req, ...)         -> Outcome
 
@@ -73,6 +74,11 @@ class Backend:
     cost_ms: ClassVar[float] = 1000.0
     #: never chosen by ``auto`` (only ``none``)
     explicit_only: ClassVar[bool] = False
+    #: plans may ask for the write broker (``inspect_host`` then checks the kernel)
+    uses_broker: ClassVar[bool] = False
+    #: guarantees of the conformance matrix (:mod:`corral.testing.conformance`)
+    #: this backend has no mechanism for, with the reason
+    not_expressible: ClassVar[dict[str, str]] = {}
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""
@@ -82,6 +88,16 @@ class Backend:
         """Host paths whose kind (dir/file/missing) ``plan`` needs in ``facts``."""
         del request, policy
         return set()
+
+    def inspect(self, request: ExecRequest, policy: Policy, environ: dict[str, str]) -> dict[str, object]:
+        """Backend-specific facts for ``plan`` (tools found, engine state ...).
+
+        Called by :func:`~corral.backends.inspect_host` before ``plan``; may do
+        I/O. The values land in ``HostFacts.details`` and must be hashable
+        (strings, numbers, tuples, ``None``).
+        """
+        del request, policy, environ
+        return {}
 
     def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
         """Translate *policy* for *request* into a LaunchPlan. Pure.

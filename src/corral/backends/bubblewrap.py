@@ -91,6 +91,7 @@ class BubblewrapBackend(Backend):
     name = "bubblewrap"
     isolation = "namespace"
     cost_ms = 6.0
+    uses_broker = True
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.bwrap is None:

@@ -19,6 +19,8 @@ from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import ClassVar
+
     from .._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import HostFacts
@@ -35,14 +37,27 @@ class UnsandboxedBackend(Backend):
     isolation = "none"
     cost_ms = 1.0
     explicit_only = True
+    not_expressible: ClassVar[dict[str, str]] = dict.fromkeys(
+        (
+            "fs write outside",
+            "secret read",
+            "protected path",
+            "network egress",
+            "host processes",
+            "unix socket",
+        ),
+        "no sandbox: the command runs with the user's full rights",
+    )
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.helper is None:
-            return "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler"
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler"
+            )
         return None
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
-        return {policy.filesystem.workspace, *( [request.cwd] if request.cwd else [])}
+        return {policy.filesystem.workspace, *([request.cwd] if request.cwd else [])}
 
     def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
         problem = self.problem(facts)
@@ -54,15 +69,26 @@ class UnsandboxedBackend(Backend):
         cgroup = None
         if res.memory is not None or res.pids is not None or res.cpus is not None:
             if facts.cgroup_problem is not None:
-                for rule, value in (("resources.memory", res.memory), ("resources.pids", res.pids),
-                                    ("resources.cpus", res.cpus)):
+                for rule, value in (
+                    ("resources.memory", res.memory),
+                    ("resources.pids", res.pids),
+                    ("resources.cpus", res.cpus),
+                ):
                     if value is not None:
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
                 cgroup = CgroupSpec(memory=res.memory, pids=res.pids, cpus=res.cpus)
         cwd = request.cwd or policy.filesystem.workspace
-        helper = [facts.helper, "--status-fd", str(FD_STATUS), "--setsid", "--die-with-parent", "0",
-                  "--chdir", cwd]
+        helper = [
+            facts.helper,
+            "--status-fd",
+            str(FD_STATUS),
+            "--setsid",
+            "--die-with-parent",
+            "0",
+            "--chdir",
+            cwd,
+        ]
         fds = [FdSpec(number=FD_STATUS, kind="status")]
         if cgroup is not None:
             helper += ["--wait-fd", str(FD_WAIT)]

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("corral.cli.commands.doctor", "what works on this machine, and how to fix what doesn't"),
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
+    "image": ("corral.cli.commands.image", "build a Debian image from apt (no registry) for container backends"),
 }
 
 USAGE = """usage: corral COMMAND [OPTIONS] ...

@@ -10,6 +10,8 @@
  *      wait for one byte on --wait-fd (corral moves us into cgroups first)
  *   2. setsid / parent-death signal / chdir            (when asked)
  *   3. resource limits (setrlimit)                      (when asked)
+ *   3b. drop every capability: bounding set, ambient,
+ *       effective/permitted/inheritable                 (when asked)
  *   4. PR_SET_NO_NEW_PRIVS                              (always)
  *   5. Landlock ruleset                                 (when asked)
  *   6. seccomp deny filter(s)                           (when asked)
@@ -49,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -308,10 +311,47 @@ static void cloexec_all(const int *keep, int nkeep) {
     }
 }
 
+/*
+ * Drop every capability for good (the process-level backends run without a
+ * user namespace, so a root caller would otherwise keep root's powers).
+ * SAFETY: the bounding set goes first (that needs CAP_SETPCAP, which the
+ * capset below removes); an exec'd program of uid 0 then gains nothing. A
+ * caller without capabilities cannot shrink the bounding set (EPERM) but has
+ * nothing to drop: that is checked, not assumed.
+ */
+static void drop_capabilities(void) {
+    struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct data[2];
+    memset(data, 0, sizeof data);
+    for (int cap = 0; cap < 64; cap++) {
+        if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0)
+            break; /* past the kernel's last capability */
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0 && errno != EPERM)
+            fail("drop-capabilities", errno, "PR_CAPBSET_DROP %d: %s", cap, strerror(errno));
+    }
+    if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+        fail("drop-capabilities", errno, "clear ambient capabilities: %s", strerror(errno));
+    if (syscall(SYS_capset, &header, data) < 0)
+        fail("drop-capabilities", errno, "capset: %s", strerror(errno));
+    /* Verify: nothing effective, permitted or in the bounding set remains. */
+    if (syscall(SYS_capget, &header, data) < 0)
+        fail("drop-capabilities", errno, "capget: %s", strerror(errno));
+    if (data[0].effective | data[0].permitted | data[1].effective | data[1].permitted)
+        fail("drop-capabilities", EPERM, "capabilities remain after capset");
+    for (int cap = 0; cap < 64; cap++) {
+        int r = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+        if (r < 0)
+            break;
+        if (r == 1)
+            fail("drop-capabilities", EPERM, "capability %d stays in the bounding set", cap);
+    }
+}
+
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
-          "                   [--chdir DIR] [--setsid] [--ctty] [--die-with-parent PPID] -- COMMAND [ARG...]\n",
+          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--die-with-parent PPID]\n"
+          "                   -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
 }
@@ -325,7 +365,7 @@ int main(int argc, char **argv) {
     struct { int res; struct rlimit lim; } rlimits[MAX_RLIMITS];
     int nrlimits = 0;
     const char *chdir_to = NULL;
-    int want_setsid = 0, want_ctty = 0;
+    int want_setsid = 0, want_ctty = 0, want_drop_caps = 0;
     long parent_pid = -1;
     int i = 1;
 
@@ -347,7 +387,8 @@ int main(int argc, char **argv) {
             i++;
             break;
         }
-        if (i + 1 >= argc && strcmp(a, "--setsid") != 0 && strcmp(a, "--ctty") != 0)
+        if (i + 1 >= argc && strcmp(a, "--setsid") != 0 && strcmp(a, "--ctty") != 0 &&
+            strcmp(a, "--drop-caps") != 0)
             usage();
         if (strcmp(a, "--status-fd") == 0) {
             i++;
@@ -373,6 +414,8 @@ int main(int argc, char **argv) {
             want_setsid = 1;
         } else if (strcmp(a, "--ctty") == 0) {
             want_ctty = 1;
+        } else if (strcmp(a, "--drop-caps") == 0) {
+            want_drop_caps = 1;
         } else if (strcmp(a, "--die-with-parent") == 0) {
             parent_pid = parse_long(argv[++i], a);
         } else if (strcmp(a, "--rlimit") == 0) {
@@ -440,6 +483,10 @@ int main(int argc, char **argv) {
     for (int k = 0; k < nrlimits; k++)
         if (setrlimit(rlimits[k].res, &rlimits[k].lim) < 0)
             fail("setrlimit", errno, "resource %d: %s", rlimits[k].res, strerror(errno));
+
+    /* 3b. capabilities (after setrlimit, which may need CAP_SYS_RESOURCE) */
+    if (want_drop_caps)
+        drop_capabilities();
 
     /* 4. no_new_privs: required before Landlock/seccomp without CAP_SYS_ADMIN,
      * and it makes set-user-ID binaries inert for the rest of the tree. */

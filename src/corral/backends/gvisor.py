@@ -1,0 +1,475 @@
+"""The ``gvisor`` backend: the command runs on gVisor's user-space kernel (``runsc``).
+
+Each run is ``runsc run`` of a generated OCI bundle: the command's system
+calls are served by gVisor's Sentry, not the host kernel, so a kernel
+exploit in the command attacks gVisor first (``isolation: "kernel"``).
+
+Guarantees (with the default policy):
+  * a read-only root: the host's ``/`` (default) or an image rootfs
+    (``image``: ``corral:NAME`` or a rootfs directory); private tmpfs
+    ``/tmp`` and ``/var/tmp``; the workspace read-write at its own path (files
+    owned by the invoking user, who is the command's uid); secret paths
+    masked (empty read-only tmpfs, or ``/dev/null`` for files);
+  * ``--network=none`` (loopback only) or the host network for ``open``;
+  * no host unix sockets (runsc's default ``--host-uds=none``), own pid,
+    ipc and uts namespaces, no capabilities, no new privileges;
+  * memory, pids and CPU as OCI ``linux.resources``, which runsc applies to
+    the cgroup it puts its Sentry and Gofer in (gVisor's own threads count
+    against ``pids``: corral adds :data:`PIDS_HEADROOM`); the memory limit
+    kills the whole sandbox (exit 137); CPU time as ``RLIMIT_CPU`` inside;
+    wall clock and output as everywhere.
+
+Refused unless degraded (``allowDegraded``): ``filesystem.protect`` and glob
+``denyWrite`` rules (the write broker needs host seccomp, which gVisor's
+syscalls never reach); and, as for the containers, ``network.mode =
+"allowlist"`` and ``credentials``.
+
+Known limits of Debian's runsc 20221219: coreutils ``ls``/``stat`` fail
+(statx with ``AT_NO_AUTOMOUNT``); runsc garbles a regular file as stdout, so
+corral always pipes it; the KVM platform is not used (``ptrace`` here,
+``systrap`` on runsc builds from mid-2023 on).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from .._request import redact
+from ._plan import FdSpec, LaunchPlan
+from .base import Backend, Degradations
+from .bubblewrap import sandbox_env
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .._cgroups import Cgroup, CgroupLayout
+    from .._engine import Running
+    from .._outcome import Outcome
+    from .._request import ExecRequest
+    from ..policy._model import Policy
+    from ._image_ref import ImageRef
+    from ._plan import HostFacts
+
+__all__ = ["PIDS_HEADROOM", "GvisorBackend", "oci_spec"]
+
+FD_STATUS = 3
+
+#: Threads of gVisor itself (Sentry, Gofer, ptrace stubs) that count against
+#: the cgroup's pids limit on top of the command's own.
+PIDS_HEADROOM = 512
+
+PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+
+def _under(path: str, base: str) -> bool:
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def _runsc_version(path: str) -> int:
+    """runsc's release date as YYYYMMDD (0 if unknown); cached by the binary's identity."""
+    from .. import _state
+
+    st = os.stat(path)
+    key = f"runsc:{path}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}"
+    cached = _state.cache_get(key)
+    if isinstance(cached, int):
+        return cached
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    version = 0
+    for word in out.replace("~", " ").replace("-", " ").split():
+        digits = word.split(".")[0]
+        if len(digits) == 8 and digits.isdigit():
+            version = int(digits)
+            break
+    _state.cache_put(key, version)
+    return version
+
+
+def oci_spec(
+    *,
+    argv: tuple[str, ...],
+    env: tuple[tuple[str, str], ...],
+    cwd: str,
+    uid: int,
+    gid: int,
+    root: str,
+    mounts: list[dict[str, object]],
+    cpu_time: float | None,
+    network_namespace: bool = True,
+    resources: dict[str, object] | None = None,
+    cgroups_path: str = "",
+) -> dict[str, object]:
+    """The OCI runtime ``config.json`` for one command (pure).
+
+    Without *network_namespace* the sandbox uses the host network
+    (``runsc --network=host`` needs that). *resources* are OCI
+    ``linux.resources`` (runsc applies them to *cgroups_path*).
+    """
+    linux: dict[str, object] = {
+        "namespaces": [
+            {"type": t}
+            for t in ("pid", "network", "ipc", "uts", "mount")
+            if t != "network" or network_namespace
+        ]
+    }
+    if resources:
+        linux["resources"] = resources
+        linux["cgroupsPath"] = cgroups_path
+    rlimits: list[dict[str, object]] = [{"type": "RLIMIT_NOFILE", "hard": 4096, "soft": 1024}]
+    if cpu_time is not None:
+        seconds = max(1, int(cpu_time))
+        rlimits.append({"type": "RLIMIT_CPU", "hard": seconds + 1, "soft": seconds})
+    return {
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": False,
+            "user": {"uid": uid, "gid": gid},
+            "args": list(argv),
+            "env": [f"{name}={value}" for name, value in env],
+            "cwd": cwd,
+            "capabilities": {
+                "bounding": [],
+                "effective": [],
+                "inheritable": [],
+                "permitted": [],
+                "ambient": [],
+            },
+            "noNewPrivileges": True,
+            "rlimits": rlimits,
+        },
+        "root": {"path": root, "readonly": True},
+        "hostname": "corral",
+        "mounts": mounts,
+        "linux": linux,
+    }
+
+
+class GvisorBackend(Backend):
+    """gVisor's runsc with a generated OCI bundle; see the module docstring."""
+
+    name = "gvisor"
+    isolation = "kernel"
+    cost_ms = 250.0
+
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
+        from ._container import find_program
+        from ._image_ref import resolve_image
+
+        runsc = find_program("runsc", environ) or next(
+            (p for p in ("/usr/sbin/runsc", "/usr/local/sbin/runsc") if os.access(p, os.X_OK)), None
+        )
+        from .. import _state
+
+        return {
+            "runsc": runsc,
+            "runsc_version": _runsc_version(runsc) if runsc else 0,
+            "image": resolve_image(policy.image, environ),
+            "state": os.path.join(_state.state_dir(environ), "gvisor"),
+        }
+
+    def problem(self, facts: HostFacts) -> str | None:
+        if facts.detail("runsc") is None:
+            return (
+                "runsc (gVisor) is not installed; install it (Debian/Ubuntu: apt-get install runsc)"
+            )
+        if facts.helper is None:
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
+        if facts.uid != 0:
+            return "this build runs gVisor as root only (runsc's rootless mode cannot bind the workspace)"
+        return None
+
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        fs = policy.filesystem
+        paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
+        paths.update(
+            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
+        )
+        if request.cwd:
+            paths.add(request.cwd)
+        return paths
+
+    def platform(self, facts: HostFacts) -> str:
+        """``systrap`` where runsc has it (mid-2023 on), else ``ptrace``; never KVM by default."""
+        version = int(facts.detail("runsc_version", 0))  # type: ignore[call-overload]
+        return "systrap" if version >= 20230601 else "ptrace"
+
+    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
+        problem = self.problem(facts)
+        if problem is not None:
+            raise BackendUnavailable(f"Failed to use the gvisor backend: {problem}")
+        import json
+
+        assert facts.helper is not None
+        fs, net, res = policy.filesystem, policy.network, policy.resources
+        degrade = Degradations(policy.allow_degraded)
+        image: ImageRef = facts.detail("image")  # type: ignore[assignment]
+        workspace = fs.workspace.rstrip("/") or "/"
+        if facts.kind(workspace) != "dir":
+            raise UsageError(
+                f"Failed to use the workspace {workspace}: it is not an existing directory"
+            )
+        for secret in fs.deny_read:
+            if _under(workspace, secret):
+                raise UsageError(
+                    f"Failed to use the workspace {workspace}: it lies inside the secret path "
+                    f"{secret} (filesystem.denyRead)"
+                )
+        if image.problem is not None:
+            raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
+        if image.kind in ("ref", "oci") or (image.kind != "host" and image.rootfs is None):
+            raise UsageError(
+                f"Failed to use the image {image.value!r} with gvisor: it needs a root filesystem "
+                "directory or corral:NAME",
+                hint="run 'corral image build NAME'",
+            )
+        root = "/" if image.kind == "host" else str(image.rootfs)
+        cwd = request.cwd or workspace
+        if net.mode == "allowlist":
+            raise EnforcementUnavailable(
+                "Failed to enforce network.mode=allowlist on the gvisor backend: the egress proxy is not "
+                "available to gVisor in this build",
+                rule="network.mode",
+                hint="use --net none or --net open",
+            )
+        if policy.credentials:
+            raise EnforcementUnavailable(
+                "Failed to enforce credentials on the gvisor backend: scoped credentials need the egress proxy",
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
+
+        writable = [] if fs.read_only else [workspace]
+        writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        globs = [p for p in fs.deny_write if any(c in p for c in "*?[") or not p.startswith("/")]
+        if writable and fs.protect:
+            degrade.cannot(
+                "filesystem.protect",
+                "gVisor's system calls never reach the host seccomp filter "
+                "the write broker relies on",
+                fix="use --backend bubblewrap or podman",
+            )
+        if writable and globs:
+            degrade.cannot(
+                "filesystem.denyWrite",
+                "pattern rules need the write broker, which gVisor cannot host",
+                fix="use --backend bubblewrap or podman, or name existing paths",
+            )
+
+        # --- mounts (in order: later ones cover earlier ones)
+        mounts: list[dict[str, object]] = [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {
+                "destination": "/dev",
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "mode=755"],
+            },
+        ]
+        for tmp in PRIVATE_TMP:
+            mounts.append(
+                {
+                    "destination": tmp,
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777"],
+                }
+            )
+        mounts.append(
+            {
+                "destination": workspace,
+                "type": "bind",
+                "source": workspace,
+                "options": ["rbind", "ro" if fs.read_only else "rw"],
+            }
+        )
+        for extra in fs.allow_write:
+            if facts.kind(extra) == "dir" and not fs.read_only:
+                mounts.append(
+                    {
+                        "destination": extra,
+                        "type": "bind",
+                        "source": extra,
+                        "options": ["rbind", "rw"],
+                    }
+                )
+        visible = [workspace, *writable] if image.kind != "host" else ["/"]
+        for path in fs.deny_write:
+            if (
+                path.startswith("/")
+                and facts.kind(path) in ("dir", "file")
+                and any(_under(path, v) for v in visible)
+            ):
+                mounts.append(
+                    {
+                        "destination": path,
+                        "type": "bind",
+                        "source": path,
+                        "options": ["rbind", "ro"],
+                    }
+                )
+        for secret in sorted(fs.deny_read):
+            kind = facts.kind(secret)
+            if kind == "missing" or not any(_under(secret, v) for v in visible):
+                continue
+            if (
+                image.kind == "host"
+                and any(_under(secret, t) for t in PRIVATE_TMP)
+                and not any(_under(secret, w) for w in writable)
+            ):
+                continue  # already hidden by the private /tmp
+            if kind == "dir":
+                mounts.append(
+                    {
+                        "destination": secret,
+                        "type": "tmpfs",
+                        "source": "tmpfs",
+                        "options": ["ro", "nosuid", "nodev", "mode=700"],
+                    }
+                )
+            else:
+                mounts.append(
+                    {
+                        "destination": secret,
+                        "type": "bind",
+                        "source": "/dev/null",
+                        "options": ["rbind", "ro"],
+                    }
+                )
+        if image.kind == "host":
+            for carve in fs.allow_read:
+                if facts.kind(carve) != "missing":
+                    mounts.append(
+                        {
+                            "destination": carve,
+                            "type": "bind",
+                            "source": carve,
+                            "options": ["rbind", "ro"],
+                        }
+                    )
+
+        # --- limits: runsc moves its Sentry and Gofer into a cgroup of its own,
+        # so they go into the spec (linux.resources), not around the runsc process
+        resources: dict[str, object] = {}
+        if res.memory is not None or res.pids is not None or res.cpus is not None:
+            if facts.cgroup_problem is not None:
+                for rule, value in (
+                    ("resources.memory", res.memory),
+                    ("resources.pids", res.pids),
+                    ("resources.cpus", res.cpus),
+                ):
+                    if value is not None:
+                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
+            else:
+                if res.memory is not None:
+                    resources["memory"] = {"limit": res.memory, "swap": res.memory}
+                if res.pids is not None:
+                    resources["pids"] = {"limit": res.pids + PIDS_HEADROOM}
+                if res.cpus is not None:
+                    resources["cpu"] = {"quota": int(res.cpus * 100_000), "period": 100_000}
+        env = sandbox_env(request, policy, facts.environ)
+        spec = oci_spec(
+            argv=request.argv,
+            env=env,
+            cwd=cwd,
+            uid=facts.uid,
+            gid=facts.gid,
+            root=root,
+            mounts=mounts,
+            cpu_time=res.cpu_time,
+            network_namespace=net.mode != "open",
+            resources=resources,
+            cgroups_path=f"/corral/{request.sandbox_id}",
+        )
+        state = str(facts.detail("state"))
+        bundle = os.path.join(state, "bundles", request.sandbox_id)
+        fds = [FdSpec(number=FD_STATUS, kind="status")]
+        helper = [facts.helper, "--status-fd", str(FD_STATUS), "--setsid", "--die-with-parent", "0"]
+        runsc = [
+            str(facts.detail("runsc")),
+            "--root",
+            os.path.join(state, "runsc"),
+            f"--network={'host' if net.mode == 'open' else 'none'}",
+            f"--platform={self.platform(facts)}",
+            "run",
+            "--bundle",
+            bundle,
+            request.sandbox_id,
+        ]
+        return LaunchPlan(
+            backend=self.name,
+            sandbox_id=request.sandbox_id,
+            argv=(*helper, "--", *runsc),
+            env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),),
+            cwd="/",
+            fds=tuple(fds),
+            timeout=request.timeout if request.timeout is not None else res.timeout,
+            kill_grace=res.kill_grace,
+            output_limit=res.output,
+            degraded=degrade.recorded,
+            display_argv=redact(request.argv),
+            files=((os.path.join(bundle, "config.json"), json.dumps(spec, indent=1).encode()),),
+        )
+
+    def launch(
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
+    ) -> Outcome:
+        """Write the bundle, run runsc, then delete the sandbox's state and the bundle."""
+        import shutil
+
+        runsc_argv = plan.argv[plan.argv.index("--") + 1 :]
+        root = runsc_argv[runsc_argv.index("--root") + 1]
+        for path, data in plan.files:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        if stdio is not None and any(not _is_pipe_or_tty(fd) for fd in stdio[1:]):
+            stdio = None  # runsc garbles regular files as stdout: let the engine pipe
+        try:
+            return super().launch(
+                plan,
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+            )
+        finally:
+            import subprocess
+
+            subprocess.run(
+                [runsc_argv[0], "--root", root, "delete", "-force", plan.sandbox_id],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                check=False,
+                timeout=60,
+            )
+            for path, _data in plan.files:
+                shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def _is_pipe_or_tty(fd: int) -> bool:
+    import stat
+
+    mode = os.fstat(fd).st_mode
+    return stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)

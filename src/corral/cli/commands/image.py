@@ -1,0 +1,124 @@
+"""``corral image build NAME``: a reproducible Debian image from apt, without a registry.
+
+Also ``corral image list`` (the builds in the cache). See :mod:`corral.images`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..._exceptions import CorralError
+from ...policy._keys import KEYS, LOOSENS, STRINGS, Key
+from .. import EXIT_USAGE, print_error
+
+__all__ = ["IMAGE_PACKAGES", "main"]
+
+#: The settings key for extra packages, read by this command only (see the
+#: docs: a settings file that ``corral run`` also reads cannot hold it until
+#: the row joins ``INTEGRATION_KEYS``; use ``--settings`` files for images).
+IMAGE_PACKAGES = Key(
+    path="integrations.image.packages",
+    kind=STRINGS,
+    tighten=LOOSENS,
+    description="Extra apt packages that `corral image build` installs on top of the preset.",
+)
+
+
+def _engines(environ: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
+    """Container engines that work here, to import the image into."""
+    from ...backends._container import find_program
+    from ...backends.docker import DockerBackend
+    from ...backends.podman import podman_config
+
+    engines: list[tuple[str, list[str], dict[str, str]]] = []
+    base = {
+        k: v for k, v in environ.items() if k in ("PATH", "HOME", "XDG_RUNTIME_DIR", "DOCKER_HOST")
+    }
+    podman = find_program("podman", environ)
+    if podman:
+        engines.append(("podman", [podman], {**base, "CONTAINERS_CONF": podman_config(environ)}))
+    docker = find_program("docker", environ)
+    if docker and DockerBackend().engine_problem(environ) is None:
+        engines.append(("docker", [docker], base))
+    return engines
+
+
+def main(args: list[str]) -> int:
+    """Entry point."""
+    from ...images import PRESETS
+
+    parser = argparse.ArgumentParser(prog="corral image", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="action", required=True)
+    build = sub.add_parser("build", help="build (or reuse) an image")
+    build.add_argument("name", help=f"a preset ({', '.join(PRESETS)}) or a name of your own")
+    build.add_argument(
+        "-p", "--package", action="append", default=[], help="extra apt package (repeatable)"
+    )
+    build.add_argument("--suite", help="Debian suite (default: the host's)")
+    build.add_argument("--mirror", help="Debian mirror (default: the host's apt source)")
+    build.add_argument("--no-import", action="store_true", help="do not import into podman/docker")
+    build.add_argument(
+        "--rebuild", action="store_true", help="ignore a cached build with the same inputs"
+    )
+    build.add_argument("--settings", action="append", default=[], metavar="FILE",
+                       help="an extra settings file (e.g. with integrations.image.packages)")
+    sub.add_parser("list", help="list the builds in the cache")
+    try:
+        ns = parser.parse_args(args)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else EXIT_USAGE
+    environ = dict(os.environ)
+    if ns.action == "list":
+        from ...images import cache_root, find_built
+
+        root = cache_root(environ)
+        names = (
+            sorted(n[:-5] for n in os.listdir(root) if n.endswith(".json"))
+            if os.path.isdir(root)
+            else []
+        )
+        for name in names:
+            image = find_built(name, environ)
+            if image is not None:
+                engines = ", ".join(ref for _e, ref in image.engines) or "not imported"
+                sys.stdout.write(f"{name}\t{image.key}\t{image.directory}\t{engines}\n")
+        return 0
+    from ...images import build_image
+    from ...policy import load_settings
+
+    try:
+        settings = load_settings(environ=environ, settings_files=ns.settings, keys=KEYS.extended([IMAGE_PACKAGES]))
+        extra = [*settings.integrations.get("image.packages", ()), *ns.package]
+        tty = sys.stderr.isatty()
+
+        def progress(line: str) -> None:
+            sys.stderr.write(
+                ("\r\x1b[K" if tty else "")
+                + f"corral: image {ns.name}: {line}"
+                + ("" if tty else "\n")
+            )
+            sys.stderr.flush()
+
+        image = build_image(
+            ns.name,
+            packages=extra,
+            suite=ns.suite,
+            mirror=ns.mirror,
+            engines=[] if ns.no_import else _engines(environ),
+            progress=progress,
+            environ=environ,
+            rebuild=ns.rebuild,
+        )
+        if tty:
+            sys.stderr.write("\n")
+    except CorralError as exc:
+        print_error(exc.message, exc.hint)
+        return EXIT_USAGE
+    sys.stdout.write(
+        f"image:   corral:{image.name}\nrootfs:  {image.rootfs}\noci:     {image.oci_layout}\n"
+    )
+    for engine, ref in image.engines:
+        sys.stdout.write(f"{engine}:  {ref}\n")
+    return 0

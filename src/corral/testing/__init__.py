@@ -1,0 +1,1 @@
+"""Testing support: the conformance checks (:mod:`.conformance`) and their probe programs."""

@@ -1,0 +1,288 @@
+"""Real images, real engines: corral image build, files owned by the user, sessions, routing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+CORRAL = [sys.executable, "-m", "corral"]
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="mmdebstrap --mode=root, rootful podman and runsc need root"
+)
+needs_build = pytest.mark.skipif(
+    shutil.which("mmdebstrap") is None, reason="mmdebstrap is not installed"
+)
+needs_podman = pytest.mark.skipif(shutil.which("podman") is None, reason="podman is not installed")
+needs_runsc = pytest.mark.skipif(
+    shutil.which("runsc") is None, reason="runsc (gVisor) is not installed"
+)
+
+
+def _run(
+    *args: str, cwd: str, settings: dict[str, object] | None = None
+) -> subprocess.CompletedProcess[str]:
+    extra: list[str] = []
+    if settings is not None:
+        path = os.path.join(cwd, ".test-settings.json")
+        with open(path, "w") as f:
+            json.dump(settings, f)
+        extra = ["--settings", path]
+    return subprocess.run(
+        [*CORRAL, "run", "--workspace", cwd, *extra, "--", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+
+
+@pytest.fixture(scope="module")
+def built_python() -> str:
+    """`corral image build python` through the CLI (offline from apt only; reused from the cache)."""
+    if os.geteuid() != 0 or shutil.which("mmdebstrap") is None:
+        pytest.skip("needs root and mmdebstrap")
+    result = subprocess.run(
+        [*CORRAL, "image", "build", "python"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    if result.returncode != 0 and "mmdebstrap exited" in result.stderr:
+        pytest.skip(f"the Debian mirror is unreachable: {result.stderr.strip()[-300:]}")
+    assert result.returncode == 0, result.stderr
+    assert "image:   corral:python" in result.stdout
+    rootfs = result.stdout.split("rootfs:")[1].split()[0]
+    assert os.path.isfile(os.path.join(rootfs, "usr", "bin", "python3"))
+    layout = result.stdout.split("oci:")[1].split()[0]
+    with open(os.path.join(layout, "index.json")) as f:
+        assert json.load(f)["manifests"][0]["mediaType"].endswith("manifest.v1+json")
+    return rootfs
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_built_image_runs_python_under_podman(built_python: str, tmp_path: object) -> None:
+    result = _run(
+        "python3",
+        "-c",
+        "print(1)",
+        cwd=str(tmp_path),
+        settings={"backend": "podman", "image": "corral:python"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "1"
+
+
+@needs_root
+@needs_build
+@needs_runsc
+def test_built_image_runs_python_under_gvisor(built_python: str, tmp_path: object) -> None:
+    settings = {
+        "backend": "gvisor",
+        "isolation": "kernel",
+        "image": "corral:python",
+        "allowDegraded": ["filesystem.protect"],
+    }
+    result = _run(
+        "python3", "-c", "import sys; print(1, sys.prefix)", cwd=str(tmp_path), settings=settings
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[0] == "1"
+    assert "/usr" in result.stdout  # the image's interpreter, not the host's pyenv
+
+
+@needs_root
+@needs_build
+@needs_podman
+@pytest.mark.parametrize("broker", [True, False], ids=["through-the-broker", "direct"])
+def test_files_written_by_a_container_belong_to_the_invoking_user(
+    built_python: str, tmp_path: object, broker: bool
+) -> None:
+    settings: dict[str, object] = {"backend": "podman", "image": "corral:python"}
+    if not broker:
+        settings["filesystem"] = {"protect": ["!" + p for p in _default_protect()]}
+    result = _run(
+        "/bin/sh",
+        "-c",
+        "mkdir -p out && echo hi > out/made.txt && id -u",
+        cwd=str(tmp_path),
+        settings=settings,
+    )
+    assert result.returncode == 0, result.stderr
+    made = os.path.join(str(tmp_path), "out", "made.txt")
+    assert os.stat(made).st_uid == os.getuid()
+    assert os.stat(made).st_gid == os.getgid()
+    assert os.stat(os.path.dirname(made)).st_uid == os.getuid()
+    assert result.stdout.strip() == str(os.getuid())
+
+
+def _default_protect() -> list[str]:
+    from corral.policy._defaults import PROTECTED_PATTERNS
+
+    return [p for p, _ in PROTECTED_PATTERNS]
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_session_starts_once_and_execs_many(built_python: str, tmp_path: object) -> None:
+    from corral._request import ExecRequest, new_sandbox_id
+    from corral.backends import get_backend, inspect_host
+    from corral.policy import load_settings
+
+    ws = str(tmp_path)
+    policy = load_settings(
+        cwd=ws, workspace=ws, flags={"backend": "podman", "image": "corral:python"}
+    ).policy
+    backend = get_backend("podman")
+    request = ExecRequest.from_argv(["true"], cwd=ws)
+    facts, _ = inspect_host(backend, request, policy, dict(os.environ))
+    session = backend.open_session(policy, facts, new_sandbox_id())  # type: ignore[attr-defined]
+    engine = str(facts.detail("engine"))
+    env = backend.engine_env(facts)  # type: ignore[attr-defined]
+    try:
+        first = session.exec(
+            ExecRequest.from_argv(["/bin/sh", "-c", "echo one > state.txt; echo $$"], cwd=ws)
+        )
+        second = session.exec(ExecRequest.from_argv(["cat", "state.txt"], cwd=ws))
+        blocked = session.exec(ExecRequest.from_argv(["/bin/sh", "-c", "echo x > .bashrc"], cwd=ws))
+        assert first.returncode == 0
+        assert second.text("stdout").strip() == "one"
+        assert blocked.returncode != 0
+        assert blocked.violations
+        slow = session.exec(ExecRequest.from_argv(["sleep", "60"], cwd=ws, timeout=1.0))
+        assert slow.timed_out
+        assert slow.returncode == 124
+        alive = subprocess.run(
+            [engine, "inspect", "-f", "{{.State.Running}}", session.name],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert alive.stdout.strip() == "true"  # the session survives a timed-out command
+    finally:
+        session.close()
+    gone = subprocess.run([engine, "container", "exists", session.name], env=env, check=False)
+    assert gone.returncode != 0  # removed on close
+
+
+@needs_root
+@needs_runsc
+def test_rules_route_matching_commands_to_another_backend(tmp_path: object) -> None:
+    settings = {
+        "rules": [
+            {
+                "match": "pytest*",
+                "backend": "gvisor",
+                "isolation": "kernel",
+                "allowDegraded": ["filesystem.protect"],
+            }
+        ]
+    }
+    ws = str(tmp_path)
+    out = os.path.join(ws, "outcome.json")
+    with open(os.path.join(ws, "pytest"), "w") as f:
+        f.write("#!/bin/sh\necho routed\n")
+    os.chmod(os.path.join(ws, "pytest"), 0o755)
+    path = os.path.join(ws, ".routing.json")
+    with open(path, "w") as f:
+        json.dump(settings, f)
+    routed = subprocess.run(
+        [
+            *CORRAL,
+            "run",
+            "--workspace",
+            ws,
+            "--settings",
+            path,
+            "--json-out",
+            out,
+            "--",
+            "./pytest",
+            "-q",
+        ],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
+    assert routed.returncode == 0, routed.stderr
+    with open(out) as f:
+        first = json.load(f)["backend"]
+    settings["rules"][0]["match"] = "./pytest*"  # type: ignore[index]
+    with open(path, "w") as f:
+        json.dump(settings, f)
+    subprocess.run(
+        [
+            *CORRAL,
+            "run",
+            "--workspace",
+            ws,
+            "--settings",
+            path,
+            "--json-out",
+            out,
+            "--",
+            "./pytest",
+            "-q",
+        ],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    with open(out) as f:
+        second = json.load(f)["backend"]
+    assert (first, second) == ("bubblewrap", "gvisor")
+
+
+def test_auto_picks_the_cheapest_backend_meeting_the_isolation_minimum(tmp_path: object) -> None:
+    from corral._request import ExecRequest
+    from corral._runner import prepare
+    from corral.backends import BACKENDS, get_backend
+    from corral.policy import Policy
+
+    ws = str(tmp_path)
+    base = Policy.for_workspace(ws, home=str(tmp_path))
+    picked = {}
+    for level in ("process", "namespace", "kernel"):
+        try:
+            prepared = prepare(
+                ExecRequest.from_argv(["true"], cwd=ws),
+                base.replace(isolation=level, allow_degraded=frozenset({"filesystem.protect"})),
+                environ=dict(os.environ),
+            )
+        except Exception as exc:
+            picked[level] = type(exc).__name__
+            continue
+        picked[level] = prepared.backend.name
+        levels = ("none", "process", "namespace", "kernel", "vm")
+        chosen = prepared.backend
+        assert levels.index(chosen.isolation) >= levels.index(level)
+        cheaper = [
+            get_backend(n)
+            for n in BACKENDS
+            if get_backend(n).cost_ms < chosen.cost_ms
+            and not get_backend(n).explicit_only
+            and levels.index(get_backend(n).isolation) >= levels.index(level)
+        ]
+        for other in cheaper:  # every cheaper candidate must be unusable here
+            from corral.backends import inspect_host
+
+            facts, _ = inspect_host(
+                other, ExecRequest.from_argv(["true"], cwd=ws), base, dict(os.environ)
+            )
+            assert other.problem(facts) is not None, (level, other.name)
+    assert picked["namespace"] in ("bubblewrap", "podman", "docker")

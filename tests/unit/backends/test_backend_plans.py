@@ -1,0 +1,155 @@
+"""Whole-plan checks of the new backends (pure: facts are built by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from corral._exceptions import EnforcementUnavailable, UsageError
+from corral._request import ExecRequest
+from corral.backends import HostFacts, get_backend
+from corral.backends._image_ref import ImageRef
+from corral.policy import Policy
+
+WS = "/work/proj"
+
+
+def _facts(**details: object) -> HostFacts:
+    return HostFacts(
+        uid=1000,
+        gid=1000,
+        home="/home/me",
+        arch="x86_64",
+        helper="/opt/corral-exec",
+        landlock_abi=7,
+        path_kinds=((WS, "dir"),),
+        environ=(("PATH", "/usr/bin:/bin"), ("SECRET", "x")),
+        details=tuple(sorted(details.items())),
+    )
+
+
+def _policy(**changes: object) -> Policy:
+    return Policy.for_workspace(WS, home="/home/me").replace(**changes)
+
+
+def _request() -> ExecRequest:
+    return ExecRequest.from_argv(["make", "test"], cwd=WS, sandbox_id="sbx-1")
+
+
+def test_landlock_plan_applies_everything_in_the_helper() -> None:
+    facts = _facts(
+        listings=(
+            ("/", (("etc", "dir"), ("home", "dir"), ("tmp", "dir"), ("work", "dir"))),
+            ("/home", (("me", "dir"),)),
+            ("/home/me", ((".ssh", "dir"), ("src", "dir"))),
+        )
+    )
+    plan = get_backend("landlock").plan(_request(), _policy(isolation="process"), facts)
+    argv = list(plan.argv)
+    assert argv[0] == "/opt/corral-exec"
+    assert argv[-3:] == ["--", "make", "test"]
+    for flag in ("--drop-caps", "--setsid", "--landlock-fd", "--seccomp-fd", "--notify-fd"):
+        assert flag in argv
+    assert dict(plan.env)["TMPDIR"] == "/tmp/corral-sbx-1"
+    assert "SECRET" not in dict(plan.env)
+    assert plan.broker is not None
+    assert plan.broker.confine_metadata
+    assert plan.broker.open_roots == ("/tmp/corral-sbx-1",)
+    spec = plan.fd("data")
+    assert spec is not None
+    assert b"/home/me/src\0" in spec.data
+    assert b"/home/me/.ssh\0" not in spec.data
+
+
+def test_landlock_refuses_a_host_allowlist() -> None:
+    policy = _policy(isolation="process")
+    policy = policy.replace(network=policy.network.replace(mode="allowlist", allow=("pypi.org",)))
+    with pytest.raises(EnforcementUnavailable, match="by port, not by host") as info:
+        get_backend("landlock").plan(_request(), policy, _facts(listings=()))
+    assert info.value.rule == "network.mode"
+
+
+def test_gvisor_refuses_protected_paths_unless_degraded() -> None:
+    facts = _facts(
+        runsc="/usr/bin/runsc", runsc_version=20221219, image=ImageRef(kind="host"), state="/s"
+    )
+    facts = facts.replace(uid=0, gid=0)
+    with pytest.raises(EnforcementUnavailable) as info:
+        get_backend("gvisor").plan(_request(), _policy(isolation="kernel"), facts)
+    assert info.value.rule == "filesystem.protect"
+    plan = get_backend("gvisor").plan(
+        _request(),
+        _policy(isolation="kernel", allow_degraded=frozenset({"filesystem.protect"})),
+        facts,
+    )
+    assert plan.degraded == ("filesystem.protect",)
+    assert "--network=none" in plan.argv
+    assert "--platform=ptrace" in plan.argv
+    assert plan.files
+    assert plan.files[0][0] == "/s/bundles/sbx-1/config.json"
+
+
+def test_podman_plan_keeps_secrets_off_the_command_line() -> None:
+    facts = _facts(
+        engine="/usr/bin/podman",
+        engine_problem=None,
+        containers_conf="/c.conf",
+        image=ImageRef(
+            kind="corral",
+            value="corral:python",
+            rootfs="/r",
+            engine_ref="localhost/corral-python:k",
+        ),
+    )
+    policy = _policy(env=_policy().env.replace(set=(("API_TOKEN", "s3cret"),)))
+    plan = get_backend("podman").plan(_request(), policy, facts)
+    assert not any("s3cret" in word for word in plan.argv)
+    env_file = next(f for f in plan.fds if f.number == 9)
+    assert b"API_TOKEN=s3cret\n" in env_file.data
+    for flag in (
+        "--network=none",
+        "--cap-drop=ALL",
+        "--security-opt=no-new-privileges",
+        "--read-only",
+        "--user",
+        "--preserve-fds",
+    ):
+        assert flag in plan.argv
+    assert f"{WS}:{WS}:ro" in plan.argv  # the broker writes; the container sees it read-only
+    assert dict(plan.env)["CONTAINERS_CONF"] == "/c.conf"
+
+
+def test_container_backends_need_an_image() -> None:
+    facts = _facts(engine="/usr/bin/podman", engine_problem=None, image=ImageRef(kind="host"))
+    with pytest.raises(UsageError, match="'image' setting is empty"):
+        get_backend("podman").plan(_request(), _policy(), facts)
+
+
+def test_docker_refuses_what_it_cannot_pass_into_the_container() -> None:
+    facts = _facts(
+        engine="/usr/bin/docker",
+        engine_problem=None,
+        image=ImageRef(kind="ref", value="debian", engine_ref="debian"),
+    )
+    with pytest.raises(EnforcementUnavailable) as info:
+        get_backend("docker").plan(_request(), _policy(), facts)
+    assert info.value.rule == "filesystem.protect"
+    policy = _policy(allow_degraded=frozenset({"filesystem.protect", "network.allowUnixSockets"}))
+    plan = get_backend("docker").plan(_request(), policy, facts)
+    assert set(plan.degraded) == {"filesystem.protect", "network.allowUnixSockets"}
+    assert f"{WS}:{WS}:rw" in plan.argv
+
+
+def test_seatbelt_is_unavailable_off_macos_with_the_reason() -> None:
+    facts = _facts(platform="linux", sandbox_exec=False)
+    assert "macOS only" in str(get_backend("seatbelt").problem(facts))
+    plan = get_backend("seatbelt").plan_profile(
+        _request(),
+        _policy(
+            resources=_policy().resources.replace(  # type: ignore[attr-defined]
+                memory=None, pids=None
+            )
+        ),
+        facts,
+    )
+    assert plan.argv[0] == "/usr/bin/sandbox-exec"
+    assert plan.argv[-2:] == ("make", "test")
