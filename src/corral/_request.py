@@ -90,6 +90,9 @@ class ExecRequest(Record):
             it gets a private pseudo-terminal as controlling terminal.
         sandbox_id: the id of the sandbox this runs in.
         agent_session: the agent's session id (e.g. Claude Code's), for audit.
+        tmp_dir: a host directory mounted as the sandbox's ``/tmp`` (an SDK
+            session's private TMPDIR, kept across commands); ``None``: a
+            fresh, empty tmpfs for this command.
     """
 
     argv: tuple[str, ...]
@@ -103,6 +106,7 @@ class ExecRequest(Record):
     tty: bool = False
     sandbox_id: str = ""
     agent_session: str | None = None
+    tmp_dir: str | None = None
 
     @classmethod
     def from_argv(

@@ -72,11 +72,14 @@ class UnsandboxedBackend(Backend):
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
         if request.tty:
             helper.append("--ctty")
+        env = sandbox_env(request, policy, facts.environ)
+        if request.tmp_dir is not None:  # no mounts here: point TMPDIR at the session's directory
+            env = tuple((name, request.tmp_dir if name == "TMPDIR" else value) for name, value in env)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
             argv=(*helper, "--", *request.argv),
-            env=sandbox_env(request, policy, facts.environ),
+            env=env,
             cwd=cwd,
             fds=tuple(fds),
             cgroup=cgroup,
