@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from corral.policy import KEYS, Key, find_workspace, load_settings, policy_digest
+from corral.policy import Key, find_workspace, load_settings, policy_digest
 from corral.policy import _keys as k
 
 from .conftest import SettingsWorld
