@@ -114,7 +114,16 @@ def loads(text: str | bytes) -> Any:
     if _scanner is None:  # pragma: no cover
         return _loads_stdlib(text)
     try:
-        value, stop = _scanner(text, start)
+        try:
+            value, stop = _scanner(text, start)
+        except SystemError:
+            # The C scanner reports some errors (an unterminated string, a bad
+            # object key) through json.decoder.JSONDecodeError, which it looks
+            # up in sys.modules only: without it, it fails with SystemError.
+            # Malformed input is the rare path, so import it now and rescan.
+            import json.decoder  # noqa: F401
+
+            value, stop = _scanner(text, start)
     except StopIteration as exc:
         raise JSONError("expected a JSON value", text, exc.value) from None
     except ValueError as exc:

@@ -141,12 +141,15 @@ class ExecRequest(Record):
         capture: bool = True,
         sandbox_id: str | None = None,
         agent_session: str | None = None,
+        shell: str = "/bin/sh",
     ) -> ExecRequest:
-        """Build a request that runs *command* with ``/bin/sh -c`` inside the sandbox."""
+        """Build a request that runs *command* with ``shell -c`` (``/bin/sh``) in the sandbox."""
         if not isinstance(command, str) or not command.strip():
             raise InvalidRequest("Failed to build the request: the shell command is empty")
+        if not shell:
+            raise InvalidRequest("Failed to build the request: the shell program is empty")
         return cls._build(
-            ("/bin/sh", "-c", command), command, cwd, env, stdin, timeout, capture, sandbox_id,
+            (shell, "-c", command), command, cwd, env, stdin, timeout, capture, sandbox_id,
             agent_session,
         )
 

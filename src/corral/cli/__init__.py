@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("corral.cli.commands.doctor", "what works on this machine, and how to fix what doesn't"),
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
+    "hook": ("corral.cli.commands.hook", "Claude Code hook entry (PreToolUse JSON on stdin)"),
+    "install": ("corral.cli.commands.install", "install the Claude Code hook into settings.json"),
+    "wrap-plugin": ("corral.cli.commands.wrap_plugin", "run another plugin's hooks and MCP servers in corral"),
+    "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
 }
 
 USAGE = """usage: corral COMMAND [OPTIONS] ...
