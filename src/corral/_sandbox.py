@@ -567,6 +567,7 @@ class AsyncSandbox(BaseSandbox):
 
     async def _run(self, request: ExecRequest) -> Outcome:
         import asyncio
+        import time
 
         cancellation = _Cancellation()
         loop = asyncio.get_running_loop()
@@ -582,7 +583,9 @@ class AsyncSandbox(BaseSandbox):
                     try:
                         await asyncio.shield(future)
                     except asyncio.CancelledError:
-                        continue
+                        # anyio's cancel scopes re-deliver the cancellation at every
+                        # await; wait a little without spinning (bounded by killGrace)
+                        time.sleep(0.005)
                     except BaseException:
                         break
                 raise
@@ -734,9 +737,12 @@ class AsyncSandbox(BaseSandbox):
         running = list(self._active.items())
         for cancellation, _future in running:
             cancellation.cancel()
-        if running:
-            await asyncio.gather(*(future for _, future in running), return_exceptions=True)
-        self._finish_close()
+        try:
+            if running:
+                waiting = asyncio.gather(*(f for _, f in running), return_exceptions=True)
+                await asyncio.shield(waiting)
+        finally:
+            self._finish_close()  # even when the wait itself is cancelled
 
 
 class Sandbox(BaseSandbox):
