@@ -15,10 +15,10 @@ malformed is refused with the reason; nothing is changed.
 
 from __future__ import annotations
 
-import json
 import os
 
 from .._exceptions import UsageError
+from ._jsonfile import load_object, save
 from ._shell import join
 from .claude_code_hook import TOOLS
 
@@ -54,52 +54,13 @@ def is_corral_hook(hook: object) -> bool:
 
 
 def _load(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
-        return {}
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read it: {exc.strerror}") from None
-    if not text.strip():
-        return {}
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
-            hint="fix the file first; nothing was changed",
-        ) from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: the settings are not a JSON object", hint="nothing was changed")
+    data = load_object(path)
     hooks = data.get("hooks")
     if hooks is not None and not isinstance(hooks, dict):
         raise UsageError(f"{path}: 'hooks' is not an object", hint="nothing was changed")
     if isinstance(hooks, dict) and not isinstance(hooks.get("PreToolUse", []), list):
         raise UsageError(f"{path}: 'hooks.PreToolUse' is not a list", hint="nothing was changed")
     return data
-
-
-def _save(path: str, data: dict[str, Any]) -> None:
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    try:
-        mode = os.stat(path).st_mode & 0o7777
-    except FileNotFoundError:
-        mode = 0o644
-    tmp = f"{path}.corral-{os.getpid()}.tmp"
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _ours(group: object) -> bool:
@@ -131,7 +92,7 @@ def install_hook(path: str, command: str) -> bool:
             del groups[i]
     else:
         groups.append(group)
-    _save(path, data)
+    save(path, data)
     return True
 
 
@@ -166,5 +127,5 @@ def uninstall_hook(path: str) -> bool:
         del hooks["PreToolUse"]
         if not hooks:
             del data["hooks"]
-    _save(path, data)
+    save(path, data)
     return True
