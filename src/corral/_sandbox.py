@@ -585,7 +585,7 @@ class AsyncSandbox(BaseSandbox):
                     except asyncio.CancelledError:
                         # anyio's cancel scopes re-deliver the cancellation at every
                         # await; wait a little without spinning (bounded by killGrace)
-                        time.sleep(0.005)
+                        time.sleep(0.005)  # noqa: ASYNC251 - deliberate: see the comment above
                     except BaseException:
                         break
                 raise

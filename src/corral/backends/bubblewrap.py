@@ -189,8 +189,8 @@ class BubblewrapBackend(Backend):
             if tmp == "/tmp" and request.tmp_dir is not None:
                 # a session's private TMPDIR, kept across its commands
                 if facts.kind(request.tmp_dir) != "dir":
-                    raise UsageError(f"Failed to use the session directory {request.tmp_dir} as /tmp: "
-                                     "it is not an existing directory")
+                    raise UsageError(f"Failed to use the session directory {request.tmp_dir} "
+                                     "as /tmp: it is not an existing directory")
                 args += ["--bind", request.tmp_dir, tmp]
             else:
                 args += ["--tmpfs", tmp]

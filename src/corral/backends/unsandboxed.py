@@ -74,7 +74,7 @@ class UnsandboxedBackend(Backend):
             helper.append("--ctty")
         env = sandbox_env(request, policy, facts.environ)
         if request.tmp_dir is not None:  # no mounts here: point TMPDIR at the session's directory
-            env = tuple((name, request.tmp_dir if name == "TMPDIR" else value) for name, value in env)
+            env = tuple((n, request.tmp_dir if n == "TMPDIR" else v) for n, v in env)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
