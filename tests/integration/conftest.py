@@ -76,7 +76,7 @@ class World:
             return [json.loads(line) for line in f if line.strip()]
 
 
-def test_root() -> str:
+def worlds_root() -> str:
     """Where worlds are made: *not* under /tmp, which every sandbox replaces with its own.
 
     A workspace, secret or victim file under /tmp would be invisible inside
@@ -93,7 +93,7 @@ def test_root() -> str:
 def world() -> Iterator[World]:
     import tempfile
 
-    root = tempfile.mkdtemp(prefix="world-", dir=test_root())
+    root = tempfile.mkdtemp(prefix="world-", dir=worlds_root())
     try:
         yield World(root)
     finally:
