@@ -45,25 +45,30 @@ class World:
         self.home = os.path.join(root, "home")
         self.workspace = os.path.join(root, "ws")
         self.outside = os.path.join(root, "outside")
-        for directory in (self.home, self.outside, os.path.join(self.workspace, ".git", "hooks")):
+        for directory in (self.home, self.outside, os.path.join(self.workspace, ".git")):
             os.makedirs(directory)
         self.write(os.path.join(self.home, ".ssh", "id_ed25519"), SSH_KEY)
+        self.write(os.path.join(self.home, ".ssh", "id_rsa"), "SECRET-KEY\n")
         self.write(os.path.join(self.home, ".aws", "credentials"), AWS_CREDENTIALS)
         self.write(os.path.join(self.home, ".bashrc"), "# home bashrc\n")
         self.write(os.path.join(self.outside, "target.txt"), "outside original\n")
-        self.write(os.path.join(self.workspace, ".git", "config"), "[core]\n\tbare = false\n")
-        self.write(os.path.join(self.workspace, ".git", "hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-        self.write(os.path.join(self.workspace, ".bashrc"), "# workspace bashrc\n")
+        self.write(os.path.join(self.outside, "victim.txt"), "original\n")
         self.write(os.path.join(self.workspace, "README"), "hello\n")
         self.environ: dict[str, str] = {
             "HOME": self.home,
-            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "LANG": "C.UTF-8",
             "SECRET_TOKEN": SECRET_ENV_VALUE,
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         if "CORRAL_BWRAP" in os.environ:
             self.environ["CORRAL_BWRAP"] = os.environ["CORRAL_BWRAP"]
+
+    def seed_persistence_points(self) -> None:
+        """Existing persistence points in the workspace: .git/config, a hook, .bashrc."""
+        self.write(os.path.join(self.workspace, ".git", "config"), "[core]\n\tbare = false\n")
+        self.write(os.path.join(self.workspace, ".git", "hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+        self.write(os.path.join(self.workspace, ".bashrc"), "# workspace bashrc\n")
 
     @staticmethod
     def write(path: str, content: str | bytes) -> str:
@@ -83,6 +88,25 @@ class World:
     @property
     def state_dir(self) -> str:
         return os.path.join(self.home, ".local", "state", "corral")
+
+    @property
+    def secret(self) -> str:
+        """A private key that must never be readable inside a sandbox."""
+        return os.path.join(self.home, ".ssh", "id_rsa")
+
+    @property
+    def victim(self) -> str:
+        """A file outside the workspace that must never change."""
+        return os.path.join(self.outside, "victim.txt")
+
+    def audit_records(self) -> list[dict[str, object]]:
+        import json
+
+        path = os.path.join(self.state_dir, "audit.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path, encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
 
     def corral(self, *args: str, cwd: str | None = None, input: bytes | None = None,
                env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:

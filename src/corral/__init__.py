@@ -35,8 +35,10 @@ if TYPE_CHECKING:
         SettingsError,
         UsageError,
     )
+    from ._api import arun, run
     from ._outcome import NetworkAttempt, Outcome, Violation
     from ._request import ExecRequest
+    from ._sandbox import AsyncSandbox, FileInfo, Sandbox
     from .policy import (
         Credential,
         EnvPolicy,
@@ -66,6 +68,11 @@ _LAZY = {
     "Outcome": "._outcome",
     "Violation": "._outcome",
     "ExecRequest": "._request",
+    "AsyncSandbox": "._sandbox",
+    "FileInfo": "._sandbox",
+    "Sandbox": "._sandbox",
+    "arun": "._api",
+    "run": "._api",
     "Credential": ".policy",
     "EnvPolicy": ".policy",
     "FilesystemPolicy": ".policy",
@@ -76,6 +83,7 @@ _LAZY = {
 
 __all__ = [
     "ApplyConflict",
+    "AsyncSandbox",
     "BackendUnavailable",
     "BrokerFailed",
     "CommandFailed",
@@ -84,6 +92,7 @@ __all__ = [
     "EnforcementUnavailable",
     "EnvPolicy",
     "ExecRequest",
+    "FileInfo",
     "FilesystemPolicy",
     "InvalidRequest",
     "LaunchFailed",
@@ -95,12 +104,15 @@ __all__ = [
     "PreviewError",
     "ProxyStartFailed",
     "ResourceLimits",
+    "Sandbox",
     "SandboxError",
     "SessionClosed",
     "SettingsError",
     "UsageError",
     "Violation",
     "__version__",
+    "arun",
+    "run",
 ]
 
 

@@ -235,7 +235,8 @@ class Running:
 
                 sweep(self._layout)
                 self._cgroup = Cgroup.create(
-                    self._layout, f"corral-{os.getpid()}-{plan.sandbox_id}",
+                    # several commands of one session may run at once: one group each
+                    self._layout, f"corral-{os.getpid()}-{plan.sandbox_id}-{self.pid}",
                     memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer,
                 )
         elif self._prestaged is not None:

@@ -90,6 +90,9 @@ class ExecRequest(Record):
             it gets a private pseudo-terminal as controlling terminal.
         sandbox_id: the id of the sandbox this runs in.
         agent_session: the agent's session id (e.g. Claude Code's), for audit.
+        tmp_dir: a host directory mounted as the sandbox's ``/tmp`` (an SDK
+            session's private TMPDIR, kept across commands); ``None``: a
+            fresh, empty tmpfs for this command.
     """
 
     argv: tuple[str, ...]
@@ -103,6 +106,7 @@ class ExecRequest(Record):
     tty: bool = False
     sandbox_id: str = ""
     agent_session: str | None = None
+    tmp_dir: str | None = None
 
     @classmethod
     def from_argv(
@@ -137,12 +141,15 @@ class ExecRequest(Record):
         capture: bool = True,
         sandbox_id: str | None = None,
         agent_session: str | None = None,
+        shell: str = "/bin/sh",
     ) -> ExecRequest:
-        """Build a request that runs *command* with ``/bin/sh -c`` inside the sandbox."""
+        """Build a request that runs *command* with ``shell -c`` (``/bin/sh``) in the sandbox."""
         if not isinstance(command, str) or not command.strip():
             raise InvalidRequest("Failed to build the request: the shell command is empty")
+        if not shell:
+            raise InvalidRequest("Failed to build the request: the shell program is empty")
         return cls._build(
-            ("/bin/sh", "-c", command), command, cwd, env, stdin, timeout, capture, sandbox_id,
+            (shell, "-c", command), command, cwd, env, stdin, timeout, capture, sandbox_id,
             agent_session,
         )
 

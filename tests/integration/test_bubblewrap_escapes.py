@@ -104,6 +104,7 @@ def test_env_option_passes_and_sets_variables(world: World) -> None:
 
 @pytest.mark.parametrize("relpath", [".bashrc", ".git/hooks/pre-commit", ".git/config"])
 def test_blocks_changes_to_existing_persistence_points(world: World, relpath: str) -> None:
+    world.seed_persistence_points()
     path = world.ws(*relpath.split("/"))
     before = world.read(path)
     result = world.run(f"echo pwned > {relpath}; echo pwned >> {relpath}; rm -f {relpath}; "
@@ -150,6 +151,7 @@ def test_blocks_renaming_a_directory_into_a_persistence_point(world: World) -> N
 
 
 def test_blocks_renaming_a_persistence_point_away(world: World) -> None:
+    world.seed_persistence_points()
     before = world.read(world.ws(".git", "config"))
     world.run("mv .git g2; mv .git/config c; true")
     assert os.path.isdir(world.ws(".git")) and not os.path.exists(world.ws("g2"))

@@ -152,13 +152,13 @@ def test_shell_runs_on_a_private_terminal(world: World) -> None:
 
 
 def test_audit_follow_prints_new_records(world: World) -> None:
-    world.run("true")
-    follower = subprocess.Popen([*corral_command(), "audit", "--follow", "-n", "0"], cwd=world.workspace,
+    world.run("echo first-run")
+    follower = subprocess.Popen([*corral_command(), "audit", "--follow", "-n", "1"], cwd=world.workspace,
                                 env=world.environ, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        time.sleep(0.5)
-        world.run("echo followed-run")
         assert follower.stdout is not None
+        assert b"first-run" in follower.stdout.readline()  # it has read the log: now follow
+        world.run("echo followed-run")
         line = b""
         deadline = time.monotonic() + 10
         while b"followed-run" not in line and time.monotonic() < deadline:

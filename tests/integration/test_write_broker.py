@@ -97,7 +97,6 @@ while time.time() < end:
 stop = True; t.join()
 print("tries", n)
 '''
-    os.unlink(world.ws(".bashrc"))
     result = py(world, code)
     assert b"tries" in result.stdout, result.stderr  # type: ignore[attr-defined]
     assert not os.path.exists(world.ws(".bashrc"))

@@ -114,6 +114,8 @@ class BubblewrapBackend(Backend):
         paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
         if request.cwd:
             paths.add(request.cwd)
+        if request.tmp_dir:
+            paths.add(request.tmp_dir)
         for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
             literal = pattern.removeprefix("**/").removesuffix("/**")
             if not any(c in literal for c in "*?["):
@@ -189,7 +191,14 @@ class BubblewrapBackend(Backend):
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
         for tmp in PRIVATE_TMP:
-            args += ["--tmpfs", tmp]
+            if tmp == "/tmp" and request.tmp_dir is not None:
+                # a session's private TMPDIR, kept across its commands
+                if facts.kind(request.tmp_dir) != "dir":
+                    raise UsageError(f"Failed to use the session directory {request.tmp_dir} "
+                                     "as /tmp: it is not an existing directory")
+                args += ["--bind", request.tmp_dir, tmp]
+            else:
+                args += ["--tmpfs", tmp]
         hidden_by_tmp = [t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))]
 
         def visible(path: str) -> bool:

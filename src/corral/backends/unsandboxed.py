@@ -98,11 +98,14 @@ class UnsandboxedBackend(Backend):
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
         if request.tty:
             helper.append("--ctty")
+        env = sandbox_env(request, policy, facts.environ)
+        if request.tmp_dir is not None:  # no mounts here: point TMPDIR at the session's directory
+            env = tuple((n, request.tmp_dir if n == "TMPDIR" else v) for n, v in env)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
             argv=(*helper, "--", *request.argv),
-            env=sandbox_env(request, policy, facts.environ),
+            env=env,
             cwd=cwd,
             fds=tuple(fds),
             cgroup=cgroup,

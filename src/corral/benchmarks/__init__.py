@@ -26,6 +26,7 @@ __all__ = ["SUITES", "Context", "Row", "run_suites"]
 SUITES: dict[str, str] = {
     "core": "corral.benchmarks.core",
     "backends": "corral.benchmarks.backends",
+    "integrations": "corral.benchmarks.integrations",
 }
 
 

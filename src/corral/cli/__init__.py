@@ -27,6 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
     "image": ("corral.cli.commands.image", "build a Debian image from apt (no registry) for container backends"),
+    "hook": ("corral.cli.commands.hook", "Claude Code hook entry (PreToolUse JSON on stdin)"),
+    "install": ("corral.cli.commands.install", "install the Claude Code hook into settings.json"),
+    "wrap-plugin": ("corral.cli.commands.wrap_plugin", "run another plugin's hooks and MCP servers in corral"),
+    "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
 }
 
 USAGE = """usage: corral COMMAND [OPTIONS] ...

@@ -45,6 +45,7 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE"),
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
     ("-c", "value", "@shell", "run STRING with /bin/sh -c"),
+    ("--shell", "value", "@shell_program", "run the -c STRING with this shell instead of /bin/sh"),
 )
 _BY_NAME = {opt: (kind, target) for opt, kind, target, _ in RUN_OPTIONS}
 _INT_KEYS = {"resources.pids"}
@@ -54,12 +55,14 @@ _FLOAT_KEYS = {"resources.cpus"}
 class RunOptions:
     """The parsed command line of ``run``/``shell``/``preview``."""
 
-    __slots__ = ("agent_session", "argv", "extra", "flags", "json_out", "profile", "settings_files", "shell")
+    __slots__ = ("agent_session", "argv", "extra", "flags", "json_out", "profile", "settings_files",
+                 "shell", "shell_program")
 
     def __init__(self) -> None:
         self.flags: dict[str, Any] = {}
         self.argv: list[str] = []
         self.shell: str | None = None
+        self.shell_program: str | None = None
         self.profile: str | None = None
         self.settings_files: list[str] = []
         self.json_out: str | None = None
@@ -132,6 +135,8 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
             opts.agent_session = value
         elif target == "@shell":
             opts.shell = value
+        elif target == "@shell_program":
+            opts.shell_program = value
         elif target == "@env":
             env_name, has_value, env_value = value.partition("=")
             if not env_name:
@@ -153,6 +158,8 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
             _set(opts.flags, target, typed, append=kind == "append")
     if opts.shell is not None and opts.argv:
         raise UsageError("give either -c STRING or a command, not both")
+    if opts.shell_program is not None and opts.shell is None:
+        raise UsageError("--shell goes with -c STRING")
     if command_required and opts.shell is None and not opts.argv:
         raise UsageError("no command given", hint="corral run [OPTIONS] -- COMMAND [ARG...]  or  -c 'STRING'")
     return opts

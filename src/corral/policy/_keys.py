@@ -548,7 +548,50 @@ CORE_KEYS: tuple[Key, ...] = (
 
 #: Keys of integrations (``integrations.<tool>.<key>``). Integration modules
 #: append their rows here; see the module docstring.
-INTEGRATION_KEYS: tuple[Key, ...] = ()
+INTEGRATION_KEYS: tuple[Key, ...] = (
+    Key(
+        path="integrations.claudeCode.unsandboxedCommands",
+        kind=COMMAND_PATTERNS,
+        tighten=REMOVALS,
+        override=False,
+        description=(
+            "Command-line globs (\"docker build*\") that the Claude Code hook does not "
+            "sandbox: it answers `ask`, so Claude Code asks the user before running the "
+            "command WITHOUT corral. The glob is matched against the whole command line, "
+            "so `docker build*` also matches `docker build . && rm -rf ~`; the user sees it."
+        ),
+    ),
+    Key(
+        path="integrations.mcp.maxSandboxes",
+        kind=INT,
+        tighten=LOWER,
+        default=8,
+        override=False,
+        description="How many sandboxes one `corral mcp` server keeps open at once.",
+    ),
+    Key(
+        path="integrations.mcp.maxOutput",
+        kind=SIZE,
+        tighten=LOWER,
+        default=65536,
+        override=False,
+        description=(
+            "Bytes of stdout and of stderr (each) an MCP tool result carries; the rest is "
+            "cut and marked with the number of bytes dropped."
+        ),
+    ),
+    Key(
+        path="integrations.mcp.preview",
+        kind=BOOL,
+        tighten=TRUE_TIGHTENS,
+        default=True,
+        override=False,
+        description=(
+            "MCP sandboxes work on a copy-on-write preview of the workspace, so their "
+            "changes are reviewed (`sandbox_diff`) before they land (`sandbox_apply`)."
+        ),
+    ),
+)
 
 #: The table the loader, the schema and the docs use.
 KEYS = KeyTable(CORE_KEYS + INTEGRATION_KEYS)

@@ -76,10 +76,11 @@ def test_unknown_top_level_key_without_a_close_match(world: SettingsWorld) -> No
     assert err.hint.startswith("valid keys at the top level: isolation,")
 
 
-def test_unknown_integration_key_says_none_are_defined(world: SettingsWorld) -> None:
-    err = user_error(world, {"integrations": {"claudeCode": {}}})
-    assert err.key == "integrations.claudeCode"
-    assert err.hint == "no keys are defined here yet"
+def test_unknown_integration_tool_lists_the_known_ones(world: SettingsWorld) -> None:
+    err = user_error(world, {"integrations": {"cursor": {}}})
+    assert err.key == "integrations.cursor"
+    assert err.hint is not None
+    assert err.hint.startswith("valid keys in integrations: claudeCode, mcp")
 
 
 def test_odd_key_names_are_quoted(world: SettingsWorld) -> None:

@@ -69,3 +69,20 @@ def test_locations_follow_xdg() -> None:
     assert trust_file(home="/h", environ={"XDG_STATE_HOME": "rel"}) == (
         "/h/.local/state/corral/trust.json"
     )
+
+
+def test_malformed_json_is_a_json_error_in_a_fresh_interpreter() -> None:
+    # the C scanner needs json.decoder for some messages; _jsonfast must not leak SystemError
+    import subprocess
+    import sys
+
+    code = (
+        "from corral._jsonfast import JSONError, loads\n"
+        "for text in ('{bad', '\"abc', '{\"a\" 1}'):\n"
+        "    try:\n"
+        "        loads(text)\n"
+        "    except JSONError as exc:\n"
+        "        print(exc.line, exc.column)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["1", "2", "1", "1", "1", "6"]

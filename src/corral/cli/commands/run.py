@@ -77,7 +77,8 @@ def build_request(opts: RunOptions, workspace: str, *, capture: bool = False,
         cwd = workspace
     if opts.shell is not None:
         request = ExecRequest.from_shell(opts.shell, cwd=cwd, capture=capture,
-                                         agent_session=opts.agent_session)
+                                         agent_session=opts.agent_session,
+                                         shell=opts.shell_program or "/bin/sh")
     else:
         request = ExecRequest.from_argv(opts.argv, cwd=cwd, capture=capture,
                                         agent_session=opts.agent_session)

@@ -1,0 +1,177 @@
+"""Judge host paths by the policy, for tools that act outside the sandbox.
+
+Claude Code's ``Write``/``Edit``/``Read``/``Grep``/``Glob`` tools run in the
+agent's own process, not in a sandbox; the hook lets them touch only what a
+sandboxed command could (DESIGN §8). :class:`PathRules` applies the same
+policy rows the backends enforce:
+
+* writable: under a writable root (the workspace unless ``readOnly``, and
+  ``filesystem.allowWrite``), and not matched by ``filesystem.protect`` or
+  ``filesystem.denyWrite`` (relative patterns against the root-relative path,
+  as the write broker does; absolute ones against the absolute path);
+* readable: not under a ``filesystem.denyRead`` path, unless under an
+  ``allowRead`` carve-out;
+* searchable (Grep/Glob): readable, and no existing secret path lies below
+  the search root.
+
+Symlinks are judged both ways: the path as written and the path it resolves
+to must both pass (a workspace link to ``~/.ssh/id_rsa`` is a secret; a link
+to ``/etc`` is not writable). Every refusal names the rule, so the model can
+act on it.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from ..policy._glob import PathPattern
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..policy._model import Policy
+
+__all__ = ["PathRules"]
+
+_GLOB_CHARS = "*?["
+
+
+def _under(path: str, base: str) -> bool:
+    base = base.rstrip("/") or "/"
+    return path == base or path.startswith(base + "/") or base == "/"
+
+
+def _has_glob(text: str) -> bool:
+    return any(c in text for c in _GLOB_CHARS)
+
+
+def _variants(path: str) -> list[str]:
+    """*path* as written and as resolved (parent directories and a final symlink followed)."""
+    written = posixpath.normpath(path)
+    resolved = os.path.realpath(written)
+    return [written] if resolved == written else [written, resolved]
+
+
+class PathRules:
+    """The filesystem rules of one policy, applied to host paths.
+
+    Example::
+
+        rules = PathRules(policy)
+        rules.write_denial("/src/app/.git/hooks/pre-commit")
+        # "it is a protected persistence point (filesystem.protect: **/.git/hooks/**)"
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        fs = policy.filesystem
+        roots = [] if fs.read_only else [fs.workspace]
+        roots += list(fs.allow_write)
+        # (root as written, root resolved): a symlinked workspace is still the workspace
+        self._roots = [(posixpath.normpath(r), os.path.realpath(r)) for r in roots]
+        self._read_only = fs.read_only
+        self._workspace = fs.workspace
+        self._relative: list[tuple[PathPattern, str]] = [
+            (PathPattern(p), f"it is a protected persistence point (filesystem.protect: {p})")
+            for p in fs.protect
+        ]
+        self._absolute: list[tuple[PathPattern | str, str]] = []
+        for p in fs.deny_write:
+            label = f"it is write-protected (filesystem.denyWrite: {p})"
+            if not p.startswith("/"):
+                self._relative.append((PathPattern(p), label))
+            elif _has_glob(p):
+                self._absolute.append((PathPattern(p), label))
+            else:
+                self._absolute.append((posixpath.normpath(p), label))
+        self._secrets = tuple(posixpath.normpath(p) for p in fs.deny_read)
+        self._carved = tuple(posixpath.normpath(p) for p in fs.allow_read)
+
+    # ------------------------------------------------------------ reads
+    def _secret_of(self, path: str) -> str | None:
+        for secret in self._secrets:
+            if _under(path, secret) and not any(_under(path, c) for c in self._carved):
+                return secret
+        return None
+
+    def read_denial(self, path: str) -> str | None:
+        """Why *path* may not be read (``None``: it may)."""
+        for variant in _variants(path):
+            secret = self._secret_of(variant)
+            if secret is not None:
+                shown = (
+                    "" if variant == posixpath.normpath(path) else f" (it resolves to {variant})"
+                )
+                return f"it is a secret path{shown} (filesystem.denyRead: {secret})"
+        return None
+
+    def search_denial(self, root: str, pattern: str | None = None) -> str | None:
+        """Why a recursive search under *root* (with an optional glob *pattern*) may not run."""
+        roots = [root]
+        if pattern:
+            # an absolute or ../ pattern moves the search: judge its literal prefix too
+            joined = posixpath.normpath(posixpath.join(root, pattern))
+            parts = joined.split("/")
+            literal = []
+            for part in parts:
+                if _has_glob(part):
+                    break
+                literal.append(part)
+            roots.append("/".join(literal) or "/")
+        for candidate in roots:
+            denial = self.read_denial(candidate)
+            if denial is not None:
+                return denial
+            for variant in _variants(candidate):
+                for secret in self._secrets:
+                    if (
+                        secret != variant
+                        and _under(secret, variant)
+                        and os.path.lexists(secret)
+                        and not any(_under(secret, c) for c in self._carved)
+                    ):
+                        return (
+                            f"the search under {variant} would reach the secret path {secret} "
+                            "(filesystem.denyRead); search a directory that does not contain it"
+                        )
+        return None
+
+    # ------------------------------------------------------------ writes
+    def write_denial(self, path: str) -> str | None:
+        """Why *path* may not be created or changed (``None``: a sandboxed command could)."""
+        for variant in _variants(path):
+            denial = self._write_denial_of(variant)
+            if denial is not None:
+                if variant != posixpath.normpath(path):
+                    return f"{denial}; the path resolves to {variant}"
+                return denial
+        return None
+
+    def _write_denial_of(self, path: str) -> str | None:
+        secret = self._secret_of(path)
+        if secret is not None:
+            return f"it is a secret path (filesystem.denyRead: {secret})"
+        for pattern, label in self._absolute:
+            if isinstance(pattern, str):
+                if _under(path, pattern):
+                    return label
+            elif pattern.matches(path):
+                return label
+        best: tuple[str, str] | None = None
+        for written, resolved in self._roots:
+            for root in (written, resolved):
+                if _under(path, root) and (best is None or len(root) > len(best[0])):
+                    best = (root, posixpath.relpath(path, root) if path != root else "")
+        if best is None:
+            where = (
+                "the workspace is read-only (filesystem.readOnly)"
+                if self._read_only
+                else (
+                    f"only the workspace {self._workspace} and filesystem.allowWrite are writable"
+                )
+            )
+            return f"it is outside the areas the sandbox may write ({where})"
+        rel = best[1]
+        for pattern, label in self._relative:
+            if rel and pattern.matches(rel):
+                return label
+        return None

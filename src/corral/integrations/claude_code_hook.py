@@ -1,0 +1,221 @@
+"""The Claude Code ``PreToolUse`` hook: decide each tool call by corral's policy.
+
+Claude Code pipes one JSON object to the hook (``session_id``,
+``transcript_path``, ``cwd``, ``hook_event_name``, ``tool_name``,
+``tool_input``, ...) and reads a decision from its stdout::
+
+    {"hookSpecificOutput": {"hookEventName": "PreToolUse",
+                            "permissionDecision": "allow" | "deny" | "ask",
+                            "permissionDecisionReason": "...",
+                            "updatedInput": {...}}}
+
+Decisions (:func:`decide`):
+
+* ``Bash``: ``allow`` with ``updatedInput`` = the whole original
+  ``tool_input`` whose ``command`` becomes
+  ``/abs/corral run --agent-session ID --shell bash -c '<original>'``. The
+  original travels as one single-quoted word (:mod:`._shell`), so quotes,
+  newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged.
+  Commands matching ``integrations.claudeCode.unsandboxedCommands`` get
+  ``ask``: the user approves running them *without* corral.
+* ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``: ``deny`` when a
+  sandboxed command could not write the path (:class:`._access.PathRules`),
+  with the reason; otherwise no decision (Claude Code's own permission rules
+  apply - corral never widens them for tools it does not sandbox).
+* ``Read``, ``Grep``, ``Glob``: ``deny`` on secret paths, and searches that
+  would reach one; otherwise no decision.
+
+Anything else - malformed JSON, a missing field, another event, an unknown
+tool, bad settings, an internal error - raises :class:`HookError`; the
+command then exits 2 with the reason on stderr, which Claude Code treats as
+"block this tool call" (fail closed: a broken hook never lets a command
+through unsandboxed).
+
+This module is on the hook's hot path: it imports no heavy module (no
+:mod:`json`, :mod:`re`, :mod:`shlex`).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+from ._shell import quote
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+    from typing import Any
+
+    from ..policy import ResolvedSettings
+
+__all__ = [
+    "FILE_TOOLS",
+    "READ_TOOLS",
+    "TOOLS",
+    "HookError",
+    "corral_command",
+    "decide",
+    "rewrite_command",
+]
+
+#: Tools whose target path must be writable, and the tool_input field naming it.
+FILE_TOOLS: dict[str, str] = {
+    "Write": "file_path",
+    "Edit": "file_path",
+    "MultiEdit": "file_path",
+    "NotebookEdit": "notebook_path",
+}
+#: Tools that read, and how they name what they read.
+READ_TOOLS: dict[str, str] = {"Read": "file_path", "Grep": "path", "Glob": "path"}
+#: Every tool the hook decides (the plugin's matchers list exactly these).
+TOOLS: tuple[str, ...] = ("Bash", *FILE_TOOLS, *READ_TOOLS)
+
+#: The shell the rewritten command runs the original with (what Claude Code's Bash tool uses).
+SHELL = "bash"
+
+
+class HookError(Exception):
+    """The hook cannot decide; Claude Code must block the call (exit 2, reason on stderr)."""
+
+
+def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
+    """How the rewritten command starts corral: the absolute path of the running script.
+
+    When corral was started as ``python -m corral`` (*argv0* is the package's
+    ``__main__.py``), the interpreter and ``-m corral`` instead.
+    """
+    if posixpath.basename(argv0) == "__main__.py" or not argv0:
+        return (posixpath.abspath(executable), "-m", "corral")
+    return (posixpath.abspath(argv0),)
+
+
+def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> str:
+    """The shell command that runs *command* under ``corral run`` (quoted for any shell).
+
+    Raises:
+        HookError: *command* contains a NUL byte (no shell could run it).
+    """
+    try:
+        words = [quote(word) for word in corral]
+        return (
+            f"{' '.join(words)} run --agent-session {quote(session_id)} --shell {SHELL} "
+            f"-c {quote(command)}"
+        )
+    except ValueError as exc:
+        raise HookError(f"cannot sandbox the command: {exc}") from None
+
+
+def _decision(decision: str, reason: str, updated: dict[str, Any] | None = None) -> dict[str, Any]:
+    output: dict[str, Any] = {
+        "hookEventName": "PreToolUse",
+        "permissionDecision": decision,
+        "permissionDecisionReason": reason,
+    }
+    if updated is not None:
+        output["updatedInput"] = updated
+    return {"hookSpecificOutput": output}
+
+
+def _field(mapping: Mapping[str, Any], name: str, where: str, *, optional: bool = False) -> Any:
+    value = mapping.get(name)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise HookError(f"the hook input has no {where}{name} string")
+    return value
+
+
+def parse_payload(data: bytes) -> dict[str, Any]:
+    """Parse and check the PreToolUse JSON Claude Code sent.
+
+    Raises:
+        HookError: not JSON, not an object, not a PreToolUse event, or a field
+            is missing or of the wrong type.
+    """
+    from .._jsonfast import JSONError, loads
+
+    try:
+        payload = loads(data)
+    except JSONError as exc:
+        raise HookError(f"the hook input is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise HookError("the hook input is not a JSON object")
+    event = payload.get("hook_event_name")
+    if event != "PreToolUse":
+        raise HookError(f"this hook handles PreToolUse events, not {event!r}")
+    for name in ("session_id", "cwd", "tool_name"):
+        _field(payload, name, "")
+    if not payload["cwd"].startswith("/"):
+        raise HookError(f"the hook input's cwd is not absolute: {payload['cwd']!r}")
+    if not isinstance(payload.get("tool_input"), dict):
+        raise HookError("the hook input has no tool_input object")
+    return payload
+
+
+def decide(
+    payload: Mapping[str, Any], resolved: ResolvedSettings, *, corral: Sequence[str]
+) -> dict[str, Any] | None:
+    """The hook's answer for one parsed *payload* (``None``: no decision, Claude Code decides).
+
+    Raises:
+        HookError: an unknown tool, or a tool_input without the needed field.
+    """
+    from ._access import PathRules
+
+    tool = payload["tool_name"]
+    tool_input: dict[str, Any] = payload["tool_input"]
+    cwd: str = payload["cwd"]
+    if tool == "Bash":
+        command = _field(tool_input, "command", "tool_input.")
+        from ..policy import match_word
+
+        for pattern in resolved.integrations.get("claudeCode.unsandboxedCommands", ()):
+            if match_word(pattern, command):
+                return _decision(
+                    "ask",
+                    f"corral: this command matches integrations.claudeCode.unsandboxedCommands "
+                    f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
+                    "before you approve it.",
+                )
+        rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
+        return _decision(
+            "allow",
+            "corral: the command runs in corral's sandbox (workspace writable, secrets hidden, "
+            "no network unless allowed); blocked operations are reported on stderr",
+            {**tool_input, "command": rewritten},
+        )
+    rules = PathRules(resolved.policy)
+    if tool in FILE_TOOLS:
+        path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd)
+        denial = rules.write_denial(path)
+        if denial is not None:
+            return _decision(
+                "deny",
+                f"corral: {tool} of {path} is not allowed: {denial}. "
+                "Write inside the workspace instead, or ask the user to change the policy.",
+            )
+        return None
+    if tool == "Read":
+        path = _absolute(_field(tool_input, "file_path", "tool_input."), cwd)
+        denial = rules.read_denial(path)
+        if denial is not None:
+            return _decision("deny", f"corral: reading {path} is not allowed: {denial}.")
+        return None
+    if tool in ("Grep", "Glob"):
+        root = _absolute(_field(tool_input, "path", "tool_input.", optional=True) or cwd, cwd)
+        pattern = tool_input.get("pattern") if tool == "Glob" else None
+        if pattern is not None and not isinstance(pattern, str):
+            raise HookError("the hook input has no tool_input.pattern string")
+        denial = rules.search_denial(root, pattern)
+        if denial is not None:
+            return _decision("deny", f"corral: this {tool} is not allowed: {denial}.")
+        return None
+    raise HookError(
+        f"corral's hook does not handle the tool {tool!r}; "
+        f"limit the hook's matcher to {'|'.join(TOOLS)}"
+    )
+
+
+def _absolute(path: str, cwd: str) -> str:
+    return posixpath.normpath(posixpath.join(cwd, os.path.expanduser(path)))

@@ -1,0 +1,184 @@
+"""``corral install claude-code``: merge into settings.json, idempotent, reversible."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Any
+
+import pytest
+
+from ..conftest import World, corral_executable
+
+EXISTING: dict[str, Any] = {
+    "model": "opus",
+    "permissions": {"allow": ["Bash(npm test:*)"], "deny": ["Read(./.env)"]},
+    "env": {"FOO": "bar"},
+    "hooks": {
+        "PreToolUse": [
+            {"matcher": "Bash", "hooks": [{"type": "command", "command": "~/bin/log-bash.sh"}]},
+        ],
+        "PostToolUse": [
+            {
+                "matcher": "Write|Edit",
+                "hooks": [{"type": "command", "command": "prettier --write"}],
+            },
+        ],
+    },
+    "unknownFutureKey": [1, {"nested": True}],
+}
+
+
+def install(world: World, *args: str, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [corral_executable(), "install", "claude-code", *args],
+        capture_output=True,
+        text=True,
+        env=world.environ,
+        cwd=cwd or world.workspace,
+        timeout=60,
+        check=False,
+    )
+
+
+def user_settings(world: World) -> str:
+    return os.path.join(world.home, ".claude", "settings.json")
+
+
+def write(path: str, data: Any) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=4)
+
+
+def load(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def corral_groups(data: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        g
+        for g in data["hooks"]["PreToolUse"]
+        if any(" hook claude-code" in h["command"] for h in g["hooks"])
+    ]
+
+
+def test_install_keeps_every_existing_key_and_hook(world: World) -> None:
+    path = user_settings(world)
+    write(path, EXISTING)
+    result = install(world, "--user")
+    assert result.returncode == 0, result.stderr
+    assert "installed corral's PreToolUse hook" in result.stdout
+    data = load(path)
+    for key in ("model", "permissions", "env", "unknownFutureKey"):
+        assert data[key] == EXISTING[key]
+    assert data["hooks"]["PostToolUse"] == EXISTING["hooks"]["PostToolUse"]
+    assert data["hooks"]["PreToolUse"][0] == EXISTING["hooks"]["PreToolUse"][0]
+    (ours,) = corral_groups(data)
+    assert ours["matcher"] == "Bash|Write|Edit|MultiEdit|NotebookEdit|Read|Grep|Glob"
+    assert ours["hooks"] == [
+        {
+            "type": "command",
+            "command": f"{corral_executable()} hook claude-code || exit 2",
+            "timeout": 30,
+        }
+    ]
+
+
+def test_installing_twice_changes_nothing(world: World) -> None:
+    path = user_settings(world)
+    write(path, EXISTING)
+    install(world)
+    with open(path, "rb") as f:
+        first = f.read()
+    stat_before = os.stat(path)
+    result = install(world, "--user")
+    assert "already in" in result.stdout
+    with open(path, "rb") as f:
+        assert f.read() == first
+    assert os.stat(path).st_mtime_ns == stat_before.st_mtime_ns
+
+
+def test_uninstall_restores_the_original_settings(world: World) -> None:
+    path = user_settings(world)
+    write(path, EXISTING)
+    install(world)
+    result = install(world, "--uninstall")
+    assert "removed corral's hook" in result.stdout
+    assert load(path) == EXISTING
+    assert "is not in" in install(world, "--uninstall").stdout
+
+
+def test_install_into_a_missing_file_and_uninstall_leaves_an_empty_object(world: World) -> None:
+    path = user_settings(world)
+    install(world)
+    assert len(corral_groups(load(path))) == 1
+    install(world, "--uninstall")
+    assert load(path) == {}
+
+
+def test_the_installed_hook_blocks_when_corral_cannot_start(world: World) -> None:
+    install(world)
+    (ours,) = corral_groups(load(user_settings(world)))
+    command = ours["hooks"][0]["command"].replace(corral_executable(), "/nonexistent/corral")
+    result = subprocess.run(
+        ["sh", "-c", command], input=b"{}", capture_output=True, timeout=30, check=False
+    )
+    assert result.returncode == 2  # Claude Code blocks the call
+
+
+def test_a_stale_corral_hook_is_replaced_not_duplicated(world: World) -> None:
+    path = user_settings(world)
+    stale = {
+        "matcher": "Bash",
+        "hooks": [{"type": "command", "command": "/old/venv/bin/corral hook claude-code"}],
+    }
+    write(path, {"hooks": {"PreToolUse": [stale, *EXISTING["hooks"]["PreToolUse"]]}})
+    install(world)
+    data = load(path)
+    (ours,) = corral_groups(data)
+    assert ours["hooks"][0]["command"].startswith(corral_executable())
+    assert data["hooks"]["PreToolUse"][1] == EXISTING["hooks"]["PreToolUse"][0]
+
+
+def test_project_scope_writes_the_projects_settings(world: World) -> None:
+    sub = os.path.join(world.workspace, "src", "pkg")
+    os.makedirs(sub)
+    result = install(world, "--project", cwd=sub)
+    assert result.returncode == 0, result.stderr
+    assert corral_groups(load(os.path.join(world.workspace, ".claude", "settings.json")))
+    assert not os.path.exists(user_settings(world))
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "not a JSON object"),
+        ('{"hooks": []}', "'hooks' is not an object"),
+        ('{"hooks": {"PreToolUse": {}}}', "'hooks.PreToolUse' is not a list"),
+    ],
+)
+def test_malformed_settings_are_refused_and_left_alone(
+    world: World, content: str, reason: str
+) -> None:
+    path = user_settings(world)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        f.write(content)
+    result = install(world)
+    assert result.returncode == 125
+    assert reason in result.stderr
+    with open(path) as f:
+        assert f.read() == content
+
+
+def test_the_file_mode_is_kept(world: World) -> None:
+    path = user_settings(world)
+    write(path, EXISTING)
+    os.chmod(path, 0o600)
+    install(world)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert [n for n in os.listdir(os.path.dirname(path)) if n != "settings.json"] == []

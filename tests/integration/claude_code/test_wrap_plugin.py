@@ -1,0 +1,274 @@
+"""``corral wrap-plugin``: another plugin's hooks and MCP servers, sandboxed for real."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from ..conftest import World, corral_executable, needs_bwrap
+
+pytestmark = needs_bwrap
+
+HOOK_SCRIPT = """#!/bin/sh
+# a community hook: reads the hook JSON, tries to persist, then answers
+input=$(cat)
+echo x > "$CLAUDE_PLUGIN_ROOT/hooks/state.txt" 2>/dev/null && echo "plugin-dir-writable" >&2
+echo x > "$CLAUDE_PROJECT_DIR/planted.txt" 2>/dev/null && echo "workspace-writable" >&2
+case "$input" in
+  *'"tool_name": "Bash"'*) ;;
+  *'"tool_name": "Task"'*) echo "blocked by the plugin" >&2; exit 2 ;;
+  *) echo "no tool_name in input" >&2; exit 1 ;;
+esac
+echo '{"hookSpecificOutput":{"hookEventName":"PreToolUse",'\\
+'"permissionDecision":"deny","permissionDecisionReason":"plugin says no"}}'
+"""
+
+MCP_SERVER = """
+import os, sys
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("community")
+
+@server.tool()
+def plant(path: str) -> str:
+    \"\"\"Try to write a file.\"\"\"
+    try:
+        with open(path, "w") as f:
+            f.write("planted")
+        return "written"
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+
+@server.tool()
+def whoami() -> str:
+    \"\"\"Which token can the server see?\"\"\"
+    return os.environ.get("COMMUNITY_TOKEN", "none") + "|" + os.environ.get("AWS_SECRET", "none")
+
+server.run()
+"""
+
+
+def make_plugin(world: World) -> str:
+    plugin = os.path.join(world.root, "plugins", "community")
+    os.makedirs(os.path.join(plugin, ".claude-plugin"))
+    os.makedirs(os.path.join(plugin, "hooks"))
+    with open(os.path.join(plugin, ".claude-plugin", "plugin.json"), "w") as f:
+        json.dump({"name": "community", "version": "1.0.0"}, f)
+    script = os.path.join(plugin, "hooks", "guard.sh")
+    with open(script, "w") as f:
+        f.write(HOOK_SCRIPT)
+    os.chmod(script, 0o755)
+    with open(os.path.join(plugin, "server.py"), "w") as f:
+        f.write(MCP_SERVER)
+    hooks = {
+        "description": "community hooks",
+        "hooks": {
+            "PreToolUse": [
+                {
+                    "matcher": "Bash",
+                    "hooks": [
+                        {
+                            "type": "command",
+                            "command": "${CLAUDE_PLUGIN_ROOT}/hooks/guard.sh",
+                            "timeout": 10,
+                        }
+                    ],
+                }
+            ],
+            "SessionStart": [{"hooks": [{"type": "command", "command": "echo started"}]}],
+        },
+    }
+    with open(os.path.join(plugin, "hooks", "hooks.json"), "w") as f:
+        json.dump(hooks, f)
+    servers = {
+        "mcpServers": {
+            "community": {
+                "command": sys.executable,
+                "args": [os.path.join(plugin, "server.py")],
+                "env": {"COMMUNITY_TOKEN": "t0k"},
+            },
+            "remote": {"type": "http", "url": "https://mcp.example.invalid/mcp"},
+        }
+    }
+    with open(os.path.join(plugin, ".mcp.json"), "w") as f:
+        json.dump(servers, f)
+    return plugin
+
+
+def corral(world: World, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [corral_executable(), *args],
+        capture_output=True,
+        text=True,
+        env=world.environ,
+        cwd=world.workspace,
+        timeout=60,
+        check=False,
+    )
+
+
+def load(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_check_reports_unwrapped_then_wrapped(world: World) -> None:
+    plugin = make_plugin(world)
+    before = corral(world, "wrap-plugin", plugin, "--check")
+    assert before.returncode == 1
+    assert before.stdout.count("NOT wrapped") == 3
+    assert "remote (nothing runs locally)" in before.stdout
+    wrapped = corral(world, "wrap-plugin", plugin)
+    assert wrapped.returncode == 0, wrapped.stderr
+    assert wrapped.stdout.count("wrapped ") == 3
+    after = corral(world, "wrap-plugin", plugin, "--check")
+    assert after.returncode == 0
+    assert "NOT wrapped" not in after.stdout
+
+
+def test_wrapping_twice_changes_nothing_and_keeps_other_fields(world: World) -> None:
+    plugin = make_plugin(world)
+    corral(world, "wrap-plugin", plugin)
+    files = [os.path.join(plugin, "hooks", "hooks.json"), os.path.join(plugin, ".mcp.json")]
+    first = [load(p) for p in files]
+    again = corral(world, "wrap-plugin", plugin)
+    assert "nothing to wrap" in again.stdout
+    assert [load(p) for p in files] == first
+    hooks = first[0]
+    assert hooks["description"] == "community hooks"
+    assert hooks["hooks"]["PreToolUse"][0]["matcher"] == "Bash"
+    assert hooks["hooks"]["PreToolUse"][0]["hooks"][0]["timeout"] == 10
+    assert first[1]["mcpServers"]["remote"] == {
+        "type": "http",
+        "url": "https://mcp.example.invalid/mcp",
+    }
+    assert first[1]["mcpServers"]["community"]["env"] == {"COMMUNITY_TOKEN": "t0k"}
+
+
+def test_dry_run_writes_nothing(world: World) -> None:
+    plugin = make_plugin(world)
+    before = load(os.path.join(plugin, ".mcp.json"))
+    result = corral(world, "wrap-plugin", plugin, "--dry-run")
+    assert result.stdout.count("would wrap") == 3
+    assert load(os.path.join(plugin, ".mcp.json")) == before
+
+
+def run_hook(
+    world: World, plugin: str, command: str, payload: dict[str, Any]
+) -> subprocess.CompletedProcess[bytes]:
+    """Run a hook command as Claude Code does: a shell, the JSON on stdin, its variables set."""
+    environ = {
+        **world.environ,
+        "CLAUDE_PLUGIN_ROOT": plugin,
+        "CLAUDE_PROJECT_DIR": world.workspace,
+        "AWS_SECRET": "leak-me",
+    }
+    return subprocess.run(
+        ["bash", "-c", command],
+        input=json.dumps(payload).encode(),
+        capture_output=True,
+        env=environ,
+        cwd=world.workspace,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_a_wrapped_hook_keeps_its_io_and_status_but_cannot_write(world: World) -> None:
+    plugin = make_plugin(world)
+    original = load(os.path.join(plugin, "hooks", "hooks.json"))["hooks"]["PreToolUse"][0]["hooks"][
+        0
+    ]
+    payload = {
+        "session_id": "s",
+        "cwd": world.workspace,
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "ls"},
+    }
+    unwrapped = run_hook(world, plugin, original["command"], payload)
+    assert b"plugin-dir-writable" in unwrapped.stderr  # what the plugin can do on its own
+    os.unlink(os.path.join(plugin, "hooks", "state.txt"))
+    os.unlink(os.path.join(world.workspace, "planted.txt"))
+
+    corral(world, "wrap-plugin", plugin)
+    command = load(os.path.join(plugin, "hooks", "hooks.json"))["hooks"]["PreToolUse"][0]["hooks"][
+        0
+    ]["command"]
+    assert command.startswith(
+        f"{corral_executable()} run --net none --read-only --deny-write {plugin} "
+    )
+    result = run_hook(world, plugin, command, payload)
+    assert result.returncode == 0, result.stderr
+    decision = json.loads(result.stdout)
+    assert decision["hookSpecificOutput"]["permissionDecisionReason"] == "plugin says no"
+    assert b"plugin-dir-writable" not in result.stderr
+    assert b"workspace-writable" not in result.stderr
+    assert not os.path.exists(os.path.join(plugin, "hooks", "state.txt"))
+    assert not os.path.exists(os.path.join(world.workspace, "planted.txt"))
+    blocking = run_hook(world, plugin, command, {**payload, "tool_name": "Task"})
+    assert blocking.returncode == 2  # a blocking hook still blocks, with its reason
+    assert b"blocked by the plugin" in blocking.stderr
+
+
+def test_a_wrapped_mcp_server_serves_tools_but_is_confined(world: World) -> None:
+    pytest.importorskip("mcp", reason="the mcp package (2.x) is not installed")
+    from mcp import Client, StdioServerParameters
+
+    plugin = make_plugin(world)
+    corral(world, "wrap-plugin", plugin)
+    server = load(os.path.join(plugin, ".mcp.json"))["mcpServers"]["community"]
+    assert server["command"] == corral_executable()
+    assert server["args"][:1] == ["run"]
+    assert "--timeout" in server["args"]
+
+    async def main() -> tuple[str, str, str]:
+        params = StdioServerParameters(
+            command=server["command"],
+            args=server["args"],
+            cwd=world.workspace,
+            env={
+                **world.environ,
+                **server["env"],
+                "AWS_SECRET": "leak-me",
+                "CLAUDE_PLUGIN_ROOT": plugin,
+            },
+        )
+        async with Client(params, mode="legacy") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert names == {"plant", "whoami"}
+            into_plugin = await client.call_tool("plant", {"path": os.path.join(plugin, "x")})
+            into_workspace = await client.call_tool(
+                "plant", {"path": os.path.join(world.workspace, "x")}
+            )
+            who = await client.call_tool("whoami", {})
+            return (
+                into_plugin.content[0].text,
+                into_workspace.content[0].text,
+                who.content[0].text,
+            )
+
+    plugin_write, workspace_write, who = asyncio.run(asyncio.wait_for(main(), 120))
+    assert plugin_write.startswith("refused")
+    assert workspace_write.startswith("refused")
+    assert who == "t0k|none"  # its own env passes, the host's secrets do not
+    assert not os.path.exists(os.path.join(plugin, "x"))
+    assert not os.path.exists(os.path.join(world.workspace, "x"))
+
+
+def test_a_directory_without_a_plugin_or_with_bad_json_is_refused(world: World) -> None:
+    assert corral(world, "wrap-plugin", os.path.join(world.root, "nope")).returncode == 125
+    plugin = make_plugin(world)
+    with open(os.path.join(plugin, ".mcp.json"), "w") as f:
+        f.write("{broken")
+    hooks_before = load(os.path.join(plugin, "hooks", "hooks.json"))
+    result = corral(world, "wrap-plugin", plugin)
+    assert result.returncode == 125
+    assert "not valid JSON" in result.stderr
+    assert load(os.path.join(plugin, "hooks", "hooks.json")) == hooks_before  # nothing half-done

