@@ -591,6 +591,13 @@ INTEGRATION_KEYS: tuple[Key, ...] = (
             "changes are reviewed (`sandbox_diff`) before they land (`sandbox_apply`)."
         ),
     ),
+    Key(
+        path="integrations.image.packages",
+        kind=STRINGS,
+        tighten=LOOSENS,
+        override=False,
+        description="Extra apt packages that `corral image build` installs on top of the preset.",
+    ),
 )
 
 #: The table the loader, the schema and the docs use.

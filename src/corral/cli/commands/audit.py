@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ..._audit import audit_path, iter_records, verify
+from ..._audit import audit_path, verify
 from ..._jsonfast import JSONError, loads
 from ..._state import state_dir
 from .. import EXIT_USAGE, print_error
@@ -63,14 +63,20 @@ def main(args: list[str]) -> int:
         ok, message = verify(directory)
         (sys.stdout if ok else sys.stderr).write(("" if ok else "corral: ") + message + "\n")
         return 0 if ok else 1
-    records = list(iter_records(directory))
-    for _number, line in records[-ns.lines :] if ns.lines > 0 else records:
+    path = audit_path(directory)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        data = b""
+    complete = data[: data.rfind(b"\n") + 1]  # a record still being written is followed later
+    lines = complete.splitlines()
+    for line in lines[-ns.lines :] if ns.lines > 0 else ([] if ns.follow else lines):
         _show(line, ns.json)
     sys.stdout.flush()
     if not ns.follow:
         return 0
-    path = audit_path(directory)
-    position = os.path.getsize(path) if os.path.exists(path) else 0
+    position = len(complete)
     try:
         while True:
             time.sleep(0.25)

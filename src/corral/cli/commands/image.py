@@ -10,20 +10,10 @@ import os
 import sys
 
 from ..._exceptions import CorralError
-from ...policy._keys import KEYS, LOOSENS, STRINGS, Key
 from .. import EXIT_USAGE, print_error
 
-__all__ = ["IMAGE_PACKAGES", "main"]
+__all__ = ["main"]
 
-#: The settings key for extra packages, read by this command only (see the
-#: docs: a settings file that ``corral run`` also reads cannot hold it until
-#: the row joins ``INTEGRATION_KEYS``; use ``--settings`` files for images).
-IMAGE_PACKAGES = Key(
-    path="integrations.image.packages",
-    kind=STRINGS,
-    tighten=LOOSENS,
-    description="Extra apt packages that `corral image build` installs on top of the preset.",
-)
 
 
 def _engines(environ: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
@@ -89,7 +79,7 @@ def main(args: list[str]) -> int:
     from ...policy import load_settings
 
     try:
-        settings = load_settings(environ=environ, settings_files=ns.settings, keys=KEYS.extended([IMAGE_PACKAGES]))
+        settings = load_settings(environ=environ, settings_files=ns.settings)
         extra = [*settings.integrations.get("image.packages", ()), *ns.package]
         tty = sys.stderr.isatty()
 
