@@ -190,6 +190,18 @@ def _last_line(data: bytes) -> str:
     return lines[-1] if lines else ""
 
 
+def _sweep_sessions(directory: str) -> None:
+    """Remove the TMPDIRs of sessions whose process no longer exists (killed, not closed)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        pid = name.split("-", 1)[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _remove_tree(os.path.join(directory, name))
+
+
 def _remove_tree(path: str) -> None:
     """Remove a session directory, whatever modes the sandbox left inside it."""
     import shutil
@@ -298,7 +310,9 @@ class BaseSandbox:
         self._active: dict[_Cancellation, Any] = {}  # running commands (async twin)
         # the session's private TMPDIR (mounted as /tmp in the sandbox)
         sessions = _state.ensure_dir(os.path.join(self._state_dir, "sessions"))
-        self._tmp_dir = os.path.join(sessions, self.id)
+        _sweep_sessions(sessions)
+        # named <pid>-<id>: a session whose process died without closing is swept later
+        self._tmp_dir = os.path.join(sessions, f"{os.getpid()}-{self.id}")
         os.mkdir(self._tmp_dir, 0o700)
         if preview:
             try:
