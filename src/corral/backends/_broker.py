@@ -182,19 +182,43 @@ class Broker:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Open the supervised roots and start the thread (it waits for :meth:`attach`)."""
-        for sandbox_path, host_path in self._spec.roots:
-            fd = os.open(host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._roots.append(_Root(sandbox_path, fd))
-        # Longest sandbox path first, so nested roots win.
-        self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
+        """Open the supervised roots and start the thread (it waits for :meth:`attach`).
+
+        With ``spec.launcher_ns`` the roots are opened in :meth:`attach`
+        instead: they are mounted (a preview's overlay) only once the
+        launched process has set up its mount namespace.
+        """
+        if not self._spec.launcher_ns:
+            self._open_roots("")
         self._done.acquire()
         self._started = True
         _thread.start_new_thread(self._main, ())
 
-    def attach(self, listener_fd: int) -> None:
-        """Hand over the seccomp listener; the thread starts serving it."""
+    def _open_roots(self, prefix: str) -> None:
+        for sandbox_path, host_path in self._spec.roots:
+            fd = os.open(prefix + host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._roots.append(_Root(sandbox_path, fd))
+        # Longest sandbox path first, so nested roots win.
+        self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
+
+    def attach(self, listener_fd: int, *, launcher_pid: int = -1) -> None:
+        """Hand over the seccomp listener; the thread starts serving it.
+
+        *launcher_pid* is the launched process (bubblewrap's monitor), whose
+        mount namespace holds the roots when ``spec.launcher_ns`` is set: the
+        roots are opened through ``/proc/<launcher_pid>/root``. If that fails
+        the listener is closed (supervised syscalls fail with ``ENOSYS``) and
+        :attr:`error` says why.
+        """
         self._listener = listener_fd
+        if self._spec.launcher_ns:
+            try:
+                if launcher_pid <= 0:
+                    raise OSError(errno.ESRCH, "no launcher pid for a launcher-namespace root")
+                self._open_roots(f"/proc/{launcher_pid}/root")
+            except OSError as exc:
+                self.error = exc
+                self._close_listener()
         self._attached.release()
 
     def _main(self) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .._frozen import Record
 
-__all__ = ["BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan"]
+__all__ = ["BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan", "PreviewSpec"]
 
 
 class FdSpec(Record):
@@ -45,11 +45,16 @@ class BrokerSpec(Record):
             path relative to its root, absolute ones to the sandbox path.
         syscall_names: ``(number, name)`` of the trapped syscalls for this
             architecture.
+        launcher_ns: the host paths of ``roots`` are resolved in the mount
+            namespace of the launched process (``/proc/<pid>/root``), not
+            corral's: a preview's overlay is mounted there (see
+            :class:`PreviewSpec`).
     """
 
     roots: tuple[tuple[str, str], ...]
     patterns: tuple[tuple[str, str], ...]
     syscall_names: tuple[tuple[int, str], ...] = ()
+    launcher_ns: bool = False
 
 
 class EgressSpec(Record):
@@ -73,6 +78,32 @@ class CgroupSpec(Record):
     memory: int | None = None
     pids: int | None = None
     cpus: float | None = None
+
+
+class PreviewSpec(Record):
+    """Run against a preview: a copy-on-write view of the workspace (``corral preview``).
+
+    Attributes:
+        id: the preview's id (``pv-...``).
+        mechanism: ``"overlay"`` (kernel overlayfs mounted by the exec helper
+            before bubblewrap), ``"fuse-overlayfs"`` (the same with a
+            fuse-overlayfs daemon) or ``"copy"`` (a full copy of the
+            workspace bound at the workspace's path).
+        workspace: the real workspace (the read-only lower layer).
+        upper, work: the overlay's upper and work directories.
+        tree: the copy (``"copy"`` only).
+        fuse_binary: absolute path of fuse-overlayfs (``"fuse-overlayfs"`` only).
+        hidden: corral's preview directory, hidden from the sandbox.
+    """
+
+    id: str
+    mechanism: str
+    workspace: str
+    upper: str = ""
+    work: str = ""
+    tree: str = ""
+    fuse_binary: str = ""
+    hidden: str = ""
 
 
 class HostFacts(Record):

@@ -73,6 +73,9 @@ class Backend:
     cost_ms: ClassVar[float] = 1000.0
     #: never chosen by ``auto`` (only ``none``)
     explicit_only: ClassVar[bool] = False
+    #: preview mechanisms ``plan(..., preview=spec)`` accepts (see ``PreviewSpec``);
+    #: a backend without any never receives a preview: ``_runner`` refuses first
+    preview_mechanisms: ClassVar[tuple[str, ...]] = ()
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""
