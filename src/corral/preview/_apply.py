@@ -1,0 +1,388 @@
+"""Land a preview's changes in the real workspace: journaled, one file at a time.
+
+Guarantees (docs/preview.md, "Safety of apply"):
+
+* **Nothing is written before the journal is.** Apply first checks
+  everything (protected paths, conflicts), then writes the complete list of
+  operations to ``<state>/apply-journals/<id>.json`` (temp file, fsync,
+  rename, fsync of the directory). Only then does it touch the workspace.
+* **Every file is whole, old or new.** A regular file is copied from the
+  preview into a temporary name in its target directory (reflink when the
+  filesystem can), fsynced, given its mode and mtime, and renamed over the
+  target: ``rename(2)`` replaces the name atomically. Symlinks go the same
+  way. Deletions, ``mkdir`` and ``chmod`` are single system calls.
+* **Every operation is idempotent**, judged from the state it finds (a
+  deletion of a missing name, a ``mkdir`` of an existing directory, a copy
+  redone from the unchanged preview), so completing the journal after a
+  crash at *any* point - repeating operations that already happened - ends
+  in the same tree. Recovery therefore always rolls *forward*; there is
+  nothing to roll back, because before the journal exists nothing was
+  written.
+* **The next corral command finishes it.** A journal present without a live
+  owner (the preview's lock is free: ``flock`` dies with its process) is
+  completed by :func:`recover_interrupted`, which every ``corral`` command
+  and every :class:`~corral.preview.Preview` lookup calls first.
+
+Paths in the workspace are resolved one component at a time with
+``O_NOFOLLOW | O_DIRECTORY``: a directory replaced by a symlink meanwhile
+makes that operation fail instead of writing outside the workspace.
+
+Tests inject faults through :data:`FAULT_HOOK`, called with a label at every
+step that changes the disk.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from .._frozen import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from ._changes import Change
+
+__all__ = [
+    "FAULT_HOOK",
+    "ApplyResult",
+    "journal_dir",
+    "plan_operations",
+    "roll_forward",
+    "write_journal",
+]
+
+#: Called with a step label before each durable step (tests kill the process here).
+FAULT_HOOK: Callable[[str], None] | None = None
+
+_FICLONE = 0x40049409
+_TEMP_PREFIX = ".corral-apply-"
+
+
+class ApplyResult(Record):
+    """What an apply did.
+
+    Attributes:
+        preview_id: the preview applied.
+        applied: workspace-relative paths written, created or removed.
+        skipped_conflicts: changes left out because the real file changed
+            meanwhile (``skip_conflicts=True``); they stay in the preview.
+        skipped_unsupported: FIFOs, sockets and devices, never applied.
+        failed: ``(path, error)`` of operations that failed; the files are
+            each still wholly old or new, and the preview is kept.
+        preview_removed: the preview was consumed (everything landed).
+    """
+
+    preview_id: str
+    applied: tuple[str, ...] = ()
+    skipped_conflicts: tuple[str, ...] = ()
+    skipped_unsupported: tuple[str, ...] = ()
+    failed: tuple[tuple[str, str], ...] = ()
+    preview_removed: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        """A JSON-ready dict."""
+        return {
+            "preview": self.preview_id,
+            "applied": list(self.applied),
+            "skipped_conflicts": list(self.skipped_conflicts),
+            "skipped_unsupported": list(self.skipped_unsupported),
+            "failed": [list(f) for f in self.failed],
+            "preview_removed": self.preview_removed,
+        }
+
+
+def _step(label: str) -> None:
+    if FAULT_HOOK is not None:
+        FAULT_HOOK(label)
+
+
+def journal_dir(state_dir: str) -> str:
+    """Where apply journals live (one file per preview being applied)."""
+    return os.path.join(state_dir, "apply-journals")
+
+
+# ---------------------------------------------------------------- planning
+def _depth(path: str) -> int:
+    return path.count("/")
+
+
+def _key(path: str) -> tuple[str, ...]:
+    return tuple(path.split("/"))
+
+
+def plan_operations(changes: Iterable[Change]) -> list[list[object]]:
+    """The ordered operations that turn the real workspace into the preview's tree.
+
+    1. removals (``rm`` for non-directories, ``rmdir``), deepest first -
+       including the old object of a directory <-> non-directory change;
+    2. creations in path order (parents first): ``mkdir`` (mode 0700 for now),
+       ``put`` (a regular file, atomically), ``link`` (a symlink, atomically);
+    3. ``chmod`` of files whose mode alone changed, then of every created or
+       changed directory, deepest first (a read-only directory last).
+    """
+    removals: list[list[object]] = []
+    creations: list[list[object]] = []
+    file_modes: list[list[object]] = []
+    dir_modes: list[list[object]] = []
+    for c in changes:
+        if c.kind == "unsupported":
+            continue
+        if c.kind == "deleted":
+            removals.append(["rmdir" if c.old_type == "dir" else "rm", c.path])
+            continue
+        if c.kind == "renamed" and c.old_path is not None:
+            removals.append(["rm", c.old_path])
+        if c.old_type == "dir" and c.new_type != "dir":
+            removals.append(["rmdir", c.path])
+        elif c.old_type is not None and c.old_type != "dir" and c.new_type == "dir":
+            removals.append(["rm", c.path])
+        if c.new_type == "dir":
+            creations.append(["mkdir", c.path])
+            dir_modes.append(["chmod", c.path, c.new_mode])
+        elif c.new_type == "symlink":
+            creations.append(["link", c.path, c.new_target])
+        elif c.new_type == "file":
+            if c.content_changed or c.kind in ("added", "renamed") or c.type_changed:
+                creations.append(["put", c.path, c.source, c.new_mode, c.new_mtime_ns])
+            elif c.mode_changed:
+                file_modes.append(["chmod", c.path, c.new_mode])
+    removals.sort(key=lambda op: (-_depth(str(op[1])), _key(str(op[1]))))
+    creations.sort(key=lambda op: _key(str(op[1])))
+    dir_modes.sort(key=lambda op: (-_depth(str(op[1])), _key(str(op[1]))))
+    return [*removals, *creations, *file_modes, *dir_modes]
+
+
+# ---------------------------------------------------------------- journal
+def write_journal(state_dir: str, journal: dict[str, object]) -> str:
+    """Write *journal* durably (temp, fsync, rename, fsync dir); return its path."""
+    from .._jsonfast import dumps
+
+    directory = journal_dir(state_dir)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, f"{journal['preview']}.json")
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        data = dumps(journal).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _step("journal-rename")
+    os.rename(tmp, path)
+    _fsync_dir(directory)
+    _step("journal-written")
+    return path
+
+
+def remove_journal(path: str) -> None:
+    """Delete a completed journal (durably)."""
+    _step("journal-remove")
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------- roll forward
+def roll_forward(journal: dict[str, object]) -> list[tuple[str, str]]:
+    """Carry out every operation of *journal* (again); return ``(path, error)`` failures.
+
+    Safe to call any number of times, after a crash at any point.
+    """
+    workspace = str(journal["workspace"])
+    preview_id = str(journal["preview"])
+    ops = journal["ops"]
+    assert isinstance(ops, list)
+    failures: list[tuple[str, str]] = []
+    touched_dirs: set[str] = set()
+    ws_fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for number, op in enumerate(ops):
+            name = str(op[0])
+            rel = str(op[1])
+            temp = f"{_TEMP_PREFIX}{preview_id}-{number}"
+            try:
+                _run_op(ws_fd, name, rel, op, temp, number)
+            except OSError as exc:
+                failures.append((rel, f"{name}: {exc.strerror or exc}"))
+                _remove_temp(ws_fd, rel, temp)
+            touched_dirs.add(rel.rpartition("/")[0])
+        for rel_dir in sorted(touched_dirs):
+            try:
+                fd = _walk(ws_fd, rel_dir.split("/") if rel_dir else [])
+                try:
+                    dir_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
+                    try:
+                        os.fsync(dir_fd)
+                    finally:
+                        os.close(dir_fd)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass  # durability of a directory that is gone: nothing to do
+    finally:
+        os.close(ws_fd)
+    return failures
+
+
+def _walk(ws_fd: int, parts: list[str]) -> int:
+    """An O_PATH fd of the directory *parts* below the workspace, never through a symlink."""
+    fd = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=ws_fd)
+    for part in parts:
+        if part in ("", ".", ".."):
+            os.close(fd)
+            raise OSError(errno.EINVAL, f"bad path component {part!r}")
+        try:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = nxt
+    return fd
+
+
+def _parent(ws_fd: int, rel: str) -> tuple[int, str]:
+    parent, _, name = rel.rpartition("/")
+    if name in ("", ".", ".."):
+        raise OSError(errno.EINVAL, f"bad path {rel!r}")
+    return _walk(ws_fd, parent.split("/") if parent else []), name
+
+
+def _lstat_at(fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number: int) -> None:
+    fd, base = _parent(ws_fd, rel)
+    try:
+        st = _lstat_at(fd, base)
+        if name == "rm":
+            if st is not None and not stat.S_ISDIR(st.st_mode):
+                _step(f"op{number}-rm")
+                os.unlink(base, dir_fd=fd)
+        elif name == "rmdir":
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                _step(f"op{number}-rmdir")
+                os.rmdir(base, dir_fd=fd)
+        elif name == "mkdir":
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                if st is not None:
+                    os.unlink(base, dir_fd=fd)
+                _step(f"op{number}-mkdir")
+                os.mkdir(base, 0o700, dir_fd=fd)
+        elif name == "put":
+            source, mode, mtime_ns = str(op[2]), int(op[3]), int(op[4])  # type: ignore[call-overload]
+            _put(fd, base, temp, source, mode, mtime_ns, st, number)
+        elif name == "link":
+            target = str(op[2])
+            _remove_temp_at(fd, temp)
+            os.symlink(target, temp, dir_fd=fd)
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                os.rmdir(base, dir_fd=fd)
+            _step(f"op{number}-rename")
+            os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+        elif name == "chmod":
+            mode = int(op[2])  # type: ignore[call-overload]
+            if st is not None and not stat.S_ISLNK(st.st_mode):
+                _step(f"op{number}-chmod")
+                _chmod_at(fd, base, mode)
+        else:
+            raise OSError(errno.EINVAL, f"unknown operation {name!r}")
+    finally:
+        os.close(fd)
+
+
+def _put(fd: int, base: str, temp: str, source: str, mode: int, mtime_ns: int,
+         st: os.stat_result | None, number: int) -> None:
+    src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(src).st_mode):
+            raise OSError(errno.EINVAL, "the preview's version is not a regular file")
+        _step(f"op{number}-temp")
+        dst = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=fd)
+        try:
+            _copy_data(src, dst)
+            _step(f"op{number}-copied")
+            os.fchmod(dst, mode & 0o1777)
+            os.utime(dst, ns=(mtime_ns, mtime_ns))
+            os.fsync(dst)
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        os.rmdir(base, dir_fd=fd)
+    _step(f"op{number}-rename")
+    os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+
+
+def _copy_data(src: int, dst: int) -> None:
+    """Copy the whole of *src* into *dst*: reflink, else in-kernel copy, else read/write."""
+    import fcntl
+
+    try:
+        fcntl.ioctl(dst, _FICLONE, src)
+        return
+    except OSError:
+        pass
+    try:
+        while os.copy_file_range(src, dst, 1 << 30):
+            pass
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+    os.lseek(src, 0, os.SEEK_SET)
+    os.ftruncate(dst, 0)
+    os.lseek(dst, 0, os.SEEK_SET)
+    while chunk := os.read(src, 1 << 20):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(dst, view):]
+
+
+def _chmod_at(fd: int, name: str, mode: int) -> None:
+    """chmod a file or directory by name in *fd*, never through a symlink."""
+    target = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    try:
+        os.chmod(f"/proc/self/fd/{target}", mode & 0o1777)
+    finally:
+        os.close(target)
+
+
+def _remove_temp_at(fd: int, temp: str) -> None:
+    try:
+        os.unlink(temp, dir_fd=fd)
+    except FileNotFoundError:
+        pass
+
+
+def _remove_temp(ws_fd: int, rel: str, temp: str) -> None:
+    try:
+        fd, _base = _parent(ws_fd, rel)
+    except OSError:
+        return
+    try:
+        _remove_temp_at(fd, temp)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
