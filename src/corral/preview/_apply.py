@@ -10,7 +10,10 @@ Guarantees (docs/preview.md, "Safety of apply"):
   preview into a temporary name in its target directory (reflink when the
   filesystem can), fsynced, given its mode and mtime, and renamed over the
   target: ``rename(2)`` replaces the name atomically. Symlinks go the same
-  way. Deletions, ``mkdir`` and ``chmod`` are single system calls.
+  way. Where a directory becomes a file or symlink (or the reverse), the new
+  object is prepared under the temporary name and swapped in with
+  ``renameat2(RENAME_EXCHANGE)``, so the name never disappears in between.
+  Deletions, ``mkdir`` and ``chmod`` are single system calls.
 * **Every operation is idempotent**, judged from the state it finds (a
   deletion of a missing name, a ``mkdir`` of an existing directory, a copy
   redone from the unchanged preview), so completing the journal after a
@@ -116,12 +119,15 @@ def _key(path: str) -> tuple[str, ...]:
 def plan_operations(changes: Iterable[Change]) -> list[list[object]]:
     """The ordered operations that turn the real workspace into the preview's tree.
 
-    1. removals (``rm`` for non-directories, ``rmdir``), deepest first -
-       including the old object of a directory <-> non-directory change;
-    2. creations in path order (parents first): ``mkdir`` (mode 0700 for now),
+    1. removals (``rm`` for non-directories, ``rmdir``), deepest first;
+    2. creations in path order (parents first): ``mkdir`` (a directory,
+       prepared under a temporary name with its mode and renamed into place),
        ``put`` (a regular file, atomically), ``link`` (a symlink, atomically);
-    3. ``chmod`` of files whose mode alone changed, then of every created or
-       changed directory, deepest first (a read-only directory last).
+       each replaces what is there, a directory <-> non-directory change
+       included (an exchange, see the module docstring);
+    3. ``chmod`` of files whose mode alone changed, then of directories whose
+       mode changed or whose new mode lacks ``u+rwx`` (created writable so
+       their entries can be added), deepest first.
     """
     removals: list[list[object]] = []
     creations: list[list[object]] = []
@@ -135,13 +141,11 @@ def plan_operations(changes: Iterable[Change]) -> list[list[object]]:
             continue
         if c.kind == "renamed" and c.old_path is not None:
             removals.append(["rm", c.old_path])
-        if c.old_type == "dir" and c.new_type != "dir":
-            removals.append(["rmdir", c.path])
-        elif c.old_type is not None and c.old_type != "dir" and c.new_type == "dir":
-            removals.append(["rm", c.path])
         if c.new_type == "dir":
-            creations.append(["mkdir", c.path])
-            dir_modes.append(["chmod", c.path, c.new_mode])
+            mode = c.new_mode if c.new_mode is not None else 0o755
+            creations.append(["mkdir", c.path, mode | 0o700])
+            if c.mode_changed or mode & 0o700 != 0o700:
+                dir_modes.append(["chmod", c.path, mode])
         elif c.new_type == "symlink":
             creations.append(["link", c.path, c.new_target])
         elif c.new_type == "file":
@@ -270,8 +274,17 @@ def _lstat_at(fd: int, name: str) -> os.stat_result | None:
 
 
 def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number: int) -> None:
-    fd, base = _parent(ws_fd, rel)
     try:
+        fd, base = _parent(ws_fd, rel)
+    except (FileNotFoundError, NotADirectoryError):
+        if name in ("rm", "rmdir"):
+            # its directory is gone or no longer a directory (removed or replaced by an
+            # earlier attempt): the name cannot exist, there is nothing to remove
+            return
+        raise
+    try:
+        if name in ("put", "link", "mkdir"):
+            _remove_temp_at(fd, temp)  # left by an interrupted attempt (or an exchanged-out object)
         st = _lstat_at(fd, base)
         if name == "rm":
             if st is not None and not stat.S_ISDIR(st.st_mode):
@@ -283,21 +296,18 @@ def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number
                 os.rmdir(base, dir_fd=fd)
         elif name == "mkdir":
             if st is None or not stat.S_ISDIR(st.st_mode):
-                if st is not None:
-                    os.unlink(base, dir_fd=fd)
+                os.mkdir(temp, 0o700, dir_fd=fd)
+                _chmod_at(fd, temp, int(op[2]) if len(op) > 2 else 0o755)  # type: ignore[call-overload]
                 _step(f"op{number}-mkdir")
-                os.mkdir(base, 0o700, dir_fd=fd)
+                _replace(fd, temp, base, st, number)
         elif name == "put":
             source, mode, mtime_ns = str(op[2]), int(op[3]), int(op[4])  # type: ignore[call-overload]
             _put(fd, base, temp, source, mode, mtime_ns, st, number)
         elif name == "link":
             target = str(op[2])
-            _remove_temp_at(fd, temp)
             os.symlink(target, temp, dir_fd=fd)
-            if st is not None and stat.S_ISDIR(st.st_mode):
-                os.rmdir(base, dir_fd=fd)
             _step(f"op{number}-rename")
-            os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+            _replace(fd, temp, base, st, number)
         elif name == "chmod":
             mode = int(op[2])  # type: ignore[call-overload]
             if st is not None and not stat.S_ISLNK(st.st_mode):
@@ -328,10 +338,63 @@ def _put(fd: int, base: str, temp: str, source: str, mode: int, mtime_ns: int,
             os.close(dst)
     finally:
         os.close(src)
-    if st is not None and stat.S_ISDIR(st.st_mode):
-        os.rmdir(base, dir_fd=fd)
     _step(f"op{number}-rename")
-    os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+    _replace(fd, temp, base, st, number)
+
+
+def _replace(fd: int, temp: str, base: str, st: os.stat_result | None, number: int) -> None:
+    """Put *temp* in place of *base*: ``rename`` over a non-directory, else exchange.
+
+    A directory <-> non-directory replacement cannot be one ``rename``: the
+    two are exchanged atomically (``RENAME_EXCHANGE``) and the old object,
+    now under the temporary name, is removed. The directory being replaced
+    must be empty by then (its entries were removed first); if it is not,
+    nothing is exchanged.
+    """
+    new_is_dir = stat.S_ISDIR(os.stat(temp, dir_fd=fd, follow_symlinks=False).st_mode)
+    old_is_dir = st is not None and stat.S_ISDIR(st.st_mode)
+    if st is None or (not old_is_dir and not new_is_dir):
+        os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+        return
+    if old_is_dir and os.listdir(_fd_path(fd, base)):
+        raise OSError(errno.ENOTEMPTY, "the directory to be replaced is not empty")
+    try:
+        _exchange(fd, temp, base)
+    except OSError as exc:
+        if exc.errno not in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+            raise
+        # no RENAME_EXCHANGE here: remove, then rename (the name is briefly absent)
+        if old_is_dir:
+            os.rmdir(base, dir_fd=fd)
+        else:
+            os.unlink(base, dir_fd=fd)
+        os.rename(temp, base, src_dir_fd=fd, dst_dir_fd=fd)
+        return
+    _step(f"op{number}-exchanged")
+    _remove_temp_at(fd, temp)
+
+
+def _fd_path(fd: int, name: str) -> str:
+    return f"/proc/self/fd/{fd}/{name}"
+
+
+_RENAME_EXCHANGE = 2
+_libc: object = None
+
+
+def _exchange(fd: int, a: str, b: str) -> None:
+    """``renameat2(fd, a, fd, b, RENAME_EXCHANGE)``."""
+    import ctypes
+
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(_libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if renameat2(fd, os.fsencode(a), fd, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
 
 
 def _copy_data(src: int, dst: int) -> None:
@@ -369,10 +432,14 @@ def _chmod_at(fd: int, name: str, mode: int) -> None:
 
 
 def _remove_temp_at(fd: int, temp: str) -> None:
-    try:
+    """Remove a temporary name: a file, a symlink, or an (empty) exchanged-out directory."""
+    st = _lstat_at(fd, temp)
+    if st is None:
+        return
+    if stat.S_ISDIR(st.st_mode):
+        os.rmdir(temp, dir_fd=fd)
+    else:
         os.unlink(temp, dir_fd=fd)
-    except FileNotFoundError:
-        pass
 
 
 def _remove_temp(ws_fd: int, rel: str, temp: str) -> None:

@@ -7,12 +7,14 @@ and records only what the change set touches.
 
 1. **ctime.** Every change to a file - content, mode, owner, a rename onto
    it, a new file - sets its ctime to the current time, and nobody can set
-   it back. When a preview is created, corral waits for the kernel's coarse
-   clock to tick and takes that value as the preview's *base time* ``T``
-   (at most one tick, 4 ms on a 250 Hz kernel): a change made before the
-   preview began has ``ctime < T``, a change made after has ``ctime >= T``.
-   So at apply time "exists and ``ctime >= T``" means "created or changed
-   since the preview began".
+   it back. The kernel stamps it from the coarse clock (which lags the
+   real time by up to a tick or two) or, on filesystems with fine-grained
+   timestamps, from the real time. So when a preview is created corral
+   reads the real time ``T`` and waits until the coarse clock has caught up
+   with it (about 7 ms on a 250 Hz kernel): a change made before has
+   ``ctime < T`` whichever clock stamped it, a change made after has
+   ``ctime >= T``. At apply time "exists and ``ctime >= T``" therefore
+   means "created or changed since the preview began".
 
 2. **Absence needs a record.** A file deleted from the real workspace leaves
    no ctime behind. At the end of every run corral records, for each path
@@ -53,20 +55,19 @@ _CLOCK_REALTIME_COARSE = 5  # Linux clock id; ctime is stamped from this clock
 
 
 def base_time_ns() -> int:
-    """The next tick of the coarse real-time clock: a preview's base time ``T``.
+    """A preview's base time ``T``: now, once the coarse clock has caught up with it.
 
-    Waits at most one tick, so that every change made before the call has
-    ``ctime < T`` and every change after it ``ctime >= T``.
+    Every change made before the call has ``ctime < T`` and every change
+    after it ``ctime >= T``, whether the filesystem stamps ctime from the
+    coarse or the fine clock.
     """
+    now = time.time_ns()
     try:
-        start = time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
-    except OSError:  # pragma: no cover - every Linux since 2.6.32 has it
-        return time.time_ns()
-    while True:
-        now = time.clock_gettime_ns(_CLOCK_REALTIME_COARSE)
-        if now != start:
-            return now
-        time.sleep(0.0002)
+        while time.clock_gettime_ns(_CLOCK_REALTIME_COARSE) < now:
+            time.sleep(0.001)
+    except OSError:  # pragma: no cover - every Linux since 2.6.32 has the coarse clock
+        pass
+    return now
 
 
 def observe(workspace: str, rel: str, base_ns: int, records: Mapping[str, str] | None = None) -> str:
@@ -109,7 +110,12 @@ def _matches_exact(record: str | None, st: os.stat_result) -> bool:
 
 
 def _parent_changed(workspace: str, rel: str, base_ns: int, records: Mapping[str, str]) -> bool:
-    """Whether the nearest existing ancestor directory of *rel* changed its entries since *base_ns*."""
+    """Whether the nearest existing ancestor of *rel* changed since *base_ns*.
+
+    A directory's ctime changes when entries are added or removed; a file
+    in the way (``a`` for ``a/b``) changes its own when it is replaced. Either
+    way an unchanged ancestor means *rel* did not exist at the base time.
+    """
     parts = rel.split("/")[:-1]
     while True:
         path = "/".join([workspace, *parts]) if parts else workspace
@@ -120,8 +126,6 @@ def _parent_changed(workspace: str, rel: str, base_ns: int, records: Mapping[str
                 return True
             parts.pop()
             continue
-        if not stat.S_ISDIR(st.st_mode):
-            return True
         if _matches_exact(records.get("/".join(parts)), st):
             return False
         return st.st_ctime_ns >= base_ns

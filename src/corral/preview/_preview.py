@@ -688,9 +688,12 @@ def recover_interrupted(state_dir: str) -> list[str]:
 
     directory = journal_dir(state_dir)
     try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(".json"))
+        entries = os.listdir(directory)
     except FileNotFoundError:
         return []
+    names = sorted(n for n in entries if n.endswith(".json"))
+    for stale in (n for n in entries if n.endswith(".json.tmp")):
+        _remove_stale_journal(state_dir, directory, stale)
     messages: list[str] = []
     for name in names:
         preview_id = name[: -len(".json")]
@@ -731,3 +734,22 @@ def recover_interrupted(state_dir: str) -> list[str]:
         finally:
             lock.release()
     return messages
+
+
+def _remove_stale_journal(state_dir: str, directory: str, name: str) -> None:
+    """Remove a journal that was never committed (its writer died before the rename)."""
+    preview_id = name[: -len(".json.tmp")]
+    if not _valid_id(preview_id):
+        return
+    lock = _Lock(os.path.join(_previews_dir(state_dir), preview_id, _LOCK), f"preview {preview_id}")
+    try:
+        if not lock.acquire(wait=False):
+            return  # being written right now
+    except FileNotFoundError:
+        pass
+    try:
+        os.unlink(os.path.join(directory, name))
+    except FileNotFoundError:
+        pass
+    finally:
+        lock.release()
