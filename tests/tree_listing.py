@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 
-LISTING_SCRIPT = r'''
+LISTING_SCRIPT = r"""
 import hashlib, json, os, stat, sys
 def listing(root):
     out = {}
@@ -31,10 +31,10 @@ def listing(root):
     return out
 if __name__ == "__main__":
     print(json.dumps(listing(sys.argv[1]), sort_keys=True))
-'''
+"""
 
 _namespace: dict[str, object] = {}
-exec(compile(LISTING_SCRIPT, "<tree-listing>", "exec"), _namespace)  # noqa: S102 - our own constant
+exec(compile(LISTING_SCRIPT, "<tree-listing>", "exec"), _namespace)
 
 
 def tree(root: str) -> dict[str, list[object]]:
@@ -45,5 +45,7 @@ def tree(root: str) -> dict[str, list[object]]:
 
 def tree_in_subprocess(root: str) -> dict[str, list[object]]:
     """The same, computed by a separate ``python3`` (as a sandboxed command would)."""
-    out = subprocess.run(["python3", "-c", LISTING_SCRIPT, root], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        ["python3", "-c", LISTING_SCRIPT, root], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout)

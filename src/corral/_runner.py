@@ -102,8 +102,8 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
         backend = select_backend(policy)
         if spec is not None and spec.mechanism not in backend.preview_mechanisms:
             raise UsageError(
-                f"Failed to run in preview {spec.id}: the {backend.name} backend cannot run a preview "
-                f"({spec.mechanism})",
+                f"Failed to run in preview {spec.id}: the {backend.name} backend cannot run "
+                f"a preview ({spec.mechanism})",
                 hint="use a backend that can (bubblewrap), or drop --backend",
             )
         facts, layout = inspect_host(backend, request, policy, env)
@@ -111,7 +111,8 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
         if problem is not None:
             raise BackendUnavailable(f"Failed to use the {backend.name} backend: {problem}",
                                      hint="run 'corral doctor' to see what works here")
-        return Prepared(backend, facts, layout, _plan(backend, request, policy, facts, spec), policy, preview)
+        plan = _plan(backend, request, policy, facts, spec)
+        return Prepared(backend, facts, layout, plan, policy, preview)
     reasons: list[str] = []
     candidates = sorted(
         (get_backend(name) for name in BACKENDS),
@@ -128,7 +129,8 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
         if problem is not None:
             reasons.append(f"{backend.name}: {problem}")
             continue
-        return Prepared(backend, facts, layout, _plan(backend, request, policy, facts, spec), policy, preview)
+        plan = _plan(backend, request, policy, facts, spec)
+        return Prepared(backend, facts, layout, plan, policy, preview)
     raise BackendUnavailable(
         f"Failed to find a backend with at least {policy.isolation!r} isolation"
         + (f": {'; '.join(reasons)}" if reasons else ""),

@@ -208,18 +208,43 @@ class Broker:
         mount namespace holds the roots when ``spec.launcher_ns`` is set: the
         roots are opened through ``/proc/<launcher_pid>/root``. If that fails
         the listener is closed (supervised syscalls fail with ``ENOSYS``) and
-        :attr:`error` says why.
+        :attr:`error` says why - unless the launcher has exited already (a
+        short command can be over before its listener arrives): then nothing
+        is left to supervise.
         """
         self._listener = listener_fd
         if self._spec.launcher_ns:
-            try:
-                if launcher_pid <= 0:
-                    raise OSError(errno.ESRCH, "no launcher pid for a launcher-namespace root")
-                self._open_roots(f"/proc/{launcher_pid}/root")
-            except OSError as exc:
-                self.error = exc
+            problem = self._open_launcher_roots(launcher_pid)
+            if problem is not None:
+                self.error = problem
+            if problem is not None or not self._roots:
                 self._close_listener()
         self._attached.release()
+
+    def _open_launcher_roots(self, pid: int) -> OSError | None:
+        """Open the roots through the launcher's root; ``None`` if done or if it exited.
+
+        A launcher that is exiting loses its root (ENOENT) a moment before it
+        becomes a zombie, so a failure is retried briefly before it counts.
+        """
+        import time
+
+        if pid <= 0:
+            return OSError(errno.ESRCH, "no launcher pid for a launcher-namespace root")
+        deadline = time.monotonic() + 0.5
+        while True:
+            try:
+                self._open_roots(f"/proc/{pid}/root")
+                return None
+            except OSError as exc:
+                for root in self._roots:
+                    os.close(root.host_fd)
+                self._roots = []
+                if _exited(pid):
+                    return None  # the sandbox is over: nothing left to supervise
+                if time.monotonic() > deadline:
+                    return exc
+                time.sleep(0.002)
 
     def _main(self) -> None:
         try:
@@ -881,6 +906,16 @@ class Broker:
                           ctypes.c_int(_AT_SYMLINK_NOFOLLOW))
 
         return self._with(r, touch)
+
+
+def _exited(pid: int) -> bool:
+    """Whether *pid* (corral's unreaped child) has exited: gone, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return True
+    return stat_line[stat_line.rfind(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 class _FdResult:

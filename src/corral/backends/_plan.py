@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from .._frozen import Record
 
-__all__ = ["BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan", "PreviewSpec"]
+__all__ = [
+    "BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan", "PreviewSpec",
+]
 
 
 class FdSpec(Record):

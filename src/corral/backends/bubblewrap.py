@@ -147,7 +147,7 @@ class BubblewrapBackend(Backend):
         copy = preview is not None and preview.mechanism == "copy"
 
         def source(path: str) -> str:
-            """Where the sandbox's *path* comes from on the host (a copy preview redirects the workspace)."""
+            """Where the sandbox's *path* comes from (a copy preview redirects the workspace)."""
             if copy and preview is not None and _under(path, workspace):
                 return preview.tree.rstrip("/") + path[len(workspace):]
             return path
@@ -252,8 +252,8 @@ class BubblewrapBackend(Backend):
                 (nr, name) for rule in BROKER_RULES for name in rule[0]
                 if (nr := SYSCALLS[name][column]) is not None
             )
-            broker = BrokerSpec(roots=tuple((w, source(w)) for w in writable), patterns=tuple(patterns),
-                                syscall_names=tuple(names),
+            broker = BrokerSpec(roots=tuple((w, source(w)) for w in writable),
+                                patterns=tuple(patterns), syscall_names=tuple(names),
                                 launcher_ns=preview is not None and not copy)
             fds += [
                 FdSpec(number=FD_NOTIFY_BPF, kind="data",
@@ -279,7 +279,8 @@ class BubblewrapBackend(Backend):
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
             kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
             if preview.mechanism not in ("overlay", "fuse-overlayfs"):
-                raise UsageError(f"Failed to run in preview {preview.id}: unknown mechanism {preview.mechanism!r}")
+                raise UsageError(f"Failed to run in preview {preview.id}: "
+                                 f"unknown mechanism {preview.mechanism!r}")
             prefix = [facts.helper, "--mount-overlay", kind, workspace, preview.upper, preview.work,
                       "--status-fd", str(FD_STATUS)]
             if kind == "fuse":

@@ -21,7 +21,7 @@ EXIT_USAGE = 125
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("corral.cli.commands.run", "run a command in the sandbox"),
     "shell": ("corral.cli.commands.shell", "interactive shell in the sandbox"),
-    "preview": ("corral.cli.commands.preview", "run a command against a copy-on-write view of the workspace"),
+    "preview": ("corral.cli.commands.preview", "run a command against a copy-on-write workspace"),
     "diff": ("corral.cli.commands.diff", "review a preview's changes"),
     "apply": ("corral.cli.commands.apply", "land a preview's changes in the workspace"),
     "discard": ("corral.cli.commands.discard", "drop a preview"),

@@ -23,8 +23,12 @@ __all__ = ["add_lookup_arguments", "current_workspace", "find_preview", "use_col
 
 def add_lookup_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``ID`` and ``--workspace`` arguments every preview command takes."""
-    parser.add_argument("id", nargs="?", help="preview id (default: the newest preview of this workspace)")
-    parser.add_argument("--workspace", metavar="DIR", help="the workspace whose newest preview to use")
+    parser.add_argument(
+        "id", nargs="?", help="preview id (default: the newest preview of this workspace)"
+    )
+    parser.add_argument(
+        "--workspace", metavar="DIR", help="the workspace whose newest preview to use"
+    )
 
 
 def current_workspace(explicit: str | None) -> str:
@@ -51,8 +55,10 @@ def find_preview(preview_id: str | None, workspace: str | None, *, state_dir: st
     ws = current_workspace(workspace)
     found = Preview.list(state_dir=state_dir, workspace=ws)
     if not found:
-        raise PreviewError(f"Failed to find a preview of {ws}",
-                           hint="'corral previews' lists every preview; name one by its id")
+        raise PreviewError(
+            f"Failed to find a preview of {ws}",
+            hint="'corral previews' lists every preview; name one by its id",
+        )
     return found[-1]
 
 
@@ -63,4 +69,8 @@ def use_color(mode: str, stream: object) -> bool:
     if mode == "never":
         return False
     isatty = getattr(stream, "isatty", None)
-    return bool(isatty and isatty()) and "NO_COLOR" not in os.environ and os.environ.get("TERM") != "dumb"
+    return (
+        bool(isatty and isatty())
+        and "NO_COLOR" not in os.environ
+        and os.environ.get("TERM") != "dumb"
+    )

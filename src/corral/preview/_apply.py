@@ -173,7 +173,7 @@ def write_journal(state_dir: str, journal: dict[str, object]) -> str:
         data = dumps(journal).encode()
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -252,7 +252,9 @@ def _walk(ws_fd: int, parts: list[str]) -> int:
             os.close(fd)
             raise OSError(errno.EINVAL, f"bad path component {part!r}")
         try:
-            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            nxt = os.open(
+                part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
         finally:
             os.close(fd)
         fd = nxt
@@ -319,15 +321,27 @@ def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number
         os.close(fd)
 
 
-def _put(fd: int, base: str, temp: str, source: str, mode: int, mtime_ns: int,
-         st: os.stat_result | None, number: int) -> None:
+def _put(
+    fd: int,
+    base: str,
+    temp: str,
+    source: str,
+    mode: int,
+    mtime_ns: int,
+    st: os.stat_result | None,
+    number: int,
+) -> None:
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
             raise OSError(errno.EINVAL, "the preview's version is not a regular file")
         _step(f"op{number}-temp")
-        dst = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                      dir_fd=fd)
+        dst = os.open(
+            temp,
+            os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=fd,
+        )
         try:
             _copy_data(src, dst)
             _step(f"op{number}-copied")
@@ -419,7 +433,7 @@ def _copy_data(src: int, dst: int) -> None:
     while chunk := os.read(src, 1 << 20):
         view = memoryview(chunk)
         while view:
-            view = view[os.write(dst, view):]
+            view = view[os.write(dst, view) :]
 
 
 def _chmod_at(fd: int, name: str, mode: int) -> None:

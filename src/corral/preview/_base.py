@@ -35,7 +35,6 @@ too.
 from __future__ import annotations
 
 import os
-import stat
 import time
 
 from ._layers import kind_of
@@ -70,7 +69,9 @@ def base_time_ns() -> int:
     return now
 
 
-def observe(workspace: str, rel: str, base_ns: int, records: Mapping[str, str] | None = None) -> str:
+def observe(
+    workspace: str, rel: str, base_ns: int, records: Mapping[str, str] | None = None
+) -> str:
     """What the real workspace shows at *rel* now, judged against base time *base_ns*.
 
     ``present:<kind>``, ``changed`` (ctime at or after the base time),
@@ -131,9 +132,10 @@ def _parent_changed(workspace: str, rel: str, base_ns: int, records: Mapping[str
         return st.st_ctime_ns >= base_ns
 
 
-def find_conflicts(workspace: str, paths: Iterable[str], records: Mapping[str, str],
-                   base_ns: int) -> list[tuple[str, str]]:
-    """``(path, why)`` for each of *paths* that changed in the real workspace since the preview began."""
+def find_conflicts(
+    workspace: str, paths: Iterable[str], records: Mapping[str, str], base_ns: int
+) -> list[tuple[str, str]]:
+    """``(path, why)`` for each of *paths* changed in the real workspace since the base time."""
     conflicts: list[tuple[str, str]] = []
     for rel in paths:
         recorded = records.get(rel)
@@ -144,19 +146,24 @@ def find_conflicts(workspace: str, paths: Iterable[str], records: Mapping[str, s
                 st = None
             if st is None:
                 conflicts.append((rel, "deleted in the real workspace since corral applied it"))
-            elif not _matches_exact(recorded, st) and (kind_of(st.st_mode) != "dir"
-                                                       or recorded.split(":")[1] != "dir"):
+            elif not _matches_exact(recorded, st) and (
+                kind_of(st.st_mode) != "dir" or recorded.split(":")[1] != "dir"
+            ):
                 conflicts.append((rel, "changed in the real workspace since corral applied it"))
             continue
         now = observe(workspace, rel, base_ns, records)
         if recorded == CHANGED:
             conflicts.append((rel, "changed in the real workspace while the preview ran"))
         elif recorded == UNKNOWN:
-            conflicts.append((rel, "its directory changed in the real workspace while the preview ran"))
+            conflicts.append(
+                (rel, "its directory changed in the real workspace while the preview ran")
+            )
         elif now == CHANGED:
             conflicts.append((rel, "changed in the real workspace since the preview began"))
         elif now == UNKNOWN and recorded is None:
-            conflicts.append((rel, "its directory changed in the real workspace since the preview began"))
+            conflicts.append(
+                (rel, "its directory changed in the real workspace since the preview began")
+            )
         elif recorded == ABSENT and now.startswith("present:"):
             conflicts.append((rel, "created in the real workspace since the preview began"))
         elif recorded is not None and recorded.startswith("present:") and now != recorded:

@@ -51,7 +51,8 @@ class Change(Record):
     Attributes:
         path: workspace-relative path (``/``-separated).
         kind: ``"added"``, ``"deleted"``, ``"modified"``, ``"renamed"`` or ``"unsupported"``.
-        old_type, new_type: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"``; ``None`` when absent.
+        old_type, new_type: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"``
+            (``None``: absent).
         old_mode, new_mode: permission bits (``st_mode & 0o7777``), or ``None``.
         old_size, new_size: sizes in bytes of regular files, or ``None``.
         old_target, new_target: symlink targets, or ``None``.
@@ -79,17 +80,33 @@ class Change(Record):
     @property
     def mode_changed(self) -> bool:
         """The permission bits differ (both versions exist)."""
-        return self.old_mode is not None and self.new_mode is not None and self.old_mode != self.new_mode
+        return (
+            self.old_mode is not None
+            and self.new_mode is not None
+            and self.old_mode != self.new_mode
+        )
 
     @property
     def type_changed(self) -> bool:
         """A file became a directory, a symlink a file, and so on."""
-        return self.old_type is not None and self.new_type is not None and self.old_type != self.new_type
+        return (
+            self.old_type is not None
+            and self.new_type is not None
+            and self.old_type != self.new_type
+        )
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict (without the internal ``source``; modes as octal strings)."""
         out: dict[str, object] = {"path": self.path, "kind": self.kind}
-        for name in ("old_path", "old_type", "new_type", "old_size", "new_size", "old_target", "new_target"):
+        for name in (
+            "old_path",
+            "old_type",
+            "new_type",
+            "old_size",
+            "new_size",
+            "old_target",
+            "new_target",
+        ):
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
@@ -163,7 +180,9 @@ class ChangeSet:
 
 
 # ---------------------------------------------------------------- computing
-def compute_changes(layer: Layer, workspace: str, *, preview_id: str, detect_renames: bool = True) -> ChangeSet:
+def compute_changes(
+    layer: Layer, workspace: str, *, preview_id: str, detect_renames: bool = True
+) -> ChangeSet:
     """Compare *layer* with the real *workspace* and return the change set.
 
     Cost: one ``lstat`` per layer entry, a listing of each opaque directory,
@@ -236,8 +255,15 @@ class _Walker:
         st = node.st
         assert st is not None
         if node.kind == "other":
-            self.out.append(Change(path=rel, kind="unsupported", new_type="other", new_mode=_perm(st),
-                                   old_type=kind_of(real.st_mode) if real is not None else None))
+            self.out.append(
+                Change(
+                    path=rel,
+                    kind="unsupported",
+                    new_type="other",
+                    new_mode=_perm(st),
+                    old_type=kind_of(real.st_mode) if real is not None else None,
+                )
+            )
             return
         new = self.describe_new(rel, node, st)
         if real is None:
@@ -256,7 +282,9 @@ class _Walker:
             self.deleted_below(rel)
         if node.kind == "dir":
             if old_type != "dir" or _perm(real) != _perm(st):
-                self.out.append(new.replace(kind="modified", content_changed=old_type != "dir", **old))
+                self.out.append(
+                    new.replace(kind="modified", content_changed=old_type != "dir", **old)
+                )
             self.directory(rel, node.host, old_type == "dir")
             return
         if old_type != node.kind:
@@ -271,8 +299,14 @@ class _Walker:
 
     @staticmethod
     def describe_new(rel: str, node: Node, st: os.stat_result) -> Change:
-        change = Change(path=rel, kind="added", new_type=node.kind, new_mode=_perm(st),
-                        new_mtime_ns=st.st_mtime_ns, source=node.host)
+        change = Change(
+            path=rel,
+            kind="added",
+            new_type=node.kind,
+            new_mode=_perm(st),
+            new_mtime_ns=st.st_mtime_ns,
+            source=node.host,
+        )
         if node.kind == "file":
             return change.replace(new_size=st.st_size)
         if node.kind == "symlink":
@@ -377,6 +411,14 @@ def _pair_renames(changes: list[Change], workspace: str) -> list[Change]:
         new = options[0]
         used.add(id(new))
         gone.add(id(old))
-        renames.append(new.replace(kind="renamed", old_path=old.path, old_type="file", old_mode=old.old_mode,
-                                   old_size=old.old_size, content_changed=False))
+        renames.append(
+            new.replace(
+                kind="renamed",
+                old_path=old.path,
+                old_type="file",
+                old_mode=old.old_mode,
+                old_size=old.old_size,
+                content_changed=False,
+            )
+        )
     return [c for c in changes if id(c) not in used and id(c) not in gone] + renames

@@ -52,8 +52,12 @@ __all__ = ["Layer", "Node", "kind_of"]
 
 _OPAQUE_XATTRS = ("trusted.overlay.opaque", "user.overlay.opaque", "user.fuseoverlayfs.opaque")
 _WHITEOUT_XATTRS = ("trusted.overlay.whiteout", "user.overlay.whiteout")
-_REFUSED_XATTRS = ("trusted.overlay.redirect", "user.overlay.redirect",
-                   "trusted.overlay.metacopy", "user.overlay.metacopy")
+_REFUSED_XATTRS = (
+    "trusted.overlay.redirect",
+    "user.overlay.redirect",
+    "trusted.overlay.metacopy",
+    "user.overlay.metacopy",
+)
 _FUSE_WHITEOUT_PREFIX = ".wh."
 _FUSE_OPAQUE_MARKER = ".wh..wh..opq"
 _FUSE_INTERNAL = ".wh..opq"
@@ -102,8 +106,9 @@ class Layer:
         nodes, opaque = layer.children("src", "/state/previews/pv-1/upper/src")
     """
 
-    def __init__(self, root: str, mechanism: str,
-                 manifest: Mapping[str, tuple[str, int, int]] | None = None) -> None:
+    def __init__(
+        self, root: str, mechanism: str, manifest: Mapping[str, tuple[str, int, int]] | None = None
+    ) -> None:
         self.root = root
         self.mechanism = mechanism
         self._manifest = manifest
@@ -131,13 +136,17 @@ class Layer:
                 node = nodes.pop(name)
                 if name in (_FUSE_OPAQUE_MARKER, _FUSE_INTERNAL):
                     continue
-                target = name[len(_FUSE_WHITEOUT_PREFIX):]
+                target = name[len(_FUSE_WHITEOUT_PREFIX) :]
                 if target and target not in nodes:
                     nodes[target] = Node(target, "whiteout", node.host, None)
         if opaque_value == b"x":
             for node in nodes.values():
-                if node.kind == "file" and node.st is not None and node.st.st_size == 0 \
-                        and _has_any_xattr(node.host, _WHITEOUT_XATTRS):
+                if (
+                    node.kind == "file"
+                    and node.st is not None
+                    and node.st.st_size == 0
+                    and _has_any_xattr(node.host, _WHITEOUT_XATTRS)
+                ):
                     node.kind = "whiteout"
         return nodes, opaque
 
@@ -149,7 +158,7 @@ class Layer:
         return known is not None and known == (node.kind, node.st.st_ino, node.st.st_ctime_ns)
 
     def existed(self, rel: str) -> bool | None:
-        """Whether *rel* existed when the preview began, if the layer knows (copy), else ``None``."""
+        """Whether *rel* existed when the preview began (copy), else ``None``: unknown."""
         if self._manifest is None:
             return None
         return rel in self._manifest
@@ -181,9 +190,10 @@ class Layer:
         for name in names:
             if name in _REFUSED_XATTRS:
                 raise PreviewError(
-                    f"Failed to read the preview's changes: {rel or '.'} carries the overlay attribute "
-                    f"{name}, which corral does not interpret",
-                    hint="discard this preview; corral mounts overlays with redirect_dir and metacopy off",
+                    f"Failed to read the preview's changes: {rel or '.'} carries the overlay "
+                    f"attribute {name}, which corral does not interpret",
+                    hint="discard this preview; corral mounts overlays without redirects and "
+                    "metacopy",
                 )
         for name in _OPAQUE_XATTRS:
             if name in names:

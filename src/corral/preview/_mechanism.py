@@ -35,7 +35,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["MECHANISMS", "choose_mechanism", "copy_tree", "find_fuse_overlayfs", "probe"]
+__all__ = [
+    "MECHANISMS",
+    "choose_mechanism",
+    "copy_tree",
+    "find_fuse_overlayfs",
+    "probe",
+    "remove_tree",
+]
 
 MECHANISMS: tuple[str, ...] = ("overlay", "fuse-overlayfs", "copy")
 _PROBE_TIMEOUT = 20.0
@@ -69,7 +76,10 @@ def probe(mechanism: str, previews_dir: str, *, use_cache: bool = True) -> str |
 
     helper = helper_path()
     if helper is None:
-        return "corral's exec helper is missing (reinstall corral with a C compiler: apt-get install gcc libc6-dev)"
+        return (
+            "corral's exec helper is missing "
+            "(reinstall corral with a C compiler: apt-get install gcc libc6-dev)"
+        )
     fuse = None
     if mechanism == "fuse-overlayfs":
         fuse = find_fuse_overlayfs()
@@ -81,7 +91,11 @@ def probe(mechanism: str, previews_dir: str, *, use_cache: bool = True) -> str |
     key = f"preview-{mechanism}:{os.uname().release}:{os.geteuid()}:{os.stat(previews_dir).st_dev}"
     if use_cache:
         cached = _state.cache_get(key)
-        if isinstance(cached, list) and len(cached) == 1 and (cached[0] is None or isinstance(cached[0], str)):
+        if (
+            isinstance(cached, list)
+            and len(cached) == 1
+            and (cached[0] is None or isinstance(cached[0], str))
+        ):
             return cached[0]
     problem = _try_mount(helper, mechanism, fuse, previews_dir)
     _state.cache_put(key, [problem])
@@ -89,7 +103,6 @@ def probe(mechanism: str, previews_dir: str, *, use_cache: bool = True) -> str |
 
 
 def _try_mount(helper: str, mechanism: str, fuse: str | None, previews_dir: str) -> str | None:
-    import shutil
     import subprocess
     import tempfile
 
@@ -98,13 +111,23 @@ def _try_mount(helper: str, mechanism: str, fuse: str | None, previews_dir: str)
         lower, upper, work = (os.path.join(scratch, d) for d in ("lower", "upper", "work"))
         for d in (lower, upper, work):
             os.mkdir(d, 0o700)
-        argv = [helper, "--mount-overlay", "fuse" if fuse else "overlay", lower, upper, work,
-                "--status-fd", "2"]
+        argv = [
+            helper,
+            "--mount-overlay",
+            "fuse" if fuse else "overlay",
+            lower,
+            upper,
+            work,
+            "--status-fd",
+            "2",
+        ]
         if fuse:
             argv += ["--fuse-binary", fuse]
         argv += ["--", "/bin/sh", "-c", 'echo probe > "$1/written"', "sh", lower]
         try:
-            result = subprocess.run(argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False)
+            result = subprocess.run(
+                argv, capture_output=True, text=True, timeout=_PROBE_TIMEOUT, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"the trial mount did not finish: {exc}"
         if result.returncode != 0:
@@ -120,7 +143,7 @@ def _try_mount(helper: str, mechanism: str, fuse: str | None, previews_dir: str)
             return "the trial write did not land in the upper directory"
         return None
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        remove_tree(scratch)
 
 
 def choose_mechanism(requested: str, previews_dir: str) -> str:
@@ -132,12 +155,16 @@ def choose_mechanism(requested: str, previews_dir: str) -> str:
     requested = requested or "auto"
     if requested != "auto":
         if requested not in MECHANISMS:
-            raise PreviewError(f"Failed to create a preview: unknown mechanism {requested!r}",
-                               hint=f"use one of: auto, {', '.join(MECHANISMS)}")
+            raise PreviewError(
+                f"Failed to create a preview: unknown mechanism {requested!r}",
+                hint=f"use one of: auto, {', '.join(MECHANISMS)}",
+            )
         problem = probe(requested, previews_dir)
         if problem is not None:
-            raise PreviewError(f"Failed to create a preview with {requested}: {problem}",
-                               hint="unset CORRAL_PREVIEW_MECHANISM (or use 'auto') to fall back")
+            raise PreviewError(
+                f"Failed to create a preview with {requested}: {problem}",
+                hint="unset CORRAL_PREVIEW_MECHANISM (or use 'auto') to fall back",
+            )
         return requested
     for mechanism in MECHANISMS:
         if probe(mechanism, previews_dir) is None:
@@ -176,7 +203,9 @@ def copy_tree(workspace: str, tree: str) -> dict[str, tuple[str, int, int]]:
             elif kind == "file":
                 src_fd = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
                 try:
-                    dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                    dst_fd = os.open(
+                        dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                    )
                     try:
                         _copy_data(src_fd, dst_fd)
                         os.fchmod(dst_fd, stat.S_IMODE(st.st_mode))
@@ -196,3 +225,39 @@ def copy_tree(workspace: str, tree: str) -> dict[str, tuple[str, int, int]]:
     root = os.stat(workspace)
     os.chmod(tree, stat.S_IMODE(root.st_mode))
     return manifest
+
+
+def remove_tree(path: str) -> None:
+    """Remove *path* recursively, including directories without permissions.
+
+    The overlay's work directory holds a mode-000 ``work`` directory, and the
+    sandboxed command may have left read-only directories in the upper layer:
+    such directories (all ours, inside the state dir) are made accessible
+    first. Symlinks are never followed.
+    """
+    import shutil
+
+    if not os.path.isdir(path) or os.path.islink(path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        return
+    try:
+        shutil.rmtree(path)
+        return
+    except OSError:
+        pass
+
+    def unlock(directory: str) -> None:
+        try:
+            os.chmod(directory, 0o700)
+            entries = list(os.scandir(directory))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                unlock(entry.path)
+
+    unlock(path)
+    shutil.rmtree(path, ignore_errors=True)

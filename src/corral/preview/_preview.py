@@ -20,6 +20,7 @@ import os
 
 from .._exceptions import ApplyConflict, PreviewError
 from ._apply import ApplyResult
+from ._mechanism import remove_tree
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -42,9 +43,12 @@ _SETID = 0o6000
 
 
 def _valid_id(preview_id: str) -> bool:
-    rest = preview_id[len(_ID_PREFIX):]
-    return (preview_id.startswith(_ID_PREFIX) and len(rest) == 12
-            and all(c in "0123456789abcdef" for c in rest))
+    rest = preview_id[len(_ID_PREFIX) :]
+    return (
+        preview_id.startswith(_ID_PREFIX)
+        and len(rest) == 12
+        and all(c in "0123456789abcdef" for c in rest)
+    )
 
 
 def _previews_dir(state_dir: str) -> str:
@@ -66,7 +70,7 @@ def _write_json(path: str, data: object, *, durable: bool = False) -> None:
     try:
         payload = memoryview(dumps(data).encode())
         while payload:
-            payload = payload[os.write(fd, payload):]
+            payload = payload[os.write(fd, payload) :]
         if durable:
             os.fsync(fd)
     finally:
@@ -98,8 +102,11 @@ class _Lock:
 
     def __enter__(self) -> _Lock:
         if self._fd < 0 and not self.acquire(wait=False):
-            raise PreviewError(f"Failed to use {self._what}: another corral command is using it "
-                               "(a run, an apply or a discard)", hint="wait for it to finish")
+            raise PreviewError(
+                f"Failed to use {self._what}: another corral command is using it "
+                "(a run, an apply or a discard)",
+                hint="wait for it to finish",
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -164,7 +171,9 @@ class Preview:
         recover_interrupted(state_dir)
         ws = os.path.realpath(workspace)
         if not os.path.isdir(ws):
-            raise PreviewError(f"Failed to create a preview of {workspace}: not an existing directory")
+            raise PreviewError(
+                f"Failed to create a preview of {workspace}: not an existing directory"
+            )
         state = os.path.realpath(state_dir)
         if _overlaps(ws, state):
             raise PreviewError(
@@ -180,9 +189,11 @@ class Preview:
         if chosen == "fuse-overlayfs":
             fuse_binary = find_fuse_overlayfs() or ""
             if any(c in p for p in (ws, previews) for c in ",:"):
-                raise PreviewError(f"Failed to create a preview of {ws} with fuse-overlayfs: "
-                                   "its paths must not contain ',' or ':'",
-                                   hint="CORRAL_PREVIEW_MECHANISM=copy works with any path")
+                raise PreviewError(
+                    f"Failed to create a preview of {ws} with fuse-overlayfs: "
+                    "its paths must not contain ',' or ':'",
+                    hint="CORRAL_PREVIEW_MECHANISM=copy works with any path",
+                )
         preview_id = _ID_PREFIX + os.urandom(6).hex()
         path = os.path.join(previews, preview_id)
         os.mkdir(path, 0o700)
@@ -192,19 +203,30 @@ class Preview:
                 try:
                     manifest = copy_tree(ws, os.path.join(path, "tree"))
                 except OSError as exc:
-                    raise PreviewError(f"Failed to copy the workspace for a preview: {exc}") from exc
-                _write_json(os.path.join(path, _MANIFEST), {k: list(v) for k, v in manifest.items()})
+                    raise PreviewError(
+                        f"Failed to copy the workspace for a preview: {exc}"
+                    ) from exc
+                _write_json(
+                    os.path.join(path, _MANIFEST), {k: list(v) for k, v in manifest.items()}
+                )
             else:
                 os.mkdir(os.path.join(path, "upper"), 0o755)
                 os.mkdir(os.path.join(path, "work"), 0o700)
             meta = {
-                "version": 1, "id": preview_id, "workspace": ws, "mechanism": chosen,
-                "created": time.time(), "base_ns": base_ns, "runs": 0, "patterns": [],
-                "fuse_binary": fuse_binary, "applied": False,
+                "version": 1,
+                "id": preview_id,
+                "workspace": ws,
+                "mechanism": chosen,
+                "created": time.time(),
+                "base_ns": base_ns,
+                "runs": 0,
+                "patterns": [],
+                "fuse_binary": fuse_binary,
+                "applied": False,
             }
             _write_json(os.path.join(path, _META), meta, durable=True)
         except BaseException:
-            _remove_tree(path)
+            remove_tree(path)
             raise
         return cls(state_dir, meta)
 
@@ -218,8 +240,10 @@ class Preview:
         recover_interrupted(state_dir)
         preview = cls._load(preview_id, state_dir)
         if preview is None:
-            raise PreviewError(f"Failed to find preview {preview_id!r}",
-                               hint="'corral previews' lists the previews that exist")
+            raise PreviewError(
+                f"Failed to find preview {preview_id!r}",
+                hint="'corral previews' lists the previews that exist",
+            )
         return preview
 
     @classmethod
@@ -235,7 +259,7 @@ class Preview:
         ws = os.path.realpath(workspace) if workspace is not None else None
         for name in names:
             if name.startswith(".discarded-"):
-                _remove_tree(os.path.join(previews, name))  # an interrupted discard
+                remove_tree(os.path.join(previews, name))  # an interrupted discard
                 continue
             if not _valid_id(name):
                 continue
@@ -280,12 +304,14 @@ class Preview:
             self._remove()
 
     def _remove(self) -> None:
-        trash = os.path.join(_previews_dir(self.state_dir), f".discarded-{self.id}-{os.urandom(3).hex()}")
+        trash = os.path.join(
+            _previews_dir(self.state_dir), f".discarded-{self.id}-{os.urandom(3).hex()}"
+        )
         try:
             os.rename(self.path, trash)
         except FileNotFoundError:
             return
-        _remove_tree(trash)
+        remove_tree(trash)
 
     def hold(self) -> _Lock:
         """An exclusive hold on the preview for one run or apply (a context manager).
@@ -303,7 +329,9 @@ class Preview:
         from ..backends._plan import PreviewSpec
 
         return PreviewSpec(
-            id=self.id, mechanism=self.mechanism, workspace=self.workspace,
+            id=self.id,
+            mechanism=self.mechanism,
+            workspace=self.workspace,
             upper=os.path.join(self.path, "upper") if self.mechanism != "copy" else "",
             work=os.path.join(self.path, "work") if self.mechanism != "copy" else "",
             tree=os.path.join(self.path, "tree") if self.mechanism == "copy" else "",
@@ -349,8 +377,11 @@ class Preview:
             raise PreviewError(f"Failed to read preview {self.id}: it was applied or discarded")
         if self.mechanism == "copy":
             manifest = self._manifest()
-            layer = Layer(os.path.join(self.path, "tree"), "copy",
-                          {k: (str(v[0]), int(v[1]), int(v[2])) for k, v in manifest.items()})
+            layer = Layer(
+                os.path.join(self.path, "tree"),
+                "copy",
+                {k: (str(v[0]), int(v[1]), int(v[2])) for k, v in manifest.items()},
+            )
         else:
             layer = Layer(os.path.join(self.path, "upper"), self.mechanism)
         return compute_changes(layer, self.workspace, preview_id=self.id)
@@ -362,8 +393,9 @@ class Preview:
         changes = self.changes() if changes is None else changes
         return find_conflicts(self.workspace, _touched(changes), self._records(), self.base_ns)
 
-    def protected(self, changes: ChangeSet | None = None, *,
-                  protect: Iterable[tuple[str, str]] = ()) -> builtins.list[tuple[str, str]]:
+    def protected(
+        self, changes: ChangeSet | None = None, *, protect: Iterable[tuple[str, str]] = ()
+    ) -> builtins.list[tuple[str, str]]:
         """``(path, rule)`` for the changes that touch protected paths or set-id bits."""
         changes = self.changes() if changes is None else changes
         patterns = self._patterns(protect)
@@ -376,13 +408,24 @@ class Preview:
 
     def to_json(self) -> dict[str, object]:
         """``{"id", "workspace", "mechanism", "created", "runs"}``."""
-        return {"id": self.id, "workspace": self.workspace, "mechanism": self.mechanism,
-                "created": self.created, "runs": self.runs}
+        return {
+            "id": self.id,
+            "workspace": self.workspace,
+            "mechanism": self.mechanism,
+            "created": self.created,
+            "runs": self.runs,
+        }
 
     # ------------------------------------------------------------ applying
-    def apply(self, *, allow_protected: tuple[str, ...] = (), force: bool = False,
-              skip_conflicts: bool = False, protect: Iterable[tuple[str, str]] = (),
-              keep: bool = False) -> ApplyResult:
+    def apply(
+        self,
+        *,
+        allow_protected: tuple[str, ...] = (),
+        force: bool = False,
+        skip_conflicts: bool = False,
+        protect: Iterable[tuple[str, str]] = (),
+        keep: bool = False,
+    ) -> ApplyResult:
         """Land the change set in the real workspace.
 
         Args:
@@ -410,13 +453,17 @@ class Preview:
             if not os.path.isdir(self.path):
                 raise PreviewError(f"Failed to apply preview {self.id}: it was applied meanwhile")
             changes = self.changes()
-            refused = [(p, r) for p, r in _protected(changes, self._patterns(protect), self.workspace)
-                       if not _allowed(p, allow_protected, self.workspace)]
+            refused = [
+                (p, r)
+                for p, r in _protected(changes, self._patterns(protect), self.workspace)
+                if not _allowed(p, allow_protected, self.workspace)
+            ]
             if refused:
                 listing = "; ".join(f"{p} ({r})" for p, r in refused[:10])
                 more = f" and {len(refused) - 10} more" if len(refused) > 10 else ""
                 raise PreviewError(
-                    f"Failed to apply preview {self.id}: it changes protected paths: {listing}{more}",
+                    f"Failed to apply preview {self.id}: it changes protected paths: "
+                    f"{listing}{more}",
                     hint="review them with 'corral diff', then allow each by name: "
                     + " ".join(f"--allow-protected {_quote(p)}" for p, _ in refused[:5])
                     + "; or discard the preview",
@@ -430,23 +477,30 @@ class Preview:
                     listing = "; ".join(f"{p} ({why})" for p, why in conflicts[:10])
                     more = f" and {len(conflicts) - 10} more" if len(conflicts) > 10 else ""
                     raise ApplyConflict(
-                        f"Failed to apply preview {self.id}: {len(conflicts)} path(s) changed in the real "
+                        f"Failed to apply preview {self.id}: {len(conflicts)} path(s) changed "
+                        "in the real "
                         f"workspace since the preview began: {listing}{more}",
                         paths=paths,
-                        hint="--force overwrites them with the preview's version; --skip-conflicts applies "
+                        hint="--force overwrites them with the preview's version; "
+                        "--skip-conflicts applies "
                         "everything else and keeps the preview",
                     )
                 selected, skipped = _without(selected, paths)
             return self._land(selected, skipped, keep=keep or bool(skipped))
 
-    def _land(self, selected: builtins.list[Change], skipped: tuple[str, ...], *, keep: bool) -> ApplyResult:
+    def _land(
+        self, selected: builtins.list[Change], skipped: tuple[str, ...], *, keep: bool
+    ) -> ApplyResult:
         from ._apply import plan_operations, write_journal
 
         unsupported = tuple(c.path for c in selected if c.kind == "unsupported")
         ops = plan_operations(selected)
         applied = tuple(sorted({str(op[1]) for op in ops}))
         journal: dict[str, object] = {
-            "version": 1, "preview": self.id, "workspace": self.workspace, "ops": ops,
+            "version": 1,
+            "preview": self.id,
+            "workspace": self.workspace,
+            "ops": ops,
             "then": "keep" if keep else "discard",
         }
         if ops:
@@ -457,8 +511,11 @@ class Preview:
             if journal["then"] == "discard":
                 self._remove()
         return ApplyResult(
-            preview_id=self.id, applied=applied, skipped_conflicts=skipped,
-            skipped_unsupported=unsupported, failed=tuple(failures),
+            preview_id=self.id,
+            applied=applied,
+            skipped_conflicts=skipped,
+            skipped_unsupported=unsupported,
+            failed=tuple(failures),
             preview_removed=not os.path.isdir(self.path),
         )
 
@@ -589,8 +646,9 @@ def _policy_patterns(policy: Policy, workspace: str) -> list[tuple[str, str]]:
     return patterns
 
 
-def _protected(changes: Iterable[Change], patterns: list[tuple[str, str]],
-               workspace: str) -> list[tuple[str, str]]:
+def _protected(
+    changes: Iterable[Change], patterns: list[tuple[str, str]], workspace: str
+) -> list[tuple[str, str]]:
     from ..policy._glob import PathPattern
 
     compiled = []
@@ -607,7 +665,9 @@ def _protected(changes: Iterable[Change], patterns: list[tuple[str, str]],
             if rel is None:
                 continue
             for compiled_pattern, label in compiled:
-                if compiled_pattern.matches(f"{workspace}/{rel}" if compiled_pattern.absolute else rel):
+                if compiled_pattern.matches(
+                    f"{workspace}/{rel}" if compiled_pattern.absolute else rel
+                ):
                     found.append((rel, label))
                     break
         if change.new_mode is not None and change.new_mode & _SETID and change.new_type == "file":
@@ -621,7 +681,7 @@ def _allowed(rel: str, allowed: Iterable[str], workspace: str) -> bool:
         if name.startswith("/"):
             if not _overlaps(name, workspace) or len(name.rstrip("/")) <= len(workspace):
                 continue
-            name = name[len(workspace):]
+            name = name[len(workspace) :]
         name = name.strip("/")
         while name.startswith("./"):
             name = name[2:]
@@ -630,7 +690,9 @@ def _allowed(rel: str, allowed: Iterable[str], workspace: str) -> bool:
     return False
 
 
-def _without(changes: list[Change], conflicts: tuple[str, ...]) -> tuple[list[Change], tuple[str, ...]]:
+def _without(
+    changes: list[Change], conflicts: tuple[str, ...]
+) -> tuple[list[Change], tuple[str, ...]]:
     """Drop changes touching *conflicts*, and deletions of directories above them."""
     blocked = set(conflicts)
     kept: list[Change] = []
@@ -645,35 +707,6 @@ def _without(changes: list[Change], conflicts: tuple[str, ...]) -> tuple[list[Ch
         else:
             kept.append(change)
     return kept, tuple(skipped)
-
-
-def _remove_tree(path: str) -> None:
-    """Remove *path* recursively, making read-only directories writable as needed."""
-    import shutil
-    import stat
-
-    def fix(func: Any, failed: str, _exc: BaseException) -> None:
-        parent = os.path.dirname(failed)
-        try:
-            os.chmod(parent, stat.S_IRWXU)
-            if os.path.isdir(failed) and not os.path.islink(failed):
-                os.chmod(failed, stat.S_IRWXU)
-            func(failed)
-        except OSError:
-            pass
-
-    if not os.path.isdir(path) or os.path.islink(path):
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        return
-    import sys
-
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=fix)
-    else:
-        shutil.rmtree(path, onerror=lambda func, failed, info: fix(func, failed, info[1]))
 
 
 def recover_interrupted(state_dir: str) -> list[str]:
@@ -705,7 +738,9 @@ def recover_interrupted(state_dir: str) -> list[str]:
             if not lock.acquire(wait=False):
                 continue  # a live apply owns it
         except FileNotFoundError:
-            os.makedirs(path, mode=0o700, exist_ok=True)  # the preview is gone; still finish the journal
+            os.makedirs(
+                path, mode=0o700, exist_ok=True
+            )  # the preview is gone; still finish the journal
             if not lock.acquire(wait=False):
                 continue
         try:
@@ -714,23 +749,34 @@ def recover_interrupted(state_dir: str) -> list[str]:
             except FileNotFoundError:
                 continue  # finished meanwhile
             except ValueError:
-                messages.append(f"could not read the interrupted apply journal {name}; left in place")
+                messages.append(
+                    f"could not read the interrupted apply journal {name}; left in place"
+                )
                 continue
             meta_path = os.path.join(path, _META)
             if os.path.exists(meta_path):
                 preview = Preview(state_dir, _read_json(meta_path))
             else:
-                preview = Preview(state_dir, {"id": preview_id, "workspace": journal["workspace"],
-                                              "mechanism": "overlay", "created": 0.0, "base_ns": 0})
+                preview = Preview(
+                    state_dir,
+                    {
+                        "id": preview_id,
+                        "workspace": journal["workspace"],
+                        "mechanism": "overlay",
+                        "created": 0.0,
+                        "base_ns": 0,
+                    },
+                )
             with preview._workspace_lock():
                 failures = preview._complete(journal)
             text = f"completed the interrupted apply of {preview_id} to {journal['workspace']}"
             if failures:
                 text += f"; {len(failures)} operation(s) failed: " + "; ".join(
-                    f"{p}: {e}" for p, e in failures[:5])
+                    f"{p}: {e}" for p, e in failures[:5]
+                )
             messages.append(text)
             if not os.path.exists(meta_path) and os.path.isdir(path):
-                _remove_tree(path)
+                remove_tree(path)
         finally:
             lock.release()
     return messages

@@ -27,7 +27,13 @@ __all__ = ["escape", "render_diff", "render_stat", "unified_diff"]
 #: files larger than this are summarised, not diffed
 MAX_DIFF_BYTES = 2 << 20
 
-_COLORS = {"add": "\033[32m", "del": "\033[31m", "hunk": "\033[36m", "head": "\033[1m", "off": "\033[0m"}
+_COLORS = {
+    "add": "\033[32m",
+    "del": "\033[31m",
+    "hunk": "\033[36m",
+    "head": "\033[1m",
+    "off": "\033[0m",
+}
 _MARK = {"added": "A", "deleted": "D", "modified": "M", "renamed": "R", "unsupported": "?"}
 
 
@@ -118,7 +124,10 @@ def unified_diff(change: Change, workspace: str, *, color: bool = False) -> list
         large = (old_is_file and old is None) or (new_is_file and new is None)
         what = "large" if large else "binary"
         if old_is_file:
-            lines.append(f"{what} file, old: " + _describe_binary(_old_path(change, workspace), change.old_size))
+            lines.append(
+                f"{what} file, old: "
+                + _describe_binary(_old_path(change, workspace), change.old_size)
+            )
         if new_is_file:
             lines.append(f"{what} file, new: " + _describe_binary(change.source, change.new_size))
         return lines
@@ -164,8 +173,7 @@ def render_diff(changes: ChangeSet, *, color: bool = False) -> Iterator[str]:
     for change in changes:
         head = _header(change)
         yield _paint(f"=== {head[0]}", "head", color)
-        for extra in head[1:]:
-            yield extra
+        yield from head[1:]
         yield from unified_diff(change, changes.workspace, color=color)
 
 
@@ -217,5 +225,8 @@ def render_stat(changes: ChangeSet, *, color: bool = False) -> Iterator[str]:
             detail += f" (mode {change.old_mode:04o} -> {change.new_mode:04o})"
         paint = "add" if change.kind == "added" else "del" if change.kind == "deleted" else ""
         yield f" {_paint(mark, paint, color) if paint else mark} {name}{detail}"
-    yield (f" {changes.summary()}; {total_plus} line(s) added, {total_minus} removed"
-           if changes else " no changes")
+    yield (
+        f" {changes.summary()}; {total_plus} line(s) added, {total_minus} removed"
+        if changes
+        else " no changes"
+    )

@@ -64,8 +64,14 @@ class World:
 
     def run(self, preview: Preview, script: str, *, policy: Policy | None = None, **kwargs: object):
         request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=self.workspace)
-        return execute(request, policy or self.policy(), environ=os.environ, preview=preview,
-                       state_dir=self.state, **kwargs)
+        return execute(
+            request,
+            policy or self.policy(),
+            environ=os.environ,
+            preview=preview,
+            state_dir=self.state,
+            **kwargs,
+        )
 
     def cli_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -88,6 +94,6 @@ def mechanism(request, tmp_path_factory) -> str:
 
 
 #: print the tree of $PWD as the command sees it (see tests/tree_listing.py)
-SHOW_TREE = "python3 -c " + "'" + LISTING_SCRIPT.replace("'", "'\"'\"'") + "' \"$PWD\""
+SHOW_TREE = "python3 -c " + "'" + LISTING_SCRIPT.replace("'", "'\"'\"'") + '\' "$PWD"'
 
 __all__ = ["SHOW_TREE", "World", "shutil"]

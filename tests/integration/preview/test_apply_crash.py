@@ -41,7 +41,8 @@ set -e
 i=0
 while [ $i -lt 40 ]; do
   mkdir -p "d$((i % 5))"
-  head -c 8192 /dev/zero | tr '\\0' "$(printf \\\\$(printf %o $((65 + i % 26))))" > "d$((i % 5))/f$i"
+  letter="$(printf \\\\$(printf %o $((65 + i % 26))))"
+  head -c 8192 /dev/zero | tr '\\0' "$letter" > "d$((i % 5))/f$i"
   i=$((i + 1))
 done
 mkdir -p gone/deeper && echo g > gone/deeper/x && echo h > gone/y
@@ -141,7 +142,8 @@ def check_each_path_old_or_new(workspace, old, new) -> None:
         if any(p.startswith(".corral-apply-") for p in path.split("/")[:-1]):
             continue  # inside an exchanged-out temporary directory
         assert now.get(path) in (old.get(path), new.get(path)), (
-            f"{path}: {now.get(path)} is neither old {old.get(path)} nor new {new.get(path)}")
+            f"{path}: {now.get(path)} is neither old {old.get(path)} nor new {new.get(path)}"
+        )
 
 
 def journal_pending(world, preview_id) -> bool:
@@ -165,7 +167,9 @@ def check_completed(world, preview_id, expected, new) -> None:
     remaining = Preview.list(state_dir=world.state)  # also sweeps an interrupted removal
     if expected == new:
         assert remaining == []
-        assert [n for n in os.listdir(os.path.join(world.state, "previews")) if n != ".apply.lock"] == []
+        assert [
+            n for n in os.listdir(os.path.join(world.state, "previews")) if n != ".apply.lock"
+        ] == []
     else:
         assert [p.id for p in remaining] == [preview_id]
 
@@ -215,7 +219,8 @@ def test_apply_killed_at_every_step_is_completed_by_the_next_command(template):
     for step in plan:
         restore(template)
         status = apply_and_die_at(world, preview_id, step)
-        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, (step, status)
+        assert os.WIFSIGNALED(status), (step, status)
+        assert os.WTERMSIG(status) == signal.SIGKILL, (step, status)
         killed += 1
         check_each_path_old_or_new(world.workspace, old, new)
         pending = journal_pending(world, preview_id)
@@ -254,8 +259,9 @@ def test_corral_apply_sigkilled_at_random_moments(template):
     for trial in range(CLI_TRIALS):
         restore(template)
         if trial % 3 == 0:
-            process = subprocess.Popen(argv, env=world.cli_env(), stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                argv, env=world.cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
             time.sleep(rng.uniform(0, startup + applying))
         else:
             process, _ = _start_and_wait_for_journal(argv, world.cli_env(), journal)
@@ -266,8 +272,13 @@ def test_corral_apply_sigkilled_at_random_moments(template):
         pending = journal_pending(world, preview_id)
         expected = expected_after_kill(world, old, new, pending)
         outcomes["journal" if pending else "completed" if expected == new else "untouched"] += 1
-        listing = subprocess.run([sys.executable, "-m", "corral", "previews"], env=world.cli_env(),
-                                 capture_output=True, text=True, check=True)
+        listing = subprocess.run(
+            [sys.executable, "-m", "corral", "previews"],
+            env=world.cli_env(),
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         assert ("completed the interrupted apply" in listing.stderr) == pending, listing.stderr
         assert "failed" not in listing.stderr, listing.stderr
         check_completed(world, preview_id, expected, new)

@@ -60,9 +60,18 @@ def test_apply_makes_the_workspace_the_tree_the_command_saw(world):
     expected = tree(t)
     result = preview.apply()
     assert tree(ws) == expected
-    assert result.preview_removed and not os.path.exists(preview.path)
-    assert set(result.applied) == {"edit.txt", "added", "added/deep", "added/deep/file.txt", "gone",
-                                   "gone/inner.txt", "mode.sh", "link"}
+    assert result.preview_removed
+    assert not os.path.exists(preview.path)
+    assert set(result.applied) == {
+        "edit.txt",
+        "added",
+        "added/deep",
+        "added/deep/file.txt",
+        "gone",
+        "gone/inner.txt",
+        "mode.sh",
+        "link",
+    }
 
 
 def test_refuses_a_file_edited_in_the_workspace_since_the_preview_began(world):
@@ -123,19 +132,21 @@ def test_refuses_protected_paths_unless_named(world):
     write(f"{t}/ok.txt", "fine\n")
     with pytest.raises(PreviewError, match="protected paths") as info:
         preview.apply()
-    assert ".git/hooks/pre-commit" in info.value.message and "sub/.bashrc" in info.value.message
+    assert ".git/hooks/pre-commit" in info.value.message
+    assert "sub/.bashrc" in info.value.message
     assert not os.path.exists(f"{ws}/ok.txt")  # all or nothing
-    with pytest.raises(PreviewError, match="sub/.bashrc"):
+    with pytest.raises(PreviewError, match=r"sub/\.bashrc"):
         preview.apply(allow_protected=(".git/hooks",))
     preview.apply(allow_protected=(".git/hooks", "sub/.bashrc"))
-    assert os.path.exists(f"{ws}/.git/hooks/pre-commit") and os.path.exists(f"{ws}/sub/.bashrc")
+    assert os.path.exists(f"{ws}/.git/hooks/pre-commit")
+    assert os.path.exists(f"{ws}/sub/.bashrc")
 
 
 def test_extra_protection_patterns_apply(world):
     ws, state = world
     preview, t = copy_preview(ws, state)
     write(f"{t}/secrets/key.pem", "k")
-    with pytest.raises(PreviewError, match="filesystem.denyWrite"):
+    with pytest.raises(PreviewError, match=r"filesystem\.denyWrite"):
         preview.apply(protect=[("**/*.pem", "filesystem.denyWrite: **/*.pem")])
 
 
@@ -200,6 +211,8 @@ def test_an_apply_killed_after_the_journal_is_completed_by_the_next_lookup(world
         preview.apply()
     monkeypatch.setattr(apply_module, "FAULT_HOOK", None)
     assert os.listdir(os.path.join(state, "apply-journals")) == [f"{preview.id}.json"]
-    assert Preview.list(state_dir=state) == []  # the lookup completed the apply, which removed the preview
+    assert (
+        Preview.list(state_dir=state) == []
+    )  # the lookup completed the apply, which removed the preview
     assert tree(ws) == expected
     assert os.listdir(os.path.join(state, "apply-journals")) == []

@@ -58,9 +58,14 @@ def test_reports_added_modified_and_deleted_files(dirs):
     write(f"{upper}/new.txt", "hello\n")
     whiteout(f"{upper}/gone.txt")
     changes = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
-    assert kinds(changes) == [("modified", "edit.txt"), ("deleted", "gone.txt"), ("added", "new.txt")]
+    assert kinds(changes) == [
+        ("modified", "edit.txt"),
+        ("deleted", "gone.txt"),
+        ("added", "new.txt"),
+    ]
     edit = changes.get("edit.txt")
-    assert edit.content_changed and not edit.mode_changed
+    assert edit.content_changed
+    assert not edit.mode_changed
     assert edit.source == f"{upper}/edit.txt"
 
 
@@ -69,7 +74,12 @@ def test_reports_a_mode_change_without_content_change(dirs):
     write(f"{ws}/run.sh", "echo\n", 0o644)
     write(f"{upper}/run.sh", "echo\n", 0o755)
     [change] = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
-    assert (change.kind, change.content_changed, change.old_mode, change.new_mode) == ("modified", False, 0o644, 0o755)
+    assert (change.kind, change.content_changed, change.old_mode, change.new_mode) == (
+        "modified",
+        False,
+        0o644,
+        0o755,
+    )
 
 
 def test_whiteout_of_a_directory_deletes_everything_below_it(dirs):
@@ -78,7 +88,12 @@ def test_whiteout_of_a_directory_deletes_everything_below_it(dirs):
     write(f"{ws}/d/sub/b", "b")
     whiteout(f"{upper}/d")
     changes = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
-    assert kinds(changes) == [("deleted", "d"), ("deleted", "d/a"), ("deleted", "d/sub"), ("deleted", "d/sub/b")]
+    assert kinds(changes) == [
+        ("deleted", "d"),
+        ("deleted", "d/a"),
+        ("deleted", "d/sub"),
+        ("deleted", "d/sub/b"),
+    ]
 
 
 def test_opaque_directory_hides_the_real_entries(dirs):
@@ -97,7 +112,9 @@ def test_non_opaque_directory_leaves_untouched_real_entries_alone(dirs):
     write(f"{ws}/d/old", "o")
     os.makedirs(f"{upper}/d")
     write(f"{upper}/d/fresh", "f")
-    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [("added", "d/fresh")]
+    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [
+        ("added", "d/fresh")
+    ]
 
 
 def test_pairs_identical_deleted_and_added_files_as_a_rename(dirs):
@@ -107,7 +124,11 @@ def test_pairs_identical_deleted_and_added_files_as_a_rename(dirs):
     whiteout(f"{upper}/src/old_name.py")
     write(f"{upper}/src/new_name.py", "print('x')\n")
     [change] = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
-    assert (change.kind, change.old_path, change.path) == ("renamed", "src/old_name.py", "src/new_name.py")
+    assert (change.kind, change.old_path, change.path) == (
+        "renamed",
+        "src/old_name.py",
+        "src/new_name.py",
+    )
 
 
 def test_symlinks_and_type_changes(dirs):
@@ -121,8 +142,11 @@ def test_symlinks_and_type_changes(dirs):
     os.symlink("target-b", f"{upper}/link")
     changes = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
     assert kinds(changes) == [
-        ("modified", "link"), ("modified", "was_dir"), ("deleted", "was_dir/inner"),
-        ("modified", "was_file"), ("added", "was_file/child"),
+        ("modified", "link"),
+        ("modified", "was_dir"),
+        ("deleted", "was_dir/inner"),
+        ("modified", "was_file"),
+        ("added", "was_file/child"),
     ]
     link = changes.get("link")
     assert (link.old_target, link.new_target) == ("target-a", "target-b")
@@ -133,7 +157,9 @@ def test_symlinks_and_type_changes(dirs):
 def test_fifo_is_reported_as_unsupported(dirs):
     ws, upper = dirs
     os.mkfifo(f"{upper}/pipe")
-    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [("unsupported", "pipe")]
+    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [
+        ("unsupported", "pipe")
+    ]
 
 
 def test_wh_names_are_plain_files_under_kernel_overlay(dirs):
@@ -141,7 +167,8 @@ def test_wh_names_are_plain_files_under_kernel_overlay(dirs):
     write(f"{ws}/important", "keep me")
     write(f"{upper}/.wh.important", "")  # a file the command created, not a whiteout
     assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [
-        ("added", ".wh.important")]
+        ("added", ".wh.important")
+    ]
 
 
 def test_wh_names_are_whiteouts_under_fuse_overlayfs(dirs):
@@ -163,7 +190,9 @@ def test_xattr_whiteouts_in_an_x_marked_directory(dirs):
     opaque(f"{upper}/d", b"x")
     write(f"{upper}/d/gone", "")
     os.setxattr(f"{upper}/d/gone", "user.overlay.whiteout", b"")
-    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [("deleted", "d/gone")]
+    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [
+        ("deleted", "d/gone")
+    ]
 
 
 def test_refuses_a_redirect_it_cannot_interpret(dirs):
@@ -174,13 +203,17 @@ def test_refuses_a_redirect_it_cannot_interpret(dirs):
         compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="trusted.* xattrs need root (a root mount writes these)")
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="trusted.* xattrs need root (a root mount writes these)"
+)
 def test_reads_trusted_opaque_attribute_of_a_root_mount(dirs):
     ws, upper = dirs
     write(f"{ws}/d/old", "o")
     os.makedirs(f"{upper}/d")
     os.setxattr(f"{upper}/d", "trusted.overlay.opaque", b"y")
-    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [("deleted", "d/old")]
+    assert kinds(compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")) == [
+        ("deleted", "d/old")
+    ]
 
 
 def test_copy_layer_reports_only_what_the_command_touched(tmp_path):
@@ -207,5 +240,13 @@ def test_to_json_has_no_internal_source_and_octal_modes(dirs):
     changes = compute_changes(Layer(upper, "overlay"), ws, preview_id="pv-test")
     data = changes.to_json()
     assert data["summary"] == {"added": 1}
-    assert data["changes"] == [{"path": "x", "kind": "added", "new_type": "file", "new_size": 1,
-                                "new_mode": "0600", "content_changed": True}]
+    assert data["changes"] == [
+        {
+            "path": "x",
+            "kind": "added",
+            "new_type": "file",
+            "new_size": 1,
+            "new_mode": "0600",
+            "content_changed": True,
+        }
+    ]

@@ -30,14 +30,21 @@ def report(result: ApplyResult) -> None:
     """Say on stderr what an apply did."""
     lines = [f"applied {len(result.applied)} path(s) from preview {result.preview_id}"]
     if result.skipped_conflicts:
-        lines.append(f"left out {len(result.skipped_conflicts)} conflicting path(s): "
-                     + ", ".join(result.skipped_conflicts[:10]))
+        lines.append(
+            f"left out {len(result.skipped_conflicts)} conflicting path(s): "
+            + ", ".join(result.skipped_conflicts[:10])
+        )
     if result.skipped_unsupported:
-        lines.append("not applied (FIFOs, sockets, devices): " + ", ".join(result.skipped_unsupported[:10]))
+        lines.append(
+            "not applied (FIFOs, sockets, devices): " + ", ".join(result.skipped_unsupported[:10])
+        )
     for path, error in result.failed:
         lines.append(f"failed: {path}: {error}")
-    lines.append("the preview was removed" if result.preview_removed
-                 else f"the preview {result.preview_id} is kept")
+    lines.append(
+        "the preview was removed"
+        if result.preview_removed
+        else f"the preview {result.preview_id} is kept"
+    )
     sys.stderr.write("".join(f"corral: {line}\n" for line in lines))
     sys.stderr.flush()
 
@@ -50,10 +57,17 @@ def main(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="corral apply", description=__doc__.split("\n\n")[0])
     add_lookup_arguments(parser)
-    parser.add_argument("--allow-protected", action="append", default=[], metavar="PATH",
-                        help="accept the change to this protected path (repeatable)")
+    parser.add_argument(
+        "--allow-protected",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="accept the change to this protected path (repeatable)",
+    )
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--force", action="store_true", help="overwrite files that changed in the workspace")
+    group.add_argument(
+        "--force", action="store_true", help="overwrite files that changed in the workspace"
+    )
     group.add_argument("--skip-conflicts", action="store_true", help="leave files that changed out")
     parser.add_argument("--keep", action="store_true", help="keep the preview after applying")
     parser.add_argument("--json", action="store_true", help="print what was applied as JSON")
@@ -65,9 +79,13 @@ def main(args: list[str]) -> int:
         preview = find_preview(ns.id, ns.workspace, state_dir=state_dir())
         # the protections of today's settings apply too, not only those the runs saw
         policy = load_settings(workspace=preview.workspace).policy
-        result = preview.apply(allow_protected=tuple(ns.allow_protected), force=ns.force,
-                               skip_conflicts=ns.skip_conflicts,
-                               protect=_policy_patterns(policy, preview.workspace), keep=ns.keep)
+        result = preview.apply(
+            allow_protected=tuple(ns.allow_protected),
+            force=ns.force,
+            skip_conflicts=ns.skip_conflicts,
+            protect=_policy_patterns(policy, preview.workspace),
+            keep=ns.keep,
+        )
     except ApplyConflict as exc:
         print_error(exc.message, exc.hint)
         return EXIT_USAGE

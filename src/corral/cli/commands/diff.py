@@ -46,8 +46,10 @@ def main(args: list[str]) -> int:
             return 0
         color = use_color(ns.color, sys.stdout)
         out = sys.stdout
-        out.write(f"preview {preview.id} of {preview.workspace} ({preview.mechanism}, "
-                  f"{preview.runs} run(s)): {changes.summary()}\n")
+        out.write(
+            f"preview {preview.id} of {preview.workspace} ({preview.mechanism}, "
+            f"{preview.runs} run(s)): {changes.summary()}\n"
+        )
         lines = render_stat(changes, color=color) if ns.stat else render_diff(changes, color=color)
         for line in lines:
             out.write(line + "\n")

@@ -18,7 +18,9 @@ def main(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="corral discard", description=__doc__)
     add_lookup_arguments(parser)
-    parser.add_argument("--all", action="store_true", help="discard every preview of every workspace")
+    parser.add_argument(
+        "--all", action="store_true", help="discard every preview of every workspace"
+    )
     try:
         ns = parser.parse_args(args)
     except SystemExit as exc:

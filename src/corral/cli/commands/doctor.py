@@ -97,7 +97,8 @@ def _preview_rows() -> list[tuple[str, bool, str]]:
         detail = {"overlay": "kernel overlayfs in a private mount namespace",
                   "fuse-overlayfs": "fuse-overlayfs daemon",
                   "copy": "a full copy of the workspace (reflink where supported)"}[mechanism]
-        rows.append((f"preview mechanism {mechanism}", problem is None, detail if problem is None else problem))
+        rows.append((f"preview mechanism {mechanism}", problem is None,
+                     detail if problem is None else problem))
     requested = os.environ.get("CORRAL_PREVIEW_MECHANISM", "auto") or "auto"
     try:
         chosen = choose_mechanism(requested, previews)
@@ -124,13 +125,15 @@ def _smoke_preview(mechanism: str) -> tuple[bool, str]:
             preview = Preview.create(workspace, state_dir=state, mechanism=mechanism)
             policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/")).replace(
                 allow_degraded=frozenset({"*"}))
-            request = ExecRequest.from_argv(["/bin/sh", "-c", "echo smoke > written"], cwd=workspace)
+            request = ExecRequest.from_argv(["/bin/sh", "-c", "echo smoke > written"],
+                                            cwd=workspace)
             outcome = execute(request, policy, environ=os.environ, preview=preview)
             changes = [(c.kind, c.path) for c in preview.changes()]
         except CorralError as exc:
             return False, exc.message
         if outcome.returncode != 0:
-            return False, f"the smoke run exited {outcome.returncode}: {outcome.text('stderr').strip()[-200:]}"
+            detail = outcome.text("stderr").strip()[-200:]
+            return False, f"the smoke run exited {outcome.returncode}: {detail}"
         if os.path.exists(os.path.join(workspace, "written")):
             return False, "the smoke run wrote through to the real workspace"
         if changes != [("added", "written")]:

@@ -32,8 +32,10 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-SUMMARY = ("Run COMMAND against a copy-on-write view of the workspace: the real workspace is not "
-           "written; review with 'corral diff', land with 'corral apply'.")
+SUMMARY = (
+    "Run COMMAND against a copy-on-write view of the workspace: the real workspace is not "
+    "written; review with 'corral diff', land with 'corral apply'."
+)
 
 EXTRA = {
     "--id": "value",
@@ -48,7 +50,10 @@ EXTRA_HELP = (
     ("--id ID", "run in the existing preview ID (default: create a new one)"),
     ("--keep", "keep the preview even when nothing is left to review"),
     ("--apply-on-success", "apply the changes if the command exits 0, drop them otherwise"),
-    ("--allow-protected P", "with --apply-on-success: accept changes to protected path P (repeatable)"),
+    (
+        "--allow-protected P",
+        "with --apply-on-success: accept changes to protected path P (repeatable)",
+    ),
     ("--force", "with --apply-on-success: overwrite files changed meanwhile in the workspace"),
     ("--skip-conflicts", "with --apply-on-success: leave such files out"),
     ("--mechanism M", "auto, overlay, fuse-overlayfs or copy (new previews)"),
@@ -84,8 +89,9 @@ def _main(args: list[str]) -> int:
     if existing is not None:
         preview = existing
     else:
-        preview = Preview.create(resolved.workspace, state_dir=state,
-                                 mechanism=str(extra.get("--mechanism") or "auto"))
+        preview = Preview.create(
+            resolved.workspace, state_dir=state, mechanism=str(extra.get("--mechanism") or "auto")
+        )
         print_error(f"preview {preview.id} of {preview.workspace} ({preview.mechanism})")
     try:
         status = execute_options(opts, resolved=resolved, preview=preview)
@@ -96,8 +102,9 @@ def _main(args: list[str]) -> int:
     return _after_run(preview, status, opts.extra, new=existing is None, policy=resolved.policy)
 
 
-def _after_run(preview: Preview, status: int, extra: dict[str, object], *, new: bool,
-               policy: object) -> int:
+def _after_run(
+    preview: Preview, status: int, extra: dict[str, object], *, new: bool, policy: object
+) -> int:
     from ...preview._preview import _policy_patterns
 
     keep = bool(extra.get("--keep"))
@@ -138,8 +145,10 @@ def _after_run(preview: Preview, status: int, extra: dict[str, object], *, new: 
         preview.discard()
         print_error(f"preview {preview.id}: no changes (discarded)")
         return status
-    print_error(f"preview {preview.id}: {changes.summary()}; review: 'corral diff {preview.id}', "
-                f"land: 'corral apply {preview.id}', drop: 'corral discard {preview.id}'")
+    print_error(
+        f"preview {preview.id}: {changes.summary()}; review: 'corral diff {preview.id}', "
+        f"land: 'corral apply {preview.id}', drop: 'corral discard {preview.id}'"
+    )
     return status
 
 

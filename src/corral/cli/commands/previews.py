@@ -20,7 +20,9 @@ def main(args: list[str]) -> int:
 
     parser = argparse.ArgumentParser(prog="corral previews", description=__doc__)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--here", action="store_true", help="only previews of the current workspace")
+    parser.add_argument(
+        "--here", action="store_true", help="only previews of the current workspace"
+    )
     parser.add_argument("--workspace", metavar="DIR", help="only previews of this workspace")
     parser.add_argument("--changes", action="store_true", help="also count each preview's changes")
     try:
@@ -49,7 +51,10 @@ def main(args: list[str]) -> int:
         return 0
     for row in rows:
         created = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(row["created"])))  # type: ignore[arg-type]
-        line = f"{row['id']}  {created}  {row['mechanism']:<14} runs={row['runs']:<3} {row['workspace']}"
+        line = (
+            f"{row['id']}  {created}  {row['mechanism']:<14} runs={row['runs']:<3} "
+            f"{row['workspace']}"
+        )
         if ns.changes:
             counts = row["changes"]
             assert isinstance(counts, dict)
