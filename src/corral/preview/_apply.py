@@ -299,6 +299,9 @@ def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number
         elif name == "mkdir":
             if st is None or not stat.S_ISDIR(st.st_mode):
                 os.mkdir(temp, 0o700, dir_fd=fd)
+                if os.geteuid() == 0:
+                    owner = st or os.fstat(fd)
+                    os.chown(temp, owner.st_uid, owner.st_gid, dir_fd=fd, follow_symlinks=False)
                 _chmod_at(fd, temp, int(op[2]) if len(op) > 2 else 0o755)  # type: ignore[call-overload]
                 _step(f"op{number}-mkdir")
                 _replace(fd, temp, base, st, number)
@@ -345,6 +348,7 @@ def _put(
         try:
             _copy_data(src, dst)
             _step(f"op{number}-copied")
+            _keep_owner(dst, fd, st)
             os.fchmod(dst, mode & 0o1777)
             os.utime(dst, ns=(mtime_ns, mtime_ns))
             os.fsync(dst)
@@ -354,6 +358,18 @@ def _put(
         os.close(src)
     _step(f"op{number}-rename")
     _replace(fd, temp, base, st, number)
+
+
+def _keep_owner(dst: int, parent_fd: int, st: os.stat_result | None) -> None:
+    """As root, give the new version the owner of the old one (or of its directory).
+
+    Without this, an apply by root would hand the user's files to root. Other
+    users cannot change owners and keep their own.
+    """
+    if os.geteuid() != 0:
+        return
+    owner = st if st is not None and not stat.S_ISDIR(st.st_mode) else os.fstat(parent_fd)
+    os.fchown(dst, owner.st_uid, owner.st_gid)
 
 
 def _replace(fd: int, temp: str, base: str, st: os.stat_result | None, number: int) -> None:

@@ -390,3 +390,31 @@ def _unprivileged_cycle(world, uid, corral):
     assert os.listdir(os.path.join(world.workspace, "sub")) == ["t.txt"]
     leftovers = [n for n in os.listdir(os.path.join(world.state, "previews")) if n != ".apply.lock"]
     assert leftovers == []  # the overlay's mode-000 work dir was removed too
+
+
+def test_a_kept_preview_continues_after_apply_without_false_conflicts(world):
+    world.write("a.txt", "base\n")
+    preview = world.preview()
+    assert world.run(preview, "echo one >> a.txt; echo new > b.txt").returncode == 0
+    first = preview.apply(keep=True)
+    assert not first.preview_removed
+    assert world.read("a.txt") == "base\none\n"
+    assert world.run(preview, "echo two >> a.txt; echo c > c.txt").returncode == 0
+    assert [(c.kind, c.path) for c in preview.changes()] == [("modified", "a.txt"), ("added", "c.txt")]
+    preview.apply()
+    assert world.read("a.txt") == "base\none\ntwo\n"
+    world_tree = tree(world.workspace)
+    assert set(world_tree) == {"a.txt", "b.txt", "c.txt"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give files to another owner")
+def test_apply_as_root_keeps_the_owner_of_the_users_files(world):
+    path = world.write("a.txt", "base\n")
+    os.chown(path, 1234, 1234)
+    os.chown(world.workspace, 1234, 1234)
+    preview = world.preview()
+    assert world.run(preview, "echo more >> a.txt; echo n > new.txt; mkdir d").returncode == 0
+    preview.apply()
+    for name in ("a.txt", "new.txt", "d"):
+        st = os.stat(os.path.join(world.workspace, name))
+        assert (st.st_uid, st.st_gid) == (1234, 1234), name
