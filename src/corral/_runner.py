@@ -154,10 +154,16 @@ def launch(prepared: Prepared, request: ExecRequest, *,
                                        on_start=on_start, stdio=stdio, cgroup=cgroup)
     with preview.hold():
         try:
-            return prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
-                                           on_start=on_start, stdio=stdio, cgroup=cgroup)
-        finally:
-            preview.record_run(prepared.policy)
+            outcome = prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
+                                              on_start=on_start, stdio=stdio, cgroup=cgroup)
+        except BaseException:
+            try:
+                preview.record_run(prepared.policy)
+            except (CorralError, OSError):
+                pass  # the launch's own error matters more; apply re-checks conservatively
+            raise
+        preview.record_run(prepared.policy)
+        return outcome
 
 
 def audit_outcome(outcome: Outcome, request: ExecRequest, *, state_dir: str,

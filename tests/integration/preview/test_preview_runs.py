@@ -418,3 +418,14 @@ def test_apply_as_root_keeps_the_owner_of_the_users_files(world):
     for name in ("a.txt", "new.txt", "d"):
         st = os.stat(os.path.join(world.workspace, name))
         assert (st.st_uid, st.st_gid) == (1234, 1234), name
+
+
+def test_doctor_names_the_preview_mechanism_after_a_smoke_preview(world):
+    result = cli(world, "doctor", "--json", check=True)
+    rows = {row["name"]: row for row in json.loads(result.stdout)["features"]}
+    for mechanism in ("overlay", "fuse-overlayfs", "copy"):
+        assert f"preview mechanism {mechanism}" in rows
+    assert rows["preview mechanism copy"]["ok"] is True
+    preview_row = rows["preview (corral preview)"]
+    assert preview_row["ok"] is True, preview_row
+    assert preview_row["detail"].startswith("uses overlay: smoke run ok")

@@ -28,6 +28,7 @@ from .._options import parse_run_options, run_options_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ...policy import Policy
     from ...preview import Preview
 
 __all__ = ["main"]
@@ -103,7 +104,7 @@ def _main(args: list[str]) -> int:
 
 
 def _after_run(
-    preview: Preview, status: int, extra: dict[str, object], *, new: bool, policy: object
+    preview: Preview, status: int, extra: dict[str, object], *, new: bool, policy: Policy
 ) -> int:
     from ...preview._preview import _policy_patterns
 
@@ -126,11 +127,13 @@ def _after_run(
                 preview.discard()
             return status
         try:
+            allowed = extra.get("--allow-protected") or []
+            assert isinstance(allowed, list)
             result = preview.apply(
-                allow_protected=tuple(str(p) for p in extra.get("--allow-protected") or ()),  # type: ignore[attr-defined]
+                allow_protected=tuple(str(p) for p in allowed),
                 force=bool(extra.get("--force")),
                 skip_conflicts=bool(extra.get("--skip-conflicts")),
-                protect=_policy_patterns(policy, preview.workspace),  # type: ignore[arg-type]
+                protect=_policy_patterns(policy, preview.workspace),
                 keep=keep,
             )
         except CorralError as exc:
