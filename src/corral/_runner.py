@@ -59,8 +59,14 @@ def _plan(backend: Backend, request: ExecRequest, policy: Policy, facts: HostFac
     return backend.plan(request, policy, facts, preview=spec)  # type: ignore[call-arg]
 
 
-def _policy_for_preview(policy: Policy, spec: PreviewSpec, preview_dir: str) -> Policy:
-    """The policy for a run in a preview: same workspace, and the preview's files hidden."""
+def _policy_for_preview(policy: Policy, spec: PreviewSpec, state_dir: str) -> Policy:
+    """The policy for a run in a preview: same workspace, and corral's state dir hidden.
+
+    The state dir holds every preview's layers and the apply journals: a
+    sandboxed command must not read another preview, nor slip changes into
+    one. Settings loaded by ``load_settings`` hide it already; a policy built
+    another way (the SDK) gets it added here.
+    """
     fs = policy.filesystem
     if os.path.realpath(fs.workspace) != spec.workspace:
         raise UsageError(
@@ -68,7 +74,7 @@ def _policy_for_preview(policy: Policy, spec: PreviewSpec, preview_dir: str) -> 
             f"not {fs.workspace}",
             hint=f"run it with --workspace {spec.workspace}",
         )
-    hidden = os.path.dirname(preview_dir)  # every preview, not only this one
+    hidden = os.path.realpath(state_dir)
     deny_read = fs.deny_read
     if not any(hidden == d or hidden.startswith(d.rstrip("/") + "/") for d in deny_read):
         deny_read = (*deny_read, hidden)
@@ -95,7 +101,7 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
     spec = None
     if preview is not None:
         spec = preview.spec()
-        policy = _policy_for_preview(policy, spec, preview.path)
+        policy = _policy_for_preview(policy, spec, preview.state_dir)
     if policy.backend != "auto":
         from .backends import select_backend
 

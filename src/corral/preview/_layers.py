@@ -172,7 +172,10 @@ class Layer:
         except FileNotFoundError:
             return nodes
         for entry in entries:
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # removed while we read (a command still running in the preview)
             kind = kind_of(st.st_mode)
             if kind == "other" and stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
                 kind = "whiteout"
