@@ -181,14 +181,21 @@ class ChangeSet:
 
 # ---------------------------------------------------------------- computing
 def compute_changes(
-    layer: Layer, workspace: str, *, preview_id: str, detect_renames: bool = True
+    layer: Layer,
+    workspace: str,
+    *,
+    preview_id: str,
+    detect_renames: bool = True,
+    compare_content: bool = True,
 ) -> ChangeSet:
     """Compare *layer* with the real *workspace* and return the change set.
 
     Cost: one ``lstat`` per layer entry, a listing of each opaque directory,
-    and a byte comparison of files copied up with an unchanged size.
+    and a byte comparison of files copied up with an unchanged size. With
+    ``compare_content=False`` such files count as modified unread (a superset
+    of the change set, for callers that only need the touched paths).
     """
-    walker = _Walker(layer, workspace.rstrip("/") or "/")
+    walker = _Walker(layer, workspace.rstrip("/") or "/", compare_content=compare_content)
     root_st = _lstat(walker.workspace)
     walker.directory("", layer.root, root_st is not None and stat.S_ISDIR(root_st.st_mode))
     changes = walker.out
@@ -216,9 +223,10 @@ def _perm(st: os.stat_result) -> int:
 class _Walker:
     """Walk the layer top-down, comparing each touched entry with the real workspace."""
 
-    def __init__(self, layer: Layer, workspace: str) -> None:
+    def __init__(self, layer: Layer, workspace: str, *, compare_content: bool = True) -> None:
         self.layer = layer
         self.workspace = workspace
+        self.compare_content = compare_content
         self.out: list[Change] = []
 
     def real_path(self, rel: str) -> str:
@@ -292,6 +300,8 @@ class _Walker:
             return
         if node.kind == "symlink":
             changed = old["old_target"] != new.new_target
+        elif not self.compare_content:
+            changed = True
         else:
             changed = not _same_content(self.real_path(rel), node.host, real, st)
         if changed or _perm(real) != _perm(st):

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..backends._plan import PreviewSpec
     from ..policy._model import Policy
     from ._changes import Change, ChangeSet
+    from ._layers import Layer
 
 __all__ = ["Preview", "recover_interrupted"]
 
@@ -338,15 +339,23 @@ class Preview:
             fuse_binary=str(self._meta.get("fuse_binary") or ""),
         )
 
-    def record_run(self, policy: Policy | None = None) -> ChangeSet:
+    def record_run(self, policy: Policy | None = None) -> None:
         """After a run: remember what the change set touches and the run's protections.
 
         Called (with the hold taken) by :mod:`corral._runner` after every run
-        in the preview. Returns the current change set.
+        in the preview. Costs one ``lstat`` per touched path (no reading).
         """
         from ._base import observe
+        from ._changes import compute_changes
 
-        changes = self.changes()
+        # the touched paths only: no content comparison, no rename pairing
+        touched = compute_changes(
+            self._layer(),
+            self.workspace,
+            preview_id=self.id,
+            detect_renames=False,
+            compare_content=False,
+        )
         meta = self._reload_meta()
         meta["runs"] = int(meta.get("runs", 0)) + 1
         if policy is not None:
@@ -358,33 +367,34 @@ class Preview:
         if self.mechanism != "copy":
             records = self._own_records()
             before = len(records)
-            for rel in _touched(changes):
+            for rel in _touched(touched):
                 if rel not in records:
                     records[rel] = observe(self.workspace, rel, self.base_ns, records)
             if len(records) != before:
                 _write_json(os.path.join(self.path, _BASE), records)
         _write_json(os.path.join(self.path, _META), meta)
         self._meta = meta
-        return changes
 
     # ------------------------------------------------------------ reviewing
     def changes(self) -> ChangeSet:
         """The change set: what :meth:`apply` would do to the real workspace now."""
         from ._changes import compute_changes
+
+        return compute_changes(self._layer(), self.workspace, preview_id=self.id)
+
+    def _layer(self) -> Layer:
         from ._layers import Layer
 
         if not os.path.isdir(self.path):
             raise PreviewError(f"Failed to read preview {self.id}: it was applied or discarded")
         if self.mechanism == "copy":
             manifest = self._manifest()
-            layer = Layer(
+            return Layer(
                 os.path.join(self.path, "tree"),
                 "copy",
                 {k: (str(v[0]), int(v[1]), int(v[2])) for k, v in manifest.items()},
             )
-        else:
-            layer = Layer(os.path.join(self.path, "upper"), self.mechanism)
-        return compute_changes(layer, self.workspace, preview_id=self.id)
+        return Layer(os.path.join(self.path, "upper"), self.mechanism)
 
     def conflicts(self, changes: ChangeSet | None = None) -> builtins.list[tuple[str, str]]:
         """``(path, why)`` for the changes whose real file changed since the preview began."""
