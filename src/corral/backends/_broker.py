@@ -222,10 +222,13 @@ class Broker:
         self._attached.release()
 
     def _open_launcher_roots(self, pid: int) -> OSError | None:
-        """Open the roots through the launcher's root; ``None`` if done or if it exited.
+        """Open the roots through the launcher's root; ``None`` if done or if the sandbox is over.
 
-        A launcher that is exiting loses its root (ENOENT) a moment before it
-        becomes a zombie, so a failure is retried briefly before it counts.
+        A launcher that is exiting loses its root (ENOENT) well before it
+        becomes a zombie (its mount namespace is torn down in between). It
+        exits only after the sandbox did, and then every task using the
+        filter is gone: the listener reports a hang-up. So a failure counts
+        only while the listener is alive and the launcher is not a zombie.
         """
         import time
 
@@ -240,7 +243,7 @@ class Broker:
                 for root in self._roots:
                     os.close(root.host_fd)
                 self._roots = []
-                if _exited(pid):
+                if _exited(pid) or _hung_up(self._listener):
                     return None  # the sandbox is over: nothing left to supervise
                 if time.monotonic() > deadline:
                     return exc
@@ -906,6 +909,15 @@ class Broker:
                           ctypes.c_int(_AT_SYMLINK_NOFOLLOW))
 
         return self._with(r, touch)
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the seccomp listener *fd* reports that no task uses its filter anymore."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in poller.poll(0))
 
 
 def _exited(pid: int) -> bool:
