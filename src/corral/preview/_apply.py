@@ -8,8 +8,12 @@ Guarantees (docs/preview.md, "Safety of apply"):
   rename, fsync of the directory). Only then does it touch the workspace.
 * **Every file is whole, old or new.** A regular file is copied from the
   preview into a temporary name in its target directory (reflink when the
-  filesystem can), fsynced, given its mode and mtime, and renamed over the
-  target: ``rename(2)`` replaces the name atomically. Symlinks go the same
+  filesystem can), given its mode and mtime, fsynced, and renamed over the
+  target: ``rename(2)`` replaces the name atomically. Files are staged in
+  batches (up to 128, and always before a ``chmod`` that could make their
+  directory read-only): every staged file is fsynced - the first fsync
+  commits the filesystem journal for all of them, so the rest are cheap -
+  and only then renamed into place. Symlinks go the same
   way. Where a directory becomes a file or symlink (or the reverse), the new
   object is prepared under the temporary name and swapped in with
   ``renameat2(RENAME_EXCHANGE)``, so the name never disappears in between.
@@ -61,6 +65,7 @@ __all__ = [
 FAULT_HOOK: Callable[[str], None] | None = None
 
 _FICLONE = 0x40049409
+_BATCH = 128  # files staged before they are fsynced and renamed together
 _TEMP_PREFIX = ".corral-apply-"
 
 
@@ -214,18 +219,25 @@ def roll_forward(journal: dict[str, object]) -> list[tuple[str, str]]:
     assert isinstance(ops, list)
     failures: list[tuple[str, str]] = []
     touched_dirs: set[str] = set()
+    pending: list[_Staged] = []
     ws_fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for number, op in enumerate(ops):
             name = str(op[0])
             rel = str(op[1])
             temp = f"{_TEMP_PREFIX}{preview_id}-{number}"
+            if pending and (name == "chmod" or len(pending) >= _BATCH):
+                _land_staged(pending, failures)
             try:
-                _run_op(ws_fd, name, rel, op, temp, number)
+                staged = _run_op(ws_fd, name, rel, op, temp, number)
             except OSError as exc:
                 failures.append((rel, f"{name}: {exc.strerror or exc}"))
                 _remove_temp(ws_fd, rel, temp)
+            else:
+                if staged is not None:
+                    pending.append(staged)
             touched_dirs.add(rel.rpartition("/")[0])
+        _land_staged(pending, failures)
         for rel_dir in sorted(touched_dirs):
             try:
                 fd = _walk(ws_fd, rel_dir.split("/") if rel_dir else [])
@@ -240,8 +252,70 @@ def roll_forward(journal: dict[str, object]) -> list[tuple[str, str]]:
             except OSError:
                 pass  # durability of a directory that is gone: nothing to do
     finally:
+        for (
+            item
+        ) in pending:  # only after an unexpected error: the temporaries stay, the targets are old
+            item.close()
         os.close(ws_fd)
     return failures
+
+
+class _Staged:
+    """A file written under its temporary name, waiting for fsync and rename."""
+
+    __slots__ = ("base", "data_fd", "number", "parent_fd", "rel", "temp")
+
+    def __init__(
+        self, parent_fd: int, base: str, temp: str, data_fd: int, rel: str, number: int
+    ) -> None:
+        self.parent_fd = parent_fd
+        self.base = base
+        self.temp = temp
+        self.data_fd = data_fd
+        self.rel = rel
+        self.number = number
+
+    def close(self) -> None:
+        for fd in (self.data_fd, self.parent_fd):
+            if fd >= 0:
+                os.close(fd)
+        self.data_fd = self.parent_fd = -1
+
+
+def _land_staged(pending: list[_Staged], failures: list[tuple[str, str]]) -> None:
+    """fsync every staged file, then rename each over its target, in order."""
+    try:
+        for item in pending:
+            try:
+                os.fsync(item.data_fd)
+            except OSError as exc:
+                failures.append((item.rel, f"put: {exc.strerror or exc}"))
+                _remove_temp_at(item.parent_fd, item.temp)
+                item.close()
+        for item in pending:
+            if item.parent_fd < 0:
+                continue
+            try:
+                os.close(item.data_fd)
+                item.data_fd = -1
+                _step(f"op{item.number}-rename")
+                _replace(
+                    item.parent_fd,
+                    item.temp,
+                    item.base,
+                    _lstat_at(item.parent_fd, item.base),
+                    item.number,
+                )
+            except OSError as exc:
+                failures.append((item.rel, f"put: {exc.strerror or exc}"))
+                try:
+                    _remove_temp_at(item.parent_fd, item.temp)
+                except OSError:
+                    pass
+            finally:
+                item.close()
+    finally:
+        pending.clear()
 
 
 def _walk(ws_fd: int, parts: list[str]) -> int:
@@ -275,15 +349,19 @@ def _lstat_at(fd: int, name: str) -> os.stat_result | None:
         return None
 
 
-def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number: int) -> None:
+def _run_op(
+    ws_fd: int, name: str, rel: str, op: list[object], temp: str, number: int
+) -> _Staged | None:
+    """Carry out one operation; a ``put`` is only staged (returned, to be landed in a batch)."""
     try:
         fd, base = _parent(ws_fd, rel)
     except (FileNotFoundError, NotADirectoryError):
         if name in ("rm", "rmdir"):
             # its directory is gone or no longer a directory (removed or replaced by an
             # earlier attempt): the name cannot exist, there is nothing to remove
-            return
+            return None
         raise
+    staged = None
     try:
         if name in ("put", "link", "mkdir"):
             _remove_temp_at(fd, temp)  # left by an interrupted attempt (or an exchanged-out object)
@@ -307,7 +385,8 @@ def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number
                 _replace(fd, temp, base, st, number)
         elif name == "put":
             source, mode, mtime_ns = str(op[2]), int(op[3]), int(op[4])  # type: ignore[call-overload]
-            _put(fd, base, temp, source, mode, mtime_ns, st, number)
+            data_fd = _stage(fd, temp, source, mode, mtime_ns, st, number)
+            staged = _Staged(fd, base, temp, data_fd, rel, number)
         elif name == "link":
             target = str(op[2])
             os.symlink(target, temp, dir_fd=fd)
@@ -321,19 +400,21 @@ def _run_op(ws_fd: int, name: str, rel: str, op: list[object], temp: str, number
         else:
             raise OSError(errno.EINVAL, f"unknown operation {name!r}")
     finally:
-        os.close(fd)
+        if staged is None:
+            os.close(fd)  # a staged put keeps its directory open until it lands
+    return staged
 
 
-def _put(
+def _stage(
     fd: int,
-    base: str,
     temp: str,
     source: str,
     mode: int,
     mtime_ns: int,
     st: os.stat_result | None,
     number: int,
-) -> None:
+) -> int:
+    """Write the preview's version of a file to *temp* in *fd*; return its open fd (not fsynced)."""
     src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(src).st_mode):
@@ -351,13 +432,12 @@ def _put(
             _keep_owner(dst, fd, st)
             os.fchmod(dst, mode & 0o1777)
             os.utime(dst, ns=(mtime_ns, mtime_ns))
-            os.fsync(dst)
-        finally:
+        except BaseException:
             os.close(dst)
+            raise
+        return dst
     finally:
         os.close(src)
-    _step(f"op{number}-rename")
-    _replace(fd, temp, base, st, number)
 
 
 def _keep_owner(dst: int, parent_fd: int, st: os.stat_result | None) -> None:
