@@ -488,12 +488,10 @@ class Preview:
                     more = f" and {len(conflicts) - 10} more" if len(conflicts) > 10 else ""
                     raise ApplyConflict(
                         f"Failed to apply preview {self.id}: {len(conflicts)} path(s) changed "
-                        "in the real "
-                        f"workspace since the preview began: {listing}{more}",
+                        f"in the real workspace since the preview began: {listing}{more}",
                         paths=paths,
                         hint="--force overwrites them with the preview's version; "
-                        "--skip-conflicts applies "
-                        "everything else and keeps the preview",
+                        "--skip-conflicts applies everything else and keeps the preview",
                     )
                 selected, skipped = _without(selected, paths)
             return self._land(selected, skipped, keep=keep or bool(skipped))
