@@ -273,7 +273,7 @@ class Running:
                 raise self._setup_failure(f"the sandbox exited during set-up ({exc.strerror})") from exc
             os.close(self._parent_fds.pop("block"))
         if self._broker is not None:
-            self._broker.attach(self._receive_listener(deadline))
+            self._broker.attach(self._receive_listener(deadline), launcher_pid=self.pid)
 
     def _read_until(self, fd: int, marker: bytes, deadline: float) -> bytes:
         data = bytearray()

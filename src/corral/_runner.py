@@ -8,6 +8,12 @@ rewritten command, the SDK, the MCP server)::
     audit_outcome(outcome, ...)                                 # one hash-chained record
 
 :func:`execute` does all three.
+
+With ``preview=`` (a :class:`corral.preview.Preview`) the command runs
+against the preview's copy-on-write view of the workspace: only backends
+that can mount it are used, the preview's directory is hidden from the
+sandbox, the preview is held exclusively while the command runs, and what
+the run touched is recorded for conflict detection afterwards.
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ if TYPE_CHECKING:
     from ._engine import Running
     from ._outcome import Outcome
     from ._request import ExecRequest
-    from .backends import Backend, HostFacts, LaunchPlan
+    from .backends import Backend, HostFacts, LaunchPlan, PreviewSpec
     from .policy._model import Policy
+    from .preview import Preview  # typing only: the preview layer sits above this module
 
 __all__ = ["Prepared", "audit_outcome", "execute", "launch", "prepare"]
 
@@ -33,22 +40,57 @@ __all__ = ["Prepared", "audit_outcome", "execute", "launch", "prepare"]
 class Prepared:
     """A planned run: the backend, what it learned about the host, and the plan."""
 
-    __slots__ = ("backend", "facts", "layout", "plan", "policy")
+    __slots__ = ("backend", "facts", "layout", "plan", "policy", "preview")
 
     def __init__(self, backend: Backend, facts: HostFacts, layout: CgroupLayout | None,
-                 plan: LaunchPlan, policy: Policy) -> None:
+                 plan: LaunchPlan, policy: Policy, preview: Preview | None = None) -> None:
         self.backend = backend
         self.facts = facts
         self.layout = layout
         self.plan = plan
         self.policy = policy
+        self.preview = preview
 
 
-def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str]) -> Prepared:
+def _plan(backend: Backend, request: ExecRequest, policy: Policy, facts: HostFacts,
+          spec: PreviewSpec | None) -> LaunchPlan:
+    if spec is None:
+        return backend.plan(request, policy, facts)
+    return backend.plan(request, policy, facts, preview=spec)  # type: ignore[call-arg]
+
+
+def _policy_for_preview(policy: Policy, spec: PreviewSpec, state_dir: str) -> Policy:
+    """The policy for a run in a preview: same workspace, and corral's state dir hidden.
+
+    The state dir holds every preview's layers and the apply journals: a
+    sandboxed command must not read another preview, nor slip changes into
+    one. Settings loaded by ``load_settings`` hide it already; a policy built
+    another way (the SDK) gets it added here.
+    """
+    fs = policy.filesystem
+    if os.path.realpath(fs.workspace) != spec.workspace:
+        raise UsageError(
+            f"Failed to run in preview {spec.id}: it belongs to the workspace {spec.workspace}, "
+            f"not {fs.workspace}",
+            hint=f"run it with --workspace {spec.workspace}",
+        )
+    hidden = os.path.realpath(state_dir)
+    deny_read = fs.deny_read
+    if not any(hidden == d or hidden.startswith(d.rstrip("/") + "/") for d in deny_read):
+        deny_read = (*deny_read, hidden)
+    return policy.replace(filesystem=fs.replace(workspace=spec.workspace, deny_read=deny_read))
+
+
+def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
+            preview: Preview | None = None) -> Prepared:
     """Choose the backend (``auto``: cheapest that works and meets ``isolation``) and plan.
 
+    With *preview*, only a backend that supports the preview's mechanism is
+    used, and the plan runs the command against the preview.
+
     Raises:
-        UsageError: bad backend name or a policy/backend mismatch.
+        UsageError: bad backend name or a policy/backend mismatch (or a
+            preview of another workspace).
         BackendUnavailable: nothing suitable works here.
         EnforcementUnavailable: a rule cannot be enforced (and was not allowed to degrade).
     """
@@ -56,16 +98,27 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str])
     from .policy._model import isolation_rank
 
     env = dict(environ)
+    spec = None
+    if preview is not None:
+        spec = preview.spec()
+        policy = _policy_for_preview(policy, spec, preview.state_dir)
     if policy.backend != "auto":
         from .backends import select_backend
 
         backend = select_backend(policy)
+        if spec is not None and spec.mechanism not in backend.preview_mechanisms:
+            raise UsageError(
+                f"Failed to run in preview {spec.id}: the {backend.name} backend cannot run "
+                f"a preview ({spec.mechanism})",
+                hint="use a backend that can (bubblewrap), or drop --backend",
+            )
         facts, layout = inspect_host(backend, request, policy, env)
         problem = backend.problem(facts)
         if problem is not None:
             raise BackendUnavailable(f"Failed to use the {backend.name} backend: {problem}",
                                      hint="run 'corral doctor' to see what works here")
-        return Prepared(backend, facts, layout, backend.plan(request, policy, facts), policy)
+        plan = _plan(backend, request, policy, facts, spec)
+        return Prepared(backend, facts, layout, plan, policy, preview)
     reasons: list[str] = []
     refusals: list[EnforcementUnavailable] = []
     minimum = isolation_rank(policy.isolation)
@@ -76,18 +129,24 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str])
     )
     for name in names:
         backend = get_backend(name)
+        if spec is not None and spec.mechanism not in backend.preview_mechanisms:
+            reasons.append(f"{name}: cannot run a preview ({spec.mechanism})")
+            continue
         facts, layout = inspect_host(backend, request, policy, env)
         problem = backend.problem(facts)
         if problem is not None:
             reasons.append(f"{name}: {problem}")
             continue
         try:
-            return Prepared(backend, facts, layout, backend.plan(request, policy, facts), policy)
+            plan = _plan(backend, request, policy, facts, spec)
         except EnforcementUnavailable as exc:
             refusals.append(exc)  # this one cannot express the policy: try the next
             reasons.append(f"{name}: {exc.message}")
+            continue
         except (BackendUnavailable, UsageError) as exc:
             reasons.append(f"{name}: {exc.message}")
+            continue
+        return Prepared(backend, facts, layout, plan, policy, preview)
     if refusals:
         # the backends that work here refused a rule: the cheapest one's refusal is the
         # actionable message (it names the rule and --allow-degraded)
@@ -103,9 +162,28 @@ def launch(prepared: Prepared, request: ExecRequest, *,
            on_start: Callable[[Running], None] | None = None,
            stdio: tuple[int, int, int] | None = None,
            cgroup: Cgroup | None = None) -> Outcome:
-    """Run a prepared plan; *on_start* receives the running handle (signals, cancel)."""
-    return prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
-                                   on_start=on_start, stdio=stdio, cgroup=cgroup)
+    """Run a prepared plan; *on_start* receives the running handle (signals, cancel).
+
+    In a preview the preview is held for the whole run (a second command in
+    the same preview is refused meanwhile: ``PreviewError``) and what the run
+    touched is recorded afterwards, even when the launch failed.
+    """
+    preview = prepared.preview
+    if preview is None:
+        return prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
+                                       on_start=on_start, stdio=stdio, cgroup=cgroup)
+    with preview.hold():
+        try:
+            outcome = prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
+                                              on_start=on_start, stdio=stdio, cgroup=cgroup)
+        except BaseException:
+            try:
+                preview.record_run(prepared.policy)
+            except (CorralError, OSError):
+                pass  # the launch's own error matters more; apply re-checks conservatively
+            raise
+        preview.record_run(prepared.policy)
+        return outcome
 
 
 def audit_outcome(outcome: Outcome, request: ExecRequest, *, state_dir: str,
@@ -129,19 +207,25 @@ def execute(
     state_dir: str | None = None,
     policy_digest: str = "",
     on_start: Callable[[Running], None] | None = None,
+    preview: Preview | None = None,
 ) -> Outcome:
     """Prepare, launch and audit one request; return its Outcome.
+
+    *preview* runs the command against that preview's copy-on-write view of
+    the workspace (the real workspace is not written); the audit record
+    names the preview.
 
     Raises:
         CorralError: the sandbox could not be provided (nothing ran); see
             :mod:`corral._exceptions`.
     """
-    prepared = prepare(request, policy, environ=environ)
+    prepared = prepare(request, policy, environ=environ, preview=preview)
     outcome = launch(prepared, request, on_start=on_start)
     if policy_digest:
         outcome = outcome.replace(policy_digest=policy_digest)
     if state_dir is not None:
-        problem = audit_outcome(outcome, request, state_dir=state_dir)
+        extra: dict[str, object] | None = {"preview": preview.id} if preview is not None else None
+        problem = audit_outcome(outcome, request, state_dir=state_dir, extra=extra)
         if problem is not None:
             raise CorralError(f"Failed to record the run: {problem}")
     return outcome

@@ -16,7 +16,7 @@ import os
 import sys
 
 from .._exceptions import BackendUnavailable, UsageError
-from ._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
+from ._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan, PreviewSpec
 from .base import Backend, Degradations
 
 TYPE_CHECKING = False
@@ -36,6 +36,7 @@ __all__ = [
     "FdSpec",
     "HostFacts",
     "LaunchPlan",
+    "PreviewSpec",
     "get_backend",
     "helper_path",
     "inspect_host",

@@ -191,20 +191,72 @@ class Broker:
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        """Open the supervised roots and start the thread (it waits for :meth:`attach`)."""
-        for sandbox_path, host_path in self._spec.roots:
-            fd = os.open(host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            self._roots.append(_Root(sandbox_path, fd))
-        # Longest sandbox path first, so nested roots win.
-        self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
+        """Open the supervised roots and start the thread (it waits for :meth:`attach`).
+
+        With ``spec.launcher_ns`` the roots are opened in :meth:`attach`
+        instead: they are mounted (a preview's overlay) only once the
+        launched process has set up its mount namespace.
+        """
+        if not self._spec.launcher_ns:
+            self._open_roots("")
         self._done.acquire()
         self._started = True
         _thread.start_new_thread(self._main, ())
 
-    def attach(self, listener_fd: int) -> None:
-        """Hand over the seccomp listener; the thread starts serving it."""
+    def _open_roots(self, prefix: str) -> None:
+        for sandbox_path, host_path in self._spec.roots:
+            fd = os.open(prefix + host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            self._roots.append(_Root(sandbox_path, fd))
+        # Longest sandbox path first, so nested roots win.
+        self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
+
+    def attach(self, listener_fd: int, *, launcher_pid: int = -1) -> None:
+        """Hand over the seccomp listener; the thread starts serving it.
+
+        *launcher_pid* is the launched process (bubblewrap's monitor), whose
+        mount namespace holds the roots when ``spec.launcher_ns`` is set: the
+        roots are opened through ``/proc/<launcher_pid>/root``. If that fails
+        the listener is closed (supervised syscalls fail with ``ENOSYS``) and
+        :attr:`error` says why - unless the launcher has exited already (a
+        short command can be over before its listener arrives): then nothing
+        is left to supervise.
+        """
         self._listener = listener_fd
+        if self._spec.launcher_ns:
+            problem = self._open_launcher_roots(launcher_pid)
+            if problem is not None:
+                self.error = problem
+            if problem is not None or not self._roots:
+                self._close_listener()
         self._attached.release()
+
+    def _open_launcher_roots(self, pid: int) -> OSError | None:
+        """Open the roots through the launcher's root; ``None`` if done or if the sandbox is over.
+
+        A launcher that is exiting loses its root (ENOENT) well before it
+        becomes a zombie (its mount namespace is torn down in between). It
+        exits only after the sandbox did, and then every task using the
+        filter is gone: the listener reports a hang-up. So a failure counts
+        only while the listener is alive and the launcher is not a zombie.
+        """
+        import time
+
+        if pid <= 0:
+            return OSError(errno.ESRCH, "no launcher pid for a launcher-namespace root")
+        deadline = time.monotonic() + 0.5
+        while True:
+            try:
+                self._open_roots(f"/proc/{pid}/root")
+                return None
+            except OSError as exc:
+                for root in self._roots:
+                    os.close(root.host_fd)
+                self._roots = []
+                if _exited(pid) or _hung_up(self._listener):
+                    return None  # the sandbox is over: nothing left to supervise
+                if time.monotonic() > deadline:
+                    return exc
+                time.sleep(0.002)
 
     def _main(self) -> None:
         try:
@@ -1001,6 +1053,25 @@ class Broker:
                           ctypes.c_int(_AT_SYMLINK_NOFOLLOW))
 
         return self._with(r, touch, changes_inode=True)
+
+
+def _hung_up(fd: int) -> bool:
+    """Whether the seccomp listener *fd* reports that no task uses its filter anymore."""
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return any(mask & (select.POLLHUP | select.POLLERR) for _fd, mask in poller.poll(0))
+
+
+def _exited(pid: int) -> bool:
+    """Whether *pid* (corral's unreaped child) has exited: gone, or a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat_line = f.read()
+    except OSError:
+        return True
+    return stat_line[stat_line.rfind(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 class _FdResult:

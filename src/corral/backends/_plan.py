@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from .._frozen import Record
 
-__all__ = ["BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan"]
+__all__ = [
+    "BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan", "PreviewSpec",
+]
 
 
 class FdSpec(Record):
@@ -53,6 +55,10 @@ class BrokerSpec(Record):
             supervised roots instead of letting the kernel decide. For
             backends without a read-only mount as backstop (``landlock``:
             Landlock does not govern metadata).
+        launcher_ns: the host paths of ``roots`` are resolved in the mount
+            namespace of the launched process (``/proc/<pid>/root``), not
+            corral's: a preview's overlay is mounted there (see
+            :class:`PreviewSpec`).
     """
 
     roots: tuple[tuple[str, str], ...]
@@ -60,6 +66,7 @@ class BrokerSpec(Record):
     syscall_names: tuple[tuple[int, str], ...] = ()
     open_roots: tuple[str, ...] = ()
     confine_metadata: bool = False
+    launcher_ns: bool = False
 
 
 class EgressSpec(Record):
@@ -83,6 +90,32 @@ class CgroupSpec(Record):
     memory: int | None = None
     pids: int | None = None
     cpus: float | None = None
+
+
+class PreviewSpec(Record):
+    """Run against a preview: a copy-on-write view of the workspace (``corral preview``).
+
+    Attributes:
+        id: the preview's id (``pv-...``).
+        mechanism: ``"overlay"`` (kernel overlayfs mounted by the exec helper
+            before bubblewrap), ``"fuse-overlayfs"`` (the same with a
+            fuse-overlayfs daemon) or ``"copy"`` (a full copy of the
+            workspace bound at the workspace's path).
+        workspace: the real workspace (the read-only lower layer).
+        upper, work: the overlay's upper and work directories.
+        tree: the copy (``"copy"`` only).
+        fuse_binary: absolute path of fuse-overlayfs (``"fuse-overlayfs"`` only).
+        hidden: corral's preview directory, hidden from the sandbox.
+    """
+
+    id: str
+    mechanism: str
+    workspace: str
+    upper: str = ""
+    work: str = ""
+    tree: str = ""
+    fuse_binary: str = ""
+    hidden: str = ""
 
 
 class HostFacts(Record):

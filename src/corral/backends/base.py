@@ -79,6 +79,9 @@ class Backend:
     #: guarantees of the conformance matrix (:mod:`corral.testing.conformance`)
     #: this backend has no mechanism for, with the reason
     not_expressible: ClassVar[dict[str, str]] = {}
+    #: preview mechanisms ``plan(..., preview=spec)`` accepts (see ``PreviewSpec``);
+    #: a backend without any never receives a preview: ``_runner`` refuses first
+    preview_mechanisms: ClassVar[tuple[str, ...]] = ()
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""

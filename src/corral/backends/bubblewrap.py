@@ -17,7 +17,11 @@ Guarantees (with the default policy):
   * memory, pids and CPU bandwidth through a cgroup; CPU time through
     RLIMIT_CPU; wall-clock timeout and output cap by corral;
   * everything dies with corral (``--die-with-parent``) and with the command
-    (the pid namespace ends when its first process exits).
+    (the pid namespace ends when its first process exits);
+  * in a preview (``PreviewSpec``) the real workspace is only a read-only
+    lower layer: the exec helper mounts an overlay over it in a private mount
+    namespace before bubblewrap starts (or a copy is bound in its place), so
+    every write lands in the preview.
 
 Not guaranteed:
   * protection from kernel exploits (ask for ``isolation: "kernel"``);
@@ -37,7 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .._request import ExecRequest
     from ..policy._model import Policy
-    from ._plan import HostFacts
+    from ._plan import HostFacts, PreviewSpec
 
 __all__ = ["BubblewrapBackend", "sandbox_env"]
 
@@ -92,6 +96,7 @@ class BubblewrapBackend(Backend):
     isolation = "namespace"
     cost_ms = 6.0
     uses_broker = True
+    preview_mechanisms = ("overlay", "fuse-overlayfs", "copy")
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.bwrap is None:
@@ -122,7 +127,8 @@ class BubblewrapBackend(Backend):
                 paths.add(fs.workspace.rstrip("/") + "/" + literal)
         return paths
 
-    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
+    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts, *,
+             preview: PreviewSpec | None = None) -> LaunchPlan:
         problem = self.problem(facts)
         if problem is not None:
             raise BackendUnavailable(f"Failed to use the bubblewrap backend: {problem}")
@@ -142,6 +148,16 @@ class BubblewrapBackend(Backend):
                     "(filesystem.denyRead)"
                 )
         cwd = request.cwd or workspace
+        if preview is not None and (preview.workspace.rstrip("/") or "/") != workspace:
+            raise UsageError(f"Failed to run in preview {preview.id}: it belongs to the workspace "
+                             f"{preview.workspace}, not {workspace}")
+        copy = preview is not None and preview.mechanism == "copy"
+
+        def source(path: str) -> str:
+            """Where the sandbox's *path* comes from (a copy preview redirects the workspace)."""
+            if copy and preview is not None and _under(path, workspace):
+                return preview.tree.rstrip("/") + path[len(workspace):]
+            return path
 
         # --- network
         if net.mode == "allowlist":
@@ -205,20 +221,20 @@ class BubblewrapBackend(Backend):
             return not any(_under(path, t) for t in hidden_by_tmp)
 
         ws_bind = "--ro-bind" if (fs.read_only or use_broker) else "--bind"
-        args += [ws_bind, workspace, workspace]
+        args += [ws_bind, source(workspace), workspace]
         for extra in writable[1:] if not fs.read_only else writable:
-            args += ["--ro-bind" if use_broker else "--bind", extra, extra]
+            args += ["--ro-bind" if use_broker else "--bind", source(extra), extra]
         # write-denied absolute host paths that exist: read-only at the kernel level
         for path in fs.deny_write:
             if path.startswith("/") and facts.kind(path) in ("dir", "file") and visible(path):
-                args += ["--ro-bind", path, path]
+                args += ["--ro-bind", source(path), path]
         if not use_broker and not fs.read_only:
             # degraded: protect the persistence points that exist at the workspace root
             for pattern in fs.protect:
                 literal = pattern.removeprefix("**/").removesuffix("/**")
                 target = workspace.rstrip("/") + "/" + literal
                 if facts.kind(target) in ("dir", "file"):
-                    args += ["--ro-bind", target, target]
+                    args += ["--ro-bind", source(target), target]
         # secrets: hidden (empty read-only dir, or /dev/null for files)
         for secret in sorted(fs.deny_read):
             kind = facts.kind(secret)
@@ -230,7 +246,7 @@ class BubblewrapBackend(Backend):
                 args += ["--ro-bind", "/dev/null", secret]
         for carve in fs.allow_read:
             if facts.kind(carve) != "missing" and visible(carve):
-                args += ["--ro-bind", carve, carve]
+                args += ["--ro-bind", source(carve), carve]
         args += ["--chdir", cwd]
         if cgroup is not None:
             args += ["--info-fd", str(FD_INFO), "--block-fd", str(FD_BLOCK)]
@@ -244,8 +260,9 @@ class BubblewrapBackend(Backend):
         helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
-            broker = BrokerSpec(roots=tuple((w, w) for w in writable), patterns=tuple(patterns),
-                                syscall_names=broker_syscalls(facts.arch))
+            broker = BrokerSpec(roots=tuple((w, source(w)) for w in writable),
+                                patterns=tuple(patterns), syscall_names=broker_syscalls(facts.arch),
+                                launcher_ns=preview is not None and not copy)
             fds += [
                 FdSpec(number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
@@ -264,10 +281,22 @@ class BubblewrapBackend(Backend):
         if request.timeout is not None:
             timeout = request.timeout
         env = sandbox_env(request, policy, facts_env(facts))
+        prefix: list[str] = []
+        if preview is not None and not copy:
+            # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
+            kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
+            if preview.mechanism not in ("overlay", "fuse-overlayfs"):
+                raise UsageError(f"Failed to run in preview {preview.id}: "
+                                 f"unknown mechanism {preview.mechanism!r}")
+            prefix = [facts.helper, "--mount-overlay", kind, workspace, preview.upper, preview.work,
+                      "--status-fd", str(FD_STATUS)]
+            if kind == "fuse":
+                prefix += ["--fuse-binary", preview.fuse_binary]
+            prefix.append("--")
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
-            argv=(*args, "--", *helper),
+            argv=(*prefix, *args, "--", *helper),
             env=env,
             cwd="/",
             fds=tuple(fds),

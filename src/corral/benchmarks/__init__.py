@@ -27,6 +27,7 @@ SUITES: dict[str, str] = {
     "core": "corral.benchmarks.core",
     "backends": "corral.benchmarks.backends",
     "integrations": "corral.benchmarks.integrations",
+    "preview": "corral.benchmarks.preview",
 }
 
 

@@ -21,6 +21,11 @@ EXIT_USAGE = 125
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("corral.cli.commands.run", "run a command in the sandbox"),
     "shell": ("corral.cli.commands.shell", "interactive shell in the sandbox"),
+    "preview": ("corral.cli.commands.preview", "run a command against a copy-on-write workspace"),
+    "diff": ("corral.cli.commands.diff", "review a preview's changes"),
+    "apply": ("corral.cli.commands.apply", "land a preview's changes in the workspace"),
+    "discard": ("corral.cli.commands.discard", "drop a preview"),
+    "previews": ("corral.cli.commands.previews", "list the previews"),
     "policy": ("corral.cli.commands.policy", "show the effective policy (--explain: where each value comes from)"),
     "trust": ("corral.cli.commands.trust", "trust this project's settings files"),
     "doctor": ("corral.cli.commands.doctor", "what works on this machine, and how to fix what doesn't"),
@@ -52,6 +57,32 @@ def print_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
+#: commands whose stdout/stderr is a protocol: they do not report recoveries
+_NO_RECOVERY = frozenset({"hook", "mcp"})
+
+
+def _finish_interrupted_applies() -> None:
+    """Complete an apply that was killed midway (docs/preview.md); cheap when there is none."""
+    import os
+
+    from .._state import state_dir
+
+    state = state_dir()
+    try:
+        if not os.listdir(os.path.join(state, "apply-journals")):
+            return
+    except OSError:
+        return
+    from .._exceptions import CorralError
+    from ..preview import recover_interrupted
+
+    try:
+        for message in recover_interrupted(state):
+            print_error(message)
+    except (CorralError, OSError) as exc:
+        print_error(f"could not complete an interrupted apply: {exc}")
+
+
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
     lines = "\n".join(f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items())
@@ -77,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         print_error(f"unknown command {command!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
                     "run 'corral --help' for the list of commands")
         return EXIT_USAGE
+    if command not in _NO_RECOVERY:
+        _finish_interrupted_applies()
     import importlib
 
     # corral's helper threads (cgroup set-up, write broker, proxy) mostly wait

@@ -83,7 +83,7 @@ def _set(flags: dict[str, Any], dotted: str, value: Any, *, append: bool) -> Non
 
 def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
                       command_required: bool = True) -> RunOptions:
-    """Parse *args*; ``extra`` adds subcommand-specific options (name -> "flag"/"value").
+    """Parse *args*; ``extra`` adds subcommand-specific options (name -> "flag"/"value"/"append").
 
     The command starts after ``--`` or at the first word that is not an option.
 
@@ -108,7 +108,10 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
                 i += 1
                 continue
             value, i = _value(args, i, name, inline if eq else None)
-            opts.extra[name] = value
+            if extra[name] == "append":
+                opts.extra.setdefault(name, []).append(value)
+            else:
+                opts.extra[name] = value
             continue
         if name not in _BY_NAME:
             import difflib

@@ -33,6 +33,13 @@
  *                          executable); the helper exits 127 or 126
  * A successful exec closes the fd with no further record.
  *
+ * A second mode, ``corral-exec --mount-overlay``, runs *before* bubblewrap for
+ * ``corral preview``: it gives itself a private mount namespace (and a user
+ * namespace when not root), mounts an overlay over the workspace (kernel
+ * overlayfs, or a fuse-overlayfs daemon), and execs bubblewrap, which then
+ * binds the overlay into the sandbox like any workspace. See
+ * mount_overlay_main() below and docs/preview.md.
+ *
  * SAFETY: this runs with the sandbox's credentials, after bubblewrap dropped
  * capabilities. Nothing here trusts the command; the order above matters:
  * no_new_privs must precede Landlock and seccomp (required by the kernel for
@@ -60,6 +67,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/wait.h>
+#include <time.h>
 
 #ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
 #define SECCOMP_FILTER_FLAG_NEW_LISTENER (1UL << 3)
@@ -80,6 +91,8 @@
 #define MAX_PROGRAM (64 * 1024)
 
 static int status_fd = -1;
+
+static void usage(void);
 
 static void status_write(const char *buf, size_t len) {
     if (status_fd < 0)
@@ -287,6 +300,197 @@ static int rlimit_resource(const char *name) {
     return -1;
 }
 
+/* ---------------------------------------------------------------- preview
+ *
+ * corral-exec --mount-overlay KIND LOWER UPPER WORK [--fuse-binary PATH]
+ *             [--status-fd N] -- PROGRAM [ARG...]
+ *
+ * Runs before bubblewrap, as corral's direct child, never inside a sandbox:
+ *
+ *   1. a private mount namespace: unshare(CLONE_NEWNS) when root; otherwise
+ *      unshare(CLONE_NEWUSER | CLONE_NEWNS) mapping only our own uid and gid
+ *      (so files keep their owner), which grants the capabilities needed to
+ *      mount in that namespace only;
+ *   2. every mount private, so nothing mounted here propagates to the host;
+ *   3. KIND "overlay": mount kernel overlayfs on LOWER itself (lowerdir ==
+ *      mount point): the real workspace becomes the read-only lower layer
+ *      and every write lands in UPPER. redirect_dir, index and metacopy are
+ *      off so that UPPER holds whole files and plain whiteouts only; a user
+ *      namespace mount also needs userxattr.
+ *      KIND "fuse": fork fuse-overlayfs in the foreground on LOWER (it dies
+ *      with us: parent-death signal) and wait until the mount appears;
+ *   4. execv(PROGRAM): bubblewrap, which stays in this namespace as the
+ *      sandbox's monitor and binds LOWER (now the overlay) into the sandbox.
+ *
+ * Unlike the main mode this writes no "R" record (the sandbox is not reached
+ * yet) and leaves the status fd inheritable, so bubblewrap hands it on to the
+ * helper inside. A failure is an "E" record and exit 125: nothing ran.
+ *
+ * SAFETY: corral's write broker opens LOWER through /proc/<our pid>/root to
+ * reach the writable overlay; the sandbox sees it read-only (bubblewrap's
+ * --ro-bind). The real workspace is only ever a lower layer here.
+ */
+static void write_file(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail("enter-user-namespace", errno, "open %s: %s", path, strerror(errno));
+    size_t len = strlen(text);
+    if (write(fd, text, len) != (ssize_t)len)
+        fail("enter-user-namespace", errno, "write %s: %s", path, strerror(errno));
+    close(fd);
+}
+
+/* Append PATH to BUF with overlayfs option escaping (\, comma and colon). */
+static void append_escaped(char *buf, size_t cap, size_t *len, const char *path) {
+    for (const char *p = path; *p; p++) {
+        if (*p == '\\' || *p == ',' || *p == ':') {
+            if (*len + 1 >= cap)
+                fail("mount-overlay", ENAMETOOLONG, "mount options too long");
+            buf[(*len)++] = '\\';
+        }
+        if (*len + 1 >= cap)
+            fail("mount-overlay", ENAMETOOLONG, "mount options too long");
+        buf[(*len)++] = *p;
+    }
+    buf[*len] = '\0';
+}
+
+static void append_text(char *buf, size_t cap, size_t *len, const char *text) {
+    size_t n = strlen(text);
+    if (*len + n >= cap)
+        fail("mount-overlay", ENAMETOOLONG, "mount options too long");
+    memcpy(buf + *len, text, n + 1);
+    *len += n;
+}
+
+static void mount_kernel_overlay(const char *lower, const char *upper, const char *work, int in_userns) {
+    static char data[3 * 4096 + 256];
+    size_t len = 0;
+    data[0] = '\0';
+    append_text(data, sizeof data, &len, "lowerdir=");
+    append_escaped(data, sizeof data, &len, lower);
+    append_text(data, sizeof data, &len, ",upperdir=");
+    append_escaped(data, sizeof data, &len, upper);
+    append_text(data, sizeof data, &len, ",workdir=");
+    append_escaped(data, sizeof data, &len, work);
+    append_text(data, sizeof data, &len, in_userns ? ",userxattr" : ",redirect_dir=off,index=off,metacopy=off");
+    if (mount("overlay", lower, "overlay", MS_NOSUID | MS_NODEV, data) < 0)
+        fail("mount-overlay", errno, "overlayfs on %s: %s", lower, strerror(errno));
+}
+
+static void mount_fuse_overlay(const char *binary, const char *lower, const char *upper, const char *work) {
+    static char opts[3 * 4096 + 256];
+    size_t len = 0;
+    opts[0] = '\0';
+    /* fuse-overlayfs has no escaping: corral refuses such paths earlier. */
+    if (strpbrk(lower, ",:") || strpbrk(upper, ",:") || strpbrk(work, ",:"))
+        fail("mount-fuse-overlayfs", EINVAL, "paths must not contain ',' or ':'");
+    append_text(opts, sizeof opts, &len, "lowerdir=");
+    append_text(opts, sizeof opts, &len, lower);
+    append_text(opts, sizeof opts, &len, ",upperdir=");
+    append_text(opts, sizeof opts, &len, upper);
+    append_text(opts, sizeof opts, &len, ",workdir=");
+    append_text(opts, sizeof opts, &len, work);
+    struct stat before;
+    if (stat(lower, &before) < 0)
+        fail("mount-fuse-overlayfs", errno, "%s: %s", lower, strerror(errno));
+    pid_t parent = getpid();
+    pid_t child = fork();
+    if (child < 0)
+        fail("mount-fuse-overlayfs", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        /* The daemon must hold none of corral's pipes (status, output, cgroup
+         * handshake) open, or corral would wait for it; and it must end with
+         * us (the process that becomes bubblewrap). */
+        int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0) {
+            dup2(null, 0);
+            dup2(null, 1);
+            dup2(null, 2);
+        }
+        syscall(__NR_close_range, 3U, ~0U, 0U);
+        if (prctl(PR_SET_PDEATHSIG, SIGTERM, 0, 0, 0) < 0 || getppid() != parent)
+            _exit(125);
+        char *args[] = {(char *)binary, (char *)"-f", (char *)"-o", opts, (char *)lower, NULL};
+        execv(binary, args);
+        _exit(127);
+    }
+    /* Wait (at most 10 s) for the mount to appear on LOWER. */
+    for (int tries = 0; tries < 10000; tries++) {
+        struct stat now;
+        if (stat(lower, &now) == 0 && now.st_dev != before.st_dev)
+            return;
+        int wstatus;
+        pid_t r = waitpid(child, &wstatus, WNOHANG);
+        if (r == child)
+            fail("mount-fuse-overlayfs", ECHILD, "fuse-overlayfs exited (status %d) before mounting %s",
+                 WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus), lower);
+        struct timespec ms = {0, 1000000};
+        nanosleep(&ms, NULL);
+    }
+    kill(child, SIGKILL);
+    fail("mount-fuse-overlayfs", ETIMEDOUT, "fuse-overlayfs did not mount %s within 10 s", lower);
+}
+
+static int mount_overlay_main(int argc, char **argv) {
+    if (argc < 6)
+        usage();
+    const char *kind = argv[2], *lower = argv[3], *upper = argv[4], *work = argv[5];
+    const char *fuse_binary = NULL;
+    int i = 6;
+    for (; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            i++;
+            break;
+        }
+        if (i + 1 >= argc)
+            usage();
+        if (strcmp(argv[i], "--status-fd") == 0)
+            status_fd = (int)parse_long(argv[++i], "--status-fd");
+        else if (strcmp(argv[i], "--fuse-binary") == 0)
+            fuse_binary = argv[++i];
+        else
+            fail("parse-arguments", EINVAL, "unknown option %s", argv[i]);
+    }
+    if (i >= argc || argv[i][0] != '/')
+        fail("parse-arguments", EINVAL, "--mount-overlay needs an absolute program path after --");
+    if (lower[0] != '/' || upper[0] != '/' || work[0] != '/')
+        fail("parse-arguments", EINVAL, "overlay directories must be absolute paths");
+    int fuse = strcmp(kind, "fuse") == 0;
+    if (!fuse && strcmp(kind, "overlay") != 0)
+        fail("parse-arguments", EINVAL, "unknown overlay kind %s", kind);
+    if (fuse && (fuse_binary == NULL || fuse_binary[0] != '/'))
+        fail("parse-arguments", EINVAL, "--mount-overlay fuse needs --fuse-binary ABSOLUTE_PATH");
+
+    /* 1. private namespaces */
+    uid_t uid = geteuid();
+    gid_t gid = getegid();
+    int in_userns = uid != 0;
+    if (unshare(CLONE_NEWNS | (in_userns ? CLONE_NEWUSER : 0)) < 0)
+        fail(in_userns ? "enter-user-namespace" : "enter-mount-namespace", errno, "unshare: %s",
+             strerror(errno));
+    if (in_userns) {
+        char map[64];
+        write_file("/proc/self/setgroups", "deny");
+        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)uid, (unsigned)uid);
+        write_file("/proc/self/uid_map", map);
+        snprintf(map, sizeof map, "%u %u 1\n", (unsigned)gid, (unsigned)gid);
+        write_file("/proc/self/gid_map", map);
+    }
+    /* 2. nothing propagates back to the host */
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+        fail("make-mounts-private", errno, "%s", strerror(errno));
+    /* 3. the overlay over the workspace */
+    if (fuse)
+        mount_fuse_overlay(fuse_binary, lower, upper, work);
+    else
+        mount_kernel_overlay(lower, upper, work, in_userns);
+    /* 4. bubblewrap (argv[i] is absolute: no PATH lookup) */
+    execv(argv[i], argv + i);
+    fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
+    return 125;
+}
+
 /* Mark every fd >= 3 close-on-exec, then clear the flag on the kept ones. */
 static void cloexec_all(const int *keep, int nkeep) {
     if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_FLAG) < 0) {
@@ -357,6 +561,8 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--mount-overlay") == 0)
+        return mount_overlay_main(argc, argv);
     int seccomp_fds[MAX_FILTERS];
     int nseccomp = 0;
     int notify_fd = -1, notify_sock = -1, landlock_fd = -1, wait_fd = -1;

@@ -4,7 +4,10 @@ For every registered backend: whether it can run here, and if not the exact
 reason and the fix; for the ones that can, a real smoke run of ``true`` in a
 throw-away workspace (a probe that only looks for binaries can be wrong).
 Then the host features corral's guarantees rest on: seccomp user
-notification (the write broker), cgroups (limits), Landlock, overlayfs.
+notification (the write broker), cgroups (limits), Landlock, and the
+preview mechanisms (kernel overlayfs, fuse-overlayfs, copy) - each tried
+with a real mount - with the one ``corral preview`` uses and a smoke
+preview run that checks the real workspace stays untouched.
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ def _features() -> list[tuple[str, bool, str]]:
     layout, why = probe(frozenset({"memory", "pids"}))
     rows.append(("cgroup limits (memory, pids)", layout is not None,
                  f"cgroup v{layout.version}: {', '.join(sorted(layout.controllers))}" if layout else str(why)))
+    rows += _preview_rows()
     return rows
 
 
@@ -135,6 +139,63 @@ def render_matrix(rows: list[dict[str, object]]) -> str:
     if notes:
         text += "\n" + "\n".join(f"* {n}" for n in notes) + "\n"
     return text
+
+
+def _preview_rows() -> list[tuple[str, bool, str]]:
+    """Each preview mechanism tried for real, then the one in use with a smoke preview run."""
+    from ..._state import state_dir
+    from ...preview._mechanism import MECHANISMS, choose_mechanism, probe
+
+    previews = os.path.join(state_dir(), "previews")
+    rows: list[tuple[str, bool, str]] = []
+    for mechanism in MECHANISMS:
+        problem = probe(mechanism, previews, use_cache=False)
+        detail = {"overlay": "kernel overlayfs in a private mount namespace",
+                  "fuse-overlayfs": "fuse-overlayfs daemon",
+                  "copy": "a full copy of the workspace (reflink where supported)"}[mechanism]
+        rows.append((f"preview mechanism {mechanism}", problem is None,
+                     detail if problem is None else problem))
+    requested = os.environ.get("CORRAL_PREVIEW_MECHANISM", "auto") or "auto"
+    try:
+        chosen = choose_mechanism(requested, previews)
+    except CorralError as exc:
+        rows.append(("preview (corral preview)", False, exc.message))
+        return rows
+    ok, detail = _smoke_preview(chosen)
+    rows.append(("preview (corral preview)", ok, f"uses {chosen}: {detail}"))
+    return rows
+
+
+def _smoke_preview(mechanism: str) -> tuple[bool, str]:
+    """Run one write in a preview of a scratch workspace; check where it landed."""
+    from ..._request import ExecRequest
+    from ..._runner import execute
+    from ...policy import Policy
+    from ...preview import Preview
+
+    with tempfile.TemporaryDirectory(prefix="corral-doctor-") as scratch:
+        workspace = os.path.join(scratch, "ws")
+        os.mkdir(workspace)
+        state = os.path.join(scratch, "state")
+        try:
+            preview = Preview.create(workspace, state_dir=state, mechanism=mechanism)
+            policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/")).replace(
+                allow_degraded=frozenset({"*"}))
+            request = ExecRequest.from_argv(["/bin/sh", "-c", "echo smoke > written"],
+                                            cwd=workspace)
+            outcome = execute(request, policy, environ=os.environ, preview=preview)
+            changes = [(c.kind, c.path) for c in preview.changes()]
+        except CorralError as exc:
+            return False, exc.message
+        if outcome.returncode != 0:
+            detail = outcome.text("stderr").strip()[-200:]
+            return False, f"the smoke run exited {outcome.returncode}: {detail}"
+        if os.path.exists(os.path.join(workspace, "written")):
+            return False, "the smoke run wrote through to the real workspace"
+        if changes != [("added", "written")]:
+            return False, f"unexpected change set {changes}"
+        preview.discard()
+        return True, "smoke run ok (the write landed in the preview only)"
 
 
 def main(args: list[str]) -> int:

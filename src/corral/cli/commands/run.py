@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ..._outcome import Outcome
     from ..._request import ExecRequest
     from ...policy._settings import ResolvedSettings
+    from ...preview import Preview
 
 __all__ = ["execute_options", "main", "report", "resolve"]
 
@@ -87,8 +88,12 @@ def build_request(opts: RunOptions, workspace: str, *, capture: bool = False,
     return request
 
 
-def execute_options(opts: RunOptions) -> int:
-    """Resolve settings, run, report, audit; return the exit status."""
+def execute_options(opts: RunOptions, *, resolved: ResolvedSettings | None = None,
+                    preview: Preview | None = None) -> int:
+    """Resolve settings (unless *resolved*), run, report, audit; return the exit status.
+
+    With *preview* the command runs against that preview (``corral preview``).
+    """
     from ..._cgroups import Prestage
     from ..._request import new_sandbox_id
 
@@ -97,23 +102,25 @@ def execute_options(opts: RunOptions) -> int:
     # so that it overlaps with loading settings and starting bubblewrap.
     stage = Prestage(f"corral-{os.getpid()}-{sandbox_id}") if os.geteuid() == 0 else None
     try:
-        return _execute(opts, sandbox_id, stage)
+        return _execute(opts, sandbox_id, stage, resolved, preview)
     finally:
         if stage is not None:
             stage.discard()  # a no-op when the run took the group
             stage.finish()
 
 
-def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None) -> int:
+def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None,
+             resolved: ResolvedSettings | None = None, preview: Preview | None = None) -> int:
     from ..._runner import audit_outcome, launch, prepare
     from ..._state import state_dir
     from ...policy import policy_digest
 
     environ = os.environ
-    resolved = resolve(opts, environ)
+    if resolved is None:
+        resolved = resolve(opts, environ)
     policy = resolved.policy
     request = build_request(opts, resolved.workspace).replace(sandbox_id=sandbox_id)
-    prepared = prepare(request, policy, environ=environ)
+    prepared = prepare(request, policy, environ=environ, preview=preview)
     cgroup = stage.take() if stage is not None and prepared.plan.cgroup is not None else None
 
     running: list[Running] = []
@@ -140,7 +147,8 @@ def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None) -> int:
             _signal.signal(sig, handler)
     outcome = outcome.replace(policy_digest=policy_digest(policy))
     report(outcome, policy_timeout=prepared.plan.timeout)
-    problem = audit_outcome(outcome, request, state_dir=state_dir(environ))
+    extra: dict[str, object] | None = {"preview": preview.id} if preview is not None else None
+    problem = audit_outcome(outcome, request, state_dir=state_dir(environ), extra=extra)
     if problem is not None:
         print_error(problem)
     if opts.json_out:

