@@ -112,8 +112,16 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
         "host": {
             "description": "host, *.host (subdomains), host:port, an IP address or a CIDR.",
             "type": "string",
-            "pattern": r"^[^\s\u0000]+$",
+            "pattern": r"^[^\s\u0000%@]+$",
             "not": {"const": "!"},
+        },
+        "allowedHost": {
+            "description": (
+                "A host pattern that opens access: like host, but not *, *.TLD or another "
+                "public or multi-tenant suffix, nor a network wider than /8 (IPv4) or /16 (IPv6)."
+            ),
+            "allOf": [{"$ref": "#/$defs/host"}],
+            "not": {"pattern": r"^!?\*(\.[^.:\[\]]+\.?)?(:[0-9]+)?$"},
         },
         "credential": {
             "type": "object",
@@ -137,12 +145,18 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
                     "items": {"$ref": "#/$defs/commandGlob"},
                 },
                 "hosts": {
-                    "description": "Hosts it is meant for.",
+                    "description": (
+                        "Hosts it is meant for: it is injected only while all of them are "
+                        "reachable."
+                    ),
                     "type": "array",
-                    "items": {"$ref": "#/$defs/host"},
+                    "items": {"$ref": "#/$defs/allowedHost"},
                 },
                 "mode": {
-                    "description": '"env": a plain variable; "mask": proxy-side substitution.',
+                    "description": (
+                        '"env": a plain variable; "mask": proxy-side substitution (not '
+                        "supported yet: a run that would inject it is refused)."
+                    ),
                     "enum": ["env", "mask"],
                 },
             },
@@ -184,6 +198,12 @@ def _value(row: k.Key, table: k.KeyTable) -> dict[str, Any]:
         schema = {"$ref": f"#/$defs/{kind}"}
     elif kind == k.STRING:
         schema = {"$ref": "#/$defs/text"}
+    elif kind == k.HOSTS and row.tighten == k.REMOVALS:
+        # an allow list: over-broad patterns are refused (removals "!x" never are)
+        schema = {
+            "type": "array",
+            "items": {"anyOf": [{"$ref": "#/$defs/allowedHost"}, {"$ref": "#/$defs/removal"}]},
+        }
     elif kind in _ITEM_DEFS:
         schema = {"type": "array", "items": {"$ref": f"#/$defs/{_ITEM_DEFS[kind]}"}}
     elif kind == k.KEY_PATHS:
