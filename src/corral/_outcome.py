@@ -65,6 +65,8 @@ class NetworkAttempt(Record):
         bytes_down: bytes received from the destination.
         duration: seconds the connection was open.
         started_at: UNIX time of the attempt.
+        error: why an allowed connection failed (``"cannot resolve ..."``,
+            ``"connection refused"``), empty when it did not.
     """
 
     host: str
@@ -76,6 +78,12 @@ class NetworkAttempt(Record):
     bytes_down: int = 0
     duration: float = 0.0
     started_at: float = 0.0
+    error: str = ""
+
+    @property
+    def target(self) -> str:
+        """``host:port``, with brackets around an IPv6 address (``[::1]:443``)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
