@@ -59,12 +59,15 @@ class EgressSpec(Record):
         allow, deny: host patterns (see :mod:`corral.egress`).
         port: the loopback port the proxy listens on inside the sandbox.
         token: the per-sandbox proxy credential (in the proxy URL).
+        hosts_file: a hosts(5) file that replaces DNS for the proxy
+            (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
     """
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     port: int = 3128
     token: str = ""
+    hosts_file: str | None = None
 
 
 class CgroupSpec(Record):
@@ -91,6 +94,10 @@ class HostFacts(Record):
         path_kinds: ``(path, kind)`` for the paths the policy names, kind one
             of ``"dir"``, ``"file"``, ``"other"``, ``"missing"``.
         environ: the host environment (the policy's allowlist picks from it).
+        egress_token: a fresh random secret for the egress proxy's URL, drawn
+            by ``inspect_host`` in allowlist mode so that ``plan`` stays pure.
+        credential_files: ``("file:/path", contents)`` of the credential
+            files this command receives (read by ``inspect_host``).
     """
 
     uid: int
@@ -105,6 +112,8 @@ class HostFacts(Record):
     landlock_abi: int = 0
     path_kinds: tuple[tuple[str, str], ...] = ()
     environ: tuple[tuple[str, str], ...] = ()
+    egress_token: str = ""
+    credential_files: tuple[tuple[str, str], ...] = ()
 
     def kind(self, path: str) -> str:
         """The kind recorded for *path* (``"missing"`` when not inspected)."""
@@ -133,6 +142,7 @@ class LaunchPlan(Record):
         degraded: rules not enforced on this run (opted in by the caller).
         display_argv: the command as recorded in the audit log (redacted).
         unsandboxed: the plan runs the command without isolation.
+        credentials: names (never values) of the credentials injected.
     """
 
     backend: str
@@ -150,6 +160,7 @@ class LaunchPlan(Record):
     degraded: tuple[str, ...] = ()
     display_argv: tuple[str, ...] = ()
     unsandboxed: bool = False
+    credentials: tuple[str, ...] = ()
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""
