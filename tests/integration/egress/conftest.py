@@ -51,9 +51,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _record(self, body: bytes) -> None:
         with self.server.seen.lock:
             self.server.seen.requests.append(
-                {"method": self.command, "path": self.path,
-                 "headers": {k.lower(): v for k, v in self.headers.items()},
-                 "body": body}
+                {
+                    "method": self.command,
+                    "path": self.path,
+                    "headers": {k.lower(): v for k, v in self.headers.items()},
+                    "body": body,
+                }
             )
 
     def _body(self) -> bytes:
@@ -83,10 +86,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 size -= len(chunk)
             return
         file = os.path.join(self.server.root, path.lstrip("/"))
+        if os.path.isdir(file):
+            file = os.path.join(file, "index.html")
         if os.path.isfile(file):
             with open(file, "rb") as f:
                 data = f.read()
             self.send_response(200)
+            if file.endswith(".html"):
+                self.send_header("Content-Type", "text/html")
         else:
             data = f"hello from {self.headers.get('Host')} {path}\n".encode()
             self.send_response(200 if path != "/missing" else 404)
@@ -152,10 +159,28 @@ def tls_files(tmp_path_factory: Any) -> tuple[str, str]:
     where = tmp_path_factory.mktemp("tls")
     cert, key = str(where / "cert.pem"), str(where / "key.pem")
     subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=example.test",
-         "-addext", "subjectAltName=DNS:example.test,DNS:*.example.test"],
-        check=True, capture_output=True,
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            key,
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=example.test",
+            "-addext",
+            "subjectAltName=DNS:example.test,DNS:*.example.test",
+        ],
+        check=True,
+        capture_output=True,
     )
     return cert, key
 
@@ -174,15 +199,23 @@ def tls_upstream(tmp_path: Any, tls_files: tuple[str, str]) -> Iterator[Upstream
 class ProxyHarness:
     """An EgressProxy on the host's loopback (the sandbox tests use the real namespace)."""
 
-    def __init__(self, *, allow: list[str], deny: list[str] = (),  # type: ignore[assignment]
-                 hosts: dict[str, list[str]] | None = None, limits: ProxyLimits | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        allow: list[str],
+        deny: list[str] = (),  # type: ignore[assignment]
+        hosts: dict[str, list[str]] | None = None,
+        limits: ProxyLimits | None = None,
+    ) -> None:
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         listener.listen(1024)
         self.port = listener.getsockname()[1]
         self.proxy = EgressProxy(
-            allowlist=Allowlist(allow=allow, deny=deny), token=TOKEN,
-            resolver=StaticResolver(hosts or {}), limits=limits,
+            allowlist=Allowlist(allow=allow, deny=deny),
+            token=TOKEN,
+            resolver=StaticResolver(hosts or {}),
+            limits=limits,
         )
         self.proxy.start(listener.detach())
         self.proxy.wait_ready()

@@ -30,8 +30,14 @@ AUTH = "Proxy-Authorization: Basic " + base64.b64encode(f"corral:{TOKEN}".encode
 def curl(*args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:
     assert CURL is not None
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}  # no proxy variables from the host
-    return subprocess.run([CURL, "-sS", "--max-time", "10", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [CURL, "-sS", "--max-time", "10", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def open_client(port: int) -> socket.socket:
@@ -53,9 +59,12 @@ def exchange(port: int, head: str, method: str = "GET") -> tuple[http.client.HTT
 
 # ---------------------------------------------------------------- allowed traffic
 @needs_curl
-def test_forwards_absolute_form_http_to_an_allowed_host(make_proxy: Any, upstream: Upstream) -> None:
-    proxy = make_proxy(allow=["example.test", f"127.0.0.1:{upstream.port}"],
-                       hosts={"example.test": ["127.0.0.1"]})
+def test_forwards_absolute_form_http_to_an_allowed_host(
+    make_proxy: Any, upstream: Upstream
+) -> None:
+    proxy = make_proxy(
+        allow=["example.test", f"127.0.0.1:{upstream.port}"], hosts={"example.test": ["127.0.0.1"]}
+    )
     result = curl("-x", proxy.url, f"http://example.test:{upstream.port}/hello.txt")
     assert result.stdout == "hello through the proxy\n", result.stderr
     request = upstream.seen.requests[-1]
@@ -64,32 +73,48 @@ def test_forwards_absolute_form_http_to_an_allowed_host(make_proxy: Any, upstrea
     assert "proxy-authorization" not in request["headers"]  # the credential never leaves
     (attempt,) = proxy.close()
     assert (attempt.host, attempt.port, attempt.method, attempt.decision) == (
-        "example.test", upstream.port, "GET", "allow")
+        "example.test",
+        upstream.port,
+        "GET",
+        "allow",
+    )
     assert attempt.rule == "network.allow: example.test"
     assert attempt.bytes_up > 0
     assert attempt.bytes_down > len("hello through the proxy\n")
 
 
 @needs_curl
-def test_tunnels_https_with_connect(make_proxy: Any, tls_upstream: Upstream,
-                                    tls_files: tuple[str, str]) -> None:
-    proxy = make_proxy(allow=["*.example.test", f"127.0.0.1:{tls_upstream.port}"],
-                       hosts={"api.example.test": ["127.0.0.1"]})
-    result = curl("--cacert", tls_files[0], "-x", proxy.url,
-                  f"https://api.example.test:{tls_upstream.port}/x")
+def test_tunnels_https_with_connect(
+    make_proxy: Any, tls_upstream: Upstream, tls_files: tuple[str, str]
+) -> None:
+    proxy = make_proxy(
+        allow=["*.example.test", f"127.0.0.1:{tls_upstream.port}"],
+        hosts={"api.example.test": ["127.0.0.1"]},
+    )
+    result = curl(
+        "--cacert", tls_files[0], "-x", proxy.url, f"https://api.example.test:{tls_upstream.port}/x"
+    )
     assert result.stdout == f"hello from api.example.test:{tls_upstream.port} /x\n", result.stderr
     (attempt,) = proxy.close()
     assert (attempt.method, attempt.decision, attempt.rule) == (
-        "CONNECT", "allow", "network.allow: *.example.test")
-    assert attempt.bytes_up > 200 and attempt.bytes_down > 200  # a TLS handshake each way
+        "CONNECT",
+        "allow",
+        "network.allow: *.example.test",
+    )
+    assert attempt.bytes_up > 200  # a TLS handshake each way
+    assert attempt.bytes_down > 200
 
 
-def test_keeps_a_client_connection_alive_across_requests(make_proxy: Any, upstream: Upstream) -> None:
+def test_keeps_a_client_connection_alive_across_requests(
+    make_proxy: Any, upstream: Upstream
+) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
     with open_client(proxy.port) as sock:
         for name in ("a", "b", "c"):
-            sock.sendall(f"GET http://127.0.0.1:{upstream.port}/{name} HTTP/1.1\r\n"
-                         f"Host: 127.0.0.1\r\n{AUTH}\r\n\r\n".encode())
+            sock.sendall(
+                f"GET http://127.0.0.1:{upstream.port}/{name} HTTP/1.1\r\n"
+                f"Host: 127.0.0.1\r\n{AUTH}\r\n\r\n".encode()
+            )
             response = read_response(sock)
             assert response.read() == f"hello from 127.0.0.1:{upstream.port} /{name}\n".encode()
     assert upstream.seen.connections == 1  # the upstream connection was reused too
@@ -97,9 +122,10 @@ def test_keeps_a_client_connection_alive_across_requests(make_proxy: Any, upstre
 
 
 def test_sets_host_from_the_target_not_the_host_header(make_proxy: Any, upstream: Upstream) -> None:
-    proxy = make_proxy(allow=["example.test", f"127.0.0.1:{upstream.port}"],
-                       hosts={"example.test": ["127.0.0.1"]})
-    response, body = exchange(
+    proxy = make_proxy(
+        allow=["example.test", f"127.0.0.1:{upstream.port}"], hosts={"example.test": ["127.0.0.1"]}
+    )
+    response, _body = exchange(
         proxy.port,
         f"GET http://example.test:{upstream.port}/ HTTP/1.1\r\nHost: evil.test\r\n"
         f"Connection: close, X-Drop-Me\r\nX-Drop-Me: 1\r\nKeep-Alive: 5\r\n{AUTH}\r\n\r\n",
@@ -107,7 +133,8 @@ def test_sets_host_from_the_target_not_the_host_header(make_proxy: Any, upstream
     assert response.status == 200
     headers = upstream.seen.requests[-1]["headers"]
     assert headers["host"] == f"example.test:{upstream.port}"
-    assert "x-drop-me" not in headers and "keep-alive" not in headers  # hop-by-hop
+    assert "x-drop-me" not in headers  # hop-by-hop
+    assert "keep-alive" not in headers
 
 
 @needs_curl
@@ -117,11 +144,25 @@ def test_streams_request_bodies_with_expect_continue_and_chunking(
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
     payload = tmp_path / "payload"
     payload.write_bytes(b"z" * 2_000_000)
-    result = curl("-x", proxy.url, "-H", "Expect: 100-continue", "--data-binary", f"@{payload}",
-                  f"http://127.0.0.1:{upstream.port}/upload")
+    result = curl(
+        "-x",
+        proxy.url,
+        "-H",
+        "Expect: 100-continue",
+        "--data-binary",
+        f"@{payload}",
+        f"http://127.0.0.1:{upstream.port}/upload",
+    )
     assert result.stdout == "got 2000000 bytes\n", result.stderr
-    result = curl("-x", proxy.url, "-H", "Transfer-Encoding: chunked", "--data-binary", "abc",
-                  f"http://127.0.0.1:{upstream.port}/chunked")
+    result = curl(
+        "-x",
+        proxy.url,
+        "-H",
+        "Transfer-Encoding: chunked",
+        "--data-binary",
+        "abc",
+        f"http://127.0.0.1:{upstream.port}/chunked",
+    )
     assert result.stdout == "got 3 bytes\n", result.stderr
     assert upstream.seen.requests[-1]["body"] == b"abc"
 
@@ -129,8 +170,10 @@ def test_streams_request_bodies_with_expect_continue_and_chunking(
 def test_forwards_bytes_sent_right_after_connect(make_proxy: Any, upstream: Upstream) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
     with open_client(proxy.port) as sock:
-        sock.sendall(f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n"
-                     f"GET /early HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        sock.sendall(
+            f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n"
+            f"GET /early HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
@@ -138,11 +181,16 @@ def test_forwards_bytes_sent_right_after_connect(make_proxy: Any, upstream: Upst
     assert data.endswith(b"hello from x /early\n")
 
 
-def test_counts_the_bytes_of_a_large_tunnelled_download(make_proxy: Any, upstream: Upstream) -> None:
+def test_counts_the_bytes_of_a_large_tunnelled_download(
+    make_proxy: Any, upstream: Upstream
+) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
     size = 20_000_000
     with open_client(proxy.port) as sock:
-        sock.sendall(f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n".encode())
+        sock.sendall(
+            f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"{AUTH}\r\n\r\n".encode()
+        )
         assert read_response(sock, "CONNECT").status == 200
         sock.sendall(f"GET /bytes/{size} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
         received = 0
@@ -157,17 +205,29 @@ def test_counts_the_bytes_of_a_large_tunnelled_download(make_proxy: Any, upstrea
 # ---------------------------------------------------------------- credentials
 @pytest.mark.parametrize(
     ("header", "decision"),
-    [("", "challenge"), ("Proxy-Authorization: Basic " + base64.b64encode(b"corral:wrong").decode()
-                         + "\r\n", "deny"),
-     ("Proxy-Authorization: Bearer " + TOKEN + "\r\n", "deny"),
-     ("Proxy-Authorization: Basic !!!notbase64\r\n", "deny"),
-     ("Proxy-Authorization: Basic " + base64.b64encode(TOKEN.encode()).decode() + "\r\n", "deny")],
+    [
+        ("", "challenge"),
+        (
+            "Proxy-Authorization: Basic " + base64.b64encode(b"corral:wrong").decode() + "\r\n",
+            "deny",
+        ),
+        ("Proxy-Authorization: Bearer " + TOKEN + "\r\n", "deny"),
+        ("Proxy-Authorization: Basic !!!notbase64\r\n", "deny"),
+        (
+            "Proxy-Authorization: Basic " + base64.b64encode(TOKEN.encode()).decode() + "\r\n",
+            "deny",
+        ),
+    ],
 )
-def test_answers_407_without_the_sandbox_credential(make_proxy: Any, upstream: Upstream,
-                                                    header: str, decision: str) -> None:
+def test_answers_407_without_the_sandbox_credential(
+    make_proxy: Any, upstream: Upstream, header: str, decision: str
+) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
-    response, body = exchange(proxy.port, f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{header}\r\n",
-                              "CONNECT")
+    response, body = exchange(
+        proxy.port,
+        f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{header}\r\n",
+        "CONNECT",
+    )
     assert response.status == 407
     assert response.getheader("Proxy-Authenticate") == 'Basic realm="corral"'
     assert response.getheader("X-Corral-Reason") == "proxy-auth-required"
@@ -180,8 +240,11 @@ def test_answers_407_without_the_sandbox_credential(make_proxy: Any, upstream: U
 @needs_curl
 def test_accepts_the_credential_any_user_name(make_proxy: Any, upstream: Upstream) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
-    result = curl("-x", f"http://someone:{TOKEN}@127.0.0.1:{proxy.port}",
-                  f"http://127.0.0.1:{upstream.port}/ok")
+    result = curl(
+        "-x",
+        f"http://someone:{TOKEN}@127.0.0.1:{proxy.port}",
+        f"http://127.0.0.1:{upstream.port}/ok",
+    )
     assert result.stdout.startswith("hello from"), result.stderr
 
 
@@ -199,19 +262,29 @@ def test_accepts_the_credential_any_user_name(make_proxy: Any, upstream: Upstrea
         ("127.1:443", "not in network.allow", "not-allowed"),
         ("[::ffff:127.0.0.1]:443", "not in network.allow", "not-allowed"),
         ("0x7f.0.0.1:443", "not in network.allow", "not-allowed"),
-        ("rebind.example.test:443",
-         "resolves to 127.0.0.1, a loopback address not in network.allow", "special-address"),
-        ("meta.example.test:80",
-         "resolves to 169.254.169.254, a cloud-metadata address not in network.allow",
-         "special-address"),
+        (
+            "rebind.example.test:443",
+            "resolves to 127.0.0.1, a loopback address not in network.allow",
+            "special-address",
+        ),
+        (
+            "meta.example.test:80",
+            "resolves to 169.254.169.254, a cloud-metadata address not in network.allow",
+            "special-address",
+        ),
     ],
 )
-def test_refuses_with_403_naming_the_rule(make_proxy: Any, target: str, rule: str, reason: str) -> None:
-    proxy = make_proxy(allow=["example.test:443", "*.example.test", "*.pkg.test"],
-                       deny=["evil.example.test"],
-                       hosts={"rebind.example.test": ["127.0.0.1"],
-                              "meta.example.test": ["169.254.169.254"]})
-    response, body = exchange(proxy.port, f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{AUTH}\r\n\r\n", "CONNECT")
+def test_refuses_with_403_naming_the_rule(
+    make_proxy: Any, target: str, rule: str, reason: str
+) -> None:
+    proxy = make_proxy(
+        allow=["example.test:443", "*.example.test", "*.pkg.test"],
+        deny=["evil.example.test"],
+        hosts={"rebind.example.test": ["127.0.0.1"], "meta.example.test": ["169.254.169.254"]},
+    )
+    response, body = exchange(
+        proxy.port, f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{AUTH}\r\n\r\n", "CONNECT"
+    )
     assert response.status == 403
     assert response.getheader("X-Corral-Decision") == "deny"
     assert response.getheader("X-Corral-Reason") == reason
@@ -223,10 +296,16 @@ def test_refuses_with_403_naming_the_rule(make_proxy: Any, target: str, rule: st
 
 def test_refuses_plain_http_to_an_unlisted_host(make_proxy: Any, upstream: Upstream) -> None:
     proxy = make_proxy(allow=["example.test"], hosts={"evil.test": ["127.0.0.1"]})
-    response, body = exchange(proxy.port, f"GET http://evil.test:{upstream.port}/ HTTP/1.1\r\n"
-                                          f"Host: evil.test\r\n{AUTH}\r\n\r\n")
+    response, body = exchange(
+        proxy.port,
+        f"GET http://evil.test:{upstream.port}/ HTTP/1.1\r\nHost: evil.test\r\n{AUTH}\r\n\r\n",
+    )
     assert response.status == 403
-    assert body == f"corral: blocked connection to evil.test:{upstream.port} (not in network.allow)\n".encode()
+    assert (
+        body
+        == f"corral: blocked connection to evil.test:{upstream.port} "
+        "(not in network.allow)\n".encode()
+    )
     assert upstream.seen.connections == 0
 
 
@@ -236,11 +315,19 @@ def test_answers_502_when_an_allowed_destination_fails(make_proxy: Any) -> None:
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there now
     proxy = make_proxy(allow=[f"127.0.0.1:{port}", "nowhere.test"])
-    response, body = exchange(proxy.port, f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n", "CONNECT")
+    response, body = exchange(
+        proxy.port,
+        f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n",
+        "CONNECT",
+    )
     assert response.status == 502
     assert response.getheader("X-Corral-Reason") == "connect-failed"
     assert b"could not connect to 127.0.0.1" in body
-    response, body = exchange(proxy.port, f"CONNECT nowhere.test:443 HTTP/1.1\r\nHost: nowhere.test\r\n{AUTH}\r\n\r\n", "CONNECT")
+    response, body = exchange(
+        proxy.port,
+        f"CONNECT nowhere.test:443 HTTP/1.1\r\nHost: nowhere.test\r\n{AUTH}\r\n\r\n",
+        "CONNECT",
+    )
     assert response.status == 502
     assert response.getheader("X-Corral-Reason") == "resolve-failed"
     first, second = proxy.close()
@@ -275,20 +362,31 @@ def test_answers_400_for_targets_it_cannot_proxy(make_proxy: Any, line: str, mes
 # ---------------------------------------------------------------- SOCKS5
 @needs_curl
 def test_socks5_with_remote_name_resolution(make_proxy: Any, upstream: Upstream) -> None:
-    proxy = make_proxy(allow=["example.test", f"127.0.0.1:{upstream.port}"],
-                       hosts={"example.test": ["127.0.0.1"]})
-    result = curl("-x", f"socks5h://corral:{TOKEN}@127.0.0.1:{proxy.port}",
-                  f"http://example.test:{upstream.port}/s")
+    proxy = make_proxy(
+        allow=["example.test", f"127.0.0.1:{upstream.port}"], hosts={"example.test": ["127.0.0.1"]}
+    )
+    result = curl(
+        "-x",
+        f"socks5h://corral:{TOKEN}@127.0.0.1:{proxy.port}",
+        f"http://example.test:{upstream.port}/s",
+    )
     assert result.stdout == f"hello from example.test:{upstream.port} /s\n", result.stderr
     result = curl("-x", f"socks5h://corral:{TOKEN}@127.0.0.1:{proxy.port}", "http://evil.test/")
     assert result.returncode != 0
-    result = curl("-x", f"socks5://corral:{TOKEN}@127.0.0.1:{proxy.port}",
-                  f"http://127.0.0.1:{upstream.port}/ip")  # an address (ATYP 1)
+    result = curl(
+        "-x",
+        f"socks5://corral:{TOKEN}@127.0.0.1:{proxy.port}",
+        f"http://127.0.0.1:{upstream.port}/ip",
+    )  # an address (ATYP 1)
     assert result.stdout.startswith("hello from"), result.stderr
     first, denied, third = proxy.close()
     assert (first.method, first.decision, first.host) == ("SOCKS5", "allow", "example.test")
     assert (denied.host, denied.port, denied.decision, denied.rule) == (
-        "evil.test", 80, "deny", "not in network.allow")
+        "evil.test",
+        80,
+        "deny",
+        "not in network.allow",
+    )
     assert third.host == "127.0.0.1"
 
 
@@ -317,7 +415,10 @@ def test_socks5_refuses_clients_without_credentials(make_proxy: Any) -> None:
     assert _socks(proxy.port, (b"\x05\x01\x00", 2)) == [b"\x05\xff"]
     assert _socks(proxy.port, _GREET, (b"\x01\x06corral\x05wrong", 2)) == [b"\x05\x02", b"\x01\x01"]
     no_offer, wrong = proxy.close()
-    assert no_offer.rule == "missing or wrong proxy credential (the client did not offer username/password)"
+    assert (
+        no_offer.rule
+        == "missing or wrong proxy credential (the client did not offer username/password)"
+    )
     assert (wrong.method, wrong.decision) == ("SOCKS5", "deny")
 
 
@@ -339,7 +440,8 @@ def test_socks5_refusals(make_proxy: Any, request_bytes: bytes, reply_code: int,
     assert replies[2][:2] == bytes([5, reply_code])
     (attempt,) = proxy.close()
     assert attempt.rule.startswith(rule)
-    assert "\r" not in attempt.host and "\n" not in attempt.host
+    assert "\r" not in attempt.host
+    assert "\n" not in attempt.host
 
 
 # ---------------------------------------------------------------- hostile clients
@@ -355,8 +457,11 @@ def _raw(port: int, data: bytes, *, shutdown: bool = False) -> bytes:
 
 
 def _assert_still_serves(proxy: Any, upstream: Upstream) -> None:
-    response, body = exchange(proxy.port, f"GET http://127.0.0.1:{upstream.port}/alive HTTP/1.1\r\n"
-                                          f"Host: x\r\nConnection: close\r\n{AUTH}\r\n\r\n")
+    _response, body = exchange(
+        proxy.port,
+        f"GET http://127.0.0.1:{upstream.port}/alive HTTP/1.1\r\n"
+        f"Host: x\r\nConnection: close\r\n{AUTH}\r\n\r\n",
+    )
     assert body.endswith(b"/alive\n")
 
 
@@ -369,11 +474,18 @@ def _wait_idle(proxy: Any) -> None:
 
 def test_answers_garbage_with_400_and_keeps_serving(make_proxy: Any, upstream: Upstream) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
-    for garbage in (b"\x00\x01\x02\xff\r\n\r\n", b"GET\r\n\r\n", b"\x16\x03\x01\x02\x00hello\r\n\r\n",
-                    b"GET http://x/ HTTP/1.1\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"):
+    for garbage in (
+        b"\x00\x01\x02\xff\r\n\r\n",
+        b"GET\r\n\r\n",
+        b"\x16\x03\x01\x02\x00hello\r\n\r\n",
+        b"GET http://x/ HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+    ):
         reply = _raw(proxy.port, garbage)
         assert reply.startswith(b"HTTP/1.1 400 "), (garbage, reply)
-    assert _raw(proxy.port, b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00").startswith(b"HTTP/1.1 400 ")  # SOCKS4
+    assert _raw(proxy.port, b"\x04\x01\x00\x50\x7f\x00\x00\x01\x00").startswith(
+        b"HTTP/1.1 400 "
+    )  # SOCKS4
     _assert_still_serves(proxy, upstream)
     _wait_idle(proxy)
 
@@ -405,8 +517,11 @@ def test_closes_half_open_connections(make_proxy: Any, upstream: Upstream) -> No
 def test_times_out_slowloris_clients(make_proxy: Any, upstream: Upstream) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"], limits=ProxyLimits(header_timeout=0.5))
     started = time.monotonic()
-    with open_client(proxy.port) as slow, open_client(proxy.port) as silent, \
-            open_client(proxy.port) as socks:
+    with (
+        open_client(proxy.port) as slow,
+        open_client(proxy.port) as silent,
+        open_client(proxy.port) as socks,
+    ):
         slow.sendall(b"GET http://127.0.0.1/ HTTP/1.1\r\n")
         socks.sendall(b"\x05\x01")
         for _ in range(3):  # a byte at a time, never finishing the head
@@ -442,10 +557,14 @@ def test_closes_connections_over_the_limit(make_proxy: Any, upstream: Upstream) 
     _assert_still_serves(proxy, upstream)
 
 
-def test_stopping_cancels_open_tunnels_and_closes_the_listener(make_proxy: Any, upstream: Upstream) -> None:
+def test_stopping_cancels_open_tunnels_and_closes_the_listener(
+    make_proxy: Any, upstream: Upstream
+) -> None:
     proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
     tunnel = open_client(proxy.port)
-    tunnel.sendall(f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n".encode())
+    tunnel.sendall(
+        f"CONNECT 127.0.0.1:{upstream.port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n".encode()
+    )
     assert read_response(tunnel, "CONNECT").status == 200
     attempts = proxy.close()  # while the tunnel is open
     assert tunnel.recv(100) == b""  # the proxy closed its end
