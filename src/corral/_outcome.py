@@ -59,7 +59,9 @@ class NetworkAttempt(Record):
         host: the host as the client named it (canonicalised).
         port: the destination port.
         method: ``CONNECT``, ``GET`` ..., or ``SOCKS5``.
-        decision: ``"allow"`` or ``"deny"``.
+        decision: ``"allow"``, ``"deny"``, or ``"challenge"`` (the client asked
+            without the proxy credential and was told to authenticate, the
+            first leg of HTTP proxy authentication; not a violation).
         rule: the rule that decided (``"network.allow: *.pypi.org"`` or the reason).
         bytes_up: bytes sent by the sandbox to the destination.
         bytes_down: bytes received from the destination.

@@ -575,3 +575,38 @@ def test_stopping_cancels_open_tunnels_and_closes_the_listener(
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", proxy.port), timeout=2)
     assert proxy.proxy.close() == attempts  # idempotent
+
+
+def test_a_proxy_that_cannot_start_reports_why() -> None:
+    from corral.egress._server import EgressProxy
+    from corral.egress.allowlist import Allowlist
+
+    with pytest.raises(ValueError, match="non-empty token"):
+        EgressProxy(allowlist=Allowlist(), token="")
+    proxy = EgressProxy(allowlist=Allowlist(), token=TOKEN)
+    scratch = os.open("/dev/null", os.O_RDONLY)  # not a socket
+    proxy.start(scratch)
+    with pytest.raises(OSError, match="Socket operation on non-socket"):
+        proxy.wait_ready()
+    assert proxy.close() == []
+    assert isinstance(proxy.error, OSError)
+    with pytest.raises(OSError):
+        os.fstat(scratch)  # the proxy owned the descriptor and closed it
+    with pytest.raises(RuntimeError, match="started already"):
+        proxy.start(scratch)
+
+
+def test_a_proxy_closed_before_it_started_releases_its_listener() -> None:
+    from corral.egress._server import EgressProxy
+    from corral.egress.allowlist import Allowlist
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    port = listener.getsockname()[1]
+    proxy = EgressProxy(allowlist=Allowlist(), token=TOKEN)
+    proxy.start(listener.detach())
+    assert proxy.close() == []  # possibly before its thread got going
+    assert proxy.error is None
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)

@@ -563,3 +563,13 @@ def test_reads_file_credentials_for_matching_commands_only(world: World) -> None
     outcome = world.run(["sh", "-c", "echo ${DEPLOY_KEY-absent}"], policy)
     assert _ok(outcome) == "file-secret-value\n"
     assert outcome.argv == ("sh", "-c", "echo ${DEPLOY_KEY-absent}")
+
+
+def test_nothing_runs_when_the_proxy_cannot_start(world: World) -> None:
+    from corral._exceptions import ProxyStartFailed
+
+    marker = os.path.join(world.workspace, "ran")
+    environ = {**world.environ, "CORRAL_EGRESS_HOSTS": os.path.join(world.root, "missing-hosts")}
+    with pytest.raises(ProxyStartFailed, match="cannot read the hosts file"):
+        world.run(f"touch {marker}", environ=environ)
+    assert not os.path.exists(marker)
