@@ -25,6 +25,7 @@ __all__ = ["SUITES", "Context", "Row", "run_suites"]
 #: suite name -> module (imported on demand)
 SUITES: dict[str, str] = {
     "core": "corral.benchmarks.core",
+    "egress": "corral.benchmarks.egress",
 }
 
 

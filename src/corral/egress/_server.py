@@ -11,12 +11,13 @@ and handed to :func:`~corral.egress._socks5.serve_socks5` or
 exception closes that connection and is counted in :meth:`statistics`,
 never stopping the proxy.
 
-The thread imports :mod:`asyncio` and :mod:`h11` itself, so that
-``corral run`` can release the command while they load (~45 ms here); the
-kernel queues the sandbox's first connections in the listen backlog
-meanwhile. A proxy that fails to start closes its listener (the sandbox's
-connections are refused: fail closed) and reports the error from
-:meth:`EgressProxy.close`.
+The proxy costs nothing until it is used: its thread first just polls the
+listener, and imports :mod:`asyncio` and :mod:`h11` (~45 ms here) only when
+the first client connects (the kernel completes the TCP handshake and keeps
+the connection in the listen backlog meanwhile). A sandbox that never opens
+a connection - most commands - stops a proxy that never loaded them. A proxy
+that fails closes its listener (the sandbox's connections are refused: fail
+closed) and reports the error from :meth:`EgressProxy.close`.
 
 Example::
 
@@ -96,6 +97,7 @@ class EgressProxy:
         self._stopping = False
         self._ready = threading.Event()
         self._listener_fd = -1
+        self._wake: tuple[int, int] = (-1, -1)  # a pipe that ends the wait for the first client
         self._connections: set[asyncio.Task[None]] = set()
         self._served = 0
         self._rejected = 0
@@ -105,15 +107,27 @@ class EgressProxy:
 
     # ------------------------------------------------------------ control (any thread)
     def start(self, listener_fd: int) -> None:
-        """Serve *listener_fd* (a listening TCP socket; the proxy takes ownership)."""
+        """Serve *listener_fd* (a listening TCP socket; the proxy takes ownership).
+
+        Raises:
+            OSError: *listener_fd* is not a socket (it is closed).
+        """
         if self._thread is not None:
             raise RuntimeError("the proxy was started already")
+        import _socket
+
+        try:
+            _socket.socket(fileno=listener_fd).detach()  # a socket, or ENOTSOCK now
+        except OSError:
+            os.close(listener_fd)
+            raise
         self._listener_fd = listener_fd
+        self._wake = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._thread_main, name="corral-egress", daemon=True)
         self._thread.start()
 
     def wait_ready(self, timeout: float = 10.0) -> None:
-        """Block until the proxy accepts connections (or failed: then raise its error)."""
+        """Block until the proxy's thread watches the listener (or failed: then raise its error)."""
         if not self._ready.wait(timeout):
             raise TimeoutError("the egress proxy did not start in time")
         if self.error is not None:
@@ -124,6 +138,8 @@ class EgressProxy:
         with self._lock:
             self._stopping = True
             loop, stop = self._loop, self._stop
+        if self._wake[1] >= 0:
+            os.write(self._wake[1], b"x")  # ends the wait for a first client
         if loop is not None and stop is not None:
             try:
                 loop.call_soon_threadsafe(stop.set)
@@ -136,6 +152,10 @@ class EgressProxy:
         elif self._listener_fd >= 0:
             os.close(self._listener_fd)
             self._listener_fd = -1
+        for fd in self._wake:
+            if fd >= 0:
+                os.close(fd)
+        self._wake = (-1, -1)
         return list(self._context.log.attempts) if self._context is not None else []
 
     @property
@@ -159,10 +179,11 @@ class EgressProxy:
     # ------------------------------------------------------------ the thread
     def _thread_main(self) -> None:
         try:
-            import asyncio
+            if self._wait_for_first_client():
+                import asyncio
 
-            raise_fd_limit()
-            asyncio.run(self._serve())
+                raise_fd_limit()
+                asyncio.run(self._serve())
         except BaseException as exc:  # reported by wait_ready() and close()
             self.error = exc
         finally:
@@ -170,6 +191,21 @@ class EgressProxy:
                 os.close(self._listener_fd)  # fail closed: the sandbox's connections are refused
                 self._listener_fd = -1
             self._ready.set()
+
+    def _wait_for_first_client(self) -> bool:
+        """Poll the listener and the wake pipe; True when a client is waiting to be accepted."""
+        import select
+
+        poller = select.poll()
+        poller.register(self._listener_fd, select.POLLIN)
+        poller.register(self._wake[0], select.POLLIN)
+        self._ready.set()
+        while True:
+            events = dict(poller.poll())
+            if self._wake[0] in events:
+                return False
+            if events.get(self._listener_fd, 0) & select.POLLIN:
+                return True
 
     async def _serve(self) -> None:
         import asyncio

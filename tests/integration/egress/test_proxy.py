@@ -585,15 +585,58 @@ def test_a_proxy_that_cannot_start_reports_why() -> None:
         EgressProxy(allowlist=Allowlist(), token="")
     proxy = EgressProxy(allowlist=Allowlist(), token=TOKEN)
     scratch = os.open("/dev/null", os.O_RDONLY)  # not a socket
-    proxy.start(scratch)
     with pytest.raises(OSError, match="Socket operation on non-socket"):
-        proxy.wait_ready()
-    assert proxy.close() == []
-    assert isinstance(proxy.error, OSError)
+        proxy.start(scratch)
     with pytest.raises(OSError):
         os.fstat(scratch)  # the proxy owned the descriptor and closed it
+    assert proxy.close() == []
+
+
+def test_a_failing_proxy_refuses_connections_and_reports_why(upstream: Upstream) -> None:
+    from corral.egress._server import EgressProxy
+    from corral.egress.allowlist import Allowlist
+
+    class Broken(EgressProxy):
+        async def _serve(self) -> None:
+            raise RuntimeError("the event loop broke")
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    proxy = Broken(allowlist=Allowlist(allow=[f"127.0.0.1:{upstream.port}"]), token=TOKEN)
+    proxy.start(listener.detach())
+    try:
+        with open_client(port) as first:  # wakes the proxy up: it fails, and closes its listener
+            assert first.recv(100) == b""
+    except ConnectionResetError:
+        pass  # the kernel resets connections left in a closed listener's backlog (maybe early)
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2)
+    assert proxy.close() == []
+    assert str(proxy.error) == "the event loop broke"
     with pytest.raises(RuntimeError, match="started already"):
-        proxy.start(scratch)
+        proxy.start(0)
+
+
+def test_loads_nothing_until_the_first_client_connects() -> None:
+    code = (
+        "import socket, sys\n"
+        "from corral.egress._server import EgressProxy\n"
+        "from corral.egress.allowlist import Allowlist\n"
+        "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(8)\n"
+        "proxy = EgressProxy(allowlist=Allowlist(), token='t')\n"
+        "proxy.start(s.detach()); proxy.wait_ready()\n"
+        "assert proxy.close() == [] and proxy.error is None\n"
+        "print(sorted(m for m in ('asyncio', 'h11') if m in sys.modules))\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "[]\n"
 
 
 def test_a_proxy_closed_before_it_started_releases_its_listener() -> None:
