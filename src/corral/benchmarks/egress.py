@@ -43,6 +43,7 @@ CONCURRENT = 500
 SERVER = r"""
 import asyncio, sys
 CHUNK = memoryview(b"x" * (1 << 20))
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
 async def send_bytes(writer, n):
     while n > 0:
         piece = CHUNK[: min(n, len(CHUNK))]
@@ -64,7 +65,7 @@ async def handle(reader, writer):
             size = int(line.split()[1].rsplit(b"/", 1)[1])
             while (await reader.readline()) not in (b"\r\n", b""):
                 pass
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+            writer.write(HEAD % size)
             await send_bytes(writer, size)
         await writer.drain()
     except (ConnectionError, OSError):
@@ -87,6 +88,7 @@ context.load_cert_chain(sys.argv[1], sys.argv[2])
 listener = socket.create_server(("127.0.0.1", 0), backlog=128)
 print(listener.getsockname()[1], flush=True)
 chunk = b"x" * (1 << 20)
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
 def serve(conn):
     try:
         with context.wrap_socket(conn, server_side=True) as tls:
@@ -97,7 +99,7 @@ def serve(conn):
                     return
                 request += data
             size = int(request.split()[1].rsplit(b"/", 1)[1])
-            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % size)
+            tls.sendall(HEAD % size)
             while size > 0:
                 tls.sendall(chunk[: min(size, len(chunk))])
                 size -= len(chunk)
