@@ -427,47 +427,45 @@ class _Session:
             return False  # the client went away mid-body
         responded = False
         while True:  # the response
+            answer: object
             try:
-                event = upstream_conn.next_event()
+                answer = upstream_conn.next_event()
             except h11.RemoteProtocolError as exc:
-                if not responded:
-                    await self._send_error(
-                        502,
-                        reason="upstream-protocol-error",
-                        rule=upstream.decision.rule,
-                        message=f"bad response from {host.authority(port)}: {exc}",
-                        decision="allow",
-                    )
-                return False
-            if event is h11.NEED_DATA:
+                answer = exc
+            if answer is h11.NEED_DATA:
                 data = await self.loop.sock_recv(upstream.sock, _CHUNK)
                 counter.down += len(data)
                 upstream_conn.receive_data(data)
                 continue
-            if isinstance(event, h11.InformationalResponse):
+            if isinstance(answer, h11.InformationalResponse):
                 continue  # optional hints (103 ...); 100 was answered by the proxy
-            if isinstance(event, h11.Response):
+            if isinstance(answer, h11.Response):
                 responded = True
                 await self._send(
                     h11.Response(
-                        status_code=event.status_code,
-                        reason=event.reason,
-                        headers=_forwardable(event.headers),
+                        status_code=answer.status_code,
+                        reason=answer.reason,
+                        headers=_forwardable(answer.headers),
                     )
                 )
                 continue
-            if isinstance(event, h11.Data):
-                await self._send(event)
+            if isinstance(answer, h11.Data):
+                await self._send(answer)
                 continue
-            if isinstance(event, h11.EndOfMessage):
-                await self._send(event)
+            if isinstance(answer, h11.EndOfMessage):
+                await self._send(answer)
                 return True
-            if not responded:  # closed before answering
+            # a protocol error, or the upstream closed: a 502 if nothing was relayed yet
+            if not responded:
+                target = host.authority(port)
+                silent = counter.down == 0
                 await self._send_error(
                     502,
-                    reason="upstream-closed",
+                    reason="upstream-closed" if silent else "upstream-protocol-error",
                     rule=upstream.decision.rule,
-                    message=f"{host.authority(port)} closed the connection without a response",
+                    message=f"{target} closed the connection without a response"
+                    if silent
+                    else f"bad response from {target}: {answer}",
                     decision="allow",
                 )
             return False

@@ -150,6 +150,16 @@ def upstream(tmp_path: Any) -> Iterator[Upstream]:
     server.close()
 
 
+@pytest.fixture
+def evil(tmp_path: Any) -> Iterator[Upstream]:
+    """A second server: one the policy does not allow, or a second allowed one."""
+    root = tmp_path / "evil-www"
+    root.mkdir()
+    server = Upstream(str(root))
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def tls_files(tmp_path_factory: Any) -> tuple[str, str]:
     """A self-signed certificate for example.test and *.example.test, and its key."""

@@ -653,3 +653,91 @@ def test_a_proxy_closed_before_it_started_releases_its_listener() -> None:
     assert proxy.error is None
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=2)
+
+
+class _RawServer:
+    """A TCP server on 127.0.0.1 that answers every connection with fixed bytes, then closes."""
+
+    def __init__(self, reply: bytes) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.reply = reply
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [(b"", "upstream-closed"), (b"SSH-2.0-OpenSSH\r\n\r\n", "upstream-protocol-error")],
+)
+def test_answers_502_when_the_upstream_does_not_speak_http(
+    make_proxy: Any, reply: bytes, reason: str
+) -> None:
+    server = _RawServer(reply)
+    try:
+        proxy = make_proxy(allow=[f"127.0.0.1:{server.port}"])
+        response, _body = exchange(
+            proxy.port,
+            f"GET http://127.0.0.1:{server.port}/ HTTP/1.1\r\nHost: x\r\n{AUTH}\r\n\r\n",
+        )
+    finally:
+        server.close()
+    assert response.status == 502
+    assert response.getheader("X-Corral-Reason") == reason
+    assert response.getheader("X-Corral-Decision") == "allow"
+    (attempt,) = proxy.close()
+    assert attempt.decision == "allow"
+
+
+def test_switches_upstreams_between_requests_on_one_connection(
+    make_proxy: Any, upstream: Upstream, evil: Any
+) -> None:
+    proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}", f"127.0.0.1:{evil.port}"])
+    with open_client(proxy.port) as sock:
+        for port, path in ((upstream.port, "/one"), (evil.port, "/two?x=1"), (upstream.port, "?q")):
+            sock.sendall(
+                f"GET http://127.0.0.1:{port}{path} HTTP/1.1\r\nHost: x\r\n{AUTH}\r\n\r\n".encode()
+            )
+            body = read_response(sock).read()
+            shown = path if path.startswith("/") else "/" + path
+            assert body == f"hello from 127.0.0.1:{port} {shown.split('?')[0]}\n".encode()
+    assert [r["path"] for r in upstream.seen.requests] == ["/one", "/?q"]
+    assert [r["path"] for r in evil.seen.requests] == ["/two?x=1"]
+    assert [a.port for a in proxy.close()] == [upstream.port, evil.port, upstream.port]
+
+
+def test_does_not_reuse_an_upstream_that_asked_to_close(
+    make_proxy: Any, upstream: Upstream
+) -> None:
+    proxy = make_proxy(allow=[f"127.0.0.1:{upstream.port}"])
+    with open_client(proxy.port) as sock:
+        for name in ("a", "b"):
+            sock.sendall(
+                f"GET http://127.0.0.1:{upstream.port}/{name} HTTP/1.1\r\nHost: x\r\n"
+                f"Connection: close\r\n{AUTH}\r\n\r\n".encode()
+            )
+            assert read_response(sock).read().endswith(f"/{name}\n".encode())
+            break  # the client asked to close: the proxy closes after the response
+        assert sock.recv(10) == b""
+    assert upstream.seen.connections == 1
+
+
+def test_refuses_non_ascii_targets(make_proxy: Any) -> None:
+    proxy = make_proxy(allow=["example.test"])
+    reply = _raw(proxy.port, "GET http://exämple.test/ HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 400 ")

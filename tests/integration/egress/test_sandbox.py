@@ -109,15 +109,6 @@ class World:
 
 
 @pytest.fixture
-def evil(tmp_path: Any) -> Iterator[Upstream]:
-    root = tmp_path / "evil-www"
-    root.mkdir()
-    server = Upstream(str(root))
-    yield server
-    server.close()
-
-
-@pytest.fixture
 def world(tmp_path: Any, upstream: Upstream, evil: Upstream) -> Iterator[World]:
     yield World(str(tmp_path), upstream, evil)
     assert not any(t.name == "corral-egress" for t in threading.enumerate()), (
