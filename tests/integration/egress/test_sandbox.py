@@ -45,6 +45,7 @@ if _PROBLEM is not None:
 CURL = shutil.which("curl")
 GIT = shutil.which("git")
 CORRAL = os.path.join(os.path.dirname(sys.executable), "corral")
+NO_CGROUP = ("--memory", "none", "--pids", "none")  # runs without a writable cgroup too
 
 
 class World:
@@ -394,6 +395,7 @@ def test_cli_prints_blocked_connections_and_audits_every_attempt(world: World) -
         [
             CORRAL,
             "run",
+            *NO_CGROUP,
             "--workspace",
             world.workspace,
             "--allow-host",
@@ -515,7 +517,17 @@ def test_the_audit_log_names_credentials_but_never_their_values(world: World) ->
         )
     for argv in (["npm", "publish", "--otp=s3cr3t-npm-value"], ["npm", "install"]):
         result = subprocess.run(
-            [CORRAL, "run", "--workspace", world.workspace, "--settings", settings, "--", *argv],
+            [
+                CORRAL,
+                "run",
+                *NO_CGROUP,
+                "--workspace",
+                world.workspace,
+                "--settings",
+                settings,
+                "--",
+                *argv,
+            ],
             capture_output=True,
             text=True,
             env=environ,
