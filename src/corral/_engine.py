@@ -31,7 +31,7 @@ import os
 import sys
 import time
 
-from ._exceptions import BrokerFailed, LaunchFailed
+from ._exceptions import BrokerFailed, LaunchFailed, ProxyStartFailed
 from ._hashing import sha256 as _sha256
 from ._outcome import NetworkAttempt, Outcome, Violation
 
@@ -567,10 +567,12 @@ class Running:
             broker_error = self._broker.error
         oom = bool(self._cgroup is not None and self._cgroup.oom_killed())
         network: tuple[NetworkAttempt, ...] = ()
+        egress_error: BaseException | None = None
         if self._egress is not None:
             network = tuple(self._egress.close())
+            egress_error = self._egress.error
             violations.extend(
-                Violation(kind="network", target=f"{a.host}:{a.port}", rule=a.rule, operation=a.method)
+                Violation(kind="network", target=a.target, rule=a.rule, operation=a.method)
                 for a in network if a.decision == "deny"
             )
             self._egress = None
@@ -596,6 +598,8 @@ class Running:
             )
         if broker_error is not None:
             raise BrokerFailed(f"Failed to supervise workspace writes: {broker_error}") from broker_error
+        if egress_error is not None:
+            raise ProxyStartFailed(f"Failed to run the egress proxy: {egress_error}") from egress_error
         stdout = self._out or _Stream(-1, None)
         stderr = self._err or _Stream(-1, None)
         dropped = sum(s.dropped for s in self._streams)
@@ -623,6 +627,7 @@ class Running:
             degraded=plan.degraded,
             unsandboxed=plan.unsandboxed,
             exec_error=exec_error,
+            credentials=plan.credentials,
             stdout_sha256=stdout.digest.hexdigest() if self._out is not None else "",
             stderr_sha256=stderr.digest.hexdigest() if self._err is not None else "",
             stdout_size=stdout.size,

@@ -59,12 +59,16 @@ class NetworkAttempt(Record):
         host: the host as the client named it (canonicalised).
         port: the destination port.
         method: ``CONNECT``, ``GET`` ..., or ``SOCKS5``.
-        decision: ``"allow"`` or ``"deny"``.
+        decision: ``"allow"``, ``"deny"``, or ``"challenge"`` (the client asked
+            without the proxy credential and was told to authenticate, the
+            first leg of HTTP proxy authentication; not a violation).
         rule: the rule that decided (``"network.allow: *.pypi.org"`` or the reason).
         bytes_up: bytes sent by the sandbox to the destination.
         bytes_down: bytes received from the destination.
         duration: seconds the connection was open.
         started_at: UNIX time of the attempt.
+        error: why an allowed connection failed (``"cannot resolve ..."``,
+            ``"connection refused"``), empty when it did not.
     """
 
     host: str
@@ -76,6 +80,12 @@ class NetworkAttempt(Record):
     bytes_down: int = 0
     duration: float = 0.0
     started_at: float = 0.0
+    error: str = ""
+
+    @property
+    def target(self) -> str:
+        """``host:port``, with brackets around an IPv6 address (``[::1]:443``)."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""

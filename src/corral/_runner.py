@@ -143,7 +143,7 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
             refusals.append(exc)  # this one cannot express the policy: try the next
             reasons.append(f"{name}: {exc.message}")
             continue
-        except (BackendUnavailable, UsageError) as exc:
+        except BackendUnavailable as exc:
             reasons.append(f"{name}: {exc.message}")
             continue
         return Prepared(backend, facts, layout, plan, policy, preview)

@@ -19,7 +19,12 @@ CANNOT: dict[str, tuple[dict[str, object], str]] = {
         "network.mode",
     ),
     "docker": ({"image": "corral:python"}, "filesystem.protect"),
-    "bubblewrap": ({"network": {"mode": "allowlist", "allow": ["example.org"]}}, "network.mode"),
+    "bubblewrap": (
+        {"network": {"mode": "allowlist", "allow": ["example.org"]},
+         "credentials": [{"name": "TOKEN", "from": "env:HOME", "commands": ["*"], "hosts": ["example.org"],
+                          "mode": "mask"}]},
+        "credentials",
+    ),
 }
 ISOLATION = {"landlock": "process", "gvisor": "kernel"}
 

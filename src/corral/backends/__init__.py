@@ -214,6 +214,15 @@ def inspect_host(
     )
     layout, cgroup_problem = probe_cgroups(needed) if needed else (None, None)
     paths = backend.paths_to_inspect(request, policy)
+    credential_files: list[tuple[str, str]] = []
+    if policy.credentials:
+        from ._egress import credentials_for, read_credential_file
+
+        for credential in credentials_for(request, policy):  # only what this command receives
+            if credential.source.startswith("file:"):
+                secret = read_credential_file(credential.source[5:])
+                if secret is not None:
+                    credential_files.append((credential.source, secret))
     facts = HostFacts(
         uid=os.getuid(),
         gid=os.getgid(),
@@ -228,6 +237,8 @@ def inspect_host(
         path_kinds=tuple(sorted((p, _kind(p)) for p in paths)),
         environ=tuple(environ.items()),
         details=tuple(sorted(backend.inspect(request, policy, environ).items())),
+        egress_token=os.urandom(16).hex() if policy.network.mode == "allowlist" else "",
+        credential_files=tuple(credential_files),
     )
     return facts, layout
 

@@ -221,7 +221,9 @@ class ContainerBackend(Backend):
                     f"{secret} (filesystem.denyRead)"
                 )
         if image.kind == "host":
-            raise UsageError(
+            # not caller misuse when `auto` merely considered this backend: it cannot run here as
+            # configured, so the next candidate is tried
+            raise BackendUnavailable(
                 f"Failed to choose an image for the {self.name} backend: the 'image' setting is empty",
                 hint='run \'corral image build python\' and set "image": "corral:python" (or --settings)',
             )

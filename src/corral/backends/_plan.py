@@ -76,12 +76,15 @@ class EgressSpec(Record):
         allow, deny: host patterns (see :mod:`corral.egress`).
         port: the loopback port the proxy listens on inside the sandbox.
         token: the per-sandbox proxy credential (in the proxy URL).
+        hosts_file: a hosts(5) file that replaces DNS for the proxy
+            (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
     """
 
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     port: int = 3128
     token: str = ""
+    hosts_file: str | None = None
 
 
 class CgroupSpec(Record):
@@ -136,6 +139,10 @@ class HostFacts(Record):
         environ: the host environment (the policy's allowlist picks from it).
         details: backend-specific facts gathered by ``Backend.inspect`` (tool
             paths, engine state, directory listings), as ``(name, value)``.
+        egress_token: a fresh random secret for the egress proxy's URL, drawn
+            by ``inspect_host`` in allowlist mode so that ``plan`` stays pure.
+        credential_files: ``("file:/path", contents)`` of the credential
+            files this command receives (read by ``inspect_host``).
     """
 
     uid: int
@@ -158,6 +165,8 @@ class HostFacts(Record):
             if known == name:
                 return value
         return default
+    egress_token: str = ""
+    credential_files: tuple[tuple[str, str], ...] = ()
 
     def kind(self, path: str) -> str:
         """The kind recorded for *path* (``"missing"`` when not inspected)."""
@@ -189,6 +198,7 @@ class LaunchPlan(Record):
         files: ``(path, content)`` files the backend's ``launch`` writes
             before spawning (e.g. an OCI bundle's ``config.json``) and
             removes afterwards; the engine itself ignores them.
+        credentials: names (never values) of the credentials injected.
     """
 
     backend: str
@@ -207,6 +217,7 @@ class LaunchPlan(Record):
     display_argv: tuple[str, ...] = ()
     unsandboxed: bool = False
     files: tuple[tuple[str, bytes], ...] = ()
+    credentials: tuple[str, ...] = ()
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""

@@ -9,8 +9,12 @@ Guarantees (with the default policy):
     depth, existing or not, through the write broker;
   * a fresh /proc showing only the sandbox's processes; host processes can
     be neither seen nor signalled nor traced;
-  * no network (loopback only), or the host network when ``network.mode`` is
-    ``open``;
+  * no network (loopback only); or, with ``network.mode = "allowlist"``, still
+    no route out, only corral's egress proxy listening on the sandbox's own
+    loopback (every connection decided and logged; see docs/egress.md); or
+    the host network when ``network.mode`` is ``open``;
+  * scoped credentials: a credential's variable exists only for the commands
+    and network policy it is scoped to;
   * seccomp denies ptrace, process_vm_*, mount, namespaces, keyrings, bpf,
     perf, io_uring, userfaultfd, host administration, vsock, set-id files
     and (by default) ``AF_UNIX`` sockets;
@@ -26,15 +30,20 @@ Guarantees (with the default policy):
 Not guaranteed:
   * protection from kernel exploits (ask for ``isolation: "kernel"``);
   * hiding readable system files other than the listed secret paths;
-  * per-host network rules without the egress proxy (``allowlist`` mode).
+  * per-host network rules in ``open`` mode (only ``allowlist`` mode has them);
+  * that a credential injected for a command stays in that command: every
+    process of its tree can read it (scope it with ``hosts``).
 """
 
 from __future__ import annotations
 
-from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from .._exceptions import BackendUnavailable, UsageError
 from .._request import redact
+from ..policy._credentials import credential_names
 from ..policy._glob import match_word
+from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, CgroupSpec, FdSpec, LaunchPlan
+from ._proxy_env import proxy_environment
 from .base import Backend, Degradations
 
 TYPE_CHECKING = False
@@ -65,11 +74,14 @@ def sandbox_env(request: ExecRequest, policy: Policy, host_env: tuple[tuple[str,
     """The command's environment: allowlisted host variables, then ``env.set``,
     then the request's variables, then corral's own (``TMPDIR``, ``CORRAL_SANDBOX_ID``).
 
-    Nothing else from the host environment passes.
+    Nothing else from the host environment passes. The names of
+    ``credentials`` never pass this way: a credential exists in the sandbox
+    only when injected for the command (see ``injected_credentials``).
     """
     env: dict[str, str] = {}
     allow = policy.env.pass_through
     deny = policy.env.deny
+    reserved = credential_names(policy)
     for name, value in host_env:
         if any(match_word(p, name) for p in allow) and not any(match_word(p, name) for p in deny):
             env[name] = value
@@ -77,6 +89,8 @@ def sandbox_env(request: ExecRequest, policy: Policy, host_env: tuple[tuple[str,
         env[name] = value
     for name, value in request.env:
         env[name] = value
+    for name in reserved & env.keys():
+        del env[name]
     for name, value, _reason in SANDBOX_ENV:
         env[name] = value
     env["CORRAL_SANDBOX_ID"] = request.sandbox_id
@@ -159,18 +173,9 @@ class BubblewrapBackend(Backend):
                 return preview.tree.rstrip("/") + path[len(workspace):]
             return path
 
-        # --- network
-        if net.mode == "allowlist":
-            raise EnforcementUnavailable(
-                "Failed to enforce network.mode=allowlist: the egress proxy is not available in this build",
-                rule="network.mode",
-                hint="use --net none or --net open",
-            )
-        if policy.credentials:
-            raise EnforcementUnavailable(
-                "Failed to enforce credentials: scoped credentials need the egress proxy",
-                rule="credentials", hint="remove the credentials setting",
-            )
+        # --- network: allowlist keeps --unshare-net; the proxy listens inside (docs/egress.md)
+        egress = egress_spec(policy, facts) if net.mode == "allowlist" else None
+        credentials = injected_credentials(request, policy, facts)
 
         # --- which writable roots the broker supervises
         patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
@@ -248,7 +253,9 @@ class BubblewrapBackend(Backend):
             if facts.kind(carve) != "missing" and visible(carve):
                 args += ["--ro-bind", source(carve), carve]
         args += ["--chdir", cwd]
-        if cgroup is not None:
+        # the sandbox waits on --block-fd until its cgroup is set and its proxy listens
+        hold = cgroup is not None or egress is not None
+        if hold:
             args += ["--info-fd", str(FD_INFO), "--block-fd", str(FD_BLOCK)]
 
         # --- seccomp and the exec helper
@@ -268,7 +275,7 @@ class BubblewrapBackend(Backend):
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]
             helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
-        if cgroup is not None:
+        if hold:
             fds += [FdSpec(number=FD_INFO, kind="info"), FdSpec(number=FD_BLOCK, kind="block")]
         if res.cpu_time is not None:
             seconds = max(1, int(res.cpu_time))
@@ -280,7 +287,11 @@ class BubblewrapBackend(Backend):
         timeout = res.timeout
         if request.timeout is not None:
             timeout = request.timeout
-        env = sandbox_env(request, policy, facts_env(facts))
+        env_map = dict(sandbox_env(request, policy, facts_env(facts)))
+        if egress is not None:
+            env_map.update(proxy_environment(egress.port, egress.token))
+        env_map.update(credentials)
+        env = tuple(env_map.items())
         prefix: list[str] = []
         if preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
@@ -302,11 +313,13 @@ class BubblewrapBackend(Backend):
             fds=tuple(fds),
             broker=broker,
             cgroup=cgroup,
+            egress=egress,
             timeout=timeout,
             kill_grace=res.kill_grace,
             output_limit=res.output,
             degraded=degrade.recorded,
-            display_argv=redact(request.argv),
+            display_argv=redact(request.argv, [value for _name, value in credentials]),
+            credentials=tuple(name for name, _value in credentials),
         )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .._exceptions import BackendUnavailable
 from .._request import redact
+from ._egress import injected_credentials
 from ._plan import CgroupSpec, FdSpec, LaunchPlan
 from .base import Backend, Degradations
 from .bubblewrap import sandbox_env
@@ -78,6 +79,7 @@ class UnsandboxedBackend(Backend):
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
                 cgroup = CgroupSpec(memory=res.memory, pids=res.pids, cpus=res.cpus)
+        credentials = injected_credentials(request, policy, facts)
         cwd = request.cwd or policy.filesystem.workspace
         helper = [
             facts.helper,
@@ -105,7 +107,7 @@ class UnsandboxedBackend(Backend):
             backend=self.name,
             sandbox_id=request.sandbox_id,
             argv=(*helper, "--", *request.argv),
-            env=env,
+            env=(*env, *credentials),
             cwd=cwd,
             fds=tuple(fds),
             cgroup=cgroup,
@@ -113,6 +115,7 @@ class UnsandboxedBackend(Backend):
             kill_grace=res.kill_grace,
             output_limit=res.output,
             degraded=degrade.recorded,
-            display_argv=redact(request.argv),
+            display_argv=redact(request.argv, [value for _name, value in credentials]),
             unsandboxed=True,
+            credentials=tuple(name for name, _value in credentials),
         )

@@ -28,6 +28,7 @@ SUITES: dict[str, str] = {
     "backends": "corral.benchmarks.backends",
     "integrations": "corral.benchmarks.integrations",
     "preview": "corral.benchmarks.preview",
+    "egress": "corral.benchmarks.egress",
 }
 
 

@@ -159,6 +159,10 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
             elif target in _FLOAT_KEYS:
                 typed = _number(name, value, float)
             _set(opts.flags, target, typed, append=kind == "append")
+    network = opts.flags.get("network", {})
+    if "allow" in network and network.get("mode") != "allowlist":
+        raise UsageError(f"--allow-host needs --net allowlist, not --net {network.get('mode')}",
+                         hint="drop --net (--allow-host implies allowlist) or drop --allow-host")
     if opts.shell is not None and opts.argv:
         raise UsageError("give either -c STRING or a command, not both")
     if opts.shell_program is not None and opts.shell is None:

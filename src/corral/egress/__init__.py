@@ -1,31 +1,115 @@
 """Network egress through corral's allowlist proxy (``network.mode = "allowlist"``).
 
-Not implemented yet in this build: :func:`start_for_sandbox` raises
-:class:`~corral.ProxyStartFailed`, and the bubblewrap backend refuses
-allowlist mode before any launch.
+The sandbox keeps its own network namespace with nothing but loopback. Inside
+it, on ``127.0.0.1:PORT``, listens corral's proxy (HTTP ``CONNECT``,
+absolute-form HTTP and SOCKS5 on one port), whose socket corral created in
+that namespace from the host side (:mod:`corral.egress._netns`) and serves
+from a thread of its own process (:mod:`corral.egress._server`). The proxy
+decides every connection with :class:`~corral.egress.allowlist.Allowlist`,
+connects from the host, and records every attempt; the engine turns
+denials into violations on the Outcome. See docs/egress.md.
+
+Public API::
+
+    handle = start_for_sandbox(plan.egress, sandbox_pid=pid)   # before the command starts
+    ...
+    attempts = handle.close()                                   # after it exits
+
+This module stays light (it is imported on the ``corral run`` path):
+:mod:`asyncio` and :mod:`h11` load in the proxy's thread.
 """
 
 from __future__ import annotations
 
 from .._exceptions import ProxyStartFailed
+from ._netns import open_listener
+from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .._outcome import NetworkAttempt
     from ..backends._plan import EgressSpec
+    from ._resolve import Resolver
+    from ._server import EgressProxy
 
-__all__ = ["EgressHandle", "start_for_sandbox"]
+__all__ = [
+    "NOT_ALLOWED",
+    "Allowlist",
+    "Decision",
+    "EgressHandle",
+    "special_range",
+    "start_for_sandbox",
+]
 
 
 class EgressHandle:
-    """A running proxy serving one sandbox; :meth:`close` returns its attempts."""
+    """The running proxy of one sandbox; :meth:`close` stops it and returns its attempts.
+
+    Attributes:
+        error: why the proxy failed, once :meth:`close` returned (``None``
+            when it served normally). A failed proxy refuses every connection.
+        omitted: attempts beyond the log's limit, counted but not recorded.
+    """
+
+    __slots__ = ("_attempts", "_closed", "_proxy", "error", "omitted")
+
+    def __init__(self, proxy: EgressProxy) -> None:
+        self._proxy = proxy
+        self._closed = False
+        self._attempts: list[NetworkAttempt] = []
+        self.error: BaseException | None = None
+        self.omitted = 0
+
+    @property
+    def proxy(self) -> EgressProxy:
+        """The proxy (for statistics and tests)."""
+        return self._proxy
 
     def close(self) -> list[NetworkAttempt]:
-        """Stop the proxy and return every connection attempt it saw."""
-        return []
+        """Stop the proxy (cancelling open connections) and return every attempt it saw."""
+        if not self._closed:
+            self._closed = True
+            self._attempts = self._proxy.close()
+            self.error = self._proxy.error
+            self.omitted = self._proxy.omitted_attempts
+        return list(self._attempts)
 
 
-def start_for_sandbox(spec: EgressSpec, *, sandbox_pid: int) -> EgressHandle:
-    """Start the proxy listening inside the network namespace of *sandbox_pid*."""
-    del spec, sandbox_pid
-    raise ProxyStartFailed("Failed to start the egress proxy: not available in this build")
+def start_for_sandbox(
+    spec: EgressSpec, *, sandbox_pid: int, resolver: Resolver | None = None
+) -> EgressHandle:
+    """Start the proxy listening on ``127.0.0.1:spec.port`` inside *sandbox_pid*'s network.
+
+    Returns as soon as the listening socket exists (connections queue in its
+    backlog while the proxy's thread starts), so the command can be released.
+
+    Args:
+        spec: rules, port, token and optional static hosts file (from the plan).
+        sandbox_pid: a process in the sandbox's network namespace (host pid).
+        resolver: overrides name resolution (default: ``spec.hosts_file`` if
+            set, else the system resolver).
+
+    Raises:
+        ProxyStartFailed: the namespace cannot be entered, the port is taken,
+            the rules are invalid or the hosts file cannot be read.
+    """
+    from ._server import EgressProxy
+
+    try:
+        allowlist = Allowlist(allow=spec.allow, deny=spec.deny)
+    except ValueError as exc:
+        raise ProxyStartFailed(f"Failed to start the egress proxy: {exc}") from None
+    if resolver is None and spec.hosts_file:
+        from ._resolve import read_hosts_file
+
+        try:
+            resolver = read_hosts_file(spec.hosts_file)
+        except (OSError, ValueError) as exc:
+            raise ProxyStartFailed(
+                "Failed to start the egress proxy: cannot read the hosts file "
+                f"{spec.hosts_file}: {exc}"
+            ) from None
+    proxy = EgressProxy(allowlist=allowlist, token=spec.token, resolver=resolver)
+    fd = open_listener(sandbox_pid, spec.port)
+    proxy.start(fd)
+    return EgressHandle(proxy)

@@ -389,7 +389,12 @@ CORE_KEYS: tuple[Key, ...] = (
         tighten=REMOVALS,
         attr="network.allow",
         description=(
-            "Hosts reachable in allowlist mode: host, *.host (subdomains), host:port, IP, CIDR."
+            "Hosts reachable in allowlist mode: host, *.host (subdomains only, not the apex), "
+            "host:port, an IP address or a CIDR; matched case-insensitively after "
+            "canonicalisation. Over-broad patterns (*, *.com, public or multi-tenant suffixes "
+            "such as *.co.uk or *.ngrok.io, networks wider than /8 or /16) are refused. A name "
+            "that resolves to a loopback, private, link-local, shared (CGNAT) or cloud-metadata "
+            "address is refused unless that address is allowed too."
         ),
     ),
     Key(
@@ -397,7 +402,10 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=HOSTS,
         tighten=ADDITIONS,
         attr="network.deny",
-        description="Hosts refused even when `allow` matches (checked first).",
+        description=(
+            "Hosts refused even when `allow` matches (checked first); also applied to the "
+            "addresses an allowed name resolves to. Same patterns as `allow`, plus * and *.TLD."
+        ),
     ),
     Key(
         path="network.allowUnixSockets",
@@ -501,7 +509,11 @@ CORE_KEYS: tuple[Key, ...] = (
         description=(
             'Secrets injected only for matching commands: {"name": variable, "from": '
             '"env:NAME" or "file:/path", "commands": [globs], "hosts": [hosts], "mode": '
-            '"env" or "mask"}. "!NAME" removes an earlier credential.'
+            '"env" or "mask"}. The variable exists in the sandbox only when a command glob '
+            "matches the command line and every host is reachable under the network policy; "
+            "otherwise it is absent, even if env.pass would pass it. The audit log records the "
+            'names injected, never the values. "mask" is not supported yet (refused). '
+            '"!NAME" removes an earlier credential.'
         ),
     ),
     Key(

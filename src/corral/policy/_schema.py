@@ -112,8 +112,16 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
         "host": {
             "description": "host, *.host (subdomains), host:port, an IP address or a CIDR.",
             "type": "string",
-            "pattern": r"^[^\s\u0000]+$",
+            "pattern": r"^[^\s\u0000%@]+$",
             "not": {"const": "!"},
+        },
+        "allowedHost": {
+            "description": (
+                "A host pattern that opens access: like host, but not *, *.TLD or another "
+                "public or multi-tenant suffix, nor a network wider than /8 (IPv4) or /16 (IPv6)."
+            ),
+            "allOf": [{"$ref": "#/$defs/host"}],
+            "not": {"pattern": r"^!?\*(\.[^.:\[\]]+\.?)?(:[0-9]+)?$"},
         },
         "credential": {
             "type": "object",
@@ -137,12 +145,18 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
                     "items": {"$ref": "#/$defs/commandGlob"},
                 },
                 "hosts": {
-                    "description": "Hosts it is meant for.",
+                    "description": (
+                        "Hosts it is meant for: it is injected only while all of them are "
+                        "reachable."
+                    ),
                     "type": "array",
-                    "items": {"$ref": "#/$defs/host"},
+                    "items": {"$ref": "#/$defs/allowedHost"},
                 },
                 "mode": {
-                    "description": '"env": a plain variable; "mask": proxy-side substitution.',
+                    "description": (
+                        '"env": a plain variable; "mask": proxy-side substitution (not '
+                        "supported yet: a run that would inject it is refused)."
+                    ),
                     "enum": ["env", "mask"],
                 },
             },
@@ -184,6 +198,12 @@ def _value(row: k.Key, table: k.KeyTable) -> dict[str, Any]:
         schema = {"$ref": f"#/$defs/{kind}"}
     elif kind == k.STRING:
         schema = {"$ref": "#/$defs/text"}
+    elif kind == k.HOSTS and row.tighten == k.REMOVALS:
+        # an allow list: over-broad patterns are refused (removals "!x" never are)
+        schema = {
+            "type": "array",
+            "items": {"anyOf": [{"$ref": "#/$defs/allowedHost"}, {"$ref": "#/$defs/removal"}]},
+        }
     elif kind in _ITEM_DEFS:
         schema = {"type": "array", "items": {"$ref": f"#/$defs/{_ITEM_DEFS[kind]}"}}
     elif kind == k.KEY_PATHS:
@@ -445,7 +465,13 @@ def generate_docs(table: k.KeyTable = k.KEYS) -> str:
         "* **Globs**: `*` and `?` within a path segment, `[a-z]` and `[!a-z]` classes, and `**`",
         "  as a whole segment for any number of directories. Relative `denyWrite` and `protect`",
         "  globs are matched against workspace-relative paths; absolute ones against host paths.",
-        "* **Hosts**: `host`, `*.host` (subdomains only), `host:port`, IP addresses, CIDRs.",
+        "* **Hosts**: `host`, `*.host` (subdomains at any depth, not the apex), `host:port`, IP",
+        "  addresses, CIDRs (`10.0.0.0/8`), and `[v6]:port` for IPv6 with a port. They are stored",
+        "  canonically: lower case, no trailing dot, IDNA (`xn--`) for non-ASCII names, IPv4 in",
+        "  dotted quad (`127.1` and `2130706433` are `127.0.0.1`), IPv6 compressed, IPv4-mapped",
+        "  IPv6 as IPv4. NUL, CR/LF, spaces, `%` (zone ids), `@` and `/` outside a CIDR are",
+        "  refused; so are, in allow lists, `*`, `*.TLD` and public or multi-tenant suffixes",
+        "  (`*.co.uk`, `*.ngrok.io`, `*.s3.amazonaws.com` ...), and networks wider than /8 or /16.",
         "",
         "## Keys",
     ]

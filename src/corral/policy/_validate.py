@@ -30,6 +30,7 @@ from .._jsonfast import JSONError, dumps, loads
 from . import _keys as k
 from ._defaults import expand_home
 from ._glob import validate_pattern
+from ._hosts import broad_pattern_problem, parse_pattern
 from ._model import Credential
 from ._units import parse_duration, parse_size
 
@@ -386,7 +387,7 @@ class _Checker:
         if kind == k.COMMAND_PATTERNS:
             return self.pattern(raw, key)
         if kind == k.HOSTS:
-            return self.host(raw, key)
+            return self.host(raw, key, opening=row.tighten == k.REMOVALS and not removal)
         if kind == k.KEY_PATHS:
             return self.key_path(raw, key)
         if kind == k.CREDENTIALS:
@@ -419,11 +420,25 @@ class _Checker:
             self.fail(key, f'{describe(text)}: a variable name cannot contain "="')
         return text
 
-    def host(self, raw: object, key: str) -> str:
+    def host(self, raw: object, key: str, *, opening: bool) -> str:
+        """A host pattern in canonical form; *opening* (allow lists) refuses over-broad ones."""
         text = self.text(raw, key, what="a host")
-        if not text.isprintable() or " " in text:
-            self.fail(key, f"{describe(text)}: a host cannot contain spaces or control characters")
-        return text.lower()
+        try:
+            pattern = parse_pattern(text)
+        except ValueError as exc:
+            self.fail(
+                key,
+                f"{describe(text)} is not a valid host pattern: {exc}",
+                hint='use host, *.host, host:port, an IP address or a CIDR, e.g. "pypi.org"',
+            )
+        problem = broad_pattern_problem(pattern) if opening else None
+        if problem is not None:
+            self.fail(
+                key,
+                f"{describe(text)} is too broad: {problem}",
+                hint='list the hosts the sandbox needs, e.g. "pypi.org", "*.pythonhosted.org"',
+            )
+        return pattern.text
 
     def key_path(self, raw: object, key: str) -> str:
         text = self.text(raw, key, what="a key name")
@@ -467,7 +482,9 @@ class _Checker:
                 "must name at least one command glob",
                 hint='use ["*"] to give it to every command',
             )
-        hosts = self.plain_list(raw.get("hosts", []), f"{key}.hosts", self.host)
+        hosts = self.plain_list(
+            raw.get("hosts", []), f"{key}.hosts", lambda item, at: self.host(item, at, opening=True)
+        )
         mode = self.text(raw.get("mode", "env"), f"{key}.mode", what='"env" or "mask"')
         if mode not in _CREDENTIAL_MODES:
             self.fail(

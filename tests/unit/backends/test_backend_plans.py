@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral._exceptions import EnforcementUnavailable, UsageError
+from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from corral._request import ExecRequest
 from corral.backends import HostFacts, get_backend
 from corral.backends._image_ref import ImageRef
@@ -120,7 +120,7 @@ def test_podman_plan_keeps_secrets_off_the_command_line() -> None:
 
 def test_container_backends_need_an_image() -> None:
     facts = _facts(engine="/usr/bin/podman", engine_problem=None, image=ImageRef(kind="host"))
-    with pytest.raises(UsageError, match="'image' setting is empty"):
+    with pytest.raises(BackendUnavailable, match="'image' setting is empty"):
         get_backend("podman").plan(_request(), _policy(), facts)
 
 

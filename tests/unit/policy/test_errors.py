@@ -167,8 +167,11 @@ def test_accepts_and_ignores_a_schema_reference(world: SettingsWorld) -> None:
         (
             {"network": {"allow": ["exa mple.com"]}},
             "network.allow[0]",
-            "cannot contain spaces or control characters",
+            "is not a valid host pattern: the host contains spaces or control characters",
         ),
+        ({"network": {"allow": ["*.com"]}}, "network.allow[0]", '"*.com" is too broad'),
+        ({"network": {"allow": ["*"]}}, "network.allow[0]", "allows every host"),
+        ({"network": {"allow": ["10.0.0.1/8"]}}, "network.allow[0]", "bits set beyond"),
         ({"network": {"allow": {"a": 1}}}, "network.allow", "expected an array of hosts"),
         ({"env": {"pass": ["A=B"]}}, "env.pass[0]", 'cannot contain "="'),
         ({"env": {"deny": ["[x"]}}, "env.deny[0]", "invalid glob"),
@@ -263,7 +266,12 @@ def test_rejects_invalid_values(world: SettingsWorld, data: Any, key: str, messa
         (
             {"name": "T", "from": "env:T", "commands": ["*"], "hosts": ["a b"]},
             "credentials[0].hosts[0]",
-            "cannot contain spaces",
+            "contains spaces",
+        ),
+        (
+            {"name": "T", "from": "env:T", "commands": ["*"], "hosts": ["*.ngrok.io"]},
+            "credentials[0].hosts[0]",
+            "tunnel service",
         ),
         (
             {"name": "T", "from": "env:T", "commands": ["*"], "mode": "proxy"},

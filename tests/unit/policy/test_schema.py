@@ -90,8 +90,8 @@ VALID: list[Any] = [
     {
         "network": {
             "mode": "allowlist",
-            "allow": ["pypi.org", "*.github.com", "10.0.0.0/8"],
-            "deny": ["evil.example"],
+            "allow": ["pypi.org", "*.github.com", "10.0.0.0/8", "[::1]:8080", "!*"],
+            "deny": ["evil.example", "*", "*.com:25"],
             "allowUnixSockets": False,
         }
     },
@@ -147,6 +147,12 @@ INVALID: list[Any] = [
     {"filesystem": {"allowWrite": ["/a\u0000b"]}},
     {"network": {"mode": "closed"}},
     {"network": {"allow": ["a b"]}},
+    {"network": {"allow": ["*"]}},
+    {"network": {"allow": ["*.com"]}},
+    {"network": {"allow": ["*.COM.:443"]}},
+    {"network": {"allow": ["fe80::1%eth0"]}},
+    {"network": {"allow": ["user@example.com"]}},
+    {"credentials": [{"name": "T", "from": "env:T", "commands": ["*"], "hosts": ["*"]}]},
     {"resources": {"memory": 0}},
     {"resources": {"memory": "0M"}},
     {"resources": {"memory": "-1G"}},

@@ -88,6 +88,7 @@ def _features() -> list[tuple[str, bool, str]]:
     rows.append(("cgroup limits (memory, pids)", layout is not None,
                  f"cgroup v{layout.version}: {', '.join(sorted(layout.controllers))}" if layout else str(why)))
     rows += _preview_rows()
+    rows.append(_egress_feature())
     return rows
 
 
@@ -196,6 +197,43 @@ def _smoke_preview(mechanism: str) -> tuple[bool, str]:
             return False, f"unexpected change set {changes}"
         preview.discard()
         return True, "smoke run ok (the write landed in the preview only)"
+
+
+#: Run inside an allowlist sandbox: ask the proxy for a host the policy does not list.
+_EGRESS_PROBE = """
+import base64, os, socket
+from urllib.parse import urlsplit
+proxy = urlsplit(os.environ["HTTPS_PROXY"])
+auth = base64.b64encode(f"{proxy.username}:{proxy.password}".encode()).decode()
+s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
+s.sendall(("CONNECT doctor.invalid:443 HTTP/1.1\\r\\nHost: doctor.invalid\\r\\n"
+           "Proxy-Authorization: Basic " + auth + "\\r\\n\\r\\n").encode())
+print(s.recv(4096).split(b"\\r\\n")[0].decode())
+"""
+
+
+def _egress_feature() -> tuple[str, bool, str]:
+    """A real allowlist run: the proxy must answer 403 for an unlisted host (no DNS involved)."""
+    from ..._request import ExecRequest
+    from ..._runner import execute
+    from ...policy import NetworkPolicy, Policy
+
+    name = "egress proxy (network.mode = allowlist)"
+    with tempfile.TemporaryDirectory(prefix="corral-doctor-") as workspace:
+        policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/")).replace(
+            network=NetworkPolicy(mode="allowlist"), allow_degraded=frozenset({"*"}))
+        # a system interpreter: a virtualenv under /tmp would be hidden inside the sandbox
+        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+        request = ExecRequest.from_argv([python, "-I", "-c", _EGRESS_PROBE], cwd=workspace)
+        try:
+            outcome = execute(request, policy, environ=os.environ)
+        except CorralError as exc:
+            return name, False, exc.message + (f" (fix: {exc.hint})" if exc.hint else "")
+    answer = outcome.text().strip()
+    if outcome.returncode != 0 or not answer.startswith("HTTP/1.1 403"):
+        detail = answer or outcome.text("stderr").strip()[-200:]
+        return name, False, f"the proxy did not refuse an unlisted host as expected: {detail}"
+    return name, True, "the sandbox reaches the proxy on its loopback; unlisted hosts get 403"
 
 
 def main(args: list[str]) -> int:

@@ -1,0 +1,44 @@
+"""The environment that points a sandbox's tools at corral's egress proxy.
+
+In allowlist mode the sandbox has no route out; these variables send the
+well-known tools to the proxy on the sandbox's own loopback. The URL carries
+the per-sandbox credential (``corral:TOKEN@``), which curl, git (libcurl),
+pip/requests, Python's urllib, npm and Go send as ``Proxy-Authorization``.
+Each row is ``(name, value template, reason)``; ``{http}`` and ``{socks}``
+are the two proxy URLs.
+
+Not covered: tools that ignore the proxy variables (they fail to connect,
+nothing leaks), ``git://`` (use https), Java (set ``-Dhttps.proxyHost`` by
+hand; Java does not take credentials from the URL).
+"""
+
+from __future__ import annotations
+
+__all__ = ["NO_PROXY", "PROXY_ENV", "proxy_environment"]
+
+#: Destinations reached directly: the sandbox's own loopback services.
+NO_PROXY = "localhost,127.0.0.1,::1"
+
+PROXY_ENV: tuple[tuple[str, str, str], ...] = (
+    ("HTTP_PROXY", "{http}", "plain-HTTP requests (most tools read one of the two spellings)"),
+    ("http_proxy", "{http}", "plain-HTTP requests (curl reads only the lower-case name)"),
+    ("HTTPS_PROXY", "{http}", "HTTPS through CONNECT tunnels; TLS stays end to end"),
+    ("https_proxy", "{http}", "HTTPS through CONNECT tunnels (lower-case spelling)"),
+    ("ALL_PROXY", "{socks}", "other protocols through SOCKS5 with remote name resolution"),
+    ("all_proxy", "{socks}", "other protocols through SOCKS5 (lower-case spelling)"),
+    ("NO_PROXY", NO_PROXY, "the sandbox's own loopback services are reached directly"),
+    ("no_proxy", NO_PROXY, "the sandbox's own loopback services (lower-case spelling)"),
+    ("npm_config_proxy", "{http}", "npm and pnpm: plain-HTTP registries"),
+    ("npm_config_https_proxy", "{http}", "npm and pnpm: HTTPS registries"),
+    ("npm_config_noproxy", NO_PROXY, "npm and pnpm: loopback directly"),
+    ("YARN_HTTP_PROXY", "{http}", "Yarn 2+ reads its own variables"),
+    ("YARN_HTTPS_PROXY", "{http}", "Yarn 2+ reads its own variables"),
+    ("NODE_USE_ENV_PROXY", "1", "Node.js's built-in fetch honours the proxy variables (Node 24+)"),
+)
+
+
+def proxy_environment(port: int, token: str) -> tuple[tuple[str, str], ...]:
+    """The ``(name, value)`` pairs for a proxy on ``127.0.0.1:port`` with credential *token*."""
+    http = f"http://corral:{token}@127.0.0.1:{port}"
+    socks = f"socks5h://corral:{token}@127.0.0.1:{port}"
+    return tuple((name, value.format(http=http, socks=socks)) for name, value, _reason in PROXY_ENV)

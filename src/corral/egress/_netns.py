@@ -1,0 +1,223 @@
+"""A listening TCP socket inside a sandbox's network namespace, created from the host side.
+
+The sandbox (``network.mode = "allowlist"``) has its own network namespace
+with nothing but loopback. corral creates the proxy's listening socket *in
+that namespace* and keeps the file descriptor: ``accept()`` works on it from
+the host side, so the sandbox reaches the proxy at ``127.0.0.1:PORT`` on its
+own loopback, with no helper binary inside and no host socket exposed to it.
+
+A socket belongs to the namespace its creator was in when ``socket()`` was
+called, so the creator must enter the sandbox's namespace first:
+
+* with ``CAP_SYS_ADMIN`` over the namespace (root): a short-lived thread
+  calls ``setns(CLONE_NEWNET)`` (namespaces are per thread), creates the
+  socket and exits (:func:`_listen_from_thread`);
+* otherwise the owner of the sandbox's user namespace must join that user
+  namespace first, which the kernel allows only to a single-threaded
+  process. A tiny spawned interpreter (``python -I -S``) joins the user and
+  network namespaces, creates the socket and sends it back over
+  ``SCM_RIGHTS`` (:func:`_listen_from_child`; ~10 ms, only for non-root).
+
+Only light modules are imported (``_socket``, ``_thread``, ``os``): this runs
+on the ``corral run`` path before the command is released.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from .._exceptions import ProxyStartFailed
+
+__all__ = ["open_listener"]
+
+_CLONE_NEWUSER = 0x10000000
+_CLONE_NEWNET = 0x40000000
+_NS_GET_USERNS = 0xB701  # ioctl: the user namespace owning a namespace
+_IP_FREEBIND = 15
+_SOL_IP = 0
+_BACKLOG = 4096
+_EPERM = 1
+
+#: Run by ``python -I -S -c`` in the non-root case. fds: 3 reply socket,
+#: 4 owning user namespace, 5 network namespace; argv[1]: the port.
+_CHILD_CODE = r"""
+import os, sys, _socket
+reply = _socket.socket(fileno=3)
+try:
+    if hasattr(os, "setns"):
+        setns = os.setns
+    else:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        def setns(fd, kind):
+            if libc.setns(fd, kind) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, os.strerror(err))
+    setns(4, 0x10000000)
+    setns(5, 0x40000000)
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    s.setsockopt(0, 15, 1)
+    s.bind(("127.0.0.1", int(sys.argv[1])))
+    s.listen(4096)
+    fd = s.fileno().to_bytes(4, sys.byteorder)
+    reply.sendmsg([b"K"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fd)])
+except OSError as exc:
+    reply.send(("E" + str(exc)).encode())
+"""
+
+
+def _setns(fd: int, kind: int) -> None:
+    setns = getattr(os, "setns", None)
+    if setns is not None:  # Python 3.12+
+        setns(fd, kind)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, kind) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _bind_listener(port: int) -> int:
+    """Create, bind and listen in the calling thread's network namespace; return the fd."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
+        # bubblewrap brings loopback up itself; FREEBIND keeps a bind that
+        # races with it from failing with EADDRNOTAVAIL.
+        sock.setsockopt(_SOL_IP, _IP_FREEBIND, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    fd: int = sock.detach()
+    os.set_inheritable(fd, False)
+    return fd
+
+
+def _listen_from_thread(netns_fd: int, port: int, timeout: float) -> int:
+    """Root path: a throw-away thread enters the namespace and creates the socket."""
+    import _thread
+
+    done = _thread.allocate_lock()
+    done.acquire()
+    result: list[int | BaseException] = []
+
+    def work() -> None:
+        # SAFETY: setns(CLONE_NEWNET) changes only this thread, which does
+        # nothing but create the socket and exit; no other code runs in it.
+        try:
+            _setns(netns_fd, _CLONE_NEWNET)
+            result.append(_bind_listener(port))
+        except BaseException as exc:  # reported to the caller below
+            result.append(exc)
+        finally:
+            done.release()
+
+    _thread.start_new_thread(work, ())
+    if not done.acquire(timeout=timeout):
+        raise ProxyStartFailed(
+            "Failed to start the egress proxy: entering the sandbox's network timed out"
+        )
+    outcome = result[0]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    return outcome
+
+
+def _listen_from_child(netns_fd: int, pid: int, port: int, timeout: float) -> int:
+    """Non-root path: a spawned single-threaded interpreter joins the namespaces."""
+    import _socket
+    import fcntl
+    import select
+
+    try:
+        userns_fd = fcntl.ioctl(netns_fd, _NS_GET_USERNS)
+    except OSError:
+        userns_fd = os.open(f"/proc/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    # copies above 9 first, so that no source fd is the target of another dup2
+    sources = [
+        fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (theirs.fileno(), userns_fd, netns_fd)
+    ]
+    try:
+        actions = [
+            (os.POSIX_SPAWN_DUP2, fd, number) for fd, number in zip(sources, (3, 4, 5), strict=True)
+        ]
+        child = os.posix_spawn(
+            sys.executable,
+            [sys.executable, "-I", "-S", "-c", _CHILD_CODE, str(port)],
+            {},
+            file_actions=actions,
+        )
+    finally:
+        for fd in sources:
+            os.close(fd)
+        theirs.close()
+        os.close(userns_fd)
+    try:
+        poller = select.poll()
+        poller.register(ours.fileno(), select.POLLIN)
+        if not poller.poll(timeout * 1000):
+            raise ProxyStartFailed(
+                "Failed to start the egress proxy: the namespace helper did not answer"
+            )
+        message, ancdata, _flags, _addr = ours.recvmsg(4096, _socket.CMSG_SPACE(4))
+        for level, kind, data in ancdata:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
+                fd = int.from_bytes(data[:4], sys.byteorder, signed=True)
+                os.set_inheritable(fd, False)
+                return fd
+        text = message.decode("utf-8", "replace")[1:] or "it exited without an answer"
+        raise ProxyStartFailed(
+            f"Failed to start the egress proxy inside the sandbox's network: {text}"
+        )
+    finally:
+        ours.close()
+        try:
+            os.waitpid(child, 0)
+        except ChildProcessError:
+            pass
+
+
+def open_listener(pid: int, port: int, *, timeout: float = 10.0) -> int:
+    """Listen on ``127.0.0.1:port`` inside the network namespace of *pid*; return the fd.
+
+    Raises:
+        ProxyStartFailed: the namespace is corral's own (the sandbox has no
+            network of its own: listening there would expose the proxy on the
+            host), or it could not be entered, or the port is taken.
+    """
+    try:
+        netns_fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ProxyStartFailed(
+            "Failed to start the egress proxy: cannot open the sandbox's network namespace "
+            f"({exc.strerror})"
+        ) from exc
+    try:
+        theirs, ours = os.fstat(netns_fd), os.stat("/proc/thread-self/ns/net")
+        if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+            raise ProxyStartFailed(
+                "Failed to start the egress proxy: the sandbox shares corral's network namespace",
+                hint="allowlist mode needs a backend that gives the sandbox its own network",
+            )
+        try:
+            return _listen_from_thread(netns_fd, port, timeout)
+        except PermissionError as exc:
+            if exc.errno != _EPERM:
+                raise
+        return _listen_from_child(netns_fd, pid, port, timeout)
+    except ProxyStartFailed:
+        raise
+    except OSError as exc:
+        raise ProxyStartFailed(
+            f"Failed to start the egress proxy on 127.0.0.1:{port} inside the sandbox: "
+            f"{exc.strerror or exc}"
+        ) from exc
+    finally:
+        os.close(netns_fd)
