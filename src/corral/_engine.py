@@ -412,6 +412,18 @@ class Running:
         self._kill_at = time.monotonic() + self.plan.kill_grace
 
     def _kill_everything(self) -> None:
+        if self.sandbox_pid <= 0 and self.pid > 0 and self.plan.fd("info") is not None:
+            # Set-up not finished: bubblewrap may have cloned the sandbox's first process
+            # without telling us yet, and that process waits for bubblewrap's go-ahead
+            # with no parent-death signal: killing bubblewrap alone would leave it
+            # waiting forever. Stop bubblewrap (so it cannot clone meanwhile), kill
+            # its children, then it.
+            try:
+                os.kill(self.pid, 19)  # SIGSTOP
+                for child in _children_of(self.pid):
+                    os.kill(child, 9)
+            except ProcessLookupError:
+                pass
         if self.sandbox_pid > 0:
             try:
                 os.kill(self.sandbox_pid, 9)  # pid 1 of the namespace: the kernel kills the rest
