@@ -67,7 +67,9 @@ class World:
     def seed_persistence_points(self) -> None:
         """Existing persistence points in the workspace: .git/config, a hook, .bashrc."""
         self.write(os.path.join(self.workspace, ".git", "config"), "[core]\n\tbare = false\n")
-        self.write(os.path.join(self.workspace, ".git", "hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+        self.write(
+            os.path.join(self.workspace, ".git", "hooks", "pre-commit"), "#!/bin/sh\nexit 0\n"
+        )
         self.write(os.path.join(self.workspace, ".bashrc"), "# workspace bashrc\n")
 
     @staticmethod
@@ -108,14 +110,27 @@ class World:
         with open(path, encoding="utf-8") as f:
             return [json.loads(line) for line in f if line.strip()]
 
-    def corral(self, *args: str, cwd: str | None = None, input: bytes | None = None,
-               env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[bytes]:
+    def corral(
+        self,
+        *args: str,
+        cwd: str | None = None,
+        input: bytes | None = None,
+        env: dict[str, str] | None = None,
+        timeout: float = 120,
+    ) -> subprocess.CompletedProcess[bytes]:
         """Run the installed ``corral`` with this world's environment."""
         environ = dict(self.environ)
         if env:
             environ.update(env)
-        return subprocess.run([*corral_command(), *args], cwd=cwd or self.workspace, env=environ,
-                              input=input, capture_output=True, timeout=timeout, check=False)
+        return subprocess.run(
+            [*corral_command(), *args],
+            cwd=cwd or self.workspace,
+            env=environ,
+            input=input,
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
 
     def run(self, command: str, *options: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
         """``corral run [options] -c COMMAND`` in the workspace."""

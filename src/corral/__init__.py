@@ -18,6 +18,7 @@ from ._version import __version__
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._api import arun, run
     from ._exceptions import (
         ApplyConflict,
         BackendUnavailable,
@@ -35,7 +36,6 @@ if TYPE_CHECKING:
         SettingsError,
         UsageError,
     )
-    from ._api import arun, run
     from ._outcome import NetworkAttempt, Outcome, Violation
     from ._request import ExecRequest
     from ._sandbox import AsyncSandbox, FileInfo, Sandbox

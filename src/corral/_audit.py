@@ -44,7 +44,11 @@ def audit_path(state_dir: str) -> str:
 
 
 def record_for(
-    outcome: Outcome, *, cwd: str, agent_session: str | None = None, extra: dict[str, Any] | None = None,
+    outcome: Outcome,
+    *,
+    cwd: str,
+    agent_session: str | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The audit fields for *outcome* (``seq`` and ``prev`` are added by :func:`append`)."""
     record: dict[str, Any] = {
@@ -119,7 +123,9 @@ def append(state_dir: str, record: dict[str, Any]) -> dict[str, Any]:
         os.write(fd, line + b"\n")
         # The head is rewritten in place with one fixed-size pwrite, under the
         # log's lock: a rename here costs ~5 ms on ext4 (auto_da_alloc flush).
-        head_fd = os.open(os.path.join(state_dir, "audit.head"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        head_fd = os.open(
+            os.path.join(state_dir, "audit.head"), os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
         try:
             os.pwrite(head_fd, f"{seq:>20} {_sha256(line).hexdigest()}\n".encode(), 0)
         finally:
@@ -159,10 +165,15 @@ def verify(state_dir: str) -> tuple[bool, str]:
         if not isinstance(record, dict):
             return False, f"line {number}: not a record"
         if record.get("prev") != prev:
-            return False, (f"line {number}: its 'prev' does not match the hash of line {number - 1}: "
-                           "a record before it was edited, inserted or deleted")
+            return False, (
+                f"line {number}: its 'prev' does not match the hash of line {number - 1}: "
+                "a record before it was edited, inserted or deleted"
+            )
         if record.get("seq") != expected_seq:
-            return False, f"line {number}: sequence number {record.get('seq')} where {expected_seq} was expected"
+            return (
+                False,
+                f"line {number}: sequence number {record.get('seq')} where {expected_seq} was expected",
+            )
         prev = last_hash = _sha256(line).hexdigest()
         expected_seq += 1
     head_path = os.path.join(state_dir, "audit.head")
@@ -176,6 +187,8 @@ def verify(state_dir: str) -> tuple[bool, str]:
     except ValueError:
         return False, "audit.head is corrupt"
     if int(head_seq) != count or head_hash != last_hash:
-        return False, (f"the log ends at record {count} but audit.head records {head_seq}: "
-                       "records were deleted from (or added to) the end")
+        return False, (
+            f"the log ends at record {count} but audit.head records {head_seq}: "
+            "records were deleted from (or added to) the end"
+        )
     return True, f"{count} records, chain intact"

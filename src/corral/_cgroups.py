@@ -145,7 +145,10 @@ def _probe_v2(mount: str, own: str, needed: frozenset[str]) -> CgroupLayout | No
             continue
         if not needed <= available:
             continue
-        if not (os.access(directory, os.W_OK) and os.access(os.path.join(directory, "cgroup.procs"), os.W_OK)):
+        if not (
+            os.access(directory, os.W_OK)
+            and os.access(os.path.join(directory, "cgroup.procs"), os.W_OK)
+        ):
             continue
         return CgroupLayout(2, {"": os.path.join(directory, "corral")}, frozenset(available))
     return None
@@ -173,8 +176,14 @@ class Cgroup:
 
     @classmethod
     def create(
-        cls, layout: CgroupLayout, name: str, *, memory: int | None = None, pids: int | None = None,
-        cpus: float | None = None, freezer: bool = True,
+        cls,
+        layout: CgroupLayout,
+        name: str,
+        *,
+        memory: int | None = None,
+        pids: int | None = None,
+        cpus: float | None = None,
+        freezer: bool = True,
     ) -> Cgroup:
         """Create the group(s) named *name* and write the limits.
 
@@ -193,8 +202,9 @@ class Cgroup:
             raise
         return group
 
-    def set_limits(self, *, memory: int | None, pids: int | None, cpus: float | None,
-                   freezer: bool = True) -> None:
+    def set_limits(
+        self, *, memory: int | None, pids: int | None, cpus: float | None, freezer: bool = True
+    ) -> None:
         """Create whatever group directories are still missing and write the limits."""
         layout, dirs, name = self.layout, self.dirs, self.name
         if layout.version == 2:
@@ -205,7 +215,9 @@ class Cgroup:
                 except FileExistsError:
                     pass
             enable = " ".join(f"+{c}" for c in ("memory", "pids", "cpu") if c in layout.controllers)
-            _write_ignore_busy(os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), enable)
+            _write_ignore_busy(
+                os.path.join(os.path.dirname(parent), "cgroup.subtree_control"), enable
+            )
             _write_ignore_busy(os.path.join(parent, "cgroup.subtree_control"), enable)
             path = os.path.join(parent, name)
             if "" not in dirs:
@@ -229,7 +241,9 @@ class Cgroup:
             self.ensure_dirs(wanted)
             if memory is not None:
                 _write(os.path.join(dirs["memory"], "memory.limit_in_bytes"), str(memory))
-                _write_optional(os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory))
+                _write_optional(
+                    os.path.join(dirs["memory"], "memory.memsw.limit_in_bytes"), str(memory)
+                )
             if pids is not None:
                 _write(os.path.join(dirs["pids"], "pids.max"), str(pids))
             if cpus is not None:
@@ -384,7 +398,6 @@ def _write_ignore_busy(path: str, value: str) -> None:
             raise
 
 
-
 class Prestage:
     """A run's cgroup, created before corral knows it needs it.
 
@@ -479,7 +492,9 @@ def _own_procs_file() -> str | None:
     own_v1, own_v2 = _own_paths()
     mounts_v1, mount_v2 = _mounts()
     if "pids" in mounts_v1:
-        target = os.path.join(mounts_v1["pids"], own_v1.get("pids", "/").lstrip("/"), "cgroup.procs")
+        target = os.path.join(
+            mounts_v1["pids"], own_v1.get("pids", "/").lstrip("/"), "cgroup.procs"
+        )
     elif mount_v2 is not None and own_v2 is not None:
         target = os.path.join(mount_v2, own_v2.lstrip("/"), "cgroup.procs")
     else:

@@ -153,7 +153,9 @@ class Running:
                     child_fds.append((fd, spec.number))
                     to_close_after_spawn.append(fd)
                 else:
-                    raise LaunchFailed(f"Failed to prepare fd {spec.number}: unknown kind {spec.kind!r}")
+                    raise LaunchFailed(
+                        f"Failed to prepare fd {spec.number}: unknown kind {spec.kind!r}"
+                    )
 
             stdio = self._prepare_stdio(to_close_after_spawn)
             actions = _dup_actions([*zip(stdio, (0, 1, 2), strict=True), *child_fds])
@@ -162,8 +164,13 @@ class Running:
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
-                self.pid = os.posix_spawn(plan.argv[0], list(plan.argv), dict(plan.env),
-                                          file_actions=actions, setsigdef=(13, 25))
+                self.pid = os.posix_spawn(
+                    plan.argv[0],
+                    list(plan.argv),
+                    dict(plan.env),
+                    file_actions=actions,
+                    setsigdef=(13, 25),
+                )
             except OSError as exc:
                 raise LaunchFailed(
                     f"Failed to start {plan.argv[0]}: {exc.strerror}",
@@ -226,18 +233,25 @@ class Running:
             limits = plan.cgroup
             if self._prestaged is not None:
                 self._cgroup, self._prestaged = self._prestaged, None
-                self._cgroup.set_limits(memory=limits.memory, pids=limits.pids, cpus=limits.cpus,
-                                        freezer=freezer)
+                self._cgroup.set_limits(
+                    memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer
+                )
             else:
                 if self._layout is None:
-                    raise LaunchFailed("Failed to apply resource limits: no cgroup layout was probed")
+                    raise LaunchFailed(
+                        "Failed to apply resource limits: no cgroup layout was probed"
+                    )
                 from ._cgroups import sweep
 
                 sweep(self._layout)
                 self._cgroup = Cgroup.create(
                     # several commands of one session may run at once: one group each
-                    self._layout, f"corral-{os.getpid()}-{plan.sandbox_id}-{self.pid}",
-                    memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer,
+                    self._layout,
+                    f"corral-{os.getpid()}-{plan.sandbox_id}-{self.pid}",
+                    memory=limits.memory,
+                    pids=limits.pids,
+                    cpus=limits.cpus,
+                    freezer=freezer,
                 )
         elif self._prestaged is not None:
             self._prestaged.remove()
@@ -265,12 +279,16 @@ class Running:
                 try:
                     self._cgroup.attach(pid)
                 except OSError as exc:
-                    raise LaunchFailed(f"Failed to move the sandbox into its cgroup: {exc}") from exc
+                    raise LaunchFailed(
+                        f"Failed to move the sandbox into its cgroup: {exc}"
+                    ) from exc
         if "block" in self._parent_fds:
             try:
                 os.write(self._parent_fds["block"], b"g")
             except OSError as exc:
-                raise self._setup_failure(f"the sandbox exited during set-up ({exc.strerror})") from exc
+                raise self._setup_failure(
+                    f"the sandbox exited during set-up ({exc.strerror})"
+                ) from exc
             os.close(self._parent_fds.pop("block"))
         if self._broker is not None:
             self._broker.attach(self._receive_listener(deadline), launcher_pid=self.pid)
@@ -301,15 +319,23 @@ class Running:
                 except BlockingIOError:
                     continue
                 for level, kind, data in ancdata:
-                    if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(data) >= 4:
-                        fds = [int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
-                               for i in range(0, len(data) - len(data) % 4, 4)]
+                    if (
+                        level == _socket.SOL_SOCKET
+                        and kind == _socket.SCM_RIGHTS
+                        and len(data) >= 4
+                    ):
+                        fds = [
+                            int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+                            for i in range(0, len(data) - len(data) % 4, 4)
+                        ]
                         for extra in fds[1:]:
                             os.close(extra)
                         os.set_inheritable(fds[0], False)
                         return fds[0]
                 if not msg:
-                    raise self._setup_failure("the sandbox exited before its write broker was attached")
+                    raise self._setup_failure(
+                        "the sandbox exited before its write broker was attached"
+                    )
         finally:
             sock.close()
 
@@ -498,7 +524,12 @@ class Running:
                             continue
                         kept = self._take(stream, chunk, limit, kept)
                 now = time.monotonic()
-                if deadline is not None and now >= deadline and not self._timed_out and wait_status is None:
+                if (
+                    deadline is not None
+                    and now >= deadline
+                    and not self._timed_out
+                    and wait_status is None
+                ):
                     self._timed_out = True
                     self._terminate()
                 if self._kill_at is not None and now >= self._kill_at and wait_status is None:
@@ -585,7 +616,8 @@ class Running:
             egress_error = self._egress.error
             violations.extend(
                 Violation(kind="network", target=a.target, rule=a.rule, operation=a.method)
-                for a in network if a.decision == "deny"
+                for a in network
+                if a.decision == "deny"
             )
             self._egress = None
         self._release()
@@ -602,16 +634,25 @@ class Running:
                 step, _, rest = line[1:].partition("\t")
                 _err, _, text = rest.partition("\t")
                 raise LaunchFailed(f"Failed to {step.replace('-', ' ')} in the sandbox: {text}")
-        if not self._reached and plan.fd("status") is not None and not self._timed_out and not self._cancelled:
+        if (
+            not self._reached
+            and plan.fd("status") is not None
+            and not self._timed_out
+            and not self._cancelled
+        ):
             detail = bytes(self._held_stderr).decode("utf-8", "replace").strip()
             raise LaunchFailed(
                 f"Failed to start the sandbox: {detail or 'the backend exited before the command ran'}",
                 hint="run 'corral doctor' to see what works on this machine",
             )
         if broker_error is not None:
-            raise BrokerFailed(f"Failed to supervise workspace writes: {broker_error}") from broker_error
+            raise BrokerFailed(
+                f"Failed to supervise workspace writes: {broker_error}"
+            ) from broker_error
         if egress_error is not None:
-            raise ProxyStartFailed(f"Failed to run the egress proxy: {egress_error}") from egress_error
+            raise ProxyStartFailed(
+                f"Failed to run the egress proxy: {egress_error}"
+            ) from egress_error
         stdout = self._out or _Stream(-1, None)
         stderr = self._err or _Stream(-1, None)
         dropped = sum(s.dropped for s in self._streams)
@@ -679,7 +720,12 @@ class Running:
             self._cgroup.kill_all()
             self._cgroup.remove()
             self._cgroup = None
-        for fd in [*self._parent_fds.values(), self._pidfd, self._stdin_fd, *(s.fd for s in self._streams)]:
+        for fd in [
+            *self._parent_fds.values(),
+            self._pidfd,
+            self._stdin_fd,
+            *(s.fd for s in self._streams),
+        ]:
             if fd >= 0:
                 try:
                     os.close(fd)
@@ -705,8 +751,13 @@ def run_plan(
         LaunchFailed: the sandbox could not be set up; nothing ran.
         BrokerFailed: the write broker failed while the command ran.
     """
-    running = Running(plan, stdin_mode=stdin_mode, stdin_data=stdin_data, capture=capture,
-                      cgroup_layout=cgroup_layout)
+    running = Running(
+        plan,
+        stdin_mode=stdin_mode,
+        stdin_data=stdin_data,
+        capture=capture,
+        cgroup_layout=cgroup_layout,
+    )
     running.start()
     return running.wait()
 

@@ -88,7 +88,11 @@ class SettingsError(UsageError):
     reference = "invalid-settings"
 
     def __init__(
-        self, message: str, *, source: str | None = None, key: str | None = None,
+        self,
+        message: str,
+        *,
+        source: str | None = None,
+        key: str | None = None,
         hint: str | None = None,
     ) -> None:
         where = ": ".join(part for part in (source, key) if part)

@@ -85,9 +85,7 @@ else:
         raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
     def _make(sort_keys: bool) -> Callable[[Any, int], Any]:
-        return _c_make_encoder(
-            None, _default, _c_escape, None, ":", ",", sort_keys, False, False
-        )
+        return _c_make_encoder(None, _default, _c_escape, None, ":", ",", sort_keys, False, False)
 
     _encoder = _make(False)
     _sorted_encoder = _make(True)
@@ -149,7 +147,10 @@ def dumps(obj: Any, *, sort_keys: bool = False) -> str:
         import json
 
         return json.dumps(
-            obj, separators=(",", ":"), sort_keys=sort_keys, allow_nan=False,
+            obj,
+            separators=(",", ":"),
+            sort_keys=sort_keys,
+            allow_nan=False,
             default=lambda o: list(o) if isinstance(o, (tuple, set, frozenset)) else str(o),
         )
     return "".join(encoder(obj, 0))

@@ -28,8 +28,19 @@ STDIN_INHERIT = "inherit"
 STDIN_DATA = "data"
 
 #: Substrings that mark an environment variable or flag as secret in displays.
-_SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "APIKEY", "API_KEY", "PRIVATE", "AUTH",
-                   "CREDENTIAL", "SESSION", "COOKIE")
+_SECRET_MARKERS = (
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "APIKEY",
+    "API_KEY",
+    "PRIVATE",
+    "AUTH",
+    "CREDENTIAL",
+    "SESSION",
+    "COOKIE",
+)
 
 
 def new_sandbox_id() -> str:
@@ -149,7 +160,14 @@ class ExecRequest(Record):
         if not shell:
             raise InvalidRequest("Failed to build the request: the shell program is empty")
         return cls._build(
-            (shell, "-c", command), command, cwd, env, stdin, timeout, capture, sandbox_id,
+            (shell, "-c", command),
+            command,
+            cwd,
+            env,
+            stdin,
+            timeout,
+            capture,
+            sandbox_id,
             agent_session,
         )
 
@@ -170,17 +188,23 @@ class ExecRequest(Record):
             raise InvalidRequest("Failed to build the request: no command given")
         for word in argv:
             if not isinstance(word, str):
-                raise InvalidRequest(f"Failed to build the request: argv item {word!r} is not a string")
+                raise InvalidRequest(
+                    f"Failed to build the request: argv item {word!r} is not a string"
+                )
             if "\x00" in word:
                 raise InvalidRequest("Failed to build the request: argv contains a NUL byte")
         if not argv[0]:
             raise InvalidRequest("Failed to build the request: the program name is empty")
         if timeout is not None and not (timeout > 0):
-            raise InvalidRequest(f"Failed to build the request: timeout must be positive, got {timeout!r}")
+            raise InvalidRequest(
+                f"Failed to build the request: timeout must be positive, got {timeout!r}"
+            )
         pairs: list[tuple[str, str]] = []
         for name, value in (env or {}).items():
             if not name or "=" in name or "\x00" in name or "\x00" in str(value):
-                raise InvalidRequest(f"Failed to build the request: invalid environment variable {name!r}")
+                raise InvalidRequest(
+                    f"Failed to build the request: invalid environment variable {name!r}"
+                )
             pairs.append((name, str(value)))
         if stdin is None:
             mode, data = STDIN_NULL, b""

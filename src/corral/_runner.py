@@ -42,8 +42,15 @@ class Prepared:
 
     __slots__ = ("backend", "facts", "layout", "plan", "policy", "preview")
 
-    def __init__(self, backend: Backend, facts: HostFacts, layout: CgroupLayout | None,
-                 plan: LaunchPlan, policy: Policy, preview: Preview | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        facts: HostFacts,
+        layout: CgroupLayout | None,
+        plan: LaunchPlan,
+        policy: Policy,
+        preview: Preview | None = None,
+    ) -> None:
         self.backend = backend
         self.facts = facts
         self.layout = layout
@@ -52,8 +59,13 @@ class Prepared:
         self.preview = preview
 
 
-def _plan(backend: Backend, request: ExecRequest, policy: Policy, facts: HostFacts,
-          spec: PreviewSpec | None) -> LaunchPlan:
+def _plan(
+    backend: Backend,
+    request: ExecRequest,
+    policy: Policy,
+    facts: HostFacts,
+    spec: PreviewSpec | None,
+) -> LaunchPlan:
     if spec is None:
         return backend.plan(request, policy, facts)
     return backend.plan(request, policy, facts, preview=spec)  # type: ignore[call-arg]
@@ -81,8 +93,13 @@ def _policy_for_preview(policy: Policy, spec: PreviewSpec, state_dir: str) -> Po
     return policy.replace(filesystem=fs.replace(workspace=spec.workspace, deny_read=deny_read))
 
 
-def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
-            preview: Preview | None = None) -> Prepared:
+def prepare(
+    request: ExecRequest,
+    policy: Policy,
+    *,
+    environ: Mapping[str, str],
+    preview: Preview | None = None,
+) -> Prepared:
     """Choose the backend (``auto``: cheapest that works and meets ``isolation``) and plan.
 
     With *preview*, only a backend that supports the preview's mechanism is
@@ -115,16 +132,21 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
         facts, layout = inspect_host(backend, request, policy, env)
         problem = backend.problem(facts)
         if problem is not None:
-            raise BackendUnavailable(f"Failed to use the {backend.name} backend: {problem}",
-                                     hint="run 'corral doctor' to see what works here")
+            raise BackendUnavailable(
+                f"Failed to use the {backend.name} backend: {problem}",
+                hint="run 'corral doctor' to see what works here",
+            )
         plan = _plan(backend, request, policy, facts, spec)
         return Prepared(backend, facts, layout, plan, policy, preview)
     reasons: list[str] = []
     refusals: list[EnforcementUnavailable] = []
     minimum = isolation_rank(policy.isolation)
     names = sorted(
-        (name for name, (level, _cost, explicit) in BACKEND_TRAITS.items()
-         if not explicit and isolation_rank(level) >= minimum),
+        (
+            name
+            for name, (level, _cost, explicit) in BACKEND_TRAITS.items()
+            if not explicit and isolation_rank(level) >= minimum
+        ),
         key=lambda name: BACKEND_TRAITS[name][1],
     )
     for name in names:
@@ -158,10 +180,14 @@ def prepare(request: ExecRequest, policy: Policy, *, environ: Mapping[str, str],
     )
 
 
-def launch(prepared: Prepared, request: ExecRequest, *,
-           on_start: Callable[[Running], None] | None = None,
-           stdio: tuple[int, int, int] | None = None,
-           cgroup: Cgroup | None = None) -> Outcome:
+def launch(
+    prepared: Prepared,
+    request: ExecRequest,
+    *,
+    on_start: Callable[[Running], None] | None = None,
+    stdio: tuple[int, int, int] | None = None,
+    cgroup: Cgroup | None = None,
+) -> Outcome:
     """Run a prepared plan; *on_start* receives the running handle (signals, cancel).
 
     In a preview the preview is held for the whole run (a second command in
@@ -170,12 +196,24 @@ def launch(prepared: Prepared, request: ExecRequest, *,
     """
     preview = prepared.preview
     if preview is None:
-        return prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
-                                       on_start=on_start, stdio=stdio, cgroup=cgroup)
+        return prepared.backend.launch(
+            prepared.plan,
+            request,
+            cgroup_layout=prepared.layout,
+            on_start=on_start,
+            stdio=stdio,
+            cgroup=cgroup,
+        )
     with preview.hold():
         try:
-            outcome = prepared.backend.launch(prepared.plan, request, cgroup_layout=prepared.layout,
-                                              on_start=on_start, stdio=stdio, cgroup=cgroup)
+            outcome = prepared.backend.launch(
+                prepared.plan,
+                request,
+                cgroup_layout=prepared.layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+            )
         except BaseException:
             try:
                 preview.record_run(prepared.policy)
@@ -186,14 +224,26 @@ def launch(prepared: Prepared, request: ExecRequest, *,
         return outcome
 
 
-def audit_outcome(outcome: Outcome, request: ExecRequest, *, state_dir: str,
-                  extra: dict[str, object] | None = None) -> str | None:
+def audit_outcome(
+    outcome: Outcome,
+    request: ExecRequest,
+    *,
+    state_dir: str,
+    extra: dict[str, object] | None = None,
+) -> str | None:
     """Append the audit record; return an error message instead of raising."""
     from . import _audit
 
     try:
-        _audit.append(state_dir, _audit.record_for(
-            outcome, cwd=request.cwd or os.getcwd(), agent_session=request.agent_session, extra=extra))
+        _audit.append(
+            state_dir,
+            _audit.record_for(
+                outcome,
+                cwd=request.cwd or os.getcwd(),
+                agent_session=request.agent_session,
+                extra=extra,
+            ),
+        )
     except OSError as exc:
         return f"could not write the audit log in {state_dir}: {exc.strerror}"
     return None

@@ -20,9 +20,18 @@ CANNOT: dict[str, tuple[dict[str, object], str]] = {
     ),
     "docker": ({"image": "corral:python"}, "filesystem.protect"),
     "bubblewrap": (
-        {"network": {"mode": "allowlist", "allow": ["example.org"]},
-         "credentials": [{"name": "TOKEN", "from": "env:HOME", "commands": ["*"], "hosts": ["example.org"],
-                          "mode": "mask"}]},
+        {
+            "network": {"mode": "allowlist", "allow": ["example.org"]},
+            "credentials": [
+                {
+                    "name": "TOKEN",
+                    "from": "env:HOME",
+                    "commands": ["*"],
+                    "hosts": ["example.org"],
+                    "mode": "mask",
+                }
+            ],
+        },
         "credentials",
     ),
 }

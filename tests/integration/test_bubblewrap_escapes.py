@@ -42,16 +42,20 @@ def test_blocks_write_outside_workspace(world: World) -> None:
     target = os.path.join(world.outside, "target.txt")
     new = os.path.join(world.outside, "new.txt")
     etc = f"/etc/corral-test-{os.path.basename(world.root)}"
-    result = world.run(f"echo pwned > {target}; echo pwned > {new}; echo pwned > {etc}; "
-                       f"echo pwned > {world.home}/.profile; true")
+    result = world.run(
+        f"echo pwned > {target}; echo pwned > {new}; echo pwned > {etc}; "
+        f"echo pwned > {world.home}/.profile; true"
+    )
     assert result.returncode == 0
     assert world.tree() == before
     assert not os.path.exists(etc)
 
 
 def test_allows_write_inside_workspace_and_tmp(world: World) -> None:
-    result = world.run("echo made > made.txt && mkdir -p a/b && echo deep > a/b/c.txt && "
-                       "t=$(mktemp) && echo tmp > $t && cat $t && echo $TMPDIR")
+    result = world.run(
+        "echo made > made.txt && mkdir -p a/b && echo deep > a/b/c.txt && "
+        "t=$(mktemp) && echo tmp > $t && cat $t && echo $TMPDIR"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.decode().split() == ["tmp", "/tmp"]
     assert world.read(world.ws("made.txt")) == "made\n"
@@ -61,8 +65,10 @@ def test_allows_write_inside_workspace_and_tmp(world: World) -> None:
 def test_blocks_write_through_symlink_out_of_workspace(world: World) -> None:
     target = os.path.join(world.outside, "target.txt")
     os.symlink(target, world.ws("planted-link"))  # planted before the run
-    result = world.run(f"ln -s {target} made-link; echo pwned > made-link; echo pwned > planted-link; "
-                       f"echo pwned >> planted-link; true")
+    result = world.run(
+        f"ln -s {target} made-link; echo pwned > made-link; echo pwned > planted-link; "
+        f"echo pwned >> planted-link; true"
+    )
     assert result.returncode == 0
     assert world.read(target) == "outside original\n"
 
@@ -70,9 +76,11 @@ def test_blocks_write_through_symlink_out_of_workspace(world: World) -> None:
 def test_blocks_write_through_hardlink_out_of_workspace(world: World) -> None:
     target = os.path.join(world.outside, "target.txt")
     os.link(target, world.ws("planted-hardlink"))  # same filesystem, planted before the run
-    result = world.run(f"ln {target} made-hardlink; echo pwned > planted-hardlink; "
-                       "echo pwned >> planted-hardlink; chmod 777 planted-hardlink; "
-                       "truncate -s 0 planted-hardlink; true")
+    result = world.run(
+        f"ln {target} made-hardlink; echo pwned > planted-hardlink; "
+        "echo pwned >> planted-hardlink; chmod 777 planted-hardlink; "
+        "truncate -s 0 planted-hardlink; true"
+    )
     assert result.returncode == 0
     assert not os.path.exists(world.ws("made-hardlink"))
     assert world.read(target) == "outside original\n"
@@ -81,8 +89,10 @@ def test_blocks_write_through_hardlink_out_of_workspace(world: World) -> None:
 
 
 def test_hides_ssh_keys_and_aws_credentials(world: World) -> None:
-    result = world.run(f"cat {world.home}/.ssh/id_ed25519; cat ~/.aws/credentials; ls -la ~/.ssh ~/.aws; "
-                       f"grep -r corral-test {world.home} 2>/dev/null; true")
+    result = world.run(
+        f"cat {world.home}/.ssh/id_ed25519; cat ~/.aws/credentials; ls -la ~/.ssh ~/.aws; "
+        f"grep -r corral-test {world.home} 2>/dev/null; true"
+    )
     out = result.stdout + result.stderr
     assert b"corral-test-key" not in out and SSH_KEY.encode() not in out
     assert b"corral-test-aws-secret" not in out and AWS_CREDENTIALS.encode() not in out
@@ -107,27 +117,34 @@ def test_blocks_changes_to_existing_persistence_points(world: World, relpath: st
     world.seed_persistence_points()
     path = world.ws(*relpath.split("/"))
     before = world.read(path)
-    result = world.run(f"echo pwned > {relpath}; echo pwned >> {relpath}; rm -f {relpath}; "
-                       f"mv {relpath} moved; chmod 777 {relpath}; touch -d 2001-01-01 {relpath}; "
-                       f"truncate -s 0 {relpath}; true")
+    result = world.run(
+        f"echo pwned > {relpath}; echo pwned >> {relpath}; rm -f {relpath}; "
+        f"mv {relpath} moved; chmod 777 {relpath}; touch -d 2001-01-01 {relpath}; "
+        f"truncate -s 0 {relpath}; true"
+    )
     assert world.read(path) == before
     assert not os.path.exists(world.ws("moved"))
     assert b"corral: blocked write to" in result.stderr
 
 
-@pytest.mark.parametrize("relpath", [
-    "sub/.bashrc",
-    "a/b/c/d/e/.git/hooks/pre-commit",
-    "a/b/c/d/e/.git/config",
-    ".vscode/tasks.json",
-    ".claude/settings.json",
-    "deep/er/.mcp.json",
-])
+@pytest.mark.parametrize(
+    "relpath",
+    [
+        "sub/.bashrc",
+        "a/b/c/d/e/.git/hooks/pre-commit",
+        "a/b/c/d/e/.git/config",
+        ".vscode/tasks.json",
+        ".claude/settings.json",
+        "deep/er/.mcp.json",
+    ],
+)
 def test_blocks_creating_persistence_points_at_any_depth(world: World, relpath: str) -> None:
     directory = os.path.dirname(relpath)
-    result = world.run(f"mkdir -p {directory}; echo pwned > {relpath}; "
-                       f"echo x > tmpfile && mv tmpfile {relpath}; ln -s README {relpath}; "
-                       f"ln README {relpath}; true")
+    result = world.run(
+        f"mkdir -p {directory}; echo pwned > {relpath}; "
+        f"echo x > tmpfile && mv tmpfile {relpath}; ln -s README {relpath}; "
+        f"ln README {relpath}; true"
+    )
     assert not os.path.lexists(world.ws(*relpath.split("/")))
     assert b"corral: blocked write to" in result.stderr
 
@@ -136,16 +153,20 @@ def test_blocks_persistence_points_in_a_nested_repository(world: World) -> None:
     nested = world.ws("vendor", "lib", "x", "y", "z")
     os.makedirs(os.path.join(nested, ".git", "hooks"))
     World.write(os.path.join(nested, ".git", "config"), "[core]\n")
-    result = world.run("cd vendor/lib/x/y/z && echo pwned > .git/hooks/post-checkout && "
-                       "echo pwned >> .git/config; git config core.fsmonitor 'touch /tmp/x'; true")
+    result = world.run(
+        "cd vendor/lib/x/y/z && echo pwned > .git/hooks/post-checkout && "
+        "echo pwned >> .git/config; git config core.fsmonitor 'touch /tmp/x'; true"
+    )
     assert not os.path.exists(os.path.join(nested, ".git", "hooks", "post-checkout"))
     assert world.read(os.path.join(nested, ".git", "config")) == "[core]\n"
     assert result.returncode == 0
 
 
 def test_blocks_renaming_a_directory_into_a_persistence_point(world: World) -> None:
-    result = world.run("mkdir -p evil/hooks && echo pwned > evil/hooks/pre-push && "
-                       "mkdir n && mv evil n/.git; mv evil .git/x; ls n; true")
+    result = world.run(
+        "mkdir -p evil/hooks && echo pwned > evil/hooks/pre-push && "
+        "mkdir n && mv evil n/.git; mv evil .git/x; ls n; true"
+    )
     assert not os.path.exists(world.ws("n", ".git", "hooks", "pre-push"))
     assert b"blocked write" in result.stderr
 
@@ -160,9 +181,13 @@ def test_blocks_renaming_a_persistence_point_away(world: World) -> None:
 
 def test_git_still_works_in_the_workspace(world: World) -> None:
     subprocess.run(["git", "init", "-q", world.workspace], check=True)
-    subprocess.run(["git", "-C", world.workspace, "config", "user.email", "t@example.invalid"], check=True)
+    subprocess.run(
+        ["git", "-C", world.workspace, "config", "user.email", "t@example.invalid"], check=True
+    )
     subprocess.run(["git", "-C", world.workspace, "config", "user.name", "t"], check=True)
-    result = world.run("echo change >> README && git add README && git commit -qm change && git log --oneline")
+    result = world.run(
+        "echo change >> README && git add README && git commit -qm change && git log --oneline"
+    )
     assert result.returncode == 0, result.stderr
     assert b"change" in result.stdout
 
@@ -177,8 +202,10 @@ def test_read_only_workspace(world: World) -> None:
 def test_host_processes_are_invisible_and_unsignallable(world: World) -> None:
     host = subprocess.Popen(["sleep", "60"])
     try:
-        result = world.run(f"ls /proc | grep -c '^[0-9]' ; kill -0 {host.pid} && echo SIGNALLED; "
-                           f"kill -9 {host.pid}; ps -e -o pid= | wc -l; true")
+        result = world.run(
+            f"ls /proc | grep -c '^[0-9]' ; kill -0 {host.pid} && echo SIGNALLED; "
+            f"kill -9 {host.pid}; ps -e -o pid= | wc -l; true"
+        )
         assert b"SIGNALLED" not in result.stdout
         assert host.poll() is None  # still alive
         counts = [int(x) for x in result.stdout.split()]
@@ -189,10 +216,14 @@ def test_host_processes_are_invisible_and_unsignallable(world: World) -> None:
 
 
 def test_cannot_ptrace_pid_1_or_the_host(world: World) -> None:
-    code = ("import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
-            "r = libc.ptrace(16, 1, 0, 0); print('attach', r, ctypes.get_errno())")
-    result = world.run(_py(code) + "; strace -p 1 -e trace=none -o /dev/null & sleep 0.3; "
-                       "grep TracerPid /proc/1/status")
+    code = (
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True); "
+        "r = libc.ptrace(16, 1, 0, 0); print('attach', r, ctypes.get_errno())"
+    )
+    result = world.run(
+        _py(code) + "; strace -p 1 -e trace=none -o /dev/null & sleep 0.3; "
+        "grep TracerPid /proc/1/status"
+    )
     out = result.stdout.decode()
     assert "attach -1 1" in out  # EPERM
     assert "TracerPid:\t0" in out
@@ -214,9 +245,13 @@ def test_cannot_reach_a_host_unix_socket(world: World) -> None:
 
     thread = threading.Thread(target=accept)
     thread.start()
-    code = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({path!r}); "
-            "s.sendall(b'stolen'); print('CONNECTED')")
-    result = world.run(_py(code) + " ; " + _py("import socket; a, b = socket.socketpair(); print('PAIR-OK')"))
+    code = (
+        f"import socket; s = socket.socket(socket.AF_UNIX); s.connect({path!r}); "
+        "s.sendall(b'stolen'); print('CONNECTED')"
+    )
+    result = world.run(
+        _py(code) + " ; " + _py("import socket; a, b = socket.socketpair(); print('PAIR-OK')")
+    )
     thread.join()
     server.close()
     assert b"CONNECTED" not in result.stdout
@@ -225,11 +260,15 @@ def test_cannot_reach_a_host_unix_socket(world: World) -> None:
 
 
 def test_cannot_create_a_user_namespace_or_mount(world: World) -> None:
-    result = world.run("unshare -U true && echo USERNS; unshare -r true && echo USERNS2; "
-                       "mount -t tmpfs none /mnt && echo MOUNTED; "
-                       + _py("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-                             "print('clone-newuser', libc.unshare(0x10000000), ctypes.get_errno())")
-                       + "; grep -E 'CapEff|NoNewPrivs|Seccomp:' /proc/self/status")
+    result = world.run(
+        "unshare -U true && echo USERNS; unshare -r true && echo USERNS2; "
+        "mount -t tmpfs none /mnt && echo MOUNTED; "
+        + _py(
+            "import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+            "print('clone-newuser', libc.unshare(0x10000000), ctypes.get_errno())"
+        )
+        + "; grep -E 'CapEff|NoNewPrivs|Seccomp:' /proc/self/status"
+    )
     out = result.stdout.decode()
     assert "USERNS" not in out and "MOUNTED" not in out
     assert "clone-newuser -1 1" in out
@@ -243,10 +282,12 @@ def test_cannot_reach_the_network(world: World) -> None:
     server.listen(1)
     port = server.getsockname()[1]
     try:
-        code = (f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 2); print('REACHED')\n"
-                "except OSError as e: print('refused', e.errno)\n"
-                "try:\n socket.getaddrinfo('example.com', 80); print('RESOLVED')\n"
-                "except OSError as e: print('no-dns')")
+        code = (
+            f"import socket\ntry:\n socket.create_connection(('127.0.0.1', {port}), 2); print('REACHED')\n"
+            "except OSError as e: print('refused', e.errno)\n"
+            "try:\n socket.getaddrinfo('example.com', 80); print('RESOLVED')\n"
+            "except OSError as e: print('no-dns')"
+        )
         result = world.run(_py(code))
         out = result.stdout.decode()
         assert "REACHED" not in out and "RESOLVED" not in out
@@ -261,8 +302,14 @@ def test_open_network_mode_reaches_host_loopback(world: World) -> None:
     server.listen(1)
     port = server.getsockname()[1]
     try:
-        result = world.run(_py(f"import socket; socket.create_connection(('127.0.0.1', {port}), 2); "
-                               "print('REACHED')"), "--net", "open")
+        result = world.run(
+            _py(
+                f"import socket; socket.create_connection(('127.0.0.1', {port}), 2); "
+                "print('REACHED')"
+            ),
+            "--net",
+            "open",
+        )
         assert b"REACHED" in result.stdout
     finally:
         server.close()
@@ -272,8 +319,9 @@ def test_open_network_mode_reaches_host_loopback(world: World) -> None:
 @needs_root
 def test_fork_bomb_is_contained_by_the_pids_limit(world: World) -> None:
     start = time.monotonic()
-    result = world.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "--pids", "64",
-                       "--timeout", "20s")
+    result = world.run(
+        "bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", "--pids", "64", "--timeout", "20s"
+    )
     assert time.monotonic() - start < 25
     assert result.returncode in (0, 124)
     # the host can still fork, and nothing of the bomb is left
@@ -323,7 +371,7 @@ def test_output_cap_drops_the_rest_and_says_so(world: World) -> None:
 
 
 def test_kernel_attack_surface_syscalls_fail(world: World) -> None:
-    code = r'''
+    code = r"""
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
@@ -342,16 +390,21 @@ calls = {
 for name, (nr, *args) in calls.items():
     r = libc.syscall(nr, *args)
     print(name, r, ctypes.get_errno())
-'''
+"""
     result = world.run(_py(code))
-    lines = dict((line.split()[0], line.split()[1:]) for line in result.stdout.decode().splitlines())
+    lines = {line.split()[0]: line.split()[1:] for line in result.stdout.decode().splitlines()}
     assert len(lines) == 10, result.stderr
     for name, (ret, err) in lines.items():
-        assert ret == "-1" and err == "1", f"{name} returned {ret} errno {err}"  # EPERM from seccomp
+        assert ret == "-1" and err == "1", (
+            f"{name} returned {ret} errno {err}"
+        )  # EPERM from seccomp
 
 
 def test_cpu_time_limit_stops_a_busy_process(world: World) -> None:
     start = time.monotonic()
     result = world.run(_py("while True: pass"), "--cpu-time", "1s", "--timeout", "30s")
     assert time.monotonic() - start < 15
-    assert result.returncode in (128 + 24, 137)  # SIGXCPU at the soft limit, SIGKILL at the hard one
+    assert result.returncode in (
+        128 + 24,
+        137,
+    )  # SIGXCPU at the soft limit, SIGKILL at the hard one

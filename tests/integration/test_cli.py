@@ -45,11 +45,21 @@ def test_agent_session_and_secrets_in_argv_are_recorded_safely(world: World) -> 
 
 
 def test_policy_explain_shows_each_values_source(world: World) -> None:
-    World.write(os.path.join(world.home, ".config", "corral", "settings.json"), '{"resources": {"pids": 100}}')
+    World.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        '{"resources": {"pids": 100}}',
+    )
     out = world.corral("policy", "--explain", "--memory", "1G").stdout.decode()
-    assert any(line.startswith("resources.pids = 100") and "user" in line for line in out.splitlines())
-    assert any(line.startswith("resources.memory = 1G") and "flags" in line for line in out.splitlines())
-    assert any(line.startswith("resources.timeout = 1h") and "defaults" in line for line in out.splitlines())
+    assert any(
+        line.startswith("resources.pids = 100") and "user" in line for line in out.splitlines()
+    )
+    assert any(
+        line.startswith("resources.memory = 1G") and "flags" in line for line in out.splitlines()
+    )
+    assert any(
+        line.startswith("resources.timeout = 1h") and "defaults" in line
+        for line in out.splitlines()
+    )
     plan = world.corral("policy", "--plan", "--", "true").stdout.decode()
     assert "/dev/.corral-exec" in plan and "--unshare-net" in plan
 
@@ -65,7 +75,9 @@ def test_trust_accepts_a_project_loosening(world: World) -> None:
     assert b"ignoring" not in after.stderr
     assert b"net 111" in after.stdout  # ECONNREFUSED from the host's loopback: the host network
     World.write(world.ws(".corral", "settings.json"), '{"network": {"mode": "open"}, "env": {}}')
-    assert b"ignoring network.mode" in world.corral("run", "--", "true").stderr  # changed: untrusted again
+    assert (
+        b"ignoring network.mode" in world.corral("run", "--", "true").stderr
+    )  # changed: untrusted again
 
 
 def test_doctor_reports_every_backend(world: World) -> None:
@@ -87,12 +99,19 @@ def test_json_out_writes_the_outcome(world: World) -> None:
 
 
 def test_sigint_reaches_the_command_and_its_handler_runs(world: World) -> None:
-    script = ("import os, signal, time\n"
-              "def h(*_): os.write(1, b'handled\\n'); os._exit(42)\n"
-              "signal.signal(signal.SIGINT, h); os.write(1, b'ready\\n'); time.sleep(30)\n")
+    script = (
+        "import os, signal, time\n"
+        "def h(*_): os.write(1, b'handled\\n'); os._exit(42)\n"
+        "signal.signal(signal.SIGINT, h); os.write(1, b'ready\\n'); time.sleep(30)\n"
+    )
     World.write(world.ws("s.py"), script)
-    proc = subprocess.Popen([*corral_command(), "run", "--", "/usr/bin/python3", "s.py"], cwd=world.workspace,
-                            env=world.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [*corral_command(), "run", "--", "/usr/bin/python3", "s.py"],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"ready\n"
     proc.send_signal(signal.SIGINT)
@@ -102,8 +121,13 @@ def test_sigint_reaches_the_command_and_its_handler_runs(world: World) -> None:
 
 
 def test_killing_corral_kills_the_sandbox(world: World) -> None:
-    proc = subprocess.Popen([*corral_command(), "run", "-c", "echo $$ > pid; sleep 300"], cwd=world.workspace,
-                            env=world.environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*corral_command(), "run", "-c", "echo $$ > pid; sleep 300"],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 20
     while not os.path.exists(world.ws("pid")) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -130,9 +154,18 @@ def test_shell_runs_on_a_private_terminal(world: World) -> None:
     pid, fd = pty.fork()
     if pid == 0:  # child: the user's terminal is this pty
         os.chdir(world.workspace)
-        os.execvpe(corral_command()[0], [*corral_command(), "shell", "--", "/bin/sh", "-c",
-                                         "tty; test -t 0 && echo ON-A-TTY; echo x > .bashrc; exit 5"],
-                   world.environ)
+        os.execvpe(
+            corral_command()[0],
+            [
+                *corral_command(),
+                "shell",
+                "--",
+                "/bin/sh",
+                "-c",
+                "tty; test -t 0 && echo ON-A-TTY; echo x > .bashrc; exit 5",
+            ],
+            world.environ,
+        )
     output = b""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -153,8 +186,13 @@ def test_shell_runs_on_a_private_terminal(world: World) -> None:
 
 def test_audit_follow_prints_new_records(world: World) -> None:
     world.run("echo first-run")
-    follower = subprocess.Popen([*corral_command(), "audit", "--follow", "-n", "1"], cwd=world.workspace,
-                                env=world.environ, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    follower = subprocess.Popen(
+        [*corral_command(), "audit", "--follow", "-n", "1"],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert follower.stdout is not None
         assert b"first-run" in follower.stdout.readline()  # it has read the log: now follow

@@ -20,7 +20,9 @@ MARKER = "ran.marker"
 def _assert_refused(world: World, result: object, *needles: str) -> None:
     assert result.returncode == 125, (result.returncode, result.stderr)  # type: ignore[attr-defined]
     err = result.stderr.decode()  # type: ignore[attr-defined]
-    lines = [line for line in err.splitlines() if line.startswith("corral:") and "hint:" not in line]
+    lines = [
+        line for line in err.splitlines() if line.startswith("corral:") and "hint:" not in line
+    ]
     assert len(lines) == 1, err
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
@@ -45,14 +47,17 @@ def test_unknown_key_is_refused_with_did_you_mean(world: World) -> None:
 
 
 def test_wrong_type_is_refused(world: World) -> None:
-    path = World.write(os.path.join(world.home, ".config", "corral", "settings.json"),
-                       '{"resources": {"pids": "many"}}')
+    path = World.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        '{"resources": {"pids": "many"}}',
+    )
     result = world.run(f"touch {MARKER}")
     _assert_refused(world, result, path, "resources.pids")
 
 
-@pytest.mark.parametrize("flag", [["--memory", "12Q"], ["--timeout", "soon"], ["--pids", "x"],
-                                  ["--max-output", "-5"]])
+@pytest.mark.parametrize(
+    "flag", [["--memory", "12Q"], ["--timeout", "soon"], ["--pids", "x"], ["--max-output", "-5"]]
+)
 def test_bad_size_or_duration_is_refused(world: World, flag: list[str]) -> None:
     result = world.run(f"touch {MARKER}", *flag)
     _assert_refused(world, result, flag[0])
@@ -69,7 +74,9 @@ def test_unknown_option_is_refused(world: World) -> None:
 
 
 def test_missing_bwrap_is_refused(world: World) -> None:
-    result = world.run(f"touch {MARKER}", "--backend", "bubblewrap", env={"CORRAL_BWRAP": "/nonexistent/bwrap"})
+    result = world.run(
+        f"touch {MARKER}", "--backend", "bubblewrap", env={"CORRAL_BWRAP": "/nonexistent/bwrap"}
+    )
     _assert_refused(world, result, "bubblewrap", "CORRAL_BWRAP")
 
 
@@ -105,8 +112,14 @@ def test_unenforceable_limit_is_refused_unless_degraded(world: World) -> None:
     env = dict(world.environ)
 
     def run(*options: str) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([*prefix, *corral_command(), "run", *options, "-c", f"touch {MARKER}"],
-                              cwd=world.workspace, env=env, capture_output=True, timeout=60, check=False)
+        return subprocess.run(
+            [*prefix, *corral_command(), "run", *options, "-c", f"touch {MARKER}"],
+            cwd=world.workspace,
+            env=env,
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
 
     result = run("--memory", "64M")
     _assert_refused(world, result, "resources.memory")

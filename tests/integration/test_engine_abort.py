@@ -32,11 +32,17 @@ def _alive(marker: str) -> list[int]:
     return found
 
 
-def test_abort_during_set_up_kills_the_half_started_sandbox(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_abort_during_set_up_kills_the_half_started_sandbox(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     # a read-only workspace: no write broker, whose missing listener would also stop the command
-    policy = load_settings(cwd=world.workspace, environ=world.environ, command="true",
-                           flags={"filesystem": {"readOnly": True}}).policy
+    policy = load_settings(
+        cwd=world.workspace,
+        environ=world.environ,
+        command="true",
+        flags={"filesystem": {"readOnly": True}},
+    ).policy
     request = ExecRequest.from_argv(["sh", "-c", f"sleep 60 # {marker}"], cwd=world.workspace)
     prepared = prepare(request, policy, environ=world.environ)
     assert prepared.plan.fd("info") is not None  # the default limits use the cgroup hand-shake

@@ -34,10 +34,20 @@ def _children() -> list[int]:
 def _corral_cgroups(pids: set[int]) -> list[str]:
     """cgroups named by corral processes among *pids* (names are ``corral-<pid>-<sandbox>``)."""
     found = []
-    for base in ("/sys/fs/cgroup/memory", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/freezer", "/sys/fs/cgroup"):
+    for base in (
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/freezer",
+        "/sys/fs/cgroup",
+    ):
         for directory, dirs, _files in os.walk(base):
-            found += [os.path.join(directory, d) for d in dirs
-                      if d.startswith("corral-") and d.split("-")[1].isdigit() and int(d.split("-")[1]) in pids]
+            found += [
+                os.path.join(directory, d)
+                for d in dirs
+                if d.startswith("corral-")
+                and d.split("-")[1].isdigit()
+                and int(d.split("-")[1]) in pids
+            ]
             if directory.count("/") > 7:
                 dirs[:] = []
     return found
@@ -72,7 +82,9 @@ def test_a_thousand_in_process_runs_leak_nothing(world: World) -> None:
     os.environ["TMPDIR"] = tmp
     try:
         for i in range(1000):
-            request = ExecRequest.from_argv(["sh", "-c", f"echo {i} > out.txt; true"], cwd=world.workspace)
+            request = ExecRequest.from_argv(
+                ["sh", "-c", f"echo {i} > out.txt; true"], cwd=world.workspace
+            )
             outcome = execute(request, policy, environ=world.environ, state_dir=state)
             assert outcome.returncode == 0, outcome.stderr
     finally:
@@ -99,8 +111,13 @@ def test_two_hundred_cli_runs_leak_nothing(world: World) -> None:
     before = _children()
     pids = set()
     for _ in range(200):
-        proc = subprocess.Popen([*corral_command(), "run", "--", "true"], cwd=world.workspace, env=world.environ,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [*corral_command(), "run", "--", "true"],
+            cwd=world.workspace,
+            env=world.environ,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         pids.add(proc.pid)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err

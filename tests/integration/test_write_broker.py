@@ -22,7 +22,7 @@ def py(world: World, code: str, *options: str) -> object:
 
 
 def test_file_operations_work_through_the_broker(world: World) -> None:
-    code = r'''
+    code = r"""
 import os, stat, tempfile
 os.makedirs("d/e", exist_ok=True)
 with open("d/e/f.txt", "w") as f: f.write("one")
@@ -50,7 +50,7 @@ with open(os.open("via-dirfd.txt", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=dirfd
 os.rmdir("d/e")
 os.umask(0o077); open("private.txt", "w").close()
 print("OK")
-'''
+"""
     result = py(world, code)
     assert result.returncode == 0, result.stderr  # type: ignore[attr-defined]
     d = world.ws("d")
@@ -67,7 +67,9 @@ print("OK")
 
 def test_exec_after_a_supervised_syscall_keeps_working(world: World) -> None:
     # /proc/<pid>/mem goes stale when a process execs; the broker must notice
-    result = world.run("echo a > a.txt && exec sh -c 'echo b > b.txt && exec sh -c \"echo c > c.txt\"'")
+    result = world.run(
+        "echo a > a.txt && exec sh -c 'echo b > b.txt && exec sh -c \"echo c > c.txt\"'"
+    )
     assert result.returncode == 0, result.stderr
     assert [World.read(world.ws(n)) for n in ("a.txt", "b.txt", "c.txt")] == ["a\n", "b\n", "c\n"]
 
@@ -76,7 +78,7 @@ def test_racing_the_path_check_does_not_create_a_protected_file(world: World) ->
     # One thread flips the path between a harmless name and .bashrc while
     # another keeps creating it: the kernel's read-only mount must catch
     # whatever slips past the check.
-    code = r'''
+    code = r"""
 import ctypes, threading, time
 libc = ctypes.CDLL(None, use_errno=True)
 buf = ctypes.create_string_buffer(b"ok_name\0\0", 16)
@@ -96,7 +98,7 @@ while time.time() < end:
     n += 1
 stop = True; t.join()
 print("tries", n)
-'''
+"""
     result = py(world, code)
     assert b"tries" in result.stdout, result.stderr  # type: ignore[attr-defined]
     assert not os.path.exists(world.ws(".bashrc"))
@@ -120,8 +122,10 @@ def test_renaming_a_big_tree_keeps_protection(world: World) -> None:
 
 
 def test_unprotecting_a_row_from_a_trusted_layer(world: World) -> None:
-    settings = World.write(os.path.join(world.home, ".config", "corral", "settings.json"),
-                           '{"filesystem": {"protect": ["!**/.git/config", "!**/.git/hooks/**"]}}')
+    settings = World.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        '{"filesystem": {"protect": ["!**/.git/config", "!**/.git/hooks/**"]}}',
+    )
     assert os.path.exists(settings)
     result = world.run("git init -q sub && test -f sub/.git/config && echo inited")
     assert result.returncode == 0, result.stderr
@@ -129,7 +133,9 @@ def test_unprotecting_a_row_from_a_trusted_layer(world: World) -> None:
 
 
 def test_untrusted_project_cannot_unprotect(world: World) -> None:
-    World.write(world.ws(".corral", "settings.json"), '{"filesystem": {"protect": ["!**/.bashrc"]}}')
+    World.write(
+        world.ws(".corral", "settings.json"), '{"filesystem": {"protect": ["!**/.bashrc"]}}'
+    )
     result = world.run("echo pwned > sub.bashrc; mkdir -p s; echo pwned > s/.bashrc; true")
     assert not os.path.exists(world.ws("s", ".bashrc"))
     assert b"ignoring filesystem.protect" in result.stderr

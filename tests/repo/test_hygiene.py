@@ -57,7 +57,13 @@ def test_policy_imports_nothing_else_from_corral() -> None:
 
 
 def test_lower_layers_do_not_import_upward() -> None:
-    upper = ("corral.cli", "corral.integrations", "corral._sandbox", "corral._api", "corral.benchmarks")
+    upper = (
+        "corral.cli",
+        "corral.integrations",
+        "corral._sandbox",
+        "corral._api",
+        "corral.benchmarks",
+    )
     for module, path in modules().items():
         if module.startswith(upper) or module in ("corral", "corral.__main__"):
             continue
@@ -117,7 +123,9 @@ def test_every_module_is_documented() -> None:
     missing = []
     for path in modules().values():
         rel = os.path.relpath(path, SRC)
-        if rel.endswith("__init__.py") or rel.startswith(("testing" + os.sep, "benchmarks" + os.sep)):
+        if rel.endswith("__init__.py") or rel.startswith(
+            ("testing" + os.sep, "benchmarks" + os.sep)
+        ):
             continue
         if rel not in text and os.path.basename(rel) not in text:
             missing.append(rel)
@@ -151,8 +159,14 @@ def test_run_path_avoids_heavy_imports(tmp_path: object) -> None:
     env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     ws = os.path.join(str(tmp_path), "ws")
     os.makedirs(os.path.join(ws, ".git"))
-    result = subprocess.run([sys.executable, "-S", "-c", "import site; site.main()\n" + probe], cwd=ws, env=env,
-                            capture_output=True, text=True, check=False)
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", "import site; site.main()\n" + probe],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     status, _, heavy = result.stdout.strip().partition(" ")
     assert status == "0", result.stderr
     assert heavy == "", f"the run path imported {heavy}"

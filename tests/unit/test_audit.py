@@ -11,8 +11,15 @@ from corral._outcome import Outcome, Violation
 
 
 def outcome(i: int) -> Outcome:
-    return Outcome(sandbox_id=f"sbx-{i}", backend="bubblewrap", argv=("echo", str(i)), exit_code=0,
-                   violations=(Violation(kind="fs-write", target="/w/.bashrc", rule="filesystem.protect: **/.bashrc"),))
+    return Outcome(
+        sandbox_id=f"sbx-{i}",
+        backend="bubblewrap",
+        argv=("echo", str(i)),
+        exit_code=0,
+        violations=(
+            Violation(kind="fs-write", target="/w/.bashrc", rule="filesystem.protect: **/.bashrc"),
+        ),
+    )
 
 
 def fill(state: str, n: int) -> None:

@@ -82,23 +82,50 @@ def test_unreviewed_new_syscalls_fail(deny: bytes) -> None:
     assert run_bpf(deny, arch=X86, nr=MAX_KNOWN_SYSCALL) == ALLOW
 
 
-@pytest.mark.parametrize("name", ["ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2",
-                                  "unshare", "setns", "keyctl", "bpf", "perf_event_open", "io_uring_setup",
-                                  "userfaultfd", "pidfd_getfd", "open_by_handle_at", "fsopen"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ptrace",
+        "process_vm_readv",
+        "process_vm_writev",
+        "mount",
+        "umount2",
+        "unshare",
+        "setns",
+        "keyctl",
+        "bpf",
+        "perf_event_open",
+        "io_uring_setup",
+        "userfaultfd",
+        "pidfd_getfd",
+        "open_by_handle_at",
+        "fsopen",
+    ],
+)
 def test_dangerous_syscalls_fail_with_eperm(deny: bytes, name: str) -> None:
     assert run_bpf(deny, arch=X86, nr=nr(name)) == EPERM
 
 
-@pytest.mark.parametrize("name", ["read", "write", "openat", "execve", "fork", "socketpair", "mmap"])
+@pytest.mark.parametrize(
+    "name", ["read", "write", "openat", "execve", "fork", "socketpair", "mmap"]
+)
 def test_ordinary_syscalls_are_allowed(deny: bytes, name: str) -> None:
-    numbers = {"read": 0, "write": 1, "openat": 257, "execve": 59, "fork": 57, "socketpair": 53, "mmap": 9}
+    numbers = {
+        "read": 0,
+        "write": 1,
+        "openat": 257,
+        "execve": 59,
+        "fork": 57,
+        "socketpair": 53,
+        "mmap": 9,
+    }
     assert run_bpf(deny, arch=X86, nr=numbers[name]) == ALLOW
 
 
 def test_clone_with_namespace_flags_fails_but_plain_clone_works(deny: bytes) -> None:
     clone = nr("clone")
     assert run_bpf(deny, arch=X86, nr=clone, args=(0x01200011,)) == ALLOW  # fork-like clone
-    assert run_bpf(deny, arch=X86, nr=clone, args=(0x00010f00,)) == ALLOW  # thread-like clone
+    assert run_bpf(deny, arch=X86, nr=clone, args=(0x00010F00,)) == ALLOW  # thread-like clone
     for flag in (0x10000000, 0x20000000, 0x40000000, 0x00020000):
         assert run_bpf(deny, arch=X86, nr=clone, args=(0x01200011 | flag,)) == EPERM
     assert CLONE_NAMESPACE_FLAGS & 0x10000000
@@ -131,7 +158,17 @@ def test_broker_filter_traps_writes_not_reads(broker: bytes) -> None:
     assert run_bpf(broker, arch=X86, nr=openat, args=(0, 0, 0)) == ALLOW  # O_RDONLY
     for flags in (0o1, 0o2, 0o100, 0o1000, 0o20200002):
         assert run_bpf(broker, arch=X86, nr=openat, args=(0, 0, flags)) == NOTIFY
-    for name in ("mkdir", "rename", "renameat2", "unlink", "unlinkat", "link", "symlink", "chmod", "truncate"):
+    for name in (
+        "mkdir",
+        "rename",
+        "renameat2",
+        "unlink",
+        "unlinkat",
+        "link",
+        "symlink",
+        "chmod",
+        "truncate",
+    ):
         assert run_bpf(broker, arch=X86, nr=nr(name)) == NOTIFY, name
     assert run_bpf(broker, arch=X86, nr=nr("openat2")) == ENOSYS
     assert run_bpf(broker, arch=X86, nr=nr("utimensat"), args=(3, 0)) == ALLOW  # futimens: fd-based

@@ -48,14 +48,35 @@ def test_request_validation() -> None:
     with pytest.raises(InvalidRequest):
         ExecRequest.from_shell("   ")
     req = ExecRequest.from_shell("echo $HOME", stdin="hi")
-    assert req.argv == ("/bin/sh", "-c", "echo $HOME") and req.stdin == b"hi" and req.stdin_mode == "data"
+    assert (
+        req.argv == ("/bin/sh", "-c", "echo $HOME")
+        and req.stdin == b"hi"
+        and req.stdin_mode == "data"
+    )
     assert req.sandbox_id.startswith("sbx-") and req.command_line() == "echo $HOME"
 
 
 def test_redaction() -> None:
-    argv = ["curl", "-H", "x", "--token", "abc123", "--password=hunter2", "API_KEY=zzz", "https://u:pw4x@h/"]
-    assert redact(argv, ["pw4x"]) == ("curl", "-H", "x", "--token", "***", "--password=***", "API_KEY=***",
-                                      "https://u:***@h/")
+    argv = [
+        "curl",
+        "-H",
+        "x",
+        "--token",
+        "abc123",
+        "--password=hunter2",
+        "API_KEY=zzz",
+        "https://u:pw4x@h/",
+    ]
+    assert redact(argv, ["pw4x"]) == (
+        "curl",
+        "-H",
+        "x",
+        "--token",
+        "***",
+        "--password=***",
+        "API_KEY=***",
+        "https://u:***@h/",
+    )
 
 
 def test_exit_status_mapping_and_checks() -> None:

@@ -69,10 +69,14 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
 
 #: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
 UNREGISTERED: dict[str, str] = {
-    "microvm": ("not implemented in this build; on this class of machine KVM is a nested PVM that "
-                "hangs standard guests, and TCG boots take ~1.7 s per VM"),
-    "boxlite": ("not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
-                "guests, which this class of machine lacks"),
+    "microvm": (
+        "not implemented in this build; on this class of machine KVM is a nested PVM that "
+        "hangs standard guests, and TCG boots take ~1.7 s per VM"
+    ),
+    "boxlite": (
+        "not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
+        "guests, which this class of machine lacks"
+    ),
 }
 
 _instances: dict[str, Backend] = {}
@@ -88,8 +92,10 @@ def get_backend(name: str) -> Backend:
         return _instances[name]
     if name not in BACKENDS:
         known = ", ".join(sorted(BACKENDS))
-        raise UsageError(f"unknown backend {name!r} (known: auto, {known})",
-                         hint="run 'corral doctor' to see which backends work here")
+        raise UsageError(
+            f"unknown backend {name!r} (known: auto, {known})",
+            hint="run 'corral doctor' to see which backends work here",
+        )
     module_name, class_name = BACKENDS[name]
     import importlib
 
@@ -152,9 +158,15 @@ def _output_of(argv: list[str], timeout: float = 10.0) -> str:
 
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        pid = os.posix_spawn(argv[0], argv, {"PATH": "/usr/bin:/bin"},
-                             file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_OPEN, 2, "/dev/null",
-                                                                          os.O_WRONLY, 0)])
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            {"PATH": "/usr/bin:/bin"},
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, w, 1),
+                (os.POSIX_SPAWN_OPEN, 2, "/dev/null", os.O_WRONLY, 0),
+            ],
+        )
     finally:
         os.close(w)
     chunks = []
@@ -190,7 +202,10 @@ def _kind(path: str) -> str:
 
 
 def inspect_host(
-    backend: Backend, request: ExecRequest, policy: Policy, environ: dict[str, str],
+    backend: Backend,
+    request: ExecRequest,
+    policy: Policy,
+    environ: dict[str, str],
 ) -> tuple[HostFacts, CgroupLayout | None]:
     """Gather what ``backend.plan`` needs, and the cgroup layout for the launch."""
     from .._cgroups import probe as probe_cgroups
@@ -209,7 +224,8 @@ def inspect_host(
         abi = landlock_abi()
     res = policy.resources
     needed = frozenset(
-        name for name, value in (("memory", res.memory), ("pids", res.pids), ("cpu", res.cpus))
+        name
+        for name, value in (("memory", res.memory), ("pids", res.pids), ("cpu", res.cpus))
         if value is not None
     )
     layout, cgroup_problem = probe_cgroups(needed) if needed else (None, None)
@@ -260,7 +276,9 @@ def select_backend(policy: Policy, *, available: dict[str, str | None] | None = 
 
     if policy.backend != "auto":
         backend = get_backend(policy.backend)
-        if backend.name != "none" and isolation_rank(backend.isolation) < isolation_rank(policy.isolation):
+        if backend.name != "none" and isolation_rank(backend.isolation) < isolation_rank(
+            policy.isolation
+        ):
             raise UsageError(
                 f"backend {backend.name!r} provides {backend.isolation} isolation, "
                 f"below the policy's minimum {policy.isolation!r}",

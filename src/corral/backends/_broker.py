@@ -64,7 +64,9 @@ __all__ = ["Broker"]
 # ------------------------------------------------------------------ kernel ABI
 _NOTIF_SIZE = 80  # struct seccomp_notif: id u64, pid u32, flags u32, seccomp_data (64)
 _RESP_SIZE = 24  # struct seccomp_notif_resp: id u64, val s64, error s32, flags u32
-_ADDFD_SIZE = 24  # struct seccomp_notif_addfd: id u64, flags u32, srcfd u32, newfd u32, newfd_flags u32
+_ADDFD_SIZE = (
+    24  # struct seccomp_notif_addfd: id u64, flags u32, srcfd u32, newfd u32, newfd_flags u32
+)
 
 
 def _iowr(nr: int, size: int) -> int:
@@ -101,11 +103,28 @@ _SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}
 #: Calls that change metadata rather than names. Landlock does not govern
 #: them, so with ``confine_metadata`` they are refused outside the roots.
 _FD_METADATA_CALLS = frozenset({"fchmod", "fchown", "fsetxattr", "fremovexattr"})
-_METADATA_CALLS = _FD_METADATA_CALLS | frozenset({
-    "chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat", "utime", "utimes", "futimesat",
-    "utimensat", "setxattr", "lsetxattr", "removexattr", "lremovexattr", "truncate", "setxattrat",
-    "removexattrat", "file_setattr",
-})
+_METADATA_CALLS = _FD_METADATA_CALLS | frozenset(
+    {
+        "chmod",
+        "fchmodat",
+        "fchmodat2",
+        "chown",
+        "lchown",
+        "fchownat",
+        "utime",
+        "utimes",
+        "futimesat",
+        "utimensat",
+        "setxattr",
+        "lsetxattr",
+        "removexattr",
+        "lremovexattr",
+        "truncate",
+        "setxattrat",
+        "removexattrat",
+        "file_setattr",
+    }
+)
 _CLONE_FS = 0x00000200
 _MAX_PATH = 4096
 _MAX_XATTR = 65536
@@ -275,8 +294,13 @@ class Broker:
             pass
         if self._started and self._done.acquire(True, timeout):
             self._done.release()
-        for fd in [self._listener, self._wake_r, self._wake_w, *(r.host_fd for r in self._roots),
-                   *self._mem_fds.values()]:
+        for fd in [
+            self._listener,
+            self._wake_r,
+            self._wake_w,
+            *(r.host_fd for r in self._roots),
+            *self._mem_fds.values(),
+        ]:
             if fd >= 0:
                 try:
                     os.close(fd)
@@ -376,15 +400,22 @@ class Broker:
                     raise
                 # No read-only mount backs this backend up: a metadata change
                 # outside the supervised roots is refused, never continued.
-                raise _Denied(self._describe_target(pid, notif_id, name, args),
-                              "filesystem: outside the writable areas") from None
+                raise _Denied(
+                    self._describe_target(pid, notif_id, name, args),
+                    "filesystem: outside the writable areas",
+                ) from None
         except _Continue:
             self._respond(notif_id, 0, 0, _RESP_FLAG_CONTINUE)
             return
         except _Denied as denied:
             self.violations.append(
-                Violation(kind="fs-write", target=denied.target, rule=denied.rule, operation=name or str(nr),
-                          pid=pid)
+                Violation(
+                    kind="fs-write",
+                    target=denied.target,
+                    rule=denied.rule,
+                    operation=name or str(nr),
+                    pid=pid,
+                )
             )
             self._respond(notif_id, 0, -errno.EPERM, 0)
             return
@@ -412,8 +443,16 @@ class Broker:
     def _send_fd(self, notif_id: int, result: _FdResult) -> None:
         import fcntl
 
-        addfd = bytearray(struct.pack("<QIIII", notif_id, _ADDFD_FLAG_SEND, result.fd, 0,
-                                      os.O_CLOEXEC if result.cloexec else 0))
+        addfd = bytearray(
+            struct.pack(
+                "<QIIII",
+                notif_id,
+                _ADDFD_FLAG_SEND,
+                result.fd,
+                0,
+                os.O_CLOEXEC if result.cloexec else 0,
+            )
+        )
         try:
             fcntl.ioctl(self._listener, _IOCTL_ADDFD, addfd, True)
         except OSError as exc:
@@ -427,7 +466,9 @@ class Broker:
         import fcntl
 
         try:
-            fcntl.ioctl(self._listener, _IOCTL_ID_VALID, bytearray(struct.pack("<Q", notif_id)), True)
+            fcntl.ioctl(
+                self._listener, _IOCTL_ID_VALID, bytearray(struct.pack("<Q", notif_id)), True
+            )
         except OSError:
             return False
         return True
@@ -502,8 +543,12 @@ class Broker:
 
         libc = self._libc
         assert libc is not None
-        table = {"openat2": _SYS_OPENAT2, "renameat2": _SYS_RENAMEAT2, "utimensat": _SYS_UTIMENSAT,
-                 "pidfd_getfd": _SYS_PIDFD_GETFD}
+        table = {
+            "openat2": _SYS_OPENAT2,
+            "renameat2": _SYS_RENAMEAT2,
+            "utimensat": _SYS_UTIMENSAT,
+            "pidfd_getfd": _SYS_PIDFD_GETFD,
+        }
         result = int(libc.syscall(table[name][self._arch], *args))
         if result < 0:
             err = ctypes.get_errno()
@@ -514,7 +559,9 @@ class Broker:
         import ctypes
 
         how = struct.pack("<QQQ", flags | os.O_CLOEXEC, 0, resolve)
-        return self._syscall("openat2", ctypes.c_int(dirfd), os.fsencode(path), how, ctypes.c_size_t(24))
+        return self._syscall(
+            "openat2", ctypes.c_int(dirfd), os.fsencode(path), how, ctypes.c_size_t(24)
+        )
 
     def _base_path(self, pid: int, dirfd: int, path: str) -> str:
         """The target's view of the directory *path* is relative to (or '/')."""
@@ -534,7 +581,9 @@ class Broker:
             raise _Continue
         return base
 
-    def _resolve(self, pid: int, notif_id: int, dirfd: int, path: str, *, follow: bool) -> _Resolved:
+    def _resolve(
+        self, pid: int, notif_id: int, dirfd: int, path: str, *, follow: bool
+    ) -> _Resolved:
         """Resolve (dirfd, path) as the target would, down to a supervised root.
 
         Raises:
@@ -547,7 +596,11 @@ class Broker:
         try:
             if not self._id_valid(notif_id):
                 raise OSError(errno.ESRCH, "target went away")
-            current = path if path.startswith("/") else self._base_path(pid, dirfd, path).rstrip("/") + "/" + path
+            current = (
+                path
+                if path.startswith("/")
+                else self._base_path(pid, dirfd, path).rstrip("/") + "/" + path
+            )
             for _hop in range(_MAX_SYMLINK_HOPS):
                 resolved = self._resolve_once(root_fd, current)
                 if not follow:
@@ -572,7 +625,9 @@ class Broker:
             raise _Continue
         try:
             sandbox_parent_fd = self._openat2(
-                root_fd, parent.lstrip("/") or ".", os.O_PATH | os.O_DIRECTORY,
+                root_fd,
+                parent.lstrip("/") or ".",
+                os.O_PATH | os.O_DIRECTORY,
                 _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS,
             )
         except OSError as exc:
@@ -582,10 +637,12 @@ class Broker:
             root = self._root_for(parent_path)
             if root is None:
                 raise _Continue
-            rel_parent = parent_path[len(root.sandbox_path):].strip("/")
+            rel_parent = parent_path[len(root.sandbox_path) :].strip("/")
             try:
                 host_parent_fd = self._openat2(
-                    root.host_fd, rel_parent or ".", os.O_PATH | os.O_DIRECTORY,
+                    root.host_fd,
+                    rel_parent or ".",
+                    os.O_PATH | os.O_DIRECTORY,
                     _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
                 )
             except OSError as exc:
@@ -637,8 +694,10 @@ class Broker:
             except FileNotFoundError:
                 return
         if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
-            raise _Denied(r.sandbox_path, "filesystem: the file has other hard links, possibly outside "
-                                          "the writable area")
+            raise _Denied(
+                r.sandbox_path,
+                "filesystem: the file has other hard links, possibly outside the writable area",
+            )
 
     def _check_subtree_move(self, src: _Resolved, dst: _Resolved) -> None:
         """Moving a directory must not change whether anything below it is protected."""
@@ -657,11 +716,13 @@ class Broker:
         top = f"/proc/self/fd/{src.parent_fd}/{src.name}"
         seen = 0
         for dirpath, dirnames, filenames in os.walk(top):
-            sub = dirpath[len(top):].strip("/")
+            sub = dirpath[len(top) :].strip("/")
             for entry in (*dirnames, *filenames):
                 seen += 1
                 if seen > _RENAME_WALK_LIMIT:
-                    raise _Denied(src.sandbox_path, "directory too large to check for protected paths")
+                    raise _Denied(
+                        src.sandbox_path, "directory too large to check for protected paths"
+                    )
                 tail = f"{sub}/{entry}" if sub else entry
                 before = self._denied_by(f"{src.rel}/{tail}", f"{src.sandbox_path}/{tail}")
                 after = self._denied_by(f"{dst.rel}/{tail}", f"{dst.sandbox_path}/{tail}")
@@ -673,8 +734,23 @@ class Broker:
         try:
             if name in _FD_METADATA_CALLS:
                 return os.readlink(f"/proc/{pid}/fd/{_signed_fd(a[0])}")
-            index = 0 if name in ("chmod", "chown", "lchown", "utime", "utimes", "truncate", "setxattr",
-                                  "lsetxattr", "removexattr", "lremovexattr") else 1
+            index = (
+                0
+                if name
+                in (
+                    "chmod",
+                    "chown",
+                    "lchown",
+                    "utime",
+                    "utimes",
+                    "truncate",
+                    "setxattr",
+                    "lsetxattr",
+                    "removexattr",
+                    "lremovexattr",
+                )
+                else 1
+            )
             return self._read_string(pid, nid, a[index]) if a[index] else f"fd {_signed_fd(a[0])}"
         except (OSError, _Continue):
             return "?"
@@ -698,8 +774,12 @@ class Broker:
             raise _Continue
         pidfd = os.pidfd_open(pid)
         try:
-            ours = self._syscall("pidfd_getfd", ctypes.c_int(pidfd), ctypes.c_int(_signed_fd(fd_arg)),
-                                 ctypes.c_uint(0))
+            ours = self._syscall(
+                "pidfd_getfd",
+                ctypes.c_int(pidfd),
+                ctypes.c_int(_signed_fd(fd_arg)),
+                ctypes.c_uint(0),
+            )
         finally:
             os.close(pidfd)
         outside = "filesystem: outside the writable areas"
@@ -708,10 +788,14 @@ class Broker:
             root = self._root_for(path) if path.startswith("/") else None
             if root is None:
                 raise _Denied(path, outside)
-            rel = path[len(root.sandbox_path):].strip("/")
+            rel = path[len(root.sandbox_path) :].strip("/")
             try:
-                check_fd = self._openat2(root.host_fd, rel or ".", os.O_PATH,
-                                         _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+                check_fd = self._openat2(
+                    root.host_fd,
+                    rel or ".",
+                    os.O_PATH,
+                    _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
+                )
             except OSError:
                 raise _Denied(path, outside) from None
             try:
@@ -720,7 +804,9 @@ class Broker:
                 os.close(check_fd)
             if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
                 raise _Denied(path, outside)
-            label = None if root.sandbox_path in self._spec.open_roots else self._denied_by(rel, path)
+            label = (
+                None if root.sandbox_path in self._spec.open_roots else self._denied_by(rel, path)
+            )
             if label is not None:
                 raise _Denied(path, label)
             act(ours)  # type: ignore[operator]
@@ -739,20 +825,36 @@ class Broker:
         if name == "openat":
             return self._open(pid, nid, sfd(a[0]), s(a[1]), a[2], a[3])
         if name == "creat":
-            return self._open(pid, nid, _AT_FDCWD, s(a[0]), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, a[1])
+            return self._open(
+                pid, nid, _AT_FDCWD, s(a[0]), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, a[1]
+            )
         if name in ("mkdir", "mkdirat"):
-            dirfd, path, mode = (_AT_FDCWD, s(a[0]), a[1]) if name == "mkdir" else (sfd(a[0]), s(a[1]), a[2])
+            dirfd, path, mode = (
+                (_AT_FDCWD, s(a[0]), a[1]) if name == "mkdir" else (sfd(a[0]), s(a[1]), a[2])
+            )
             r = self._resolve(pid, nid, dirfd, path, follow=False)
-            return self._with(r, lambda: self._as_target(pid, lambda: os.mkdir(r.name, mode & 0o7777, dir_fd=r.parent_fd)))
+            return self._with(
+                r,
+                lambda: self._as_target(
+                    pid, lambda: os.mkdir(r.name, mode & 0o7777, dir_fd=r.parent_fd)
+                ),
+            )
         if name in ("mknod", "mknodat"):
-            dirfd, path, mode, dev = ((_AT_FDCWD, s(a[0]), a[1], a[2]) if name == "mknod"
-                                      else (sfd(a[0]), s(a[1]), a[2], a[3]))
+            dirfd, path, mode, dev = (
+                (_AT_FDCWD, s(a[0]), a[1], a[2])
+                if name == "mknod"
+                else (sfd(a[0]), s(a[1]), a[2], a[3])
+            )
             kind = stat.S_IFMT(mode) or stat.S_IFREG
             if kind not in (stat.S_IFREG, stat.S_IFIFO, stat.S_IFSOCK):
                 raise OSError(errno.EPERM, "device nodes are not allowed")
             r = self._resolve(pid, nid, dirfd, path, follow=False)
-            return self._with(r, lambda: self._as_target(
-                pid, lambda: os.mknod(r.name, kind | (mode & 0o7777), dev, dir_fd=r.parent_fd)))
+            return self._with(
+                r,
+                lambda: self._as_target(
+                    pid, lambda: os.mknod(r.name, kind | (mode & 0o7777), dev, dir_fd=r.parent_fd)
+                ),
+            )
         if name in ("symlink", "symlinkat"):
             target = s(a[0])
             dirfd, path = (_AT_FDCWD, s(a[1])) if name == "symlink" else (sfd(a[1]), s(a[2]))
@@ -780,8 +882,11 @@ class Broker:
             if flags & _AT_EMPTY_PATH:
                 return self._on_open_file(pid, a[0], lambda fd: os.chmod(fd, mode & 0o7777))
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
-            return self._with(r, lambda: os.chmod(r.name, mode & 0o7777, dir_fd=r.parent_fd,
-                                                  follow_symlinks=False), changes_inode=True)
+            return self._with(
+                r,
+                lambda: os.chmod(r.name, mode & 0o7777, dir_fd=r.parent_fd, follow_symlinks=False),
+                changes_inode=True,
+            )
         if name in ("chown", "lchown", "fchownat"):
             if name == "fchownat":
                 dirfd, path, uid, gid, flags = sfd(a[0]), s(a[1]), a[2], a[3], a[4]
@@ -793,15 +898,23 @@ class Broker:
             if flags & _AT_EMPTY_PATH:
                 return self._on_open_file(pid, a[0], lambda fd: os.chown(fd, host_uid, host_gid))
             r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
-            return self._with(r, lambda: os.chown(r.name, host_uid, host_gid, dir_fd=r.parent_fd,
-                                                  follow_symlinks=False), changes_inode=True)
+            return self._with(
+                r,
+                lambda: os.chown(
+                    r.name, host_uid, host_gid, dir_fd=r.parent_fd, follow_symlinks=False
+                ),
+                changes_inode=True,
+            )
         if name == "truncate":
             path, length = s(a[0]), _signed64(a[1])
             r = self._resolve(pid, nid, _AT_FDCWD, path, follow=True)
 
             def truncate() -> None:
-                fd = os.open(r.name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                             dir_fd=r.parent_fd)
+                fd = os.open(
+                    r.name,
+                    os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                    dir_fd=r.parent_fd,
+                )
                 try:
                     os.ftruncate(fd, length)
                 finally:
@@ -825,10 +938,14 @@ class Broker:
                     raise OSError(errno.E2BIG, "attribute value too large")
                 value = self._read_bytes(pid, nid, a[2], size)
                 flags = a[4]
-                return self._with(r, lambda: os.setxattr(target, attr, value, flags, follow_symlinks=False),
-                                  changes_inode=True)
-            return self._with(r, lambda: os.removexattr(target, attr, follow_symlinks=False),
-                              changes_inode=True)
+                return self._with(
+                    r,
+                    lambda: os.setxattr(target, attr, value, flags, follow_symlinks=False),
+                    changes_inode=True,
+                )
+            return self._with(
+                r, lambda: os.removexattr(target, attr, follow_symlinks=False), changes_inode=True
+            )
         raise _Continue
 
     def _fd_call(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
@@ -896,7 +1013,9 @@ class Broker:
                     return outside + (value - inside)
         raise OSError(errno.EINVAL, "id not mapped in the sandbox")
 
-    def _open(self, pid: int, nid: int, dirfd: int, path: str, flags: int, mode: int) -> int | _FdResult:
+    def _open(
+        self, pid: int, nid: int, dirfd: int, path: str, flags: int, mode: int
+    ) -> int | _FdResult:
         flags &= 0xFFFFFFFF
         if flags & _O_TMPFILE == _O_TMPFILE:
             r = self._resolve_dir(pid, nid, dirfd, path)
@@ -911,15 +1030,21 @@ class Broker:
         """Resolve a directory itself (for O_TMPFILE): returns its fd with name '.'."""
         r = self._resolve(pid, nid, dirfd, path, follow=True)
         try:
-            fd = self._openat2(r.parent_fd, r.name, os.O_PATH | os.O_DIRECTORY,
-                               _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS)
+            fd = self._openat2(
+                r.parent_fd,
+                r.name,
+                os.O_PATH | os.O_DIRECTORY,
+                _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS,
+            )
         except OSError as exc:
             raise _Continue from exc
         finally:
             os.close(r.parent_fd)
         return _Resolved(r.root, fd, ".", r.rel)
 
-    def _open_checked(self, pid: int, r: _Resolved, name: str, flags: int, mode: int, *, check: bool) -> int:
+    def _open_checked(
+        self, pid: int, r: _Resolved, name: str, flags: int, mode: int, *, check: bool
+    ) -> int:
         try:
             if check:
                 self._check(r)
@@ -927,7 +1052,9 @@ class Broker:
                 existing = os.stat(name, dir_fd=r.parent_fd, follow_symlinks=False)
             except FileNotFoundError:
                 existing = None
-            if existing is not None and not (stat.S_ISREG(existing.st_mode) or stat.S_ISDIR(existing.st_mode)):
+            if existing is not None and not (
+                stat.S_ISREG(existing.st_mode) or stat.S_ISDIR(existing.st_mode)
+            ):
                 if stat.S_ISLNK(existing.st_mode) and flags & os.O_NOFOLLOW:
                     raise OSError(errno.ELOOP, "symbolic link with O_NOFOLLOW")
                 raise _Continue  # FIFOs, devices, sockets: the kernel decides on the sandbox's mount
@@ -935,8 +1062,10 @@ class Broker:
                 self._check_single_link(r, existing)
             open_flags = (flags | os.O_NOFOLLOW | os.O_CLOEXEC) & ~os.O_NOCTTY
             holder: list[int] = []
-            self._as_target(pid, lambda: holder.append(os.open(name, open_flags, mode & 0o7777,
-                                                               dir_fd=r.parent_fd)))
+            self._as_target(
+                pid,
+                lambda: holder.append(os.open(name, open_flags, mode & 0o7777, dir_fd=r.parent_fd)),
+            )
             return holder[0]
         finally:
             os.close(r.parent_fd)
@@ -963,8 +1092,12 @@ class Broker:
                 # Linking an open file (O_TMPFILE): the classic /proc/self/fd route.
                 src_fd = os.open(f"/proc/{pid}/fd/{olddir}", os.O_PATH | os.O_CLOEXEC)
                 try:
-                    os.link(f"/proc/self/fd/{src_fd}", dst.name, dst_dir_fd=dst.parent_fd,
-                            follow_symlinks=True)
+                    os.link(
+                        f"/proc/self/fd/{src_fd}",
+                        dst.name,
+                        dst_dir_fd=dst.parent_fd,
+                        follow_symlinks=True,
+                    )
                 finally:
                     os.close(src_fd)
                 return 0
@@ -973,8 +1106,13 @@ class Broker:
                 self._check(src)
                 if src.root is not dst.root:
                     raise OSError(errno.EXDEV, "cross-device link")
-                os.link(src.name, dst.name, src_dir_fd=src.parent_fd, dst_dir_fd=dst.parent_fd,
-                        follow_symlinks=False)
+                os.link(
+                    src.name,
+                    dst.name,
+                    src_dir_fd=src.parent_fd,
+                    dst_dir_fd=dst.parent_fd,
+                    follow_symlinks=False,
+                )
             finally:
                 os.close(src.parent_fd)
         finally:
@@ -1008,8 +1146,14 @@ class Broker:
                 self._check_subtree_move(src, dst)
                 if flags & _RENAME_EXCHANGE:
                     self._check_subtree_move(dst, src)
-                self._syscall("renameat2", ctypes.c_int(src.parent_fd), os.fsencode(src.name),
-                              ctypes.c_int(dst.parent_fd), os.fsencode(dst.name), ctypes.c_uint(flags))
+                self._syscall(
+                    "renameat2",
+                    ctypes.c_int(src.parent_fd),
+                    os.fsencode(src.name),
+                    ctypes.c_int(dst.parent_fd),
+                    os.fsencode(dst.name),
+                    ctypes.c_uint(flags),
+                )
             finally:
                 os.close(dst.parent_fd)
         finally:
@@ -1025,7 +1169,12 @@ class Broker:
         flags = 0
         path: str | None
         if name == "utimensat":
-            dirfd, path, times_addr, flags = _signed_fd(a[0]), (s(a[1]) if a[1] else None), a[2], a[3]
+            dirfd, path, times_addr, flags = (
+                _signed_fd(a[0]),
+                (s(a[1]) if a[1] else None),
+                a[2],
+                a[3],
+            )
             times = self._read_bytes(pid, nid, times_addr, 32) if times_addr else None
         else:
             if name == "futimesat":
@@ -1038,10 +1187,13 @@ class Broker:
                     at, mt = struct.unpack("<qq", self._read_bytes(pid, nid, times_addr, 16))
                     times = struct.pack("<qqqq", at, 0, mt, 0)
                 else:  # two struct timeval
-                    a_s, a_us, m_s, m_us = struct.unpack("<qqqq", self._read_bytes(pid, nid, times_addr, 32))
+                    a_s, a_us, m_s, m_us = struct.unpack(
+                        "<qqqq", self._read_bytes(pid, nid, times_addr, 32)
+                    )
                     times = struct.pack("<qqqq", a_s, a_us * 1000, m_s, m_us * 1000)
         buf = ctypes.create_string_buffer(times, 32) if times is not None else None
         if flags & _AT_EMPTY_PATH or path is None:
+
             def touch_fd(fd: int) -> None:
                 self._syscall("utimensat", ctypes.c_int(fd), None, buf, ctypes.c_int(0))
 
@@ -1049,8 +1201,13 @@ class Broker:
         r = self._resolve(pid, nid, dirfd, path, follow=not flags & _AT_SYMLINK_NOFOLLOW)
 
         def touch() -> None:
-            self._syscall("utimensat", ctypes.c_int(r.parent_fd), os.fsencode(r.name), buf,
-                          ctypes.c_int(_AT_SYMLINK_NOFOLLOW))
+            self._syscall(
+                "utimensat",
+                ctypes.c_int(r.parent_fd),
+                os.fsencode(r.name),
+                buf,
+                ctypes.c_int(_AT_SYMLINK_NOFOLLOW),
+            )
 
         return self._with(r, touch, changes_inode=True)
 
@@ -1086,7 +1243,7 @@ def _own_fd_number(path: str) -> int | None:
     """N for ``/proc/self/fd/N``, ``/proc/thread-self/fd/N`` or ``/dev/fd/N``, else None."""
     for prefix in ("/proc/self/fd/", "/proc/thread-self/fd/", "/dev/fd/"):
         if path.startswith(prefix):
-            rest = path[len(prefix):]
+            rest = path[len(prefix) :]
             return int(rest) if rest.isdigit() else None
     return None
 

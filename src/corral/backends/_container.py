@@ -297,13 +297,13 @@ class ContainerBackend(Backend):
         # --- environment: an env file on a descriptor, never argv
         env = sandbox_env(request, policy, facts.environ)
         lines = []
-        for var, value in env:
-            if "\n" in value or "\0" in value:
+        for var, env_value in env:
+            if "\n" in env_value or "\0" in env_value:
                 raise UsageError(
                     f"Failed to pass the environment variable {var} to {self.name}: its value "
                     "contains a newline (container env files cannot carry it)"
                 )
-            lines.append(f"{var}={value}\n")
+            lines.append(f"{var}={env_value}\n")
         env_file = "".join(lines).encode()
 
         # --- argv

@@ -29,5 +29,7 @@ def broker_supported() -> str | None:
         return f"the write broker does not support the {machine} architecture"
     version = kernel_version()
     if version < (5, 14):
-        return f"Linux {version[0]}.{version[1]} lacks seccomp ADDFD_FLAG_SEND (needs 5.14 or newer)"
+        return (
+            f"Linux {version[0]}.{version[1]} lacks seccomp ADDFD_FLAG_SEND (needs 5.14 or newer)"
+        )
     return None

@@ -14,7 +14,13 @@ from __future__ import annotations
 from .._frozen import Record
 
 __all__ = [
-    "BrokerSpec", "CgroupSpec", "EgressSpec", "FdSpec", "HostFacts", "LaunchPlan", "PreviewSpec",
+    "BrokerSpec",
+    "CgroupSpec",
+    "EgressSpec",
+    "FdSpec",
+    "HostFacts",
+    "LaunchPlan",
+    "PreviewSpec",
 ]
 
 
@@ -165,6 +171,7 @@ class HostFacts(Record):
             if known == name:
                 return value
         return default
+
     egress_token: str = ""
     credential_files: tuple[tuple[str, str], ...] = ()
 

@@ -40,10 +40,14 @@ def _compile(arch: str) -> dict[str, object]:
     column = 0 if arch == "x86_64" else 1
     return {
         "deny": compile_filter(DENY_RULES, arch=arch, deny_unknown=True).hex(),
-        "deny+unix": compile_filter((*DENY_RULES, unix_socket_rule()), arch=arch, deny_unknown=True).hex(),
+        "deny+unix": compile_filter(
+            (*DENY_RULES, unix_socket_rule()), arch=arch, deny_unknown=True
+        ).hex(),
         "broker": compile_filter(BROKER_RULES, arch=arch, deny_unknown=False).hex(),
         "broker-syscalls": sorted(
-            [nr, name] for rule in BROKER_RULES for name in rule[0]
+            [nr, name]
+            for rule in BROKER_RULES
+            for name in rule[0]
             if (nr := SYSCALLS[name][column]) is not None
         ),
     }

@@ -173,92 +173,267 @@ _WRITE_OPEN = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC
 _MODE_USED = O_CREAT | O_TMPFILE_BIT
 
 DENY_RULES: tuple[Rule, ...] = (
-    (("ptrace",), "EPERM", None, "inspect or control other processes (and escape seccomp through them)"),
-    (("process_vm_readv", "process_vm_writev"), "EPERM", None, "read or write other processes' memory"),
+    (
+        ("ptrace",),
+        "EPERM",
+        None,
+        "inspect or control other processes (and escape seccomp through them)",
+    ),
+    (
+        ("process_vm_readv", "process_vm_writev"),
+        "EPERM",
+        None,
+        "read or write other processes' memory",
+    ),
     (("pidfd_getfd",), "EPERM", None, "steal open files from other processes"),
     (
-        ("mount", "umount2", "pivot_root", "chroot", "move_mount", "open_tree", "open_tree_attr",
-         "fsopen", "fsconfig", "fsmount", "fspick", "mount_setattr"),
-        "EPERM", None, "change the filesystem view the policy is built on",
+        (
+            "mount",
+            "umount2",
+            "pivot_root",
+            "chroot",
+            "move_mount",
+            "open_tree",
+            "open_tree_attr",
+            "fsopen",
+            "fsconfig",
+            "fsmount",
+            "fspick",
+            "mount_setattr",
+        ),
+        "EPERM",
+        None,
+        "change the filesystem view the policy is built on",
     ),
-    (("unshare", "setns"), "EPERM", None,
-     "enter or create namespaces (nested user namespaces expose root-only kernel code)"),
-    (("clone",), "EPERM", ("any", 0, CLONE_NAMESPACE_FLAGS),
-     "create namespaces while forking (same reason as unshare)"),
-    (("clone3",), "ENOSYS", None,
-     "its flags live in memory seccomp cannot read; libc falls back to clone, which is checked"),
-    (("keyctl", "add_key", "request_key"), "EPERM", None,
-     "the kernel keyring is not isolated by namespaces"),
+    (
+        ("unshare", "setns"),
+        "EPERM",
+        None,
+        "enter or create namespaces (nested user namespaces expose root-only kernel code)",
+    ),
+    (
+        ("clone",),
+        "EPERM",
+        ("any", 0, CLONE_NAMESPACE_FLAGS),
+        "create namespaces while forking (same reason as unshare)",
+    ),
+    (
+        ("clone3",),
+        "ENOSYS",
+        None,
+        "its flags live in memory seccomp cannot read; libc falls back to clone, which is checked",
+    ),
+    (
+        ("keyctl", "add_key", "request_key"),
+        "EPERM",
+        None,
+        "the kernel keyring is not isolated by namespaces",
+    ),
     (("bpf",), "EPERM", None, "eBPF programs widen the kernel attack surface"),
-    (("perf_event_open",), "EPERM", None, "performance counters: kernel attack surface and side channels"),
-    (("io_uring_setup", "io_uring_enter", "io_uring_register"), "EPERM", None,
-     "io_uring performs file and network operations that seccomp cannot see"),
+    (
+        ("perf_event_open",),
+        "EPERM",
+        None,
+        "performance counters: kernel attack surface and side channels",
+    ),
+    (
+        ("io_uring_setup", "io_uring_enter", "io_uring_register"),
+        "EPERM",
+        None,
+        "io_uring performs file and network operations that seccomp cannot see",
+    ),
     (("userfaultfd",), "EPERM", None, "a common kernel-exploitation primitive"),
     (
-        ("kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module", "reboot",
-         "swapon", "swapoff", "acct", "quotactl", "syslog", "lookup_dcookie", "uselib", "ioperm",
-         "iopl", "modify_ldt", "vhangup", "nfsservctl", "_sysctl", "settimeofday", "clock_settime",
-         "clock_adjtime", "adjtimex", "open_by_handle_at", "fanotify_init"),
-        "EPERM", None, "host administration; denied outright to shrink the kernel surface",
+        (
+            "kexec_load",
+            "kexec_file_load",
+            "init_module",
+            "finit_module",
+            "delete_module",
+            "reboot",
+            "swapon",
+            "swapoff",
+            "acct",
+            "quotactl",
+            "syslog",
+            "lookup_dcookie",
+            "uselib",
+            "ioperm",
+            "iopl",
+            "modify_ldt",
+            "vhangup",
+            "nfsservctl",
+            "_sysctl",
+            "settimeofday",
+            "clock_settime",
+            "clock_adjtime",
+            "adjtimex",
+            "open_by_handle_at",
+            "fanotify_init",
+        ),
+        "EPERM",
+        None,
+        "host administration; denied outright to shrink the kernel surface",
     ),
-    (("move_pages", "migrate_pages"), "EPERM", None, "move other processes' memory between NUMA nodes"),
-    (("socket",), "EPERM", ("eq", 0, AF_VSOCK),
-     "vsock is not network-namespaced: it reaches the hypervisor host"),
-    (("chmod", "fchmod"), "EPERM", ("any", 1, SETID_BITS),
-     "set-user-ID/set-group-ID files would run with their owner's rights on the host"),
-    (("fchmodat", "fchmodat2"), "EPERM", ("any", 2, SETID_BITS),
-     "set-user-ID/set-group-ID files would run with their owner's rights on the host"),
-    (("open",), "EPERM", ("all", ("any", 1, _MODE_USED), ("any", 2, SETID_BITS)),
-     "create set-user-ID/set-group-ID files"),
-    (("openat",), "EPERM", ("all", ("any", 2, _MODE_USED), ("any", 3, SETID_BITS)),
-     "create set-user-ID/set-group-ID files"),
-    (("creat", "mkdir", "mknod"), "EPERM", ("any", 1, SETID_BITS), "create set-user-ID/set-group-ID files"),
-    (("mkdirat", "mknodat"), "EPERM", ("any", 2, SETID_BITS), "create set-user-ID/set-group-ID files"),
+    (
+        ("move_pages", "migrate_pages"),
+        "EPERM",
+        None,
+        "move other processes' memory between NUMA nodes",
+    ),
+    (
+        ("socket",),
+        "EPERM",
+        ("eq", 0, AF_VSOCK),
+        "vsock is not network-namespaced: it reaches the hypervisor host",
+    ),
+    (
+        ("chmod", "fchmod"),
+        "EPERM",
+        ("any", 1, SETID_BITS),
+        "set-user-ID/set-group-ID files would run with their owner's rights on the host",
+    ),
+    (
+        ("fchmodat", "fchmodat2"),
+        "EPERM",
+        ("any", 2, SETID_BITS),
+        "set-user-ID/set-group-ID files would run with their owner's rights on the host",
+    ),
+    (
+        ("open",),
+        "EPERM",
+        ("all", ("any", 1, _MODE_USED), ("any", 2, SETID_BITS)),
+        "create set-user-ID/set-group-ID files",
+    ),
+    (
+        ("openat",),
+        "EPERM",
+        ("all", ("any", 2, _MODE_USED), ("any", 3, SETID_BITS)),
+        "create set-user-ID/set-group-ID files",
+    ),
+    (
+        ("creat", "mkdir", "mknod"),
+        "EPERM",
+        ("any", 1, SETID_BITS),
+        "create set-user-ID/set-group-ID files",
+    ),
+    (
+        ("mkdirat", "mknodat"),
+        "EPERM",
+        ("any", 2, SETID_BITS),
+        "create set-user-ID/set-group-ID files",
+    ),
 )
 
 
 def unix_socket_rule() -> Rule:
     """The row that denies ``socket(AF_UNIX, ...)`` unless ``network.allowUnixSockets``."""
-    return (("socket",), "EPERM", ("eq", 0, AF_UNIX),
-            "host unix sockets (docker.sock, ssh-agent, D-Bus) are reachable by path; "
-            "socketpair() still works")
+    return (
+        ("socket",),
+        "EPERM",
+        ("eq", 0, AF_UNIX),
+        "host unix sockets (docker.sock, ssh-agent, D-Bus) are reachable by path; "
+        "socketpair() still works",
+    )
 
 
 BROKER_RULES: tuple[Rule, ...] = (
-    (("openat2",), "ENOSYS", None,
-     "its flags live in memory seccomp cannot read; libc and runtimes fall back to openat"),
+    (
+        ("openat2",),
+        "ENOSYS",
+        None,
+        "its flags live in memory seccomp cannot read; libc and runtimes fall back to openat",
+    ),
     (("open",), "NOTIFY", ("any", 1, _WRITE_OPEN), "opening for writing or creating a file"),
     (("openat",), "NOTIFY", ("any", 2, _WRITE_OPEN), "opening for writing or creating a file"),
     (("utimensat",), "NOTIFY", ("nonzero64", 1), "changing timestamps by path"),
     (
-        ("creat", "mkdir", "mkdirat", "mknod", "mknodat", "symlink", "symlinkat", "link", "linkat",
-         "rename", "renameat", "renameat2", "unlink", "unlinkat", "rmdir", "chmod", "fchmodat",
-         "fchmodat2", "chown", "lchown", "fchownat", "truncate", "utime", "utimes", "futimesat",
-         "setxattr", "lsetxattr", "removexattr", "lremovexattr"),
-        "NOTIFY", None, "creating, renaming, deleting or changing a file by path",
+        (
+            "creat",
+            "mkdir",
+            "mkdirat",
+            "mknod",
+            "mknodat",
+            "symlink",
+            "symlinkat",
+            "link",
+            "linkat",
+            "rename",
+            "renameat",
+            "renameat2",
+            "unlink",
+            "unlinkat",
+            "rmdir",
+            "chmod",
+            "fchmodat",
+            "fchmodat2",
+            "chown",
+            "lchown",
+            "fchownat",
+            "truncate",
+            "utime",
+            "utimes",
+            "futimesat",
+            "setxattr",
+            "lsetxattr",
+            "removexattr",
+            "lremovexattr",
+        ),
+        "NOTIFY",
+        None,
+        "creating, renaming, deleting or changing a file by path",
     ),
 )
 
 
 AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
-FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR, TIOCSTI = 0x40086602, 0x40046602, 0x401C5820, 0x5412
+FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR, TIOCSTI = (
+    0x40086602,
+    0x40046602,
+    0x401C5820,
+    0x5412,
+)
 
 #: Rows for ``network.mode = "none"`` where no network namespace exists
 #: (landlock): Landlock governs TCP ports only, so sockets of the IP families
 #: are not created at all.
 INET_SOCKET_RULES: tuple[Rule, ...] = (
-    (("socket",), "EACCES", ("eq", 0, AF_INET), "network.mode none without a network namespace: no IPv4 sockets"),
-    (("socket",), "EACCES", ("eq", 0, AF_INET6), "network.mode none without a network namespace: no IPv6 sockets"),
-    (("socket",), "EACCES", ("eq", 0, AF_PACKET), "raw link-layer sockets reach the host's interfaces"),
+    (
+        ("socket",),
+        "EACCES",
+        ("eq", 0, AF_INET),
+        "network.mode none without a network namespace: no IPv4 sockets",
+    ),
+    (
+        ("socket",),
+        "EACCES",
+        ("eq", 0, AF_INET6),
+        "network.mode none without a network namespace: no IPv6 sockets",
+    ),
+    (
+        ("socket",),
+        "EACCES",
+        ("eq", 0, AF_PACKET),
+        "raw link-layer sockets reach the host's interfaces",
+    ),
 )
 
 #: Extra deny rows for process-level backends (no namespaces, no read-only
 #: mounts): calls that would change host state Landlock does not govern.
 PROCESS_LEVEL_DENY_RULES: tuple[Rule, ...] = (
-    (("setxattrat", "removexattrat", "file_setattr"), "EPERM", None,
-     "metadata changes by path that Landlock does not govern; libc uses setxattr, which the broker checks"),
+    (
+        ("setxattrat", "removexattrat", "file_setattr"),
+        "EPERM",
+        None,
+        "metadata changes by path that Landlock does not govern; libc uses setxattr, which the broker checks",
+    ),
     (("ioctl",), "EPERM", ("eq", 1, FS_IOC_SETFLAGS), "inode flags of host files (chattr)"),
-    (("ioctl",), "EPERM", ("eq", 1, FS_IOC32_SETFLAGS), "inode flags of host files (chattr, 32-bit)"),
+    (
+        ("ioctl",),
+        "EPERM",
+        ("eq", 1, FS_IOC32_SETFLAGS),
+        "inode flags of host files (chattr, 32-bit)",
+    ),
     (("ioctl",), "EPERM", ("eq", 1, FS_IOC_FSSETXATTR), "extended inode attributes of host files"),
     (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
 )
@@ -266,7 +441,11 @@ PROCESS_LEVEL_DENY_RULES: tuple[Rule, ...] = (
 #: Broker rows added where the broker must also confine metadata changes
 #: through file descriptors (see ``BrokerSpec.confine_metadata``).
 METADATA_BROKER_RULES: tuple[Rule, ...] = (
-    (("fchmod", "fchown", "fsetxattr", "fremovexattr"), "NOTIFY", None,
-     "changing metadata through a file descriptor: Landlock does not govern it"),
+    (
+        ("fchmod", "fchown", "fsetxattr", "fremovexattr"),
+        "NOTIFY",
+        None,
+        "changing metadata through a file descriptor: Landlock does not govern it",
+    ),
     (("utimensat",), "NOTIFY", None, "changing timestamps through a file descriptor (futimens)"),
 )

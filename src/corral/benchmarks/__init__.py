@@ -37,8 +37,17 @@ class Row:
 
     __slots__ = ("baseline", "name", "note", "samples", "target", "unit", "value")
 
-    def __init__(self, name: str, value: float, *, unit: str = "ms", samples: int = 0,
-                 baseline: str | None = None, target: str | None = None, note: str = "") -> None:
+    def __init__(
+        self,
+        name: str,
+        value: float,
+        *,
+        unit: str = "ms",
+        samples: int = 0,
+        baseline: str | None = None,
+        target: str | None = None,
+        note: str = "",
+    ) -> None:
         self.name = name
         self.value = value
         self.unit = unit
@@ -61,7 +70,9 @@ class Context:
         self.corral = list(corral)  # how to start the corral CLI
         self.python = sys.executable
 
-    def median_ms(self, fn: Callable[[], object], runs: int | None = None, warmup: int = 2) -> float:
+    def median_ms(
+        self, fn: Callable[[], object], runs: int | None = None, warmup: int = 2
+    ) -> float:
         """Median wall time of *fn* in milliseconds."""
         for _ in range(warmup):
             fn()
@@ -72,16 +83,29 @@ class Context:
             times.append((time.perf_counter() - start) * 1000)
         return statistics.median(times)
 
-    def median_cmd_ms(self, argv: Sequence[str], runs: int | None = None, env: dict[str, str] | None = None,
-                      cwd: str | None = None) -> float:
+    def median_cmd_ms(
+        self,
+        argv: Sequence[str],
+        runs: int | None = None,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> float:
         """Median wall time of running *argv* to completion (output discarded)."""
 
         def once() -> None:
-            result = subprocess.run(list(argv), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                    env=env, cwd=cwd or self.workspace, check=False)
+            result = subprocess.run(
+                list(argv),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=env,
+                cwd=cwd or self.workspace,
+                check=False,
+            )
             if result.returncode != 0:
-                raise RuntimeError(f"{argv[:3]}... exited {result.returncode}: "
-                                   f"{result.stderr.decode(errors='replace')[-300:]}")
+                raise RuntimeError(
+                    f"{argv[:3]}... exited {result.returncode}: "
+                    f"{result.stderr.decode(errors='replace')[-300:]}"
+                )
 
         return self.median_ms(once, runs)
 

@@ -28,7 +28,9 @@ def _bwrap() -> str | None:
 
 def _import_ms(ctx: Context) -> float:
     """Start-up added by importing the ``corral run`` path (median, ms)."""
-    code = "import corral.cli.commands.run, corral._runner, corral._engine, corral.backends.bubblewrap"
+    code = (
+        "import corral.cli.commands.run, corral._runner, corral._engine, corral.backends.bubblewrap"
+    )
     with_imports = ctx.median_cmd_ms([ctx.python, "-c", code])
     bare = ctx.median_cmd_ms([ctx.python, "-c", "pass"])
     return with_imports - bare
@@ -45,23 +47,61 @@ def run(ctx: Context) -> list[Row]:
     bwrap = _bwrap()
     raw = None
     if bwrap:
-        raw = ctx.median_cmd_ms([bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-                                 "--tmpfs", "/tmp", "--bind", ws, ws, "--unshare-all", "--die-with-parent",
-                                 "--new-session", "true"])
+        raw = ctx.median_cmd_ms(
+            [
+                bwrap,
+                "--ro-bind",
+                "/",
+                "/",
+                "--dev",
+                "/dev",
+                "--proc",
+                "/proc",
+                "--tmpfs",
+                "/tmp",
+                "--bind",
+                ws,
+                ws,
+                "--unshare-all",
+                "--die-with-parent",
+                "--new-session",
+                "true",
+            ]
+        )
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
         rows.append(Row("python -c pass + raw bwrap", py + raw, note="baseline for corral run"))
     env = dict(os.environ)
     cli_default = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=env)
-    rows.append(Row("corral run -- true (default policy)", cli_default, samples=ctx.runs,
-                    baseline="python -c pass + raw bwrap",
-                    target="<= 1.3x", note=_ratio(cli_default, py + raw if raw else None)))
+    rows.append(
+        Row(
+            "corral run -- true (default policy)",
+            cli_default,
+            samples=ctx.runs,
+            baseline="python -c pass + raw bwrap",
+            target="<= 1.3x",
+            note=_ratio(cli_default, py + raw if raw else None),
+        )
+    )
     cli_nolimits = ctx.median_cmd_ms([*ctx.corral, "run", *NO_LIMITS, "--", "true"], env=env)
-    rows.append(Row("corral run -- true (no limits)", cli_nolimits, samples=ctx.runs,
-                    baseline="python -c pass + raw bwrap", target="<= 1.3x",
-                    note=_ratio(cli_nolimits, py + raw if raw else None)))
+    rows.append(
+        Row(
+            "corral run -- true (no limits)",
+            cli_nolimits,
+            samples=ctx.runs,
+            baseline="python -c pass + raw bwrap",
+            target="<= 1.3x",
+            note=_ratio(cli_nolimits, py + raw if raw else None),
+        )
+    )
     rows += _api_rows(ctx, raw)
-    rows.append(Row("import time of the run path", _import_ms(ctx), samples=ctx.runs,
-                    note="python -c 'import corral.cli.commands.run ...' minus python -c pass"))
+    rows.append(
+        Row(
+            "import time of the run path",
+            _import_ms(ctx),
+            samples=ctx.runs,
+            note="python -c 'import corral.cli.commands.run ...' minus python -c pass",
+        )
+    )
     return rows
 
 
@@ -89,6 +129,14 @@ def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
 
         value = ctx.median_ms(once)
         target = "<= 1.5x" if label == "no limits" else None
-        rows.append(Row(f"in-process API run(['true']) ({label})", value, samples=ctx.runs,
-                        baseline="raw bwrap", target=target, note=_ratio(value, raw)))
+        rows.append(
+            Row(
+                f"in-process API run(['true']) ({label})",
+                value,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                target=target,
+                note=_ratio(value, raw),
+            )
+        )
     return rows

@@ -26,15 +26,27 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "apply": ("corral.cli.commands.apply", "land a preview's changes in the workspace"),
     "discard": ("corral.cli.commands.discard", "drop a preview"),
     "previews": ("corral.cli.commands.previews", "list the previews"),
-    "policy": ("corral.cli.commands.policy", "show the effective policy (--explain: where each value comes from)"),
+    "policy": (
+        "corral.cli.commands.policy",
+        "show the effective policy (--explain: where each value comes from)",
+    ),
     "trust": ("corral.cli.commands.trust", "trust this project's settings files"),
-    "doctor": ("corral.cli.commands.doctor", "what works on this machine, and how to fix what doesn't"),
+    "doctor": (
+        "corral.cli.commands.doctor",
+        "what works on this machine, and how to fix what doesn't",
+    ),
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
-    "image": ("corral.cli.commands.image", "build a Debian image from apt (no registry) for container backends"),
+    "image": (
+        "corral.cli.commands.image",
+        "build a Debian image from apt (no registry) for container backends",
+    ),
     "hook": ("corral.cli.commands.hook", "Claude Code hook entry (PreToolUse JSON on stdin)"),
     "install": ("corral.cli.commands.install", "install the Claude Code hook into settings.json"),
-    "wrap-plugin": ("corral.cli.commands.wrap_plugin", "run another plugin's hooks and MCP servers in corral"),
+    "wrap-plugin": (
+        "corral.cli.commands.wrap_plugin",
+        "run another plugin's hooks and MCP servers in corral",
+    ),
     "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
 }
 
@@ -85,7 +97,9 @@ def _finish_interrupted_applies() -> None:
 
 def _usage() -> str:
     width = max(len(name) for name in COMMANDS)
-    lines = "\n".join(f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items())
+    lines = "\n".join(
+        f"  {name.ljust(width)}  {summary}" for name, (_, summary) in COMMANDS.items()
+    )
     return USAGE.format(commands=lines)
 
 
@@ -105,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
         import difflib
 
         close = difflib.get_close_matches(command, list(COMMANDS), n=1)
-        print_error(f"unknown command {command!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
-                    "run 'corral --help' for the list of commands")
+        print_error(
+            f"unknown command {command!r}" + (f" (did you mean {close[0]!r}?)" if close else ""),
+            "run 'corral --help' for the list of commands",
+        )
         return EXIT_USAGE
     if command not in _NO_RECOVERY:
         _finish_interrupted_applies()

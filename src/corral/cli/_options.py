@@ -24,23 +24,53 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--backend", "value", "backend", "backend to use (auto, bubblewrap, none, ...)"),
     ("--isolation", "value", "isolation", "minimum isolation: process, namespace, kernel, vm"),
     ("--profile", "value", "@profile", "apply the named settings profile"),
-    ("--workspace", "value", "filesystem.workspace", "project directory (default: git top-level, else cwd)"),
+    (
+        "--workspace",
+        "value",
+        "filesystem.workspace",
+        "project directory (default: git top-level, else cwd)",
+    ),
     ("--read-only", "flag", "filesystem.readOnly", "mount the workspace read-only too"),
     ("--allow-write", "append", "filesystem.allowWrite", "also writable: PATH (repeatable)"),
     ("--deny-write", "append", "filesystem.denyWrite", "never writable: PATH or glob (repeatable)"),
-    ("--allow-read", "append", "filesystem.allowRead", "re-expose PATH under a hidden one (repeatable)"),
+    (
+        "--allow-read",
+        "append",
+        "filesystem.allowRead",
+        "re-expose PATH under a hidden one (repeatable)",
+    ),
     ("--deny-read", "append", "filesystem.denyRead", "hide PATH (repeatable)"),
     ("--net", "value", "network.mode", "network: none, allowlist or open"),
-    ("--allow-host", "append", "network.allow", "allow egress to HOST (implies --net allowlist; repeatable)"),
-    ("--allow-unix-sockets", "flag", "network.allowUnixSockets", "let the command create AF_UNIX sockets"),
-    ("--memory", "value", "resources.memory", "memory limit for the whole tree, e.g. 512M, 2G ('none': no limit)"),
+    (
+        "--allow-host",
+        "append",
+        "network.allow",
+        "allow egress to HOST (implies --net allowlist; repeatable)",
+    ),
+    (
+        "--allow-unix-sockets",
+        "flag",
+        "network.allowUnixSockets",
+        "let the command create AF_UNIX sockets",
+    ),
+    (
+        "--memory",
+        "value",
+        "resources.memory",
+        "memory limit for the whole tree, e.g. 512M, 2G ('none': no limit)",
+    ),
     ("--pids", "value", "resources.pids", "process/thread limit"),
     ("--cpus", "value", "resources.cpus", "CPU bandwidth in cores, e.g. 1.5"),
     ("--cpu-time", "value", "resources.cpuTime", "CPU time per process, e.g. 60s"),
     ("--timeout", "value", "resources.timeout", "wall-clock timeout, e.g. 30s, 10m"),
     ("--max-output", "value", "resources.output", "cap on stdout+stderr, e.g. 10M"),
     ("--env", "append", "@env", "NAME=VALUE sets, NAME passes the host's value (repeatable)"),
-    ("--allow-degraded", "append", "allowDegraded", "run even if RULE cannot be enforced here (recorded)"),
+    (
+        "--allow-degraded",
+        "append",
+        "allowDegraded",
+        "run even if RULE cannot be enforced here (recorded)",
+    ),
     ("--settings", "append", "@settings", "an extra settings FILE (trusted; repeatable)"),
     ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE"),
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
@@ -55,8 +85,17 @@ _FLOAT_KEYS = {"resources.cpus"}
 class RunOptions:
     """The parsed command line of ``run``/``shell``/``preview``."""
 
-    __slots__ = ("agent_session", "argv", "extra", "flags", "json_out", "profile", "settings_files",
-                 "shell", "shell_program")
+    __slots__ = (
+        "agent_session",
+        "argv",
+        "extra",
+        "flags",
+        "json_out",
+        "profile",
+        "settings_files",
+        "shell",
+        "shell_program",
+    )
 
     def __init__(self) -> None:
         self.flags: dict[str, Any] = {}
@@ -81,8 +120,9 @@ def _set(flags: dict[str, Any], dotted: str, value: Any, *, append: bool) -> Non
         node[parts[-1]] = value
 
 
-def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
-                      command_required: bool = True) -> RunOptions:
+def parse_run_options(
+    args: list[str], *, extra: dict[str, str] | None = None, command_required: bool = True
+) -> RunOptions:
     """Parse *args*; ``extra`` adds subcommand-specific options (name -> "flag"/"value"/"append").
 
     The command starts after ``--`` or at the first word that is not an option.
@@ -118,8 +158,10 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
 
             known = [*_BY_NAME, *extra]
             close = difflib.get_close_matches(name, known, n=1)
-            raise UsageError(f"unknown option {name}" + (f" (did you mean {close[0]}?)" if close else ""),
-                             hint="run with --help for the options")
+            raise UsageError(
+                f"unknown option {name}" + (f" (did you mean {close[0]}?)" if close else ""),
+                hint="run with --help for the options",
+            )
         kind, target = _BY_NAME[name]
         if kind == "flag":
             if eq:
@@ -161,14 +203,18 @@ def parse_run_options(args: list[str], *, extra: dict[str, str] | None = None,
             _set(opts.flags, target, typed, append=kind == "append")
     network = opts.flags.get("network", {})
     if "allow" in network and network.get("mode") != "allowlist":
-        raise UsageError(f"--allow-host needs --net allowlist, not --net {network.get('mode')}",
-                         hint="drop --net (--allow-host implies allowlist) or drop --allow-host")
+        raise UsageError(
+            f"--allow-host needs --net allowlist, not --net {network.get('mode')}",
+            hint="drop --net (--allow-host implies allowlist) or drop --allow-host",
+        )
     if opts.shell is not None and opts.argv:
         raise UsageError("give either -c STRING or a command, not both")
     if opts.shell_program is not None and opts.shell is None:
         raise UsageError("--shell goes with -c STRING")
     if command_required and opts.shell is None and not opts.argv:
-        raise UsageError("no command given", hint="corral run [OPTIONS] -- COMMAND [ARG...]  or  -c 'STRING'")
+        raise UsageError(
+            "no command given", hint="corral run [OPTIONS] -- COMMAND [ARG...]  or  -c 'STRING'"
+        )
     return opts
 
 
@@ -205,5 +251,7 @@ def run_options_help(command: str, summary: str, extra: tuple[tuple[str, str], .
     rows += list(extra)
     width = max(len(r[0]) for r in rows)
     body = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in rows)
-    return (f"usage: corral {command} [OPTIONS] -- COMMAND [ARG...]\n"
-            f"       corral {command} [OPTIONS] -c 'STRING'\n\n{summary}\n\noptions:\n{body}\n")
+    return (
+        f"usage: corral {command} [OPTIONS] -- COMMAND [ARG...]\n"
+        f"       corral {command} [OPTIONS] -c 'STRING'\n\n{summary}\n\noptions:\n{body}\n"
+    )

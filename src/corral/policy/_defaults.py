@@ -50,7 +50,10 @@ SECRET_PATHS: tuple[tuple[str, str], ...] = (
     ("~/.config/chromium", "Chromium profiles: cookies and saved passwords"),
     ("~/.config/BraveSoftware", "Brave profiles: cookies and saved passwords"),
     ("~/.claude/.credentials.json", "Claude Code's own OAuth credentials"),
-    ("~/.config/corral", "corral's user settings: the sandbox must not learn or probe its own policy"),
+    (
+        "~/.config/corral",
+        "corral's user settings: the sandbox must not learn or probe its own policy",
+    ),
     ("~/.local/state/corral", "corral's audit log, trust records and previews"),
 )
 
@@ -70,7 +73,10 @@ PROTECTED_PATTERNS: tuple[tuple[str, str], ...] = (
     ("**/.zlogout", "run when a zsh login shell exits"),
     ("**/.config/fish/**", "fish configuration and functions run by every fish"),
     ("**/.git/hooks/**", "git runs hooks on commit, checkout, merge, push"),
-    ("**/.git/config", "git config can name programs (core.fsmonitor, core.sshCommand, aliases, filters)"),
+    (
+        "**/.git/config",
+        "git config can name programs (core.fsmonitor, core.sshCommand, aliases, filters)",
+    ),
     ("**/.git/modules/**/hooks/**", "hooks of submodules"),
     ("**/.git/modules/**/config", "git config of submodules"),
     ("**/.git/worktrees/*/config.worktree", "per-worktree git config"),

@@ -567,7 +567,7 @@ INTEGRATION_KEYS: tuple[Key, ...] = (
         tighten=REMOVALS,
         override=False,
         description=(
-            "Command-line globs (\"docker build*\") that the Claude Code hook does not "
+            'Command-line globs ("docker build*") that the Claude Code hook does not '
             "sandbox: it answers `ask`, so Claude Code asks the user before running the "
             "command WITHOUT corral. The glob is matched against the whole command line, "
             "so `docker build*` also matches `docker build . && rm -rf ~`; the user sees it."

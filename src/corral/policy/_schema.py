@@ -305,10 +305,11 @@ _MERGE_TEXT = {
 
 
 def _type_text(row: k.Key) -> str:
-    if row.kind == k.ENUM:
-        text = "one of " + ", ".join(f'`"{c}"`' for c in row.choices)
-    else:
-        text = _TYPE_TEXT[row.kind]
+    text = (
+        "one of " + ", ".join(f'`"{c}"`' for c in row.choices)
+        if row.kind == k.ENUM
+        else _TYPE_TEXT[row.kind]
+    )
     if row.nullable:
         text += ", or `null`" + (" (no limit)" if row.path.startswith("resources.") else "")
     return text

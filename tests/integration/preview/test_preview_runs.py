@@ -400,7 +400,10 @@ def test_a_kept_preview_continues_after_apply_without_false_conflicts(world):
     assert not first.preview_removed
     assert world.read("a.txt") == "base\none\n"
     assert world.run(preview, "echo two >> a.txt; echo c > c.txt").returncode == 0
-    assert [(c.kind, c.path) for c in preview.changes()] == [("modified", "a.txt"), ("added", "c.txt")]
+    assert [(c.kind, c.path) for c in preview.changes()] == [
+        ("modified", "a.txt"),
+        ("added", "c.txt"),
+    ]
     preview.apply()
     assert world.read("a.txt") == "base\none\ntwo\n"
     world_tree = tree(world.workspace)

@@ -13,14 +13,17 @@ pytestmark = needs_bwrap
 
 
 def test_tmpdirs_of_killed_sessions_are_swept(world: World) -> None:
-    code = ("import os, sys\n"
-            "from corral import Sandbox\n"
-            f"s = Sandbox(workspace={world.workspace!r}, environ={world.environ!r})\n"
-            "s.exec(['sh', '-c', 'echo data > /tmp/left-behind'])\n"
-            "print(s.tmp_dir, flush=True)\n"
-            "os._exit(0)  # no close(): as if killed\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env=world.environ)
+    code = (
+        "import os, sys\n"
+        "from corral import Sandbox\n"
+        f"s = Sandbox(workspace={world.workspace!r}, environ={world.environ!r})\n"
+        "s.exec(['sh', '-c', 'echo data > /tmp/left-behind'])\n"
+        "print(s.tmp_dir, flush=True)\n"
+        "os._exit(0)  # no close(): as if killed\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=world.environ
+    )
     leftover = out.stdout.strip()
     assert os.path.exists(os.path.join(leftover, "left-behind"))
     with Sandbox(workspace=world.workspace, environ=world.environ) as sbx:

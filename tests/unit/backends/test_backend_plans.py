@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from corral._exceptions import BackendUnavailable, EnforcementUnavailable
 from corral._request import ExecRequest
 from corral.backends import HostFacts, get_backend
 from corral.backends._image_ref import ImageRef

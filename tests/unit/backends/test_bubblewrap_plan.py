@@ -18,11 +18,29 @@ HOME = "/home/me"
 
 def facts(**overrides: object) -> HostFacts:
     base = {
-        "uid": 1000, "gid": 1000, "home": HOME, "arch": "x86_64", "bwrap": "/usr/bin/bwrap", "bwrap_version": (0, 8, 0),
-        "helper": "/opt/corral/_bin/corral-exec", "broker_problem": None, "cgroup_problem": None,
-        "path_kinds": ((WS, "dir"), (f"{HOME}/.ssh", "dir"), (f"{HOME}/.netrc", "file"), (f"{WS}/.git/hooks", "dir")),
-        "environ": (("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"),
-                 ("AWS_SECRET_ACCESS_KEY", "xxx"), ("TERM", "xterm")),
+        "uid": 1000,
+        "gid": 1000,
+        "home": HOME,
+        "arch": "x86_64",
+        "bwrap": "/usr/bin/bwrap",
+        "bwrap_version": (0, 8, 0),
+        "helper": "/opt/corral/_bin/corral-exec",
+        "broker_problem": None,
+        "cgroup_problem": None,
+        "path_kinds": (
+            (WS, "dir"),
+            (f"{HOME}/.ssh", "dir"),
+            (f"{HOME}/.netrc", "file"),
+            (f"{WS}/.git/hooks", "dir"),
+        ),
+        "environ": (
+            ("PATH", "/usr/bin:/bin"),
+            ("HOME", HOME),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C"),
+            ("AWS_SECRET_ACCESS_KEY", "xxx"),
+            ("TERM", "xterm"),
+        ),
     }
     base.update(overrides)
     return HostFacts(**base)  # type: ignore[arg-type]
@@ -30,8 +48,12 @@ def facts(**overrides: object) -> HostFacts:
 
 def policy(**resources: object) -> Policy:
     p = Policy.for_workspace(WS, home=HOME)
-    p = p.replace(filesystem=p.filesystem.replace(deny_read=(f"{HOME}/.ssh", f"{HOME}/.netrc", f"{HOME}/.aws"),
-                                                  protect=("**/.git/hooks/**", "**/.bashrc")))
+    p = p.replace(
+        filesystem=p.filesystem.replace(
+            deny_read=(f"{HOME}/.ssh", f"{HOME}/.netrc", f"{HOME}/.aws"),
+            protect=("**/.git/hooks/**", "**/.bashrc"),
+        )
+    )
     return p.replace(resources=ResourceLimits(**resources))  # type: ignore[arg-type]
 
 
@@ -40,47 +62,123 @@ def request(**kw: object) -> ExecRequest:
 
 
 def broker_names() -> tuple[tuple[int, str], ...]:
-    return tuple(sorted((SYSCALLS[name][0], name) for rule in BROKER_RULES for name in rule[0]
-                        if SYSCALLS[name][0] is not None))  # type: ignore[misc]
+    return tuple(
+        sorted(
+            (SYSCALLS[name][0], name)
+            for rule in BROKER_RULES
+            for name in rule[0]
+            if SYSCALLS[name][0] is not None
+        )
+    )  # type: ignore[misc]
 
 
 COMMON = [
-    "/usr/bin/bwrap", "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try",
-    "--unshare-net", "--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-    "--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-    "--ro-bind", "/opt/corral/_bin/corral-exec", "/dev/.corral-exec", "--tmpfs", "/tmp", "--tmpfs", "/var/tmp",
+    "/usr/bin/bwrap",
+    "--unshare-user",
+    "--unshare-ipc",
+    "--unshare-pid",
+    "--unshare-uts",
+    "--unshare-cgroup-try",
+    "--unshare-net",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+    "--hostname",
+    "corral",
+    "--ro-bind",
+    "/",
+    "/",
+    "--dev",
+    "/dev",
+    "--proc",
+    "/proc",
+    "--ro-bind",
+    "/opt/corral/_bin/corral-exec",
+    "/dev/.corral-exec",
+    "--tmpfs",
+    "/tmp",
+    "--tmpfs",
+    "/var/tmp",
 ]
 
 
 def test_default_plan_in_full() -> None:
-    plan = BubblewrapBackend().plan(request(), policy(memory=1 << 30, pids=64, timeout=30.0, output=1000),
-                                    facts())
+    plan = BubblewrapBackend().plan(
+        request(), policy(memory=1 << 30, pids=64, timeout=30.0, output=1000), facts()
+    )
     expected = LaunchPlan(
         backend="bubblewrap",
         sandbox_id="sbx-000000000001",
-        argv=(*COMMON,
-              "--ro-bind", WS, WS,  # read-only: the write broker performs allowed writes
-              "--ro-bind", "/dev/null", f"{HOME}/.netrc",  # secrets, sorted; missing ones skipped
-              "--tmpfs", f"{HOME}/.ssh", "--remount-ro", f"{HOME}/.ssh",
-              "--chdir", WS, "--info-fd", "7", "--block-fd", "8",
-              "--", "/dev/.corral-exec", "--status-fd", "3", "--seccomp-fd", "4",
-              "--notify-fd", "5", "--notify-sock", "6", "--", "pytest", "-q"),
-        env=(("PATH", "/usr/bin:/bin"), ("HOME", HOME), ("LANG", "C.UTF-8"), ("LC_ALL", "C"), ("TERM", "xterm"),
-             ("TMPDIR", "/tmp"), ("CORRAL_SANDBOX_ID", "sbx-000000000001")),
+        argv=(
+            *COMMON,
+            "--ro-bind",
+            WS,
+            WS,  # read-only: the write broker performs allowed writes
+            "--ro-bind",
+            "/dev/null",
+            f"{HOME}/.netrc",  # secrets, sorted; missing ones skipped
+            "--tmpfs",
+            f"{HOME}/.ssh",
+            "--remount-ro",
+            f"{HOME}/.ssh",
+            "--chdir",
+            WS,
+            "--info-fd",
+            "7",
+            "--block-fd",
+            "8",
+            "--",
+            "/dev/.corral-exec",
+            "--status-fd",
+            "3",
+            "--seccomp-fd",
+            "4",
+            "--notify-fd",
+            "5",
+            "--notify-sock",
+            "6",
+            "--",
+            "pytest",
+            "-q",
+        ),
+        env=(
+            ("PATH", "/usr/bin:/bin"),
+            ("HOME", HOME),
+            ("LANG", "C.UTF-8"),
+            ("LC_ALL", "C"),
+            ("TERM", "xterm"),
+            ("TMPDIR", "/tmp"),
+            ("CORRAL_SANDBOX_ID", "sbx-000000000001"),
+        ),
         cwd="/",
         fds=(
             FdSpec(number=3, kind="status"),
-            FdSpec(number=4, kind="data", data=compile_filter((*DENY_RULES, unix_socket_rule()), arch="x86_64",
-                                                              deny_unknown=True)),
-            FdSpec(number=5, kind="data", data=compile_filter(BROKER_RULES, arch="x86_64", deny_unknown=False)),
+            FdSpec(
+                number=4,
+                kind="data",
+                data=compile_filter(
+                    (*DENY_RULES, unix_socket_rule()), arch="x86_64", deny_unknown=True
+                ),
+            ),
+            FdSpec(
+                number=5,
+                kind="data",
+                data=compile_filter(BROKER_RULES, arch="x86_64", deny_unknown=False),
+            ),
             FdSpec(number=6, kind="notify-sock"),
             FdSpec(number=7, kind="info"),
             FdSpec(number=8, kind="block"),
         ),
-        broker=BrokerSpec(roots=((WS, WS),),
-                          patterns=(("**/.git/hooks/**", "filesystem.protect: **/.git/hooks/**"),
-                                    ("**/.bashrc", "filesystem.protect: **/.bashrc")),
-                          syscall_names=broker_names()),
+        broker=BrokerSpec(
+            roots=((WS, WS),),
+            patterns=(
+                ("**/.git/hooks/**", "filesystem.protect: **/.git/hooks/**"),
+                ("**/.bashrc", "filesystem.protect: **/.bashrc"),
+            ),
+            syscall_names=broker_names(),
+        ),
         cgroup=CgroupSpec(memory=1 << 30, pids=64),
         timeout=30.0,
         kill_grace=2.0,
@@ -91,7 +189,9 @@ def test_default_plan_in_full() -> None:
 
 
 def test_plan_is_pure_and_repeatable() -> None:
-    assert BubblewrapBackend().plan(request(), policy(), facts()) == BubblewrapBackend().plan(request(), policy(), facts())
+    assert BubblewrapBackend().plan(request(), policy(), facts()) == BubblewrapBackend().plan(
+        request(), policy(), facts()
+    )
 
 
 def test_read_only_workspace_needs_no_broker() -> None:
@@ -99,7 +199,7 @@ def test_read_only_workspace_needs_no_broker() -> None:
     p = p.replace(filesystem=p.filesystem.replace(read_only=True))
     plan = BubblewrapBackend().plan(request(), p, facts())
     assert plan.broker is None
-    assert plan.argv[COMMON.__len__():COMMON.__len__() + 3] == ("--ro-bind", WS, WS)
+    assert plan.argv[COMMON.__len__() : COMMON.__len__() + 3] == ("--ro-bind", WS, WS)
     assert "--notify-fd" not in plan.argv
 
 
@@ -123,7 +223,9 @@ def test_allowed_write_paths_are_supervised_too() -> None:
 def test_secrets_under_private_tmp_are_not_masked_twice() -> None:
     p = policy()
     p = p.replace(filesystem=p.filesystem.replace(deny_read=("/tmp/secret",)))
-    plan = BubblewrapBackend().plan(request(), p, facts(path_kinds=((WS, "dir"), ("/tmp/secret", "dir"))))
+    plan = BubblewrapBackend().plan(
+        request(), p, facts(path_kinds=((WS, "dir"), ("/tmp/secret", "dir")))
+    )
     assert "/tmp/secret" not in plan.argv
 
 
@@ -135,7 +237,9 @@ def test_environment_is_an_allowlist() -> None:
 
 
 def test_cpu_time_and_request_timeout() -> None:
-    plan = BubblewrapBackend().plan(request(timeout=5.0), policy(cpu_time=10.0, timeout=60.0), facts())
+    plan = BubblewrapBackend().plan(
+        request(timeout=5.0), policy(cpu_time=10.0, timeout=60.0), facts()
+    )
     assert plan.timeout == 5.0
     i = plan.argv.index("--rlimit")
     assert plan.argv[i + 1] == "cpu=10:11"
@@ -147,7 +251,9 @@ def test_missing_bwrap_or_helper_is_unavailable() -> None:
     with pytest.raises(BackendUnavailable, match="exec helper"):
         BubblewrapBackend().plan(request(), policy(), facts(helper=None))
     with pytest.raises(BackendUnavailable, match="CORRAL_BWRAP"):
-        BubblewrapBackend().plan(request(), policy(), facts(bwrap=None, environ=(("CORRAL_BWRAP", "/x"),)))
+        BubblewrapBackend().plan(
+            request(), policy(), facts(bwrap=None, environ=(("CORRAL_BWRAP", "/x"),))
+        )
 
 
 def test_limits_without_cgroups_are_refused_or_recorded() -> None:

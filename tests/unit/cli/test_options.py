@@ -16,12 +16,38 @@ def test_command_after_double_dash_or_first_word() -> None:
 
 
 def test_flags_take_the_settings_shape() -> None:
-    opts = parse_run_options([
-        "--memory", "512M", "--pids=64", "--cpus", "1.5", "--timeout", "30s", "--max-output", "none",
-        "--allow-write", "/a", "--allow-write", "/b", "--deny-read", "/s", "--net", "open",
-        "--env", "FOO=bar", "--env", "LANGUAGE", "--read-only", "--backend", "bubblewrap",
-        "--allow-degraded", "resources.memory", "--", "true",
-    ])
+    opts = parse_run_options(
+        [
+            "--memory",
+            "512M",
+            "--pids=64",
+            "--cpus",
+            "1.5",
+            "--timeout",
+            "30s",
+            "--max-output",
+            "none",
+            "--allow-write",
+            "/a",
+            "--allow-write",
+            "/b",
+            "--deny-read",
+            "/s",
+            "--net",
+            "open",
+            "--env",
+            "FOO=bar",
+            "--env",
+            "LANGUAGE",
+            "--read-only",
+            "--backend",
+            "bubblewrap",
+            "--allow-degraded",
+            "resources.memory",
+            "--",
+            "true",
+        ]
+    )
     assert opts.flags == {
         "resources": {"memory": "512M", "pids": 64, "cpus": 1.5, "timeout": "30s", "output": None},
         "filesystem": {"allowWrite": ["/a", "/b"], "denyRead": ["/s"], "readOnly": True},
@@ -38,28 +64,51 @@ def test_allow_host_implies_allowlist_mode() -> None:
 
 
 def test_special_options() -> None:
-    opts = parse_run_options(["--profile", "ci", "--settings", "a.json", "--json-out", "o.json",
-                              "--agent-session", "s1", "--", "true"])
-    assert (opts.profile, opts.settings_files, opts.json_out, opts.agent_session) == ("ci", ["a.json"], "o.json", "s1")
+    opts = parse_run_options(
+        [
+            "--profile",
+            "ci",
+            "--settings",
+            "a.json",
+            "--json-out",
+            "o.json",
+            "--agent-session",
+            "s1",
+            "--",
+            "true",
+        ]
+    )
+    assert (opts.profile, opts.settings_files, opts.json_out, opts.agent_session) == (
+        "ci",
+        ["a.json"],
+        "o.json",
+        "s1",
+    )
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--memroy", "1G", "--", "x"], "did you mean --memory"),
-    (["--memory"], "needs a value"),
-    (["--pids", "lots", "--", "x"], "not a number"),
-    (["--read-only=yes", "--", "x"], "takes no value"),
-    (["--env", "=x", "--", "x"], "NAME or NAME=VALUE"),
-    (["-c", "x", "y"], "not both"),
-    ([], "no command given"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--memroy", "1G", "--", "x"], "did you mean --memory"),
+        (["--memory"], "needs a value"),
+        (["--pids", "lots", "--", "x"], "not a number"),
+        (["--read-only=yes", "--", "x"], "takes no value"),
+        (["--env", "=x", "--", "x"], "NAME or NAME=VALUE"),
+        (["-c", "x", "y"], "not both"),
+        ([], "no command given"),
+    ],
+)
 def test_errors(args: list[str], message: str) -> None:
     with pytest.raises(UsageError, match=message):
         parse_run_options(args)
 
 
 def test_extra_options_and_optional_command() -> None:
-    opts = parse_run_options(["--explain", "--id", "p1"], extra={"--explain": "flag", "--id": "value"},
-                             command_required=False)
+    opts = parse_run_options(
+        ["--explain", "--id", "p1"],
+        extra={"--explain": "flag", "--id": "value"},
+        command_required=False,
+    )
     assert opts.extra == {"--explain": True, "--id": "p1"} and opts.argv == []
 
 

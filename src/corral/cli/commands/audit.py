@@ -20,11 +20,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="corral audit",
         description="Show the audit log: one record per sandboxed run, hash-chained.",
     )
-    parser.add_argument("--json", action="store_true", help="print the raw JSON records (one per line)")
-    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new records as they arrive")
-    parser.add_argument("--verify", action="store_true",
-                        help="check the hash chain; exit 1 and name the first bad record if it was edited or cut")
-    parser.add_argument("-n", "--lines", type=int, default=20, help="how many recent records to show (default 20)")
+    parser.add_argument(
+        "--json", action="store_true", help="print the raw JSON records (one per line)"
+    )
+    parser.add_argument(
+        "--follow", "-f", action="store_true", help="keep printing new records as they arrive"
+    )
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check the hash chain; exit 1 and name the first bad record if it was edited or cut",
+    )
+    parser.add_argument(
+        "-n", "--lines", type=int, default=20, help="how many recent records to show (default 20)"
+    )
     return parser
 
 
@@ -35,9 +44,11 @@ def _row(record: dict[str, object]) -> str:
         command = command[:57] + "..."
     violations = record.get("violations") or []
     flag = f" blocked={len(violations)}" if isinstance(violations, list) and violations else ""
-    return (f"{record.get('seq', '?'):>5} {record.get('time', '?')} {record.get('sandbox_id', '?')} "
-            f"{record.get('backend', '?'):<10} exit={record.get('exit_status', '?'):<3} "
-            f"{float(str(record.get('duration') or 0)):7.3f}s{flag}  {command}")
+    return (
+        f"{record.get('seq', '?'):>5} {record.get('time', '?')} {record.get('sandbox_id', '?')} "
+        f"{record.get('backend', '?'):<10} exit={record.get('exit_status', '?'):<3} "
+        f"{float(str(record.get('duration') or 0)):7.3f}s{flag}  {command}"
+    )
 
 
 def _show(line: bytes, as_json: bool) -> None:

@@ -31,14 +31,17 @@ def _check_backend(name: str, workspace: str) -> dict[str, object]:
 
     backend = get_backend(name)
     home = os.environ.get("HOME", "/")
-    policy = Policy.for_workspace(workspace, home=home).replace(backend=name, isolation="process"
-                                                                 if backend.isolation in ("process", "none")
-                                                                 else backend.isolation)
+    policy = Policy.for_workspace(workspace, home=home).replace(
+        backend=name,
+        isolation="process" if backend.isolation in ("process", "none") else backend.isolation,
+    )
     if name in ("podman", "docker"):
         from ...backends._image_ref import resolve_image
 
         # smoke-test with a corral-built image when there is one (the image setting may be unset)
-        built = [ref for ref in ("corral:python", "corral:base") if resolve_image(ref).problem is None]
+        built = [
+            ref for ref in ("corral:python", "corral:base") if resolve_image(ref).problem is None
+        ]
         policy = policy.replace(image=built[0] if built else None)
     request = ExecRequest.from_argv(["true"], cwd=workspace)
     entry: dict[str, object] = {"backend": name, "isolation": backend.isolation}
@@ -48,14 +51,19 @@ def _check_backend(name: str, workspace: str) -> dict[str, object]:
         entry.update(works=False, reason=problem)
         return entry
     try:
-        prepared = prepare(request, policy.replace(allow_degraded=frozenset({"*"})), environ=os.environ)
+        prepared = prepare(
+            request, policy.replace(allow_degraded=frozenset({"*"})), environ=os.environ
+        )
         outcome = launch(prepared, request)
     except CorralError as exc:
         entry.update(works=False, reason=exc.message, fix=exc.hint)
         return entry
     if outcome.returncode != 0:
-        entry.update(works=False, reason=f"smoke run of 'true' exited {outcome.returncode}: "
-                                          f"{outcome.text('stderr').strip()[-200:]}")
+        entry.update(
+            works=False,
+            reason=f"smoke run of 'true' exited {outcome.returncode}: "
+            f"{outcome.text('stderr').strip()[-200:]}",
+        )
         return entry
     entry.update(works=True, degraded=list(prepared.plan.degraded))
     return entry
@@ -79,14 +87,31 @@ def _features() -> list[tuple[str, bool, str]]:
 
     rows: list[tuple[str, bool, str]] = []
     helper = helper_path()
-    rows.append(("exec helper", helper is not None,
-                 helper or "missing: reinstall corral with a C compiler (apt-get install gcc libc6-dev)"))
+    rows.append(
+        (
+            "exec helper",
+            helper is not None,
+            helper or "missing: reinstall corral with a C compiler (apt-get install gcc libc6-dev)",
+        )
+    )
     broker = broker_supported()
-    rows.append(("write broker (protected paths at any depth)", broker is None,
-                 "seccomp user notification available" if broker is None else broker))
+    rows.append(
+        (
+            "write broker (protected paths at any depth)",
+            broker is None,
+            "seccomp user notification available" if broker is None else broker,
+        )
+    )
     layout, why = probe(frozenset({"memory", "pids"}))
-    rows.append(("cgroup limits (memory, pids)", layout is not None,
-                 f"cgroup v{layout.version}: {', '.join(sorted(layout.controllers))}" if layout else str(why)))
+    rows.append(
+        (
+            "cgroup limits (memory, pids)",
+            layout is not None,
+            f"cgroup v{layout.version}: {', '.join(sorted(layout.controllers))}"
+            if layout
+            else str(why),
+        )
+    )
     rows += _preview_rows()
     rows.append(_egress_feature())
     return rows
@@ -106,17 +131,33 @@ def matrix(names: list[str] | None = None) -> list[dict[str, object]]:
     for name in names or sorted(BACKENDS):
         entry = by_name.get(name, {})
         if not entry.get("works"):
-            rows.append({"backend": name, "available": False, "reason": entry.get("reason", "not registered"),
-                         "isolation": get_backend(name).isolation, "cells": {}})
+            rows.append(
+                {
+                    "backend": name,
+                    "available": False,
+                    "reason": entry.get("reason", "not registered"),
+                    "isolation": get_backend(name).isolation,
+                    "cells": {},
+                }
+            )
             continue
         cells = {}
         for guarantee in GUARANTEES:
             verdict = check(name, guarantee)
             cells[guarantee.name] = (verdict.status, verdict.detail)
-        rows.append({"backend": name, "available": True, "reason": "", "isolation": get_backend(name).isolation,
-                     "cells": cells})
+        rows.append(
+            {
+                "backend": name,
+                "available": True,
+                "reason": "",
+                "isolation": get_backend(name).isolation,
+                "cells": cells,
+            }
+        )
     for name, reason in sorted(UNREGISTERED.items()):
-        rows.append({"backend": name, "available": False, "reason": reason, "isolation": "vm", "cells": {}})
+        rows.append(
+            {"backend": name, "available": False, "reason": reason, "isolation": "vm", "cells": {}}
+        )
     return rows
 
 
@@ -151,11 +192,18 @@ def _preview_rows() -> list[tuple[str, bool, str]]:
     rows: list[tuple[str, bool, str]] = []
     for mechanism in MECHANISMS:
         problem = probe(mechanism, previews, use_cache=False)
-        detail = {"overlay": "kernel overlayfs in a private mount namespace",
-                  "fuse-overlayfs": "fuse-overlayfs daemon",
-                  "copy": "a full copy of the workspace (reflink where supported)"}[mechanism]
-        rows.append((f"preview mechanism {mechanism}", problem is None,
-                     detail if problem is None else problem))
+        detail = {
+            "overlay": "kernel overlayfs in a private mount namespace",
+            "fuse-overlayfs": "fuse-overlayfs daemon",
+            "copy": "a full copy of the workspace (reflink where supported)",
+        }[mechanism]
+        rows.append(
+            (
+                f"preview mechanism {mechanism}",
+                problem is None,
+                detail if problem is None else problem,
+            )
+        )
     requested = os.environ.get("CORRAL_PREVIEW_MECHANISM", "auto") or "auto"
     try:
         chosen = choose_mechanism(requested, previews)
@@ -181,9 +229,11 @@ def _smoke_preview(mechanism: str) -> tuple[bool, str]:
         try:
             preview = Preview.create(workspace, state_dir=state, mechanism=mechanism)
             policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/")).replace(
-                allow_degraded=frozenset({"*"}))
-            request = ExecRequest.from_argv(["/bin/sh", "-c", "echo smoke > written"],
-                                            cwd=workspace)
+                allow_degraded=frozenset({"*"})
+            )
+            request = ExecRequest.from_argv(
+                ["/bin/sh", "-c", "echo smoke > written"], cwd=workspace
+            )
             outcome = execute(request, policy, environ=os.environ, preview=preview)
             changes = [(c.kind, c.path) for c in preview.changes()]
         except CorralError as exc:
@@ -221,7 +271,8 @@ def _egress_feature() -> tuple[str, bool, str]:
     name = "egress proxy (network.mode = allowlist)"
     with tempfile.TemporaryDirectory(prefix="corral-doctor-") as workspace:
         policy = Policy.for_workspace(workspace, home=os.environ.get("HOME", "/")).replace(
-            network=NetworkPolicy(mode="allowlist"), allow_degraded=frozenset({"*"}))
+            network=NetworkPolicy(mode="allowlist"), allow_degraded=frozenset({"*"})
+        )
         # a system interpreter: a virtualenv under /tmp would be hidden inside the sandbox
         python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
         request = ExecRequest.from_argv([python, "-I", "-c", _EGRESS_PROBE], cwd=workspace)
@@ -240,9 +291,14 @@ def main(args: list[str]) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="corral doctor", description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser.add_argument("--matrix", action="store_true",
-                        help="run the conformance probes: backend x guarantee (enforced / refused / not expressible)")
-    parser.add_argument("--backend", action="append", help="with --matrix: only this backend (repeatable)")
+    parser.add_argument(
+        "--matrix",
+        action="store_true",
+        help="run the conformance probes: backend x guarantee (enforced / refused / not expressible)",
+    )
+    parser.add_argument(
+        "--backend", action="append", help="with --matrix: only this backend (repeatable)"
+    )
     try:
         ns = parser.parse_args(args)
     except SystemExit as exc:
@@ -255,8 +311,12 @@ def main(args: list[str]) -> int:
             sys.stdout.write(dumps(rows) + "\n")
         else:
             sys.stdout.write(render_matrix(rows))
-        bad = [f"{r['backend']}: {g} {c[0]}" for r in rows for g, c in r["cells"].items()  # type: ignore[attr-defined]
-               if c[0] in ("VIOLATED", "error")]
+        bad = [
+            f"{r['backend']}: {g} {c[0]}"
+            for r in rows
+            for g, c in r["cells"].items()  # type: ignore[attr-defined]
+            if c[0] in ("VIOLATED", "error")
+        ]
         for line in bad:
             sys.stderr.write(f"corral: {line}\n")
         return 1 if bad else 0
@@ -265,16 +325,26 @@ def main(args: list[str]) -> int:
     if ns.json:
         from ..._jsonfast import dumps
 
-        sys.stdout.write(dumps({
-            "backends": backends,
-            "features": [{"name": n, "ok": ok, "detail": d} for n, ok, d in features],
-        }) + "\n")
+        sys.stdout.write(
+            dumps(
+                {
+                    "backends": backends,
+                    "features": [{"name": n, "ok": ok, "detail": d} for n, ok, d in features],
+                }
+            )
+            + "\n"
+        )
         return 0
     uname = os.uname()
-    sys.stdout.write(f"corral doctor: Linux {uname.release} {uname.machine}, uid {os.getuid()}\n\nbackends:\n")
+    sys.stdout.write(
+        f"corral doctor: Linux {uname.release} {uname.machine}, uid {os.getuid()}\n\nbackends:\n"
+    )
     from ...backends import UNREGISTERED
 
-    backends += [{"backend": n, "isolation": "vm", "works": False, "reason": r} for n, r in sorted(UNREGISTERED.items())]
+    backends += [
+        {"backend": n, "isolation": "vm", "works": False, "reason": r}
+        for n, r in sorted(UNREGISTERED.items())
+    ]
     for entry in backends:
         mark = "ok " if entry["works"] else "no "
         line = f"  [{mark}] {entry['backend']:<11} ({entry['isolation']})"

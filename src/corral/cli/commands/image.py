@@ -15,7 +15,6 @@ from .. import EXIT_USAGE, print_error
 __all__ = ["main"]
 
 
-
 def _engines(environ: dict[str, str]) -> list[tuple[str, list[str], dict[str, str]]]:
     """Container engines that work here, to import the image into."""
     from ...backends._container import find_program
@@ -52,8 +51,13 @@ def main(args: list[str]) -> int:
     build.add_argument(
         "--rebuild", action="store_true", help="ignore a cached build with the same inputs"
     )
-    build.add_argument("--settings", action="append", default=[], metavar="FILE",
-                       help="an extra settings file (e.g. with integrations.image.packages)")
+    build.add_argument(
+        "--settings",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="an extra settings file (e.g. with integrations.image.packages)",
+    )
     sub.add_parser("list", help="list the builds in the cache")
     try:
         ns = parser.parse_args(args)

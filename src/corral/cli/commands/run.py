@@ -52,8 +52,11 @@ def resolve(opts: RunOptions, environ: Mapping[str, str]) -> ResolvedSettings:
     command = opts.shell if opts.shell is not None else (opts.argv or None)
     try:
         resolved = load_settings(
-            environ=environ, flags=opts.flags, settings_files=tuple(opts.settings_files),
-            profile=opts.profile, command=command,
+            environ=environ,
+            flags=opts.flags,
+            settings_files=tuple(opts.settings_files),
+            profile=opts.profile,
+            command=command,
         )
     except SettingsError as exc:
         option = option_for_key(exc.key or "") if exc.source == "flags" else None
@@ -65,8 +68,9 @@ def resolve(opts: RunOptions, environ: Mapping[str, str]) -> ResolvedSettings:
     return resolved
 
 
-def build_request(opts: RunOptions, workspace: str, *, capture: bool = False,
-                  stdin_inherit: bool = True) -> ExecRequest:
+def build_request(
+    opts: RunOptions, workspace: str, *, capture: bool = False, stdin_inherit: bool = True
+) -> ExecRequest:
     """The ExecRequest for the parsed command line (cwd: here if visible, else the workspace)."""
     from ..._request import ExecRequest
 
@@ -77,19 +81,25 @@ def build_request(opts: RunOptions, workspace: str, *, capture: bool = False,
     if not inside and any(cwd == h or cwd.startswith(h + "/") for h in hidden):
         cwd = workspace
     if opts.shell is not None:
-        request = ExecRequest.from_shell(opts.shell, cwd=cwd, capture=capture,
-                                         agent_session=opts.agent_session,
-                                         shell=opts.shell_program or "/bin/sh")
+        request = ExecRequest.from_shell(
+            opts.shell,
+            cwd=cwd,
+            capture=capture,
+            agent_session=opts.agent_session,
+            shell=opts.shell_program or "/bin/sh",
+        )
     else:
-        request = ExecRequest.from_argv(opts.argv, cwd=cwd, capture=capture,
-                                        agent_session=opts.agent_session)
+        request = ExecRequest.from_argv(
+            opts.argv, cwd=cwd, capture=capture, agent_session=opts.agent_session
+        )
     if stdin_inherit:
         request = request.replace(stdin_mode="inherit")
     return request
 
 
-def execute_options(opts: RunOptions, *, resolved: ResolvedSettings | None = None,
-                    preview: Preview | None = None) -> int:
+def execute_options(
+    opts: RunOptions, *, resolved: ResolvedSettings | None = None, preview: Preview | None = None
+) -> int:
     """Resolve settings (unless *resolved*), run, report, audit; return the exit status.
 
     With *preview* the command runs against that preview (``corral preview``).
@@ -109,8 +119,13 @@ def execute_options(opts: RunOptions, *, resolved: ResolvedSettings | None = Non
             stage.finish()
 
 
-def _execute(opts: RunOptions, sandbox_id: str, stage: Prestage | None,
-             resolved: ResolvedSettings | None = None, preview: Preview | None = None) -> int:
+def _execute(
+    opts: RunOptions,
+    sandbox_id: str,
+    stage: Prestage | None,
+    resolved: ResolvedSettings | None = None,
+    preview: Preview | None = None,
+) -> int:
     from ..._runner import audit_outcome, launch, prepare
     from ..._state import state_dir
     from ...policy import policy_digest
@@ -168,18 +183,26 @@ def report(outcome: Outcome, *, policy_timeout: float | None) -> None:
             described.append(text)
     lines += described[:_MAX_VIOLATION_LINES]
     if len(described) > _MAX_VIOLATION_LINES:
-        lines.append(f"... and {len(described) - _MAX_VIOLATION_LINES} more blocked operations "
-                     "(see 'corral audit')")
+        lines.append(
+            f"... and {len(described) - _MAX_VIOLATION_LINES} more blocked operations "
+            "(see 'corral audit')"
+        )
     if outcome.exec_error:
         program = outcome.exec_error.partition(": ")[0]
-        lines.append(f"{program}: command not found" if outcome.exit_code == 127 else outcome.exec_error)
+        lines.append(
+            f"{program}: command not found" if outcome.exit_code == 127 else outcome.exec_error
+        )
     if outcome.timed_out:
-        lines.append(f"timed out after {_seconds(policy_timeout)}; the command and everything it started "
-                     "were stopped")
+        lines.append(
+            f"timed out after {_seconds(policy_timeout)}; the command and everything it started "
+            "were stopped"
+        )
     if outcome.oom_killed:
         lines.append("the memory limit (resources.memory) killed the command")
     if outcome.output_dropped:
-        lines.append(f"output limit (resources.output) reached; dropped {outcome.output_dropped} bytes")
+        lines.append(
+            f"output limit (resources.output) reached; dropped {outcome.output_dropped} bytes"
+        )
     for rule in outcome.degraded:
         lines.append(f"warning: {rule} was not enforced (allowed by allowDegraded)")
     if outcome.unsandboxed:

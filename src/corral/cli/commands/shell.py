@@ -18,8 +18,10 @@ from .._options import parse_run_options, run_options_help
 
 __all__ = ["main"]
 
-SUMMARY = ("Start an interactive shell ($SHELL, else /bin/bash) in the sandbox, or run COMMAND "
-           "on a terminal.")
+SUMMARY = (
+    "Start an interactive shell ($SHELL, else /bin/bash) in the sandbox, or run COMMAND "
+    "on a terminal."
+)
 
 
 def main(args: list[str]) -> int:
@@ -54,8 +56,11 @@ def _interactive(opts: object) -> int:
 
     resolved = resolve(opts, os.environ)  # type: ignore[arg-type]
     request = build_request(opts, resolved.workspace, stdin_inherit=False).replace(tty=True)  # type: ignore[arg-type]
-    prepared = prepare(request, resolved.policy.replace(
-        resources=resolved.policy.resources.replace(output=None)), environ=os.environ)
+    prepared = prepare(
+        request,
+        resolved.policy.replace(resources=resolved.policy.resources.replace(output=None)),
+        environ=os.environ,
+    )
     master, slave = os.openpty()
     on_terminal = os.isatty(0)
 

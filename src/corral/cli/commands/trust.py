@@ -22,7 +22,9 @@ __all__ = ["main"]
 def main(args: list[str]) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(prog="corral trust", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workspace", help="the project directory (default: git top-level, else cwd)")
+    parser.add_argument(
+        "--workspace", help="the project directory (default: git top-level, else cwd)"
+    )
     parser.add_argument("--status", action="store_true", help="show whether the files are trusted")
     try:
         ns = parser.parse_args(args)
@@ -32,7 +34,11 @@ def main(args: list[str]) -> int:
 
     try:
         home = os.environ.get("HOME") or os.path.expanduser("~")
-        workspace = os.path.abspath(ns.workspace) if ns.workspace else find_workspace(os.getcwd(), home=home)[0]
+        workspace = (
+            os.path.abspath(ns.workspace)
+            if ns.workspace
+            else find_workspace(os.getcwd(), home=home)[0]
+        )
         if ns.status:
             rows = trust_status(workspace, environ=os.environ)
             for row in rows:
