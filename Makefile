@@ -21,8 +21,9 @@ fmt:
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-check:  ## lint, types, generated files
+check:  ## lint, format, types, generated files
 	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	$(BIN)/python -m corral.policy._schema --check
 
@@ -43,6 +44,10 @@ schema:  ## regenerate the JSON Schema and the policy reference
 
 bench:
 	$(BIN)/corral bench
+
+ci:  ## what .ci/run does after installing system packages
+	$(BIN)/python -m corral.policy._schema --check
+	$(BIN)/python -m pytest -q
 
 clean:
 	rm -rf $(VENV) build dist src/corral/_bin .pytest_cache .mypy_cache .ruff_cache
