@@ -571,9 +571,14 @@ def expected_files(table: k.KeyTable = k.KEYS) -> dict[str, str]:
 
 
 def _default_root() -> str:
+    """The source tree: beside this file in a checkout (``src/corral/policy``),
+    else the current directory (an installed copy lives in site-packages)."""
     import os
 
-    return os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    checkout = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+    if os.path.exists(os.path.join(checkout, "pyproject.toml")):
+        return checkout
+    return os.getcwd()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
