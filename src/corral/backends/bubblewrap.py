@@ -288,8 +288,10 @@ class BubblewrapBackend(Backend):
                 args += ["--tmpfs", secret, "--remount-ro", secret]
             else:
                 args += ["--ro-bind", "/dev/null", secret]
+        # allowRead re-exposes, read-only, a path hidden by denyRead or by the private
+        # /tmp (e.g. a virtualenv under /tmp that the command must run from)
         for carve in fs.allow_read:
-            if facts.kind(carve) != "missing" and visible(carve):
+            if facts.kind(carve) != "missing":
                 args += ["--ro-bind", source(carve), carve]
         args += ["--chdir", cwd]
         # the sandbox waits on --block-fd until its cgroup is set and its proxy listens

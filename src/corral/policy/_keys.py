@@ -359,7 +359,10 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=PATHS,
         tighten=REMOVALS,
         attr="filesystem.allow_read",
-        description="Paths re-exposed beneath a `denyRead` entry.",
+        description=(
+            "Paths re-exposed, read-only, beneath a `denyRead` entry or inside the sandbox's "
+            "private `/tmp` and `/var/tmp` (e.g. a virtualenv under /tmp)."
+        ),
     ),
     Key(
         path="filesystem.protect",

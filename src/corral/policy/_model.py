@@ -62,7 +62,8 @@ class FilesystemPolicy(Record):
             relative to the workspace; ``**`` matches any number of
             directories (``**/*.pem``).
         deny_read: absolute paths that are unreadable (hidden) in the sandbox.
-        allow_read: absolute paths re-exposed beneath a ``deny_read`` entry.
+        allow_read: absolute paths re-exposed, read-only, beneath a
+            ``deny_read`` entry or inside the sandbox's private ``/tmp``.
         protect: workspace-relative patterns of persistence points (shell rc
             files, ``.git/hooks``, agent configs ...) that may not be
             created, modified, renamed or deleted at any depth, whether or not

@@ -222,6 +222,12 @@ def test_a_wrapped_mcp_server_serves_tools_but_is_confined(world: World) -> None
     from mcp import Client, StdioServerParameters
 
     plugin = make_plugin(world)
+    # the community server runs on this interpreter, which may live under /tmp (hidden in
+    # sandboxes): the user re-exposes it read-only, as a user would for a tool they trust
+    world.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        json.dumps({"filesystem": {"allowRead": [sys.prefix]}}),
+    )
     corral(world, "wrap-plugin", plugin)
     server = load(os.path.join(plugin, ".mcp.json"))["mcpServers"]["community"]
     assert server["command"] == corral_executable()

@@ -91,9 +91,12 @@ class World:
             deny=network.pop("deny", self.deny),
         )
         assert not network
-        return Policy.for_workspace(self.workspace, home=self.home).replace(
+        policy = Policy.for_workspace(self.workspace, home=self.home)
+        return policy.replace(
             network=net,
             resources=ResourceLimits(timeout=60.0, output=16 << 20, kill_grace=1.0),
+            # the tests run this interpreter inside the sandbox: it may live under /tmp
+            filesystem=policy.filesystem.replace(allow_read=(sys.prefix,)),
         )
 
     def run(

@@ -297,3 +297,14 @@ def test_terminal_requests_a_controlling_tty() -> None:
 def test_old_bwrap_without_disable_userns() -> None:
     plan = BubblewrapBackend().plan(request(), policy(), facts(bwrap_version=(0, 6, 1)))
     assert "--disable-userns" not in plan.argv
+
+
+def test_allow_read_re_exposes_a_path_under_the_private_tmp() -> None:
+    p = policy()
+    p = p.replace(filesystem=p.filesystem.replace(allow_read=("/tmp/venv",)))
+    plan = BubblewrapBackend().plan(
+        request(), p, facts(path_kinds=((WS, "dir"), ("/tmp/venv", "dir")))
+    )
+    i = plan.argv.index("/tmp/venv")
+    assert plan.argv[i - 1 : i + 2] == ("--ro-bind", "/tmp/venv", "/tmp/venv")
+    assert plan.argv.index("--tmpfs") < i  # bound after the private /tmp is mounted
