@@ -41,7 +41,6 @@ from ._exceptions import (
     CommandFailed,
     InvalidRequest,
     PolicyDenied,
-    PreviewError,
     SessionClosed,
 )
 from ._frozen import Record
@@ -518,21 +517,14 @@ class _Cancelled(Exception):
 
 
 def _create_preview(workspace: str, state_dir: str) -> Any:
-    """Create a :class:`corral.preview.Preview` of *workspace*.
+    """Create a :class:`corral.preview.Preview` of *workspace* (imported on first use).
 
     Raises:
-        PreviewError: the preview module is not part of this build, or it failed.
+        PreviewError: the preview could not be created.
     """
-    import importlib
+    from .preview import Preview
 
-    try:
-        module = importlib.import_module("corral.preview")
-    except ImportError as exc:
-        raise PreviewError(
-            "Failed to create a preview of the workspace: corral.preview is not part of this build",
-            hint="create the sandbox with preview=False",
-        ) from exc
-    return module.Preview.create(workspace, state_dir=state_dir)
+    return Preview.create(workspace, state_dir=state_dir)
 
 
 class AsyncSandbox(BaseSandbox):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from typing import Any
@@ -10,18 +9,16 @@ from typing import Any
 import pytest
 
 from ..conftest import World, needs_bwrap
-from .test_mcp_server import call, call_error, with_client
+from .test_mcp_server import call, with_client
 
 pytest.importorskip(
     "mcp", reason="the mcp package (2.x) is not installed: pip install 'corral[mcp]'"
 )
 
-PREVIEW_MERGED = importlib.util.find_spec("corral.preview") is not None
 
 pytestmark = needs_bwrap
 
 
-@pytest.mark.skipif(not PREVIEW_MERGED, reason="corral.preview not merged yet")
 def test_changes_are_reviewed_then_applied(world: World) -> None:
     async def body(client: Any) -> None:
         created = await call(client, "sandbox_create")  # preview by default
@@ -37,7 +34,6 @@ def test_changes_are_reviewed_then_applied(world: World) -> None:
     assert world.read(os.path.join(world.workspace, "made.txt")) == "new\n"
 
 
-@pytest.mark.skipif(not PREVIEW_MERGED, reason="corral.preview not merged yet")
 def test_destroy_with_discard_drops_the_changes(world: World) -> None:
     async def body(client: Any) -> None:
         sid = (await call(client, "sandbox_create"))["sandbox_id"]
@@ -46,14 +42,3 @@ def test_destroy_with_discard_drops_the_changes(world: World) -> None:
 
     with_client(world, body)
     assert not os.path.exists(os.path.join(world.workspace, "dropped.txt"))
-
-
-@pytest.mark.skipif(PREVIEW_MERGED, reason="corral.preview is merged: the tests above apply")
-def test_without_the_preview_module_the_default_create_says_why(world: World) -> None:
-    async def body(client: Any) -> None:
-        message = await call_error(client, "sandbox_create")
-        assert "corral.preview is not part of this build" in message
-        assert "preview=False" in message
-        assert (await call(client, "sandbox_create", preview=False))["preview_id"] is None
-
-    with_client(world, body)

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from ..conftest import World, needs_bwrap
 
-pytestmark = [
-    needs_bwrap,
-    pytest.mark.skipif(
-        importlib.util.find_spec("corral.preview") is None, reason="corral.preview not merged yet"
-    ),
-]
+pytestmark = [needs_bwrap]
 
 
 def test_preview_changes_land_only_on_apply(open_sandbox: Callable[..., Any], world: World) -> None:

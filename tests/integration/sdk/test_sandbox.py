@@ -317,19 +317,3 @@ def test_diff_without_preview_is_a_usage_error(open_sandbox: Open, world: World)
     sbx = sandbox_in(open_sandbox, world)
     with pytest.raises(InvalidRequest, match="no preview"):
         sbx.diff()
-
-
-def _preview_merged() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("corral.preview") is not None
-
-
-@pytest.mark.skipif(_preview_merged(), reason="corral.preview is merged: see test_preview.py")
-def test_preview_without_the_preview_module_fails_clearly(open_sandbox: Open, world: World) -> None:
-    from corral import PreviewError
-
-    with pytest.raises(PreviewError, match=r"corral\.preview is not part of this build") as caught:
-        sandbox_in(open_sandbox, world, preview=True)
-    assert caught.value.hint == "create the sandbox with preview=False"
-    assert os.listdir(os.path.join(world.state_dir, "sessions")) == []  # nothing left behind
