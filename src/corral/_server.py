@@ -689,6 +689,15 @@ class Server:
                 self.log(f"refused a peer: {exc.reason}")
             else:
                 self.log(f"refused a client: {exc.reason}")
+            # Read (and drop) its request first: closing a unix socket with unread
+            # data resets the connection, and the client would not see the answer.
+            conn.settimeout(2.0)
+            try:
+                _message, fds = _receive_request(conn)
+            except (OSError, WireError, ValueError):
+                fds = []
+            for fd in fds:
+                os.close(fd)
             self._refuse(conn, exc.reason)
             return
         os.close(pidfd)
