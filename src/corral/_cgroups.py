@@ -175,10 +175,12 @@ class Cgroup:
     thread already inside the group, so the process is born there and no
     ``cgroup.procs`` write (with its RCU grace period on v1) is needed.
     ``on_remove`` is called when :meth:`remove` starts (the pool lets the
-    launcher thread go: the run's processes have been reaped by then).
+    launcher thread go: the run's processes have been reaped by then);
+    ``remove_later``, when set, is handed the removal to run on another
+    thread (the server answers its client first).
     """
 
-    __slots__ = ("dirs", "layout", "name", "on_remove", "spawner")
+    __slots__ = ("dirs", "layout", "name", "on_remove", "remove_later", "spawner")
 
     def __init__(self, layout: CgroupLayout, dirs: dict[str, str], name: str = "") -> None:
         self.layout = layout
@@ -186,6 +188,7 @@ class Cgroup:
         self.name = name
         self.spawner: Callable[..., int] | None = None
         self.on_remove: Callable[[], None] | None = None
+        self.remove_later: Callable[[Callable[[], None]], None] | None = None
 
     @classmethod
     def create(
@@ -366,9 +369,20 @@ class Cgroup:
         and a group with tasks cannot be removed: wait for ``cgroup.procs`` to
         empty (up to 10 s), then remove. A group that still cannot be removed
         is left for :func:`sweep` (its name carries corral's pid).
+
+        With ``remove_later`` set, this object lets go of the directories at
+        once (further calls are no-ops) and the removal runs wherever
+        ``remove_later`` puts it.
         """
         import time
 
+        if self.remove_later is not None:
+            later, self.remove_later = self.remove_later, None
+            detached = Cgroup(self.layout, self.dirs, self.name)
+            detached.on_remove, self.on_remove = self.on_remove, None
+            self.dirs = {}
+            later(detached.remove)
+            return
         hook, self.on_remove = self.on_remove, None
         if hook is not None:
             hook()  # e.g. an unused launcher thread leaves the group now

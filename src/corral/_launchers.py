@@ -27,6 +27,9 @@ What the launcher thread does for one run, in order:
    group's freezer and never lists the server's pid in ``cgroup.procs``
    while the command runs;
 5. waits until the group is removed (the child has been reaped), then exits.
+   The removal itself runs on the pool's thread after the engine let go of
+   the group (``Cgroup.remove_later``), so the server answers its client
+   without waiting for ``rmdir``.
 
 Step 5 matters: ``PR_SET_PDEATHSIG`` (the exec helper's ``--die-with-parent``)
 fires when the *thread* that created the child exits, not the process. A
@@ -48,6 +51,7 @@ from ._cgroups import Cgroup, CgroupLayout, _write
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = ["LauncherPool"]
@@ -209,6 +213,7 @@ class LauncherPool:
         self._stopped.acquire()
         self._closed = False
         self._counter = 0
+        self._removals: list[Callable[[], None]] = []
         _thread.start_new_thread(self._refill_loop, ())
 
     def statistics(self) -> dict[str, int]:
@@ -236,16 +241,32 @@ class LauncherPool:
 
         group.spawner = launcher.spawn
         group.on_remove = done
+        group.remove_later = self._remove_later
         return group
 
+    def _remove_later(self, removal: Callable[[], None]) -> None:
+        """Run a used group's removal on the pool's thread (off the run's critical path)."""
+        with self._lock:
+            closed = self._closed
+            if not closed:
+                self._removals.append(removal)
+        if closed:
+            removal()
+        else:
+            self._kick()
+
     def close(self) -> None:
-        """Stop refilling; idle launchers leave and their groups are removed."""
+        """Stop refilling; pending removals run, idle launchers leave, their groups go."""
         with self._lock:
             self._closed = True
             idle, self._ready = self._ready, []
         self._kick()
         self._stopped.acquire()
         self._stopped.release()
+        with self._lock:
+            removals, self._removals = self._removals, []
+        for removal in removals:
+            removal()
         for launcher in idle:
             launcher.release()
             launcher.group.remove()
@@ -262,8 +283,14 @@ class LauncherPool:
         try:
             while True:
                 with self._lock:
+                    removals, self._removals = self._removals, []
+                for removal in removals:  # used groups first: a run has just finished
+                    removal()
+                with self._lock:
                     if self._closed:
                         return
+                    if self._removals:
+                        continue
                     wanted = self.size - len(self._ready)
                 if wanted <= 0 or failures >= 3:
                     self._wake.acquire()  # until take() or close(); then try again

@@ -144,8 +144,17 @@ class RunRequest:
 
 # ---------------------------------------------------------------- peer checks
 def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return f.read()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
 
 
 def _status_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -170,19 +179,23 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
     Raises:
         OSError: the process is gone (or not ours to inspect).
     """
-    base = f"/proc/{pid}"
+    leader = str(os.getpid() if pid == "self" else pid)
+    base = f"/proc/{leader}"
     security: dict[str, str] = {}
     for ns in _NAMESPACES:
         try:
             security[f"{ns} namespace"] = os.readlink(f"{base}/ns/{ns}")
         except FileNotFoundError:
             security[f"{ns} namespace"] = ""  # not supported by this kernel
-    tasks = sorted(os.listdir(f"{base}/task"))
     per_task = set()
-    for tid in tasks:
-        fields = _status_fields(_read(f"{base}/task/{tid}/status"), _SECURITY_FIELDS)
-        per_task.add(tuple(sorted(fields.items())))
-        for ns in ("mnt", "user", "pid"):
+    status = ""
+    for tid in os.listdir(f"{base}/task"):
+        text = _read(f"{base}/task/{tid}/status")
+        per_task.add(tuple(sorted(_status_fields(text, _SECURITY_FIELDS).items())))
+        if tid == leader:
+            status = text
+            continue  # the leader's namespaces are the process's, read above
+        for ns in ("mnt", "user", "pid"):  # a thread may have setns()ed elsewhere
             try:
                 if os.readlink(f"{base}/task/{tid}/ns/{ns}") != security[f"{ns} namespace"]:
                     per_task.add((("thread namespace", ns),))
@@ -192,8 +205,7 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
         security["threads"] = "threads differ in credentials, seccomp or namespaces"
     for key, value in next(iter(per_task)):
         security[key] = value
-    status = _read(f"{base}/status")
-    context = _status_fields(status, _CONTEXT_FIELDS)
+    context = _status_fields(status or _read(f"{base}/status"), _CONTEXT_FIELDS)
     root = os.stat(f"{base}/root")
     context["root directory"] = f"{root.st_dev}:{root.st_ino}"
     context["cgroups"] = _read(f"{base}/cgroup")

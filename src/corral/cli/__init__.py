@@ -108,7 +108,13 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``corral`` console script; returns the exit status."""
+    """Entry point of the ``corral`` console script; returns the exit status.
+
+    With *argv* ``None`` (the console script, ``python -m corral``) a ``corral
+    run`` served by the corral server ends the process itself once the status
+    is known (see :func:`corral.cli._client.main`); called with an argument
+    list, it always returns.
+    """
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         sys.stdout.write(_usage())
@@ -137,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         if command == "run":
             from ._client import main as run_main  # the corral server, else in-process
 
-            return run_main(args[1:])
+            return run_main(args[1:], console=argv is None)
         import importlib
 
         module = importlib.import_module(COMMANDS[command][0])
