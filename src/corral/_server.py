@@ -426,6 +426,12 @@ class Server:
                 f"Failed to start: a corral server already serves {self.state_dir}"
             ) from None
         self._open_log(rotate=True)
+        problem = _kernel_problem()
+        if problem is not None:
+            self._release_lock()
+            _mark_unavailable(self.directory, problem)
+            raise ServerError(f"Failed to start: {problem}")
+        _mark_unavailable(self.directory, None)
         try:
             self._watch = _CodeWatch(os.path.dirname(os.path.abspath(__file__)))
         except OSError as exc:
@@ -845,6 +851,46 @@ class Server:
             "retiring": self._retired,
             "launchers": self.pool.statistics() if self.pool is not None else None,
         }
+
+
+UNAVAILABLE = "unavailable"  # in server/: why no server can run on this kernel
+
+
+def _kernel_problem() -> str | None:
+    """Why this kernel cannot host a server safely, or None.
+
+    ``SO_PEERPIDFD`` (Linux 6.5) pins the peer: without it a peer that
+    exits between ``connect`` and the checks could have its pid reused by
+    another process, whose ``/proc`` entries would then be checked instead.
+    """
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        os.close(a.getsockopt(_socket.SOL_SOCKET, _SO_PEERPIDFD))
+    except OSError as exc:
+        return (
+            f"this kernel ({os.uname().release}) has no SO_PEERPIDFD ({exc.strerror}); "
+            "the corral server needs Linux 6.5 or later to check who connects"
+        )
+    finally:
+        a.close()
+        b.close()
+    return None
+
+
+def _mark_unavailable(directory: str, problem: str | None) -> None:
+    """Record (or clear) why no server can run with this kernel, so clients stop starting one.
+
+    The record names the kernel release: after an upgrade clients try again.
+    """
+    path = os.path.join(directory, UNAVAILABLE)
+    try:
+        if problem is None:
+            os.unlink(path)
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(f"{os.uname().release}\n{problem}\n")
+    except OSError:
+        pass
 
 
 def _tell(fd: int, text: str) -> None:

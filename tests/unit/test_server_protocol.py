@@ -108,3 +108,25 @@ def test_a_context_difference_is_not_a_security_refusal() -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_this_kernel_can_host_a_server() -> None:
+    from corral._server import _kernel_problem
+
+    assert _kernel_problem() is None  # SO_PEERPIDFD: Linux 6.5+
+
+
+def test_clients_stop_starting_servers_a_kernel_cannot_host(tmp_path: object) -> None:
+    from corral.cli._client import _may_start_server
+
+    state = str(tmp_path)
+    assert _may_start_server(state, {})
+    assert not _may_start_server(state, {"CORRAL_SANDBOX_ID": "sbx-1"})  # nested: never
+    os.makedirs(os.path.join(state, "server"))
+    marker = os.path.join(state, "server", "unavailable")
+    with open(marker, "w") as f:
+        f.write(f"{os.uname().release}\nno SO_PEERPIDFD\n")
+    assert not _may_start_server(state, {})
+    with open(marker, "w") as f:
+        f.write("4.19.0-old\nno SO_PEERPIDFD\n")
+    assert _may_start_server(state, {})  # another kernel now: try again

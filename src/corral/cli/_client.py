@@ -82,12 +82,24 @@ def main(args: list[str], *, console: bool = False) -> int:
     finally:
         for sig, handler in previous.items():
             _signal.signal(sig, handler)
-    if result in (_NO_SERVER, _STALE) and not environ.get("CORRAL_SANDBOX_ID"):
+    if result in (_NO_SERVER, _STALE) and _may_start_server(state, environ):
         try:
             spawn_server(state, environ)
         except OSError:
             pass  # next time, maybe
     return status
+
+
+def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:
+    """Not inside a corral sandbox, and no server found this kernel unfit (``server/unavailable``)."""
+    if environ.get("CORRAL_SANDBOX_ID"):
+        return False
+    try:
+        with open(os.path.join(state, "server", "unavailable"), "rb") as f:
+            release = f.readline().strip()
+    except OSError:
+        return True
+    return release != os.uname().release.encode()
 
 
 def _exit_now(status: int) -> None:
