@@ -51,7 +51,7 @@ import time
 
 from ._exceptions import ServerError
 from ._runner import SignalRelay
-from ._wire import PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -691,10 +691,28 @@ class Server:
             self._wake()
 
     def _refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
+        """Answer with a refusal, then drain what the peer still sends until it hangs up.
+
+        Closing a unix socket with unread data resets the connection, and the
+        client would never read the answer. The drain keeps nothing (fds that
+        arrive are closed at once) and ends after 2 s or 16 MiB.
+        """
         with self._lock:
             self._refused += 1
         try:
             conn.sendall(encode({"refused": reason, "stale": stale}))
+            conn.shutdown(_socket.SHUT_WR)
+            conn.settimeout(2.0)
+            received = 0
+            while received < MAX_FRAME:
+                data, ancdata, _flags, _addr = conn.recvmsg(
+                    65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
+                )
+                for fd in _fds_of(ancdata):
+                    os.close(fd)
+                if not data:
+                    break
+                received += len(data)
         except OSError:
             pass
 
@@ -707,16 +725,7 @@ class Server:
                 self.log(f"refused a peer: {exc.reason}")
             else:
                 self.log(f"refused a client: {exc.reason}")
-            # Read (and drop) its request first: closing a unix socket with unread
-            # data resets the connection, and the client would not see the answer.
-            conn.settimeout(2.0)
-            try:
-                _message, fds = _receive_request(conn)
-            except (OSError, WireError, ValueError):
-                fds = []
-            for fd in fds:
-                os.close(fd)
-            self._refuse(conn, exc.reason)
+            self._refuse(conn, exc.reason)  # nothing of its request is read or kept
             return
         os.close(pidfd)
         conn.settimeout(_REQUEST_TIMEOUT)
@@ -900,6 +909,19 @@ def _tell(fd: int, text: str) -> None:
         pass
 
 
+def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The file descriptors an ``SCM_RIGHTS`` message brought."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds += [
+                int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
+                for i in range(0, usable, 4)
+            ]
+    return fds
+
+
 def _receive_request(conn: _socket.socket) -> tuple[dict[str, Any], list[int]]:
     """The first frame, with the fds that came with it (close-on-exec)."""
     reader = FrameReader()
@@ -909,13 +931,7 @@ def _receive_request(conn: _socket.socket) -> tuple[dict[str, Any], list[int]]:
             data, ancdata, _flags, _addr = conn.recvmsg(
                 65536, _socket.CMSG_SPACE(4 * 3), _MSG_CMSG_CLOEXEC
             )
-            for level, kind, payload in ancdata:
-                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    fds += [
-                        int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
-                        for i in range(0, usable, 4)
-                    ]
+            fds += _fds_of(ancdata)
             if not data:
                 raise WireError("the client closed the connection before its request")
             messages = reader.feed(data)
