@@ -171,10 +171,13 @@ class _Launcher:
         return result
 
     def release(self) -> None:
-        """The run is over (its process reaped): let the thread exit."""
-        if self._go.locked():  # never used: wake it so it leaves and exits
-            self._go.release()
-        elif self._leave.locked():
+        """The run is over (its process reaped), or there was none: let the thread exit.
+
+        Call it once.
+        """
+        if self._job is None:
+            self._go.release()  # never used: it wakes with no job, leaves and exits
+        else:
             self._leave.release()
 
 

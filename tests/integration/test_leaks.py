@@ -125,3 +125,42 @@ def test_two_hundred_cli_runs_leak_nothing(world: World) -> None:
     assert os.listdir(tmp) == []
     assert _mounts(world.root) == []
     assert _corral_cgroups(pids) == []
+
+
+def test_two_hundred_runs_through_a_server_leak_nothing(world: World) -> None:
+    """The server's fds, threads and cgroups come back to where they were."""
+    import json
+
+    from tests.integration.server.conftest import stop
+
+    del world.environ["CORRAL_SERVER"]
+    tmp = _private_tmp(world)
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+        server = json.loads(world.corral("server", "--status", "--json").stdout)["pid"]
+
+        def threads() -> int:
+            return len(os.listdir(f"/proc/{server}/task"))
+
+        def settle(value: object, expected: object) -> bool:
+            import time
+
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and value() != expected:  # type: ignore[operator]
+                time.sleep(0.05)
+            return bool(value() == expected)  # type: ignore[operator]
+
+        assert world.run("true").returncode == 0  # warm: lazy imports, the pool's groups
+        fds, before = len(os.listdir(f"/proc/{server}/fd")), threads()
+        cgroups = sorted(_corral_cgroups({server}))
+        for i in range(200):
+            result = world.corral("run", "-c", f"echo {i}")
+            assert result.stdout == f"{i}\n".encode(), result.stderr
+        assert json.loads(world.corral("server", "--status", "--json").stdout)["served"] == 201
+        assert settle(lambda: len(os.listdir(f"/proc/{server}/fd")), fds)
+        assert settle(threads, before)
+        assert settle(lambda: len(_corral_cgroups({server})), len(cgroups))
+        assert os.listdir(tmp) == []
+        assert _mounts(world.root) == []
+    finally:
+        stop(world)
