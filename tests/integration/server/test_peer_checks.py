@@ -63,6 +63,7 @@ def _log(world: World) -> str:
     return World.read(os.path.join(world.state_dir, "server", "server.log"))
 
 
+@pytest.mark.parametrize("reach", ["hard link in the workspace", "allow-read of the state dir"])
 @pytest.mark.parametrize(
     ("backend", "reason"),
     [
@@ -71,16 +72,23 @@ def _log(world: World) -> str:
     ],
 )
 def test_a_sandboxed_process_cannot_use_the_server(
-    served: World, backend: tuple[str, ...], reason: str
+    served: World, backend: tuple[str, ...], reason: str, reach: str
 ) -> None:
     before_tree = served.tree()
-    link = _link_socket(served, served.workspace)
+    server_dir = os.path.join(served.state_dir, "server")
+    if reach.startswith("hard link"):
+        link = _link_socket(served, served.workspace)
+        options: tuple[str, ...] = ()
+    else:  # the real path, re-exposed under the hidden state directory
+        link = os.path.join(server_dir, "server.sock")
+        options = ("--allow-read", server_dir)
     before = status(served)
     assert before is not None
     # the sandboxed command runs in-process: the server is the target, not the vehicle
     result = served.corral(
         "run",
         *backend,
+        *options,
         "--allow-unix-sockets",
         "--",
         *_attack_args(served, link, served.victim),
@@ -94,7 +102,8 @@ def test_a_sandboxed_process_cannot_use_the_server(
     assert after is not None
     assert after["served"] == before["served"] and after["refused"] == before["refused"] + 1
     assert "refused a peer:" in _log(served)
-    os.unlink(link)
+    if reach.startswith("hard link"):
+        os.unlink(link)
     tree = served.tree()
     del tree[served.ws("attack.py")]
     assert tree == before_tree
