@@ -56,7 +56,7 @@ def main(args: list[str], *, console: bool = False) -> int:
     """
     environ = os.environ
     if environ.get("CORRAL_SERVER", "") in ("off", "0") or args[:1] in (["-h"], ["--help"]):
-        return _in_process(args, ())
+        return _in_process(args, [])
     import _signal  # type: ignore[import-not-found]  # not signal: it imports enum
 
     from .._state import state_dir
@@ -78,7 +78,7 @@ def main(args: list[str], *, console: bool = False) -> int:
             if console:
                 _exit_now(result)
             return result
-        status = _in_process(args, tuple(pending))
+        status = _in_process(args, pending)
     finally:
         for sig, handler in previous.items():
             _signal.signal(sig, handler)
@@ -112,10 +112,11 @@ def _exit_now(status: int) -> None:
     os._exit(status & 0xFF if status >= 0 else 1)
 
 
-def _in_process(args: list[str], pending: tuple[int, ...]) -> int:
-    from .commands.run import main as run_main
+def _in_process(args: list[str], pending: list[int]) -> int:
+    """The run in this process; *pending* (still filled by our handlers) is read at its start."""
+    from .commands.run import main as run_main  # first: signals during the import are kept
 
-    return run_main(args, pending=pending)
+    return run_main(args, pending=tuple(pending))
 
 
 def _through_server(
