@@ -121,6 +121,7 @@ class Running:
         self._cgroup: Cgroup | None = None
         self._prestaged = cgroup
         self._born_inside = False  # the first process was spawned inside self._prestaged
+        self._reaped = False  # waitpid() returned: signals must not go to its (reusable) pids
         self._broker: Broker | None = None
         self._egress: EgressHandle | None = None
         self._status = bytearray()
@@ -460,7 +461,9 @@ class Running:
 
     # ------------------------------------------------------------ control
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command (not to the sandbox's init)."""
+        """Deliver *signum* to the command (not to the sandbox's init); a no-op once it was reaped."""
+        if self._reaped:
+            return  # its pids may belong to other processes by now
         for pid in self._command_pids(top_only=True):
             try:
                 os.kill(pid, signum)
@@ -470,7 +473,7 @@ class Running:
     def cancel(self) -> None:
         """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
         self._cancelled = True
-        if self._kill_at is None:
+        if self._kill_at is None and not self._reaped:
             self._terminate()
 
     def kill(self) -> None:
@@ -480,6 +483,8 @@ class Running:
         then returns soon after.
         """
         self._cancelled = True
+        if self._reaped:
+            return
         self._kill_at = time.monotonic()
         self._kill_everything()
 
@@ -569,6 +574,7 @@ class Running:
                     if fd == self._pidfd:
                         if wait_status is None:
                             _, wait_status = os.waitpid(self.pid, 0)
+                            self._reaped = True
                             exited_at = time.monotonic()
                             self._after_main_exit()
                         poller.unregister(fd)
@@ -611,6 +617,7 @@ class Running:
                     _, wait_status = os.waitpid(self.pid, 0)
                 except ChildProcessError:
                     wait_status = 0
+                self._reaped = True
             outcome = self._finish(wait_status)
         return outcome
 
