@@ -46,7 +46,7 @@ def _wait(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-d
 def test_a_process_is_born_in_the_group_and_the_launcher_is_not_left_in_it(layout) -> None:  # type: ignore[no-untyped-def]
     from corral._launchers import LauncherPool
 
-    threads = len(_tids())
+    before = _tids()
     pool = LauncherPool(layout, size=1)
     try:
         assert _wait(lambda: pool.statistics()["ready"] == 1)
@@ -76,13 +76,13 @@ def test_a_process_is_born_in_the_group_and_the_launcher_is_not_left_in_it(layou
     finally:
         pool.close()
     assert _groups() == []
-    assert _wait(lambda: len(_tids()) == threads)
+    assert _wait(lambda: not _tids() - before), _tids() - before  # the pool's threads are gone
 
 
 def test_an_unused_group_goes_back_cleanly(layout) -> None:  # type: ignore[no-untyped-def]
     from corral._launchers import LauncherPool
 
-    threads = len(_tids())
+    before = _tids()
     pool = LauncherPool(layout, size=2)
     assert _wait(lambda: pool.statistics()["ready"] == 2)
     group = pool.take()
@@ -90,5 +90,5 @@ def test_an_unused_group_goes_back_cleanly(layout) -> None:  # type: ignore[no-u
     group.remove()  # taken, never spawned from (e.g. the run failed before its start)
     pool.close()
     assert _groups() == []
-    assert _wait(lambda: len(_tids()) == threads)
+    assert _wait(lambda: not _tids() - before), _tids() - before  # the pool's threads are gone
     assert pool.take() is None  # closed
