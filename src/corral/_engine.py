@@ -190,6 +190,13 @@ class Running:
             self._started = time.monotonic()
             self._wall_start = time.time()
             spawn = self._spawner()
+            if self._born_inside and plan.egress is None and "block" in self._parent_fds:
+                # Nothing to wait for: the cgroup is the one it is born in, and no proxy
+                # has to listen first. The go-ahead is in the pipe before the spawn, so
+                # bubblewrap (--block-fd) or the helper (--wait-fd) never stops on it.
+                block = self._parent_fds.pop("block")
+                os.write(block, b"g")
+                os.close(block)
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
