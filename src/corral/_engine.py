@@ -16,6 +16,7 @@ Sequence for one run::
     [read bwrap --info-fd: the sandbox's first pid]
     [create the cgroup, move the sandbox's pids into it (unless born inside)]
     release --block-fd / --wait-fd               the command may start now
+                                                (born inside, no proxy: written before the spawn)
     [receive the seccomp listener -> start the write broker]
     poll: relay output (cap, hash), feed stdin, watch the status pipe,
           the pidfd and the deadline (TERM -> grace -> KILL of the whole tree)
