@@ -23,6 +23,10 @@ from typing import Any
 import pytest
 
 TEST_ROOT = os.environ.get("CORRAL_TEST_ROOT", "/var/lib/corral-tests")
+# `corral run` starts a per-user server when none runs; with a HOME per test that
+# would be a server per test. Tests run corral in-process unless they say otherwise
+# (tests/integration/server/ starts and stops its own servers).
+os.environ["CORRAL_SERVER"] = "off"
 SECRET_ENV_VALUE = "s3cr3t-env-value-4711"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- corral-test-key -----END OPENSSH PRIVATE KEY-----\n"
 AWS_CREDENTIALS = "[default]\naws_secret_access_key = corral-test-aws-secret\n"
@@ -60,6 +64,7 @@ class World:
             "LANG": "C.UTF-8",
             "SECRET_TOKEN": SECRET_ENV_VALUE,
             "PYTHONDONTWRITEBYTECODE": "1",
+            "CORRAL_SERVER": "off",
         }
         if "CORRAL_BWRAP" in os.environ:
             self.environ["CORRAL_BWRAP"] = os.environ["CORRAL_BWRAP"]
@@ -182,6 +187,39 @@ def world() -> Iterator[World]:
         assert not strays, f"processes outlived the test: {strays}"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def corral_servers() -> dict[int, str]:
+    """Running ``corral server`` processes: pid -> command line."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"corral" in b" ".join(words[:4]) and b"server" in words and b"--state-dir" in words:
+            found[int(pid)] = b" ".join(words).decode(errors="replace")
+    return found
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_server_outlives_the_tests() -> Iterator[None]:
+    """Fails the session if a test left a corral server running."""
+    before = corral_servers()
+    yield
+    import time
+
+    deadline = time.monotonic() + 10
+    left = {}
+    while time.monotonic() < deadline:
+        left = {pid: cmd for pid, cmd in corral_servers().items() if pid not in before}
+        if not left:
+            break
+        time.sleep(0.1)
+    assert not left, f"corral servers outlived the tests: {left}"
 
 
 def bwrap_available() -> str | None:

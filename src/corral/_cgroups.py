@@ -23,6 +23,10 @@ from __future__ import annotations
 import errno
 import os
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = ["Cgroup", "CgroupLayout", "Prestage", "probe", "sweep"]
 
 _V1_CONTROLLERS = ("memory", "pids", "cpu", "freezer")
@@ -165,14 +169,26 @@ class Cgroup:
         cg.oom_killed()           # True if the memory limit killed something
         cg.kill_all()             # SIGKILL everything still inside
         cg.remove()
+
+    A group handed out by :class:`corral._launchers.LauncherPool` has a
+    ``spawner``: a ``posix_spawn`` stand-in that starts the process from a
+    thread already inside the group, so the process is born there and no
+    ``cgroup.procs`` write (with its RCU grace period on v1) is needed.
+    ``on_remove`` is called when :meth:`remove` starts (the pool lets the
+    launcher thread go: the run's processes have been reaped by then);
+    ``remove_later``, when set, is handed the removal to run on another
+    thread (the server answers its client first).
     """
 
-    __slots__ = ("dirs", "layout", "name")
+    __slots__ = ("dirs", "layout", "name", "on_remove", "remove_later", "spawner")
 
     def __init__(self, layout: CgroupLayout, dirs: dict[str, str], name: str = "") -> None:
         self.layout = layout
         self.dirs = dirs
         self.name = name
+        self.spawner: Callable[..., int] | None = None
+        self.on_remove: Callable[[], None] | None = None
+        self.remove_later: Callable[[Callable[[], None]], None] | None = None
 
     @classmethod
     def create(
@@ -250,6 +266,28 @@ class Cgroup:
                 _write(os.path.join(dirs["cpu"], "cpu.cfs_period_us"), "100000")
                 _write(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"), str(int(cpus * 100_000)))
 
+    def adopt(self, layout: CgroupLayout) -> bool:
+        """Take *layout* (a run's probe) for the controllers this group adds from now on.
+
+        A group prepared ahead (:class:`Prestage`, a launcher pool) was made
+        from a probe for ``memory`` and ``pids``; a run that also limits
+        ``cpu`` probed a layout that has it (one that needs no ``memory``
+        limit, a layout without it: the group keeps its directory, unlimited).
+        Returns False (the group cannot serve the run) when *layout* is
+        another cgroup version or places a controller the group uses elsewhere.
+        """
+        if layout.version != self.layout.version:
+            return False
+        parents = dict(layout.parents)
+        for controller in self.dirs:
+            mine = self.layout.parents.get(controller)
+            if parents.setdefault(controller, mine or "") != mine:
+                return False
+        self.layout = CgroupLayout(
+            layout.version, parents, layout.controllers | self.layout.controllers
+        )
+        return True
+
     def ensure_dirs(self, controllers: set[str]) -> None:
         """v1: create the group directory in each of *controllers* (that exists)."""
         for controller in sorted(controllers & set(self.layout.parents)):
@@ -304,8 +342,11 @@ class Cgroup:
                 _write(os.path.join(freezer, "freezer.state"), "FROZEN")
             except OSError:
                 freezer = None
+        me = os.getpid()
         for _ in range(100):
-            pids = self.procs()
+            # Never ourselves: on v1 a thread of ours inside the group (a launcher,
+            # see corral._launchers) lists our pid in cgroup.procs.
+            pids = [pid for pid in self.procs() if pid != me]
             if not pids:
                 break
             for pid in pids:
@@ -328,9 +369,23 @@ class Cgroup:
         and a group with tasks cannot be removed: wait for ``cgroup.procs`` to
         empty (up to 10 s), then remove. A group that still cannot be removed
         is left for :func:`sweep` (its name carries corral's pid).
+
+        With ``remove_later`` set, this object lets go of the directories at
+        once (further calls are no-ops) and the removal runs wherever
+        ``remove_later`` puts it.
         """
         import time
 
+        if self.remove_later is not None:
+            later, self.remove_later = self.remove_later, None
+            detached = Cgroup(self.layout, self.dirs, self.name)
+            detached.on_remove, self.on_remove = self.on_remove, None
+            self.dirs = {}
+            later(detached.remove)
+            return
+        hook, self.on_remove = self.on_remove, None
+        if hook is not None:
+            hook()  # e.g. an unused launcher thread leaves the group now
         deadline = time.monotonic() + 10.0
         delay = 0.0005
         while self.procs() and time.monotonic() < deadline:

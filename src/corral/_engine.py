@@ -11,9 +11,12 @@ Sequence for one run::
 
     create fds (status pipe, BPF memfds, broker socket, info/block pipes, stdio)
     posix_spawn(plan.argv)                      bwrap or the exec helper
+                                                (or a launcher thread's spawn from
+                                                inside the run's cgroup: born there)
     [read bwrap --info-fd: the sandbox's first pid]
-    [create the cgroup, move the sandbox's pids into it]
+    [create the cgroup, move the sandbox's pids into it (unless born inside)]
     release --block-fd / --wait-fd               the command may start now
+                                                (born inside, no proxy: written before the spawn)
     [receive the seccomp listener -> start the write broker]
     poll: relay output (cap, hash), feed stdin, watch the status pipe,
           the pidfd and the deadline (TERM -> grace -> KILL of the whole tree)
@@ -37,6 +40,8 @@ from ._outcome import NetworkAttempt, Outcome, Violation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._cgroups import Cgroup, CgroupLayout
     from .backends._broker import Broker
     from .backends._plan import LaunchPlan
@@ -74,8 +79,16 @@ class Running:
 
     ``start()`` raises :class:`~corral.LaunchFailed` if the sandbox cannot be
     set up; ``wait()`` returns the :class:`~corral.Outcome`. Thread-safe
-    methods: :meth:`send_signal` and :meth:`cancel` (e.g. from a signal
-    handler or another thread).
+    methods: :meth:`send_signal`, :meth:`cancel` and :meth:`kill` (e.g. from a
+    signal handler or another thread).
+
+    *streams* are the fds the command's stdin is inherited from
+    (``stdin_mode="inherit"``) and its output is relayed to (default: this
+    process's 0, 1, 2; the corral server passes its client's). *stdio*
+    instead hands three fds to the command as they are (a pty: no relay, no
+    cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
+    (:mod:`corral._launchers`) the first process is started by it, born
+    inside the group, and is not moved afterwards.
     """
 
     def __init__(
@@ -86,7 +99,7 @@ class Running:
         stdin_data: bytes = b"",
         capture: bool = True,
         cgroup_layout: CgroupLayout | None = None,
-        sinks: tuple[int, int] = (1, 2),
+        streams: tuple[int, int, int] = (0, 1, 2),
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
     ) -> None:
@@ -95,7 +108,8 @@ class Running:
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
         self._layout = cgroup_layout
-        self._sinks = sinks
+        self._streams_in = streams[0]
+        self._sinks = streams[1:]
         self._stdio = stdio
         self.pid = -1
         self.sandbox_pid = -1  # bubblewrap's pid 1 in the sandbox (host pid)
@@ -107,6 +121,8 @@ class Running:
         self._stdin_fd = -1
         self._cgroup: Cgroup | None = None
         self._prestaged = cgroup
+        self._born_inside = False  # the first process was spawned inside self._prestaged
+        self._reaped = False  # waitpid() returned: signals must not go to its (reusable) pids
         self._broker: Broker | None = None
         self._egress: EgressHandle | None = None
         self._status = bytearray()
@@ -120,7 +136,20 @@ class Running:
 
     # ------------------------------------------------------------ start
     def start(self) -> None:
-        """Spawn the sandbox and release the command. Raises LaunchFailed."""
+        """Spawn the sandbox and release the command. Raises LaunchFailed.
+
+        On any failure everything acquired so far (fds, the process, the
+        prepared cgroup and its launcher) is released before the error
+        propagates.
+        """
+        try:
+            self._spawn()
+            self._setup_phase()
+        except BaseException:
+            self._abort()
+            raise
+
+    def _spawn(self) -> None:
         plan = self.plan
         child_fds: list[tuple[int, int]] = []  # (parent fd, child number)
         to_close_after_spawn: list[int] = []
@@ -161,10 +190,18 @@ class Running:
             actions = _dup_actions([*zip(stdio, (0, 1, 2), strict=True), *child_fds])
             self._started = time.monotonic()
             self._wall_start = time.time()
+            spawn = self._spawner()
+            if self._born_inside and plan.egress is None and "block" in self._parent_fds:
+                # Nothing to wait for: the cgroup is the one it is born in, and no proxy
+                # has to listen first. The go-ahead is in the pipe before the spawn, so
+                # bubblewrap (--block-fd) or the helper (--wait-fd) never stops on it.
+                block = self._parent_fds.pop("block")
+                os.write(block, b"g")
+                os.close(block)
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
-                self.pid = os.posix_spawn(
+                self.pid = spawn(
                     plan.argv[0],
                     list(plan.argv),
                     dict(plan.env),
@@ -186,17 +223,44 @@ class Running:
             os.set_blocking(self._stdin_fd, False)
         for stream in self._streams:
             os.set_blocking(stream.fd, False)
+
+    def _spawner(self) -> Callable[..., int]:
+        """``os.posix_spawn``, or the prepared group's launcher (born inside the group).
+
+        A launcher needs the group's final shape first: the limits are written
+        and the controllers it joins are decided here, before the spawn.
+        """
+        group = self._prestaged
+        limits = self.plan.cgroup
+        if group is None or limits is None:
+            return os.posix_spawn
+        if self._layout is not None and not group.adopt(self._layout):
+            group.remove()  # made for another layout: create the run's own group later
+            self._prestaged = None
+            return os.posix_spawn
+        if group.spawner is None:
+            return os.posix_spawn
+        # With a pid namespace, killing its pid 1 stops everything: no freezer needed.
+        freezer = self.plan.fd("info") is None
+        pids = limits.pids
+        if pids is not None and not freezer:
+            # Born inside, bubblewrap's outer process (which never forks again) is in
+            # the group too; moved in later, only the sandbox's pid 1 would be. One
+            # more keeps the command's own budget the same.
+            pids += 1
         try:
-            self._setup_phase()
-        except BaseException:
-            self._abort()
-            raise
+            group.set_limits(memory=limits.memory, pids=pids, cpus=limits.cpus, freezer=freezer)
+        except OSError as exc:
+            raise LaunchFailed(f"Failed to apply resource limits: {exc}") from exc
+        self._born_inside = True
+        self._cgroup, self._prestaged = group, None
+        return group.spawner
 
     def _prepare_stdio(self, close_later: list[int]) -> list[int]:
         if self._stdio is not None:
             return list(self._stdio)  # e.g. a pty for an interactive shell
         if self._stdin_mode == "inherit":
-            stdin = 0
+            stdin = self._streams_in
         elif self._stdin_mode == "data":
             r, w = os.pipe2(os.O_CLOEXEC)
             self._stdin_fd = w
@@ -231,7 +295,9 @@ class Running:
             # with a pid namespace, killing its pid 1 stops everything: no freezer needed
             freezer = plan.fd("info") is None
             limits = plan.cgroup
-            if self._prestaged is not None:
+            if self._born_inside:
+                pass  # self._cgroup is the group it was born in; limits written already
+            elif self._prestaged is not None:
                 self._cgroup, self._prestaged = self._prestaged, None
                 self._cgroup.set_limits(
                     memory=limits.memory, pids=limits.pids, cpus=limits.cpus, freezer=freezer
@@ -274,7 +340,7 @@ class Running:
             from .egress import start_for_sandbox
 
             self._egress = start_for_sandbox(plan.egress, sandbox_pid=pids[-1])
-        if self._cgroup is not None:
+        if self._cgroup is not None and not self._born_inside:
             for pid in pids:
                 try:
                     self._cgroup.attach(pid)
@@ -403,7 +469,9 @@ class Running:
 
     # ------------------------------------------------------------ control
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command (not to the sandbox's init)."""
+        """Deliver *signum* to the command (not to the sandbox's init); a no-op once it was reaped."""
+        if self._reaped:
+            return  # its pids may belong to other processes by now
         for pid in self._command_pids(top_only=True):
             try:
                 os.kill(pid, signum)
@@ -413,8 +481,20 @@ class Running:
     def cancel(self) -> None:
         """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
         self._cancelled = True
-        if self._kill_at is None:
+        if self._kill_at is None and not self._reaped:
             self._terminate()
+
+    def kill(self) -> None:
+        """Stop the whole sandbox at once (SIGKILL), as if corral itself had died.
+
+        The corral server calls this when its client goes away; :meth:`wait`
+        then returns soon after.
+        """
+        self._cancelled = True
+        if self._reaped:
+            return
+        self._kill_at = time.monotonic()
+        self._kill_everything()
 
     def _command_pids(self, *, top_only: bool) -> list[int]:
         """Host pids of the command: bwrap's pid 2 (and below), or our child."""
@@ -502,6 +582,7 @@ class Running:
                     if fd == self._pidfd:
                         if wait_status is None:
                             _, wait_status = os.waitpid(self.pid, 0)
+                            self._reaped = True
                             exited_at = time.monotonic()
                             self._after_main_exit()
                         poller.unregister(fd)
@@ -544,6 +625,7 @@ class Running:
                     _, wait_status = os.waitpid(self.pid, 0)
                 except ChildProcessError:
                     wait_status = 0
+                self._reaped = True
             outcome = self._finish(wait_status)
         return outcome
 

@@ -22,6 +22,7 @@ Three kinds of "no" stay apart (docs/design.md, "Errors"):
     │   ├── PreviewError                      a preview could not be created, diffed or applied
     │   │   └── ApplyConflict                 the real workspace changed under the preview
     │   └── SessionClosed                     the sandbox session was already closed
+    ├── ServerError                           the corral server could not start or answer
     ├── CommandFailed                         Outcome.check(): the command failed
     └── PolicyDenied                          Outcome.raise_for_denial(): something was blocked
 
@@ -50,6 +51,7 @@ __all__ = [
     "PreviewError",
     "ProxyStartFailed",
     "SandboxError",
+    "ServerError",
     "SessionClosed",
     "SettingsError",
     "UsageError",
@@ -180,6 +182,16 @@ class SessionClosed(SandboxError):
     """The sandbox session was used after it was closed."""
 
     reference = "session-closed"
+
+
+class ServerError(CorralError):
+    """The corral server (``corral server``) could not start, or did not answer.
+
+    ``corral run`` never shows this: without a usable server it runs the
+    command in its own process.
+    """
+
+    reference = "server-error"
 
 
 class CommandFailed(CorralError):

@@ -1,13 +1,15 @@
 """Run one request under one policy: pick the backend, plan, launch, audit.
 
-This is the single path every entry point takes (``corral run``, the hook's
-rewritten command, the SDK, the MCP server)::
+This is the single path every entry point takes (``corral run`` in its own
+process or in the corral server, the hook's rewritten command, the SDK, the
+MCP server)::
 
     prepared = prepare(request, policy, environ=os.environ)   # backend + facts + plan
     outcome = launch(prepared, request, on_start=...)          # runs it
     audit_outcome(outcome, ...)                                 # one hash-chained record
 
-:func:`execute` does all three.
+:func:`execute` does all three. :class:`SignalRelay` carries signals for a
+command that may not have started yet.
 
 With ``preview=`` (a :class:`corral.preview.Preview`) the command runs
 against the preview's copy-on-write view of the workspace: only backends
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from .policy._model import Policy
     from .preview import Preview  # typing only: the preview layer sits above this module
 
-__all__ = ["Prepared", "audit_outcome", "execute", "launch", "prepare"]
+__all__ = ["Prepared", "SignalRelay", "audit_outcome", "execute", "launch", "prepare"]
 
 
 class Prepared:
@@ -57,6 +59,78 @@ class Prepared:
         self.plan = plan
         self.policy = policy
         self.preview = preview
+
+
+class SignalRelay:
+    """Signals meant for a command: delivered to it once it runs, held until then.
+
+    ``corral run`` feeds it from its signal handlers; the corral server from
+    its client's messages. :meth:`deliver`, :meth:`stop` and :meth:`kill` may
+    be called from a signal handler (in the main thread, between any two
+    bytecodes of the run) or from another thread; none takes a lock, so none
+    can deadlock against :meth:`started`. Every held signal is delivered
+    exactly once: both sides publish first, then drain the shared list with
+    atomic ``pop``.
+
+    Example::
+
+        relay = SignalRelay()
+        relay.deliver(2)                      # SIGINT before the start: held
+        launch(..., on_start=relay.started)   # delivered to the command now
+    """
+
+    __slots__ = ("_pending", "_running", "_stop")
+
+    def __init__(self, pending: tuple[int, ...] = ()) -> None:
+        self._running: Running | None = None
+        self._pending: list[int] = list(pending)
+        self._stop = ""  # "", "stop" (TERM, grace, KILL) or "kill" (KILL now)
+
+    def deliver(self, signum: int) -> None:
+        """Send *signum* to the command (held until it has started)."""
+        self._pending.append(signum)
+        self._drain()
+
+    def stop(self) -> None:
+        """Stop the command as a timeout would (SIGTERM, grace, SIGKILL), now or at its start."""
+        self._stop = self._stop or "stop"
+        self._apply()
+
+    def kill(self) -> None:
+        """The caller is gone: stop the whole sandbox (SIGKILL) now or as soon as it starts."""
+        self._stop = "kill"
+        self._apply()
+
+    @property
+    def stopped(self) -> str:
+        """``""``, or ``"stop"``/``"kill"`` once :meth:`stop`/:meth:`kill` was called."""
+        return self._stop
+
+    def started(self, running: Running) -> None:
+        """The command was released: deliver what is held (the ``on_start`` callback)."""
+        self._running = running
+        self._apply()
+        self._drain()
+
+    def _apply(self) -> None:
+        running = self._running
+        if running is None:
+            return
+        if self._stop == "kill":
+            running.kill()
+        elif self._stop == "stop":
+            running.cancel()
+
+    def _drain(self) -> None:
+        running = self._running
+        if running is None:
+            return
+        while self._pending:
+            try:
+                signum = self._pending.pop(0)
+            except IndexError:
+                return  # the other side took the last one
+            running.send_signal(signum)
 
 
 def _plan(
@@ -187,8 +261,14 @@ def launch(
     on_start: Callable[[Running], None] | None = None,
     stdio: tuple[int, int, int] | None = None,
     cgroup: Cgroup | None = None,
+    streams: tuple[int, int, int] = (0, 1, 2),
 ) -> Outcome:
     """Run a prepared plan; *on_start* receives the running handle (signals, cancel).
+
+    *stdio*, *cgroup* and *streams* go to :meth:`Backend.launch
+    <corral.backends.Backend.launch>`: a pty handed over as is; a group
+    prepared ahead (the caller's until the launch takes it); the fds an
+    inherited stdin comes from and streamed output goes to.
 
     In a preview the preview is held for the whole run (a second command in
     the same preview is refused meanwhile: ``PreviewError``) and what the run
@@ -203,6 +283,7 @@ def launch(
             on_start=on_start,
             stdio=stdio,
             cgroup=cgroup,
+            streams=streams,
         )
     with preview.hold():
         try:
@@ -213,6 +294,7 @@ def launch(
                 on_start=on_start,
                 stdio=stdio,
                 cgroup=cgroup,
+                streams=streams,
             )
         except BaseException:
             try:

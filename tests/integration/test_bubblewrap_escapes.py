@@ -98,6 +98,22 @@ def test_hides_ssh_keys_and_aws_credentials(world: World) -> None:
     assert b"corral-test-aws-secret" not in out and AWS_CREDENTIALS.encode() not in out
 
 
+def test_allow_read_reexposes_a_path_under_a_hidden_directory(world: World) -> None:
+    public = World.write(
+        os.path.join(world.home, ".ssh", "public", "key.pub"), "ssh-ed25519 AAAA\n"
+    )
+    result = world.run(
+        f"cat {public}; ls {world.home}/.ssh; cat {world.secret}; "
+        f"echo x > {world.home}/.ssh/new || echo read-only",
+        "--allow-read",
+        os.path.dirname(public),
+    )
+    assert result.returncode == 0, result.stderr
+    # only the carve-out is visible; the rest of ~/.ssh stays hidden and read-only
+    assert result.stdout.decode().split() == ["ssh-ed25519", "AAAA", "public", "read-only"]
+    assert not os.path.exists(os.path.join(world.home, ".ssh", "new"))
+
+
 def test_does_not_leak_host_environment(world: World) -> None:
     result = world.run("env; cat /proc/self/environ | tr '\\0' '\\n'")
     assert result.returncode == 0

@@ -213,5 +213,7 @@ def test_bench_reports_medians_as_json(world: World) -> None:
     result = world.corral("bench", "--json", "-n", "3", "core", timeout=300)
     assert result.returncode == 0, result.stderr
     rows = {row["name"]: row for row in json.loads(result.stdout)["core"]}
-    assert rows["corral run -- true (default policy)"]["value"] > 0
+    assert rows["corral run -- true (warm server, default policy)"]["value"] > 0
+    assert rows["corral run -- true (warm server, default policy)"]["target"] == "<= 1.3x"
+    assert rows["corral run -- true (in-process, default policy)"]["value"] > 0
     assert rows["raw bwrap (agent profile) true"]["value"] > 0

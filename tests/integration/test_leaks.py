@@ -125,3 +125,62 @@ def test_two_hundred_cli_runs_leak_nothing(world: World) -> None:
     assert os.listdir(tmp) == []
     assert _mounts(world.root) == []
     assert _corral_cgroups(pids) == []
+
+
+def test_two_hundred_runs_through_a_server_leak_nothing(world: World) -> None:
+    """The server's fds, threads and cgroups come back to where they were."""
+    import json
+    import time
+
+    from tests.integration.server.conftest import stop
+
+    del world.environ["CORRAL_SERVER"]
+    tmp = _private_tmp(world)
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+
+        def status() -> dict[str, object]:
+            data = json.loads(world.corral("server", "--status", "--json").stdout)
+            assert isinstance(data, dict)
+            return data
+
+        server = status()["pid"]
+        assert isinstance(server, int)
+
+        def resources() -> tuple[int, int, int]:
+            """Once nothing runs and the launcher pool is full again: fds, threads, cgroups."""
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                data = status()
+                pool = data["launchers"]
+                if data["running"] == 0 and (pool is None or pool["ready"] == 2):  # type: ignore[index]
+                    break
+                time.sleep(0.05)
+            return (
+                len(os.listdir(f"/proc/{server}/fd")),
+                len(os.listdir(f"/proc/{server}/task")),
+                len(_corral_cgroups({server})),
+            )
+
+        def settled(expected: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+            """resources() once two readings agree (a released launcher thread exits late)."""
+            deadline = time.monotonic() + 10
+            previous = resources()
+            while time.monotonic() < deadline:
+                now = resources()
+                if now == previous and (expected is None or now == expected):
+                    return now
+                previous = now
+            return previous
+
+        assert world.run("true").returncode == 0  # warm: lazy imports, the pool's groups
+        before = settled()
+        for i in range(200):
+            result = world.corral("run", "-c", f"echo {i}")
+            assert result.stdout == f"{i}\n".encode(), result.stderr
+        assert status()["served"] == 201
+        assert settled(before) == before
+        assert os.listdir(tmp) == []
+        assert _mounts(world.root) == []
+    finally:
+        stop(world)

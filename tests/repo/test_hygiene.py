@@ -156,7 +156,11 @@ def test_run_path_avoids_heavy_imports(tmp_path: object) -> None:
 
     if bwrap_available():
         pytest.skip(str(bwrap_available()))
-    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    env = {
+        "HOME": str(tmp_path),
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "CORRAL_SERVER": "off",  # the in-process path; the client's is checked below
+    }
     ws = os.path.join(str(tmp_path), "ws")
     os.makedirs(os.path.join(ws, ".git"))
     result = subprocess.run(
@@ -170,3 +174,57 @@ def test_run_path_avoids_heavy_imports(tmp_path: object) -> None:
     status, _, heavy = result.stdout.strip().partition(" ")
     assert status == "0", result.stderr
     assert heavy == "", f"the run path imported {heavy}"
+
+
+def test_the_server_clients_path_imports_almost_nothing(tmp_path: object) -> None:
+    """``corral run`` through a server: beyond ``python -c pass`` only the client's few modules."""
+    from tests.conftest import bwrap_available
+
+    if bwrap_available():
+        pytest.skip(str(bwrap_available()))
+    probe = (
+        "import sys\n"
+        "before = set(sys.modules)\n"
+        "from corral.cli import main\n"
+        "status = main(['run', '--memory', 'none', '--pids', 'none', '--', 'true'])\n"
+        "print(status, ','.join(sorted(set(sys.modules) - before)))\n"
+    )
+    env = {"HOME": str(tmp_path), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    ws = os.path.join(str(tmp_path), "ws")
+    os.makedirs(os.path.join(ws, ".git"))
+    corral = [sys.executable, "-m", "corral"]
+    started = subprocess.run(
+        [*corral, "server", "--detach"], env=env, capture_output=True, check=False
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        result = subprocess.run(
+            [sys.executable, "-S", "-c", "import site; site.main()\n" + probe],
+            cwd=ws,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        served = subprocess.run(
+            [*corral, "server", "--status"], env=env, capture_output=True, text=True, check=False
+        )
+    finally:
+        subprocess.run([*corral, "server", "--stop"], env=env, capture_output=True, check=False)
+    status, _, loaded = result.stdout.strip().partition(" ")
+    assert status == "0", result.stderr
+    assert "served 1," in served.stdout, "the probe's run did not go through the server"
+    allowed = {
+        "_socket",
+        "_signal",
+        "_json",
+        "__future__",
+        "corral",
+        "corral._version",
+        "corral.cli",
+        "corral.cli._client",
+        "corral._jsonfast",
+        "corral._wire",
+        "corral._state",
+    }
+    assert set(loaded.split(",")) - allowed == set()

@@ -472,12 +472,19 @@ class ContainerBackend(Backend):
         on_start: Callable[[Running], None] | None = None,
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome:
         """Run the engine CLI; remove the container if the CLI was stopped before it."""
-        del cgroup  # the engine applies the limits in its own cgroups
+        if cgroup is not None:
+            cgroup.remove()  # the engine applies the limits in its own cgroups
         try:
             outcome = super().launch(
-                plan, request, cgroup_layout=None, on_start=on_start, stdio=stdio
+                plan,
+                request,
+                cgroup_layout=None,
+                on_start=on_start,
+                stdio=stdio,
+                streams=streams,
             )
         except BaseException:
             self.remove_container(plan, container_name(plan.sandbox_id))

@@ -123,13 +123,17 @@ class Backend:
         on_start: Callable[[Running], None] | None = None,
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome:
         """Run *plan* and return the Outcome (default: corral's local process engine).
 
         *on_start* is called with the running handle once the command has
         been released (for signal forwarding and cancellation). *stdio*
         replaces the command's stdin/stdout/stderr (e.g. a pty). *cgroup* is
-        a group prepared ahead (see :class:`corral._cgroups.Prestage`).
+        a group prepared ahead (see :class:`corral._cgroups.Prestage` and
+        :class:`corral._launchers.LauncherPool`). *streams* are the fds an
+        inherited stdin comes from and streamed output goes to (default this
+        process's 0, 1, 2; the corral server passes its client's).
         """
         from .._engine import Running
 
@@ -141,6 +145,7 @@ class Backend:
             cgroup_layout=cgroup_layout,
             stdio=stdio,
             cgroup=cgroup,
+            streams=streams,
         )
         running.start()
         if on_start is not None:

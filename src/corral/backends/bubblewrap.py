@@ -280,19 +280,26 @@ class BubblewrapBackend(Backend):
                 if facts.kind(target) in ("dir", "file"):
                     args += ["--ro-bind", source(target), target]
         # secrets: hidden (empty read-only dir, or /dev/null for files)
+        carves = [c for c in fs.allow_read if facts.kind(c) != "missing"]
+        later: list[str] = []
         for secret in sorted(fs.deny_read):
             kind = facts.kind(secret)
             if kind == "missing" or not visible(secret):
                 continue
             if kind == "dir":
-                args += ["--tmpfs", secret, "--remount-ro", secret]
+                args += ["--tmpfs", secret]
+                if any(c.startswith(secret.rstrip("/") + "/") for c in carves):
+                    later.append(secret)  # read-only once the carve-outs' mount points exist
+                else:
+                    args += ["--remount-ro", secret]
             else:
                 args += ["--ro-bind", "/dev/null", secret]
         # allowRead re-exposes, read-only, a path hidden by denyRead or by the private
         # /tmp (e.g. a virtualenv under /tmp that the command must run from)
-        for carve in fs.allow_read:
-            if facts.kind(carve) != "missing":
-                args += ["--ro-bind", source(carve), carve]
+        for carve in carves:
+            args += ["--ro-bind", source(carve), carve]
+        for secret in later:
+            args += ["--remount-ro", secret]
         args += ["--chdir", cwd]
         # the sandbox waits on --block-fd until its cgroup is set and its proxy listens
         hold = cgroup is not None or egress is not None

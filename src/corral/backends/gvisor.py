@@ -433,6 +433,7 @@ class GvisorBackend(Backend):
         on_start: Callable[[Running], None] | None = None,
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome:
         """Write the bundle, run runsc, then delete the sandbox's state and the bundle."""
         import shutil
@@ -453,6 +454,7 @@ class GvisorBackend(Backend):
                 on_start=on_start,
                 stdio=stdio,
                 cgroup=cgroup,
+                streams=streams,
             )
         finally:
             import subprocess

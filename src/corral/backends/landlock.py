@@ -413,6 +413,7 @@ class LandlockBackend(Backend):
         on_start: Callable[[Running], None] | None = None,
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome:
         """Create the private TMPDIR (and cache dirs), run, then remove the TMPDIR."""
         tmp = private_tmp(plan.sandbox_id)
@@ -429,6 +430,7 @@ class LandlockBackend(Backend):
                 on_start=on_start,
                 stdio=stdio,
                 cgroup=cgroup,
+                streams=streams,
             )
         finally:
             _remove_tree(tmp)

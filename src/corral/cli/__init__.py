@@ -48,6 +48,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run another plugin's hooks and MCP servers in corral",
     ),
     "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
+    "server": (
+        "corral.cli.commands.server",
+        "the warm per-user process that serves 'corral run' (--status, --stop)",
+    ),
 }
 
 USAGE = """usage: corral COMMAND [OPTIONS] ...
@@ -69,8 +73,8 @@ def print_error(message: str, hint: str | None = None) -> None:
     sys.stderr.flush()
 
 
-#: commands whose stdout/stderr is a protocol: they do not report recoveries
-_NO_RECOVERY = frozenset({"hook", "mcp"})
+#: commands whose stdout/stderr is a protocol, or a daemon's: they do not report recoveries
+_NO_RECOVERY = frozenset({"hook", "mcp", "server"})
 
 
 def _finish_interrupted_applies() -> None:
@@ -104,7 +108,13 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``corral`` console script; returns the exit status."""
+    """Entry point of the ``corral`` console script; returns the exit status.
+
+    With *argv* ``None`` (the console script, ``python -m corral``) a ``corral
+    run`` served by the corral server ends the process itself once the status
+    is known (see :func:`corral.cli._client.main`); called with an argument
+    list, it always returns.
+    """
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help", "help"):
         sys.stdout.write(_usage())
@@ -126,13 +136,17 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if command not in _NO_RECOVERY:
         _finish_interrupted_applies()
-    import importlib
-
     # corral's helper threads (cgroup set-up, write broker, proxy) mostly wait
     # in syscalls; hand the GIL back to the main thread quickly when they wake.
     sys.setswitchinterval(0.0005)
-    module = importlib.import_module(COMMANDS[command][0])
     try:
+        if command == "run":
+            from ._client import main as run_main  # the corral server, else in-process
+
+            return run_main(args[1:], console=argv is None)
+        import importlib
+
+        module = importlib.import_module(COMMANDS[command][0])
         status: int = module.main(args[1:])
     except KeyboardInterrupt:
         return 130

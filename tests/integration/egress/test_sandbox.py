@@ -72,6 +72,7 @@ class World:
             "LANG": "C.UTF-8",
             "CORRAL_EGRESS_HOSTS": self.hosts_file,
             "XDG_STATE_HOME": self.state,
+            "CORRAL_SERVER": "off",
         }
         # allowed: the test names, and the upstream's own address (the SSRF guard
         # refuses names that resolve to loopback unless the address is allowed too)

@@ -340,6 +340,7 @@ def _unprivileged_cycle(world, uid, corral):
         "XDG_STATE_HOME": world.xdg_state,
         "PYTHONPATH": src,
         "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "CORRAL_SERVER": "off",
     }
 
     def as_user(*args):

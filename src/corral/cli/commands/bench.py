@@ -34,6 +34,9 @@ def main(args: list[str]) -> int:
             f"corral: unknown benchmark suite(s): {', '.join(unknown)} (known: {', '.join(SUITES)})\n"
         )
         return EXIT_USAGE
+    # Every run measured here is in-process unless a suite says otherwise (core's
+    # warm-server rows start their own server): none may start the user's server.
+    os.environ["CORRAL_SERVER"] = "off"
     with tempfile.TemporaryDirectory(
         prefix="corral-bench-", dir=os.environ.get("CORRAL_BENCH_DIR")
     ) as ws:

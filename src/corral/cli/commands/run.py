@@ -1,57 +1,169 @@
 """``corral run``: run one command in the sandbox (the hot path).
 
+One function, :func:`run`, carries out a ``corral run`` command line for a
+:class:`Caller` - the process that asked: its working directory, its
+environment and its stdin/stdout/stderr. In-process (:func:`main`) the caller
+is this process; in the corral server it is the client, whose fds arrived over
+the socket. Nothing here changes process-wide state: no ``os.chdir``, no
+``os.environ`` writes, no ``sys.stdout``/``sys.stderr`` (every ``corral:``
+line goes to the caller's stderr fd), relative paths are the caller's.
+
 Imports are kept to what a run needs; see docs/design.md, "Start-up budget".
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 from ..._exceptions import CorralError
-from .. import EXIT_USAGE, print_error
+from ..._runner import SignalRelay
+from .. import EXIT_USAGE
 from .._options import RunOptions, parse_run_options, run_options_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..._cgroups import Prestage
-    from ..._engine import Running
+    from ..._cgroups import Cgroup, Prestage
+    from ..._launchers import LauncherPool
     from ..._outcome import Outcome
     from ..._request import ExecRequest
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
 
-__all__ = ["execute_options", "main", "report", "resolve"]
+__all__ = [
+    "Caller",
+    "build_request",
+    "execute_options",
+    "main",
+    "report",
+    "resolve",
+    "run",
+]
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
 _MAX_VIOLATION_LINES = 20
 _FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
 
 
-def main(args: list[str]) -> int:
-    """``corral run [OPTIONS] -- COMMAND...``"""
+class Caller:
+    """The process a ``corral run`` is for: working directory, environment, stdio fds.
+
+    Example::
+
+        caller = Caller.here()                                   # this process
+        caller = Caller(cwd="/src/app", environ=env, stdio=(7, 8, 9))   # a server's client
+        caller.error("something failed", "how to fix it")        # -> its stderr
+    """
+
+    __slots__ = ("cwd", "environ", "stderr", "stdin", "stdout")
+
+    def __init__(
+        self, *, cwd: str, environ: Mapping[str, str], stdio: tuple[int, int, int]
+    ) -> None:
+        self.cwd = cwd
+        self.environ = environ
+        self.stdin, self.stdout, self.stderr = stdio
+
+    @classmethod
+    def here(cls) -> Caller:
+        """This process: ``os.getcwd()``, ``os.environ``, fds 0, 1, 2."""
+        return cls(cwd=os.getcwd(), environ=os.environ, stdio=(0, 1, 2))
+
+    @property
+    def streams(self) -> tuple[int, int, int]:
+        """``(stdin, stdout, stderr)``."""
+        return self.stdin, self.stdout, self.stderr
+
+    def path(self, path: str) -> str:
+        """*path* relative to the caller's working directory."""
+        return os.path.join(self.cwd, path)
+
+    def write_out(self, text: str) -> None:
+        """Write *text* to the caller's stdout."""
+        _write_fd(self.stdout, text)
+
+    def error(self, message: str, hint: str | None = None) -> None:
+        """``corral: message`` (and ``corral: hint: ...``) on the caller's stderr."""
+        _write_fd(self.stderr, f"corral: {message}\n" + (f"corral: hint: {hint}\n" if hint else ""))
+
+
+def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
+    """``corral run [OPTIONS] -- COMMAND...`` in this process.
+
+    SIGHUP, SIGINT and SIGTERM sent to corral are forwarded to the command;
+    *pending* are signals that arrived before (the client tried the server first).
+    """
+    import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
+
+    relay = SignalRelay(pending)
+
+    def forward(signum: int, _frame: object) -> None:
+        relay.deliver(signum)
+
+    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    try:
+        return run(args, Caller.here(), relay)
+    finally:
+        for sig, handler in previous.items():
+            _signal.signal(sig, handler)
+
+
+def run(
+    args: list[str],
+    caller: Caller,
+    relay: SignalRelay,
+    *,
+    launchers: LauncherPool | None = None,
+    prestage: bool = True,
+) -> int:
+    """Carry out ``corral run ARGS`` for *caller*; return the exit status.
+
+    Args:
+        args: the words after ``run``.
+        caller: whose cwd, environment and stdio the run uses.
+        relay: signals for the command (the caller forwards them into it).
+        launchers: the corral server's pool of ready cgroups (v1): a run with
+            limits takes one instead of moving its sandbox into a new group.
+        prestage: as root, create the run's group and start the slow first
+            cgroup move at once (:class:`corral._cgroups.Prestage`); the
+            server turns this off (its no-op move of a whole multi-threaded
+            process would stall the other runs' forks).
+
+    Everything the user sees - the command's output, ``corral:`` lines, help
+    text - goes to the caller's fds. Exit statuses as documented in
+    :mod:`corral.cli`.
+    """
     if args[:1] in (["-h"], ["--help"]):
-        sys.stdout.write(run_options_help("run", SUMMARY))
+        caller.write_out(run_options_help("run", SUMMARY))
         return 0
     try:
         opts = parse_run_options(args)
-        return execute_options(opts)
+        return execute_options(
+            opts, caller=caller, relay=relay, launchers=launchers, prestage=prestage
+        )
     except CorralError as exc:
-        print_error(exc.message, exc.hint)
+        caller.error(exc.message, exc.hint)
         return EXIT_USAGE
 
 
-def resolve(opts: RunOptions, environ: Mapping[str, str]) -> ResolvedSettings:
-    """Load the settings layers with the command line's flags; print warnings."""
+def resolve(
+    opts: RunOptions, environ: Mapping[str, str], *, caller: Caller | None = None
+) -> ResolvedSettings:
+    """Load the settings layers with the command line's flags; print warnings.
+
+    Relative paths (``--settings``, ``--workspace``, the workspace search)
+    start from the caller's directory; warnings go to its stderr.
+    """
     from ..._exceptions import SettingsError, UsageError
     from ...policy import load_settings
     from .._options import option_for_key
 
+    caller = caller or Caller.here()
     command = opts.shell if opts.shell is not None else (opts.argv or None)
     try:
         resolved = load_settings(
+            cwd=caller.cwd,
             environ=environ,
             flags=opts.flags,
             settings_files=tuple(opts.settings_files),
@@ -64,17 +176,25 @@ def resolve(opts: RunOptions, environ: Mapping[str, str]) -> ResolvedSettings:
             raise
         raise UsageError(f"{option}: {exc.reason}", hint=exc.hint) from exc
     for warning in resolved.warnings:
-        print_error(warning)
+        caller.error(warning)
     return resolved
 
 
 def build_request(
-    opts: RunOptions, workspace: str, *, capture: bool = False, stdin_inherit: bool = True
+    opts: RunOptions,
+    workspace: str,
+    *,
+    capture: bool = False,
+    stdin_inherit: bool = True,
+    cwd: str | None = None,
 ) -> ExecRequest:
-    """The ExecRequest for the parsed command line (cwd: here if visible, else the workspace)."""
+    """The ExecRequest for the parsed command line (cwd: *cwd* if visible, else the workspace).
+
+    *cwd* defaults to this process's working directory.
+    """
     from ..._request import ExecRequest
 
-    cwd = os.getcwd()
+    cwd = os.getcwd() if cwd is None else cwd
     hidden = ("/tmp", "/var/tmp")
     ws = workspace.rstrip("/")
     inside = cwd == ws or cwd.startswith(ws + "/")
@@ -98,21 +218,37 @@ def build_request(
 
 
 def execute_options(
-    opts: RunOptions, *, resolved: ResolvedSettings | None = None, preview: Preview | None = None
+    opts: RunOptions,
+    *,
+    resolved: ResolvedSettings | None = None,
+    preview: Preview | None = None,
+    caller: Caller | None = None,
+    relay: SignalRelay | None = None,
+    launchers: LauncherPool | None = None,
+    prestage: bool = True,
 ) -> int:
     """Resolve settings (unless *resolved*), run, report, audit; return the exit status.
 
     With *preview* the command runs against that preview (``corral preview``).
+    *caller* defaults to this process, *relay* to one nobody feeds. With
+    *launchers* (the server) a run with limits takes a ready cgroup from the
+    pool (when it has one); with *prestage*, as root, the run's group is
+    prepared at once (see :class:`corral._cgroups.Prestage`).
     """
-    from ..._cgroups import Prestage
     from ..._request import new_sandbox_id
 
+    caller = caller or Caller.here()
+    relay = relay or SignalRelay()
     sandbox_id = new_sandbox_id()
-    # The first cgroup move is slow (an RCU grace period); start it right away
-    # so that it overlaps with loading settings and starting bubblewrap.
-    stage = Prestage(f"corral-{os.getpid()}-{sandbox_id}") if os.geteuid() == 0 else None
+    stage: Prestage | None = None
+    if prestage and os.geteuid() == 0:
+        from ..._cgroups import Prestage
+
+        # The first cgroup move is slow (an RCU grace period); start it right away
+        # so that it overlaps with loading settings and starting bubblewrap.
+        stage = Prestage(f"corral-{os.getpid()}-{sandbox_id}")
     try:
-        return _execute(opts, sandbox_id, stage, resolved, preview)
+        return _execute(opts, sandbox_id, caller, relay, stage, launchers, resolved, preview)
     finally:
         if stage is not None:
             stage.discard()  # a no-op when the run took the group
@@ -122,57 +258,49 @@ def execute_options(
 def _execute(
     opts: RunOptions,
     sandbox_id: str,
+    caller: Caller,
+    relay: SignalRelay,
     stage: Prestage | None,
-    resolved: ResolvedSettings | None = None,
-    preview: Preview | None = None,
+    launchers: LauncherPool | None,
+    resolved: ResolvedSettings | None,
+    preview: Preview | None,
 ) -> int:
     from ..._runner import audit_outcome, launch, prepare
     from ..._state import state_dir
     from ...policy import policy_digest
 
-    environ = os.environ
+    environ = caller.environ
     if resolved is None:
-        resolved = resolve(opts, environ)
+        resolved = resolve(opts, environ, caller=caller)
     policy = resolved.policy
-    request = build_request(opts, resolved.workspace).replace(sandbox_id=sandbox_id)
+    request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(sandbox_id=sandbox_id)
     prepared = prepare(request, policy, environ=environ, preview=preview)
-    cgroup = stage.take() if stage is not None and prepared.plan.cgroup is not None else None
-
-    running: list[Running] = []
-    pending: list[int] = []
-
-    def forward(signum: int, _frame: object) -> None:
-        if running:
-            running[0].send_signal(signum)
-        else:
-            pending.append(signum)
-
-    def started(handle: Running) -> None:
-        running.append(handle)
-        for signum in pending:
-            handle.send_signal(signum)
-
-    import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
-
-    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    cgroup: Cgroup | None = None
+    if prepared.plan.cgroup is not None:
+        if launchers is not None:
+            cgroup = launchers.take()
+        if cgroup is None and stage is not None:
+            cgroup = stage.take()
     try:
-        outcome = launch(prepared, request, on_start=started, cgroup=cgroup)
+        outcome = launch(
+            prepared, request, on_start=relay.started, cgroup=cgroup, streams=caller.streams
+        )
     finally:
-        for sig, handler in previous.items():
-            _signal.signal(sig, handler)
+        if cgroup is not None:
+            cgroup.remove()  # a no-op when the engine removed it; else frees it (and a launcher)
     outcome = outcome.replace(policy_digest=policy_digest(policy))
-    report(outcome, policy_timeout=prepared.plan.timeout)
+    report(outcome, policy_timeout=prepared.plan.timeout, caller=caller)
     extra: dict[str, object] | None = {"preview": preview.id} if preview is not None else None
     problem = audit_outcome(outcome, request, state_dir=state_dir(environ), extra=extra)
     if problem is not None:
-        print_error(problem)
+        caller.error(problem)
     if opts.json_out:
-        _write_json(opts.json_out, outcome)
+        _write_json(caller, opts.json_out, outcome)
     return outcome.returncode
 
 
-def report(outcome: Outcome, *, policy_timeout: float | None) -> None:
-    """Print what corral has to say about the run to stderr (one line each)."""
+def report(outcome: Outcome, *, policy_timeout: float | None, caller: Caller | None = None) -> None:
+    """Print what corral has to say about the run to the caller's stderr (one line each)."""
     lines: list[str] = []
     seen: set[str] = set()
     described = []
@@ -208,8 +336,10 @@ def report(outcome: Outcome, *, policy_timeout: float | None) -> None:
     if outcome.unsandboxed:
         lines.append("warning: ran without a sandbox (backend 'none')")
     if lines:
-        sys.stderr.write("".join(f"corral: {line}\n" for line in lines))
-        sys.stderr.flush()
+        _write_fd(
+            (caller.stderr if caller is not None else 2),
+            "".join(f"corral: {line}\n" for line in lines),
+        )
 
 
 def _seconds(value: float | None) -> str:
@@ -218,11 +348,37 @@ def _seconds(value: float | None) -> str:
     return f"{value:g}s"
 
 
-def _write_json(path: str, outcome: Outcome) -> None:
+def _write_json(caller: Caller, path: str, outcome: Outcome) -> None:
     from ..._jsonfast import dumps
 
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        with open(caller.path(path), "w", encoding="utf-8") as f:
             f.write(dumps(outcome.to_json()) + "\n")
     except OSError as exc:
-        print_error(f"could not write --json-out {path}: {exc.strerror}")
+        caller.error(f"could not write --json-out {path}: {exc.strerror}")
+
+
+def _write_fd(fd: int, text: str) -> None:
+    """Write all of *text* (UTF-8; undecodable path bytes as escapes) to *fd*."""
+    import sys
+
+    stream = sys.stderr if fd == 2 else sys.stdout if fd == 1 else None
+    if stream is not None:
+        try:
+            stream.flush()  # keep the order with anything written through sys.stderr/stdout
+        except (OSError, ValueError):
+            pass
+    data = memoryview(text.encode("utf-8", "backslashreplace"))
+    while data:
+        try:
+            n = os.write(fd, data)
+        except InterruptedError:
+            continue
+        except BlockingIOError:
+            import select
+
+            select.select([], [fd], [], 1.0)
+            continue
+        except OSError:
+            return  # the reader went away: nothing more to say
+        data = data[n:]

@@ -1,0 +1,1036 @@
+"""The corral server: ``corral run`` served from a warm, per-user process.
+
+Why (docs/design.md, "The corral server"): a cold ``corral run`` pays for
+Python's imports, settings and - with limits on cgroup v1 - an RCU grace
+period for moving the sandbox into its cgroup; a warm process pays none of
+that. The client (:mod:`corral.cli._client`) passes its argv, cwd, whole
+environment and stdin/stdout/stderr over a unix socket; the server runs the
+command exactly as ``corral run`` would in the client's own process and sends
+back the exit status.
+
+**Who may use it** (the server runs commands with caller-chosen options: a
+sandboxed process that reached it would escape). The socket lives in
+corral's state directory (``server/``: mode 0700, socket 0600), a default
+secret path hidden in every sandbox. On top of that, every connection is
+checked (:func:`check_peer`), all of these must hold or the connection is
+refused, closed and logged:
+
+* ``SO_PEERCRED`` uid is the server's uid;
+* the peer's pid, mount and user namespaces (and every other namespace) are
+  the server's: a bubblewrap, container or gVisor sandbox never matches;
+* every thread of the peer has exactly the server's seccomp filter count,
+  no_new_privs flag and capability sets: corral's exec helper installs at
+  least one filter in every process-level sandbox (``landlock``), which a
+  process can never remove;
+* the peer is still the process that connected (``SO_PEERPIDFD``: a pid
+  that was reused after the peer exited is not accepted);
+* and, so that a run through the server is the same as one in the client's
+  own process, the rest of its process context matches too: root directory,
+  cgroups, rlimits, umask, supplementary groups, nice value, CPU/memory
+  affinity, OOM score adjustment, LSM label. A client that differs is told
+  so and runs the command itself.
+
+**Lifecycle**: one server per state directory (an ``flock`` on
+``server/lock`` owns the socket path). It exits after ``idle`` seconds
+without a client (``CORRAL_SERVER_IDLE``, default 300), on SIGTERM or
+``corral server --stop`` (running commands are stopped as on a timeout),
+and retires - gives up the socket path, finishes what runs, exits - as soon
+as the corral code it was started from changes on disk (inotify on its
+package directories) or a client with another code stamp connects. It logs
+to ``server/server.log`` and keeps ``/`` as its working directory.
+"""
+
+from __future__ import annotations
+
+import _socket
+import _thread
+import errno
+import os
+import sys
+import time
+
+from ._exceptions import ServerError
+from ._runner import SignalRelay
+from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any, TextIO
+
+    from ._launchers import LauncherPool
+
+__all__ = [
+    "DEFAULT_IDLE",
+    "PeerRefused",
+    "RunRequest",
+    "Server",
+    "check_peer",
+    "process_context",
+    "request_status",
+    "request_stop",
+]
+
+DEFAULT_IDLE = 300.0
+_SO_PEERCRED = 17
+_SO_PEERPIDFD = 77  # Linux 6.5
+_MSG_CMSG_CLOEXEC = 0x40000000
+_REQUEST_TIMEOUT = 30.0
+_FORWARDED = frozenset({1, 2, 15})  # what corral run forwards: SIGHUP, SIGINT, SIGTERM
+_LOG_LIMIT = 1 << 20
+
+# Fields of /proc/PID/status. Security: a sandboxed process differs in at least one
+# of these (or of the namespaces) and can never change it back.
+_SECURITY_FIELDS = (
+    "Uid",
+    "Gid",
+    "NoNewPrivs",
+    "Seccomp",
+    "Seccomp_filters",
+    "CapInh",
+    "CapPrm",
+    "CapEff",
+    "CapBnd",
+    "CapAmb",
+)
+# The rest of the context a command inherits from the process that starts it.
+_CONTEXT_FIELDS = ("Umask", "Groups", "Cpus_allowed_list", "Mems_allowed_list")
+_NAMESPACES = ("pid", "mnt", "user", "net", "ipc", "uts", "cgroup", "time")
+
+
+class PeerRefused(Exception):
+    """A connection the server will not serve.
+
+    Attributes:
+        reason: what differs, e.g. ``"pid namespace differs"``.
+        security: True when the peer may be sandboxed (logged as a refused
+            peer); False for a host process whose context merely differs.
+    """
+
+    def __init__(self, reason: str, *, security: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.security = security
+
+
+class RunRequest:
+    """One ``corral run`` from a client: what the handler needs to run it like the client would.
+
+    Attributes:
+        argv: the words after ``corral run``.
+        cwd: the client's working directory.
+        environ: the client's whole environment.
+        stdio: the client's fds 0, 1, 2 as received (close-on-exec, owned by the server).
+        pid: the client's pid.
+    """
+
+    __slots__ = ("argv", "cwd", "environ", "pid", "stdio")
+
+    def __init__(
+        self,
+        *,
+        argv: list[str],
+        cwd: str,
+        environ: dict[str, str],
+        stdio: tuple[int, int, int],
+        pid: int,
+    ) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.environ = environ
+        self.stdio = stdio
+        self.pid = pid
+
+
+# ---------------------------------------------------------------- peer checks
+def _read(path: str) -> str:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def _status_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
+    wanted = set(names)
+    found = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in wanted:
+            found[key] = " ".join(value.split())
+    for name in names:
+        found.setdefault(name, "")  # a kernel without the field: both sides read ""
+    return found
+
+
+def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, str]]:
+    """``(security, context)`` of a process, as the peer checks compare them.
+
+    *security* holds its namespaces and, per thread, credentials,
+    capabilities, no_new_privs and seccomp; *context* the rest of what a
+    command started by it would inherit.
+
+    Raises:
+        OSError: the process is gone (or not ours to inspect).
+    """
+    leader = str(os.getpid() if pid == "self" else pid)
+    base = f"/proc/{leader}"
+    security: dict[str, str] = {}
+    for ns in _NAMESPACES:
+        try:
+            security[f"{ns} namespace"] = os.readlink(f"{base}/ns/{ns}")
+        except FileNotFoundError:
+            security[f"{ns} namespace"] = ""  # not supported by this kernel
+    per_task = set()
+    status = ""
+    for tid in os.listdir(f"{base}/task"):
+        text = _read(f"{base}/task/{tid}/status")
+        per_task.add(tuple(sorted(_status_fields(text, _SECURITY_FIELDS).items())))
+        if tid == leader:
+            status = text
+            continue  # the leader's namespaces are the process's, read above
+        for ns in ("mnt", "user", "pid"):  # a thread may have setns()ed elsewhere
+            try:
+                if os.readlink(f"{base}/task/{tid}/ns/{ns}") != security[f"{ns} namespace"]:
+                    per_task.add((("thread namespace", ns),))
+            except FileNotFoundError:
+                pass
+    if len(per_task) != 1:
+        security["threads"] = "threads differ in credentials, seccomp or namespaces"
+    for key, value in next(iter(per_task)):
+        security[key] = value
+    context = _status_fields(status or _read(f"{base}/status"), _CONTEXT_FIELDS)
+    root = os.stat(f"{base}/root")
+    context["root directory"] = f"{root.st_dev}:{root.st_ino}"
+    context["cgroups"] = _read(f"{base}/cgroup")
+    context["rlimits"] = _read(f"{base}/limits")
+    context["oom_score_adj"] = _read(f"{base}/oom_score_adj").strip()
+    stat = _read(f"{base}/stat")
+    words = stat[stat.rfind(")") + 2 :].split()
+    context["nice"] = words[16] if len(words) > 16 else ""
+    try:
+        context["LSM label"] = _read(f"{base}/attr/current").strip("\0\n ")
+    except OSError:
+        context["LSM label"] = ""
+    return security, context
+
+
+def _alive(pidfd: int) -> bool:
+    import select
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return not poller.poll(0)  # readable: the process has exited
+
+
+def check_peer(conn: _socket.socket, own: tuple[dict[str, str], dict[str, str]]) -> tuple[int, int]:
+    """Check who is on the other end of *conn*; return ``(pid, pidfd)`` of an acceptable peer.
+
+    *own* is :func:`process_context` of this process. The caller closes the pidfd.
+
+    Raises:
+        PeerRefused: see the module docstring for every condition.
+    """
+    cred = conn.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)
+    pid = int.from_bytes(cred[0:4], sys.byteorder, signed=True)
+    uid = int.from_bytes(cred[4:8], sys.byteorder)
+    if uid != os.getuid():
+        raise PeerRefused(f"uid {uid} is not the server's uid {os.getuid()}", security=True)
+    if pid <= 0:
+        raise PeerRefused("the peer's pid is not visible here", security=True)
+    try:
+        pidfd = conn.getsockopt(_socket.SOL_SOCKET, _SO_PEERPIDFD)
+    except OSError as exc:
+        raise PeerRefused(
+            f"SO_PEERPIDFD is not available ({exc.strerror}): the peer cannot be pinned",
+            security=True,
+        ) from None
+    try:
+        try:
+            security, context = process_context(pid)
+        except (OSError, StopIteration) as exc:
+            raise PeerRefused(f"cannot inspect the peer: {exc}", security=True) from None
+        own_security, own_context = own
+        for key, value in own_security.items():
+            if security.get(key) != value:
+                raise PeerRefused(f"{key} differs", security=True)
+        if "threads" in security:
+            raise PeerRefused(security["threads"], security=True)
+        if not _alive(pidfd):
+            raise PeerRefused("the peer exited while being checked", security=True)
+        for key, value in own_context.items():
+            if context.get(key) != value:
+                raise PeerRefused(f"the client's {key} differs from the server's", security=False)
+    except BaseException:
+        os.close(pidfd)
+        raise
+    return pid, pidfd
+
+
+# ---------------------------------------------------------------- code watch
+class _CodeWatch:
+    """Notices any change under corral's package directories (inotify)."""
+
+    _MASK = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+    _IGNORED_NAMES = frozenset({b"__pycache__"})
+
+    def __init__(self, root: str) -> None:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(0o4000 | 0o2000000)  # IN_NONBLOCK | IN_CLOEXEC
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self.fd = fd
+        self.changed = ""
+        for directory, dirs, _files in os.walk(root):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            if libc.inotify_add_watch(fd, os.fsencode(directory), self._MASK) < 0:
+                err = ctypes.get_errno()
+                os.close(fd)
+                raise OSError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
+
+    def poll(self) -> str:
+        """Read pending events; return what changed ("" if nothing that matters)."""
+        while not self.changed:
+            try:
+                data = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            offset = 0
+            while offset + 16 <= len(data):
+                mask = int.from_bytes(data[offset + 4 : offset + 8], sys.byteorder)
+                length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
+                name = data[offset + 16 : offset + 16 + length].rstrip(b"\0")
+                offset += 16 + length
+                if mask & 0x4000:  # IN_Q_OVERFLOW
+                    self.changed = "too many changes to follow"
+                elif name not in self._IGNORED_NAMES:
+                    self.changed = os.fsdecode(name) or "a package directory"
+        return self.changed
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# ---------------------------------------------------------------- the server
+class _Session:
+    __slots__ = ("conn", "done", "pid", "relay")
+
+    def __init__(self, conn: _socket.socket, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.relay = SignalRelay()
+        self.done = False
+
+
+class Server:
+    """One user's corral server, bound to one state directory.
+
+    Args:
+        state_dir: corral's state directory (the socket is ``server/server.sock`` in it).
+        handler: runs one :class:`RunRequest` for its client (with the
+            session's :class:`~corral._runner.SignalRelay` and the launcher
+            pool, if any) and returns the exit status. Everything the user
+            sees must go to the request's fds.
+        idle: seconds without a client before the server exits.
+        launchers: build the cgroup launcher pool (cgroup v1 as root).
+
+    Example::
+
+        server = Server(state_dir, handler=handle_run)
+        server.start()           # raises ServerError if it cannot listen
+        server.serve()           # until idle, SIGTERM, --stop, or the code changes
+    """
+
+    def __init__(
+        self,
+        state_dir: str,
+        *,
+        handler: Callable[[RunRequest, SignalRelay, LauncherPool | None], int],
+        idle: float = DEFAULT_IDLE,
+        launchers: bool = True,
+    ) -> None:
+        self.state_dir = state_dir
+        self.directory = os.path.join(state_dir, "server")
+        self.path = socket_path(state_dir)
+        self.handler = handler
+        self.idle = idle
+        self.stamp = code_stamp()
+        self.started = time.time()
+        self.pool: LauncherPool | None = None
+        self._want_pool = launchers
+        self._lock = _thread.allocate_lock()
+        self._sessions: set[_Session] = set()
+        self._threads = 0
+        self._served = 0
+        self._refused = 0
+        self._last_activity = time.monotonic()
+        self._listener: _socket.socket | None = None
+        self._lock_fd = -1
+        self._retired = False
+        self._stopping = False
+        self._signalled = 0
+        self._log_lock = _thread.allocate_lock()
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._log: TextIO | None = None
+        self._watch: _CodeWatch | None = None
+        self._own = process_context()
+        self._socket_ino = 0
+
+    # ------------------------------------------------------------ start
+    def start(self) -> None:
+        """Take the socket path and listen.
+
+        Raises:
+            ServerError: another server owns the state directory, the
+                directory is unsafe, or the socket cannot be created.
+        """
+        from ._state import ensure_dir
+
+        os.chdir("/")  # never hold the workspace (or anything else) open
+        ensure_dir(self.state_dir)
+        try:
+            os.mkdir(self.directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise ServerError(f"Failed to create {self.directory}: {exc.strerror}") from exc
+        st = os.lstat(self.directory)
+        import stat
+
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise ServerError(
+                f"Failed to use {self.directory}: it must be a directory owned by uid "
+                f"{os.getuid()} with mode 0700",
+                hint=f"remove it (rm -rf {self.directory}) and start again",
+            )
+        self._open_log()
+        import fcntl
+
+        self._lock_fd = os.open(
+            os.path.join(self.directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise ServerError(
+                f"Failed to start: a corral server already serves {self.state_dir}"
+            ) from None
+        self._open_log(rotate=True)
+        problem = _kernel_problem()
+        if problem is not None:
+            self._release_lock()
+            _mark_unavailable(self.directory, problem)
+            raise ServerError(f"Failed to start: {problem}")
+        _mark_unavailable(self.directory, None)
+        try:
+            self._watch = _CodeWatch(os.path.dirname(os.path.abspath(__file__)))
+        except OSError as exc:
+            self._release_lock()
+            raise ServerError(
+                f"Failed to watch corral's code for changes: {exc}",
+                hint="raise fs.inotify.max_user_instances / max_user_watches",
+            ) from exc
+        self._listen()
+        self.log(
+            f"listening on {self.path} (pid {os.getpid()}, idle {self.idle:g}s, code {self.stamp})"
+        )
+        if self._want_pool:
+            self._start_pool()
+        self._warm_up()
+
+    def _listen(self) -> None:
+        try:
+            os.unlink(self.path)  # we hold the lock: a socket left here is a dead server's
+        except FileNotFoundError:
+            pass
+        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        previous = os.umask(0o177)  # single-threaded here; the socket is born 0600
+        try:
+            listener.bind(self.path)
+        except OSError as exc:
+            listener.close()
+            self._release_lock()
+            raise ServerError(f"Failed to listen on {self.path}: {exc.strerror}") from exc
+        finally:
+            os.umask(previous)
+        os.chmod(self.path, 0o600)
+        self._socket_ino = os.lstat(self.path).st_ino
+        listener.listen(64)
+        listener.setblocking(False)
+        self._listener = listener
+
+    def _start_pool(self) -> None:
+        from ._cgroups import probe
+
+        layout, why = probe(frozenset({"memory", "pids"}))
+        if layout is None or layout.version != 1:
+            self.log(
+                "no launcher pool: "
+                + (why or "cgroup v2 (a thread cannot sit in another group than its process)")
+            )
+            return
+        from ._launchers import LauncherPool
+
+        try:
+            self.pool = LauncherPool(layout)
+        except (OSError, ValueError) as exc:
+            self.log(f"no launcher pool: {exc}")
+
+    def _warm_up(self) -> None:
+        """Import what the first run would, so that it is as fast as the next."""
+        import select  # noqa: F401
+
+        from . import _audit, _cgroups, _engine, _outcome, _request, _runner  # noqa: F401
+        from .backends import bubblewrap, get_backend, landlock  # noqa: F401
+        from .policy import _settings, load_settings, policy_digest  # noqa: F401
+
+        for name in ("bubblewrap", "landlock", "none"):
+            try:
+                get_backend(name)
+            except Exception as exc:
+                self.log(f"warming up the {name} backend: {exc}")
+
+    # ------------------------------------------------------------ logging
+    def _open_log(self, *, rotate: bool = False) -> None:
+        """Open ``server.log`` for appending; *rotate* (only the lock holder): keep it small."""
+        path = os.path.join(self.directory, "server.log")
+        if rotate:
+            try:
+                if os.path.getsize(path) > _LOG_LIMIT:
+                    os.replace(path, path + ".1")
+            except OSError:
+                pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        log = open(fd, "a", encoding="utf-8", errors="backslashreplace", buffering=1)  # noqa: SIM115
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+            self._log = log
+
+    def log(self, message: str) -> None:
+        """One line in ``server/server.log``."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        with self._log_lock:
+            if self._log is None:
+                return
+            try:
+                self._log.write(f"{stamp} [{os.getpid()}] {message}\n")
+            except (OSError, ValueError):
+                pass
+
+    # ------------------------------------------------------------ main loop
+    def serve(self) -> None:
+        """Accept clients until idle, stopped, or retired with nothing left running."""
+        import _signal  # type: ignore[import-not-found]
+        import select
+
+        assert self._listener is not None
+        previous = {
+            sig: _signal.signal(sig, self._on_signal) for sig in (1, 2, 15)
+        }  # SIGHUP, SIGINT, SIGTERM
+        poller = select.poll()
+        poller.register(self._listener.fileno(), select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        assert self._watch is not None
+        poller.register(self._watch.fd, select.POLLIN)
+        listening = True
+        try:
+            while True:
+                if self._signalled and not self._stopping:
+                    self.log(f"signal {self._signalled}: stopping")
+                    self.stop()
+                with self._lock:
+                    active = self._threads
+                    retired = self._retired
+                if retired and listening:
+                    # retired by any thread: stop polling the listener, then close it
+                    # (connections still in its backlog are reset: those clients run
+                    # the command themselves)
+                    listening = False
+                    poller.unregister(self._listener.fileno())
+                    self._listener.close()
+                if self._stopping:
+                    break
+                if self._retired and active == 0:
+                    break
+                now = time.monotonic()
+                timeout = None
+                if not self._retired and active == 0:
+                    left = self._last_activity + self.idle - now
+                    if left <= 0:
+                        self.log(f"idle for {self.idle:g}s: exiting")
+                        self._retire()
+                        break
+                    timeout = left * 1000
+                for fd, _mask in poller.poll(timeout):
+                    if listening and fd == self._listener.fileno():
+                        self._accept()
+                    elif fd == self._wake_r:
+                        try:
+                            os.read(self._wake_r, 4096)
+                        except BlockingIOError:
+                            pass
+                    elif fd == self._watch.fd:
+                        changed = self._watch.poll()
+                        if changed:
+                            poller.unregister(self._watch.fd)
+                            self.log(f"corral's code changed on disk ({changed}): retiring")
+                            self._retire()
+        finally:
+            if listening:
+                self._listener.close()
+            for sig, handler in previous.items():
+                _signal.signal(sig, handler)
+            self._shutdown()
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
+        # A signal handler runs between any two bytecodes of the main thread, maybe
+        # while it holds self._lock: only set a flag and wake the loop.
+        self._signalled = signum
+        self._wake()
+
+    def stop(self) -> None:
+        """Stop: give up the socket, stop running commands (TERM, grace, KILL), exit."""
+        self._stopping = True
+        with self._lock:
+            sessions = list(self._sessions)
+        for session in sessions:
+            session.relay.stop()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass
+
+    def _retire(self) -> None:
+        """Give up the socket path (a new server may take it) and accept nobody else.
+
+        The main loop closes the listener when it notices.
+        """
+        with self._lock:
+            if self._retired:
+                return
+            self._retired = True
+            try:
+                if os.lstat(self.path).st_ino == self._socket_ino:
+                    os.unlink(self.path)  # ours: we still hold the lock
+            except OSError:
+                pass
+            self._release_lock()
+        self._wake()
+
+    def _release_lock(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1
+
+    def _shutdown(self) -> None:
+        self._retire()
+        deadline = time.monotonic() + 60.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                if self._threads == 0:
+                    break
+            time.sleep(0.02)
+        if self.pool is not None:
+            self.pool.close()
+            for problem in self.pool.errors:
+                self.log(f"launcher pool: {problem}")
+        if self._watch is not None:
+            self._watch.close()
+        self.log(f"exiting: served {self._served}, refused {self._refused}")
+        with self._log_lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+    # ------------------------------------------------------------ connections
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self._retired:
+            try:
+                fd, _addr = self._listener._accept()  # type: ignore[attr-defined]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self.log(f"accept: {exc.strerror}")
+                    return
+                raise
+            conn = _socket.socket(fileno=fd)
+            os.set_inheritable(fd, False)
+            with self._lock:
+                self._threads += 1
+                self._last_activity = time.monotonic()
+            _thread.start_new_thread(self._serve_connection, (conn,))
+
+    def _serve_connection(self, conn: _socket.socket) -> None:
+        try:
+            self._serve_checked(conn)
+        except BaseException as exc:
+            import traceback
+
+            self.log("error serving a client:\n" + "".join(traceback.format_exception(exc)))
+        finally:
+            conn.close()
+            with self._lock:
+                self._threads -= 1
+                self._last_activity = time.monotonic()
+            self._wake()
+
+    def _refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
+        """Answer with a refusal, then drain what the peer still sends until it hangs up.
+
+        Closing a unix socket with unread data resets the connection, and the
+        client would never read the answer. The drain keeps nothing (fds that
+        arrive are closed at once) and ends after 2 s or 16 MiB.
+        """
+        with self._lock:
+            self._refused += 1
+        try:
+            conn.sendall(encode({"refused": reason, "stale": stale}))
+            conn.shutdown(_socket.SHUT_WR)
+            conn.settimeout(2.0)
+            received = 0
+            while received < MAX_FRAME:
+                data, ancdata, _flags, _addr = conn.recvmsg(
+                    65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
+                )
+                for fd in _fds_of(ancdata):
+                    os.close(fd)
+                if not data:
+                    break
+                received += len(data)
+        except OSError:
+            pass
+
+    def _serve_checked(self, conn: _socket.socket) -> None:
+        conn.setblocking(True)
+        try:
+            pid, pidfd = check_peer(conn, self._own)
+        except PeerRefused as exc:
+            if exc.security:
+                self.log(f"refused a peer: {exc.reason}")
+            else:
+                self.log(f"refused a client: {exc.reason}")
+            self._refuse(conn, exc.reason)  # nothing of its request is read or kept
+            return
+        os.close(pidfd)
+        conn.settimeout(_REQUEST_TIMEOUT)
+        try:
+            message, fds = _receive_request(conn)
+        except (OSError, WireError, ValueError) as exc:
+            self.log(f"bad request from pid {pid}: {exc}")
+            self._refuse(conn, f"bad request: {exc}")
+            return
+        try:
+            self._dispatch(conn, pid, message, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _dispatch(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        op = message.get("op")
+        if op == "status":
+            conn.sendall(encode({"status": self.statistics()}))
+            return
+        if op == "stop":
+            self.log(f"stop requested by pid {pid}")
+            conn.sendall(encode({"stopping": True, "pid": os.getpid()}))
+            self.stop()
+            return
+        if op != "run":
+            self._refuse(conn, f"unknown request {op!r}")
+            return
+        request = _run_request(message, fds, pid)
+        if isinstance(request, str):
+            self.log(f"bad request from pid {pid}: {request}")
+            self._refuse(conn, f"bad request: {request}")
+            return
+        changed = self._watch.poll() if self._watch is not None else ""
+        if message.get("code") != self.stamp or message.get("protocol") != PROTOCOL or changed:
+            why = f"code changed on disk ({changed})" if changed else "another corral code stamp"
+            self.log(f"refused pid {pid}: {why}; retiring")
+            self._refuse(conn, f"the server runs older code ({why})", stale=True)
+            self._retire()
+            return
+        with self._lock:
+            if self._retired or self._stopping:
+                accepting = False
+            else:
+                accepting = True
+                session = _Session(conn, pid)
+                self._sessions.add(session)
+                self._served += 1
+        if not accepting:
+            self._refuse(conn, "the server is shutting down", stale=True)
+            return
+        try:
+            conn.settimeout(None)
+            conn.sendall(encode({"accepted": True}))
+            _thread.start_new_thread(self._watch_client, (session,))
+            status = self._run(request, session)
+            session.done = True
+            try:
+                conn.sendall(encode({"exit": status}))
+            except OSError:
+                pass  # the client is gone; the run was stopped and audited
+        finally:
+            session.done = True
+            try:
+                conn.shutdown(_socket.SHUT_RDWR)  # wakes the watcher thread
+            except OSError:
+                pass
+            with self._lock:
+                self._sessions.discard(session)
+
+    def _run(self, request: RunRequest, session: _Session) -> int:
+        try:
+            status = self.handler(request, session.relay, self.pool)
+        except BaseException as exc:
+            import traceback
+
+            self.log("internal error:\n" + "".join(traceback.format_exception(exc)))
+            _tell(
+                request.stdio[2],
+                f"corral: internal error in the corral server: {type(exc).__name__}: {exc}\n"
+                f"corral: hint: see {os.path.join(self.directory, 'server.log')}; "
+                "CORRAL_SERVER=off runs corral without the server\n",
+            )
+            return 125
+        if self._stopping and session.relay.stopped:
+            _tell(request.stdio[2], "corral: the corral server was stopped; so was the command\n")
+        return status
+
+    def _watch_client(self, session: _Session) -> None:
+        """Forward the client's signals; its disconnect kills the sandbox."""
+        reader = FrameReader()
+        try:
+            while True:
+                try:
+                    data = session.conn.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    if not session.done:
+                        self.log(f"client {session.pid} went away: killing its command")
+                        session.relay.kill()
+                    return
+                try:
+                    messages = reader.feed(data)
+                except WireError as exc:
+                    self.log(f"client {session.pid}: {exc}: killing its command")
+                    session.relay.kill()
+                    return
+                for message in messages:
+                    signum = message.get("signal")
+                    if isinstance(signum, int) and signum in _FORWARDED:
+                        session.relay.deliver(signum)
+        except BaseException as exc:
+            self.log(f"watching client {session.pid}: {exc!r}")
+            session.relay.kill()
+
+    def statistics(self) -> dict[str, Any]:
+        """What ``corral server --status`` prints."""
+        with self._lock:
+            active = len(self._sessions)
+        return {
+            "pid": os.getpid(),
+            "state_dir": self.state_dir,
+            "started": self.started,
+            "code": self.stamp,
+            "idle_timeout": self.idle,
+            "served": self._served,
+            "refused": self._refused,
+            "running": active,
+            "retiring": self._retired,
+            "launchers": self.pool.statistics() if self.pool is not None else None,
+        }
+
+
+UNAVAILABLE = "unavailable"  # in server/: why no server can run on this kernel
+
+
+def _kernel_problem() -> str | None:
+    """Why this kernel cannot host a server safely, or None.
+
+    ``SO_PEERPIDFD`` (Linux 6.5) pins the peer: without it a peer that
+    exits between ``connect`` and the checks could have its pid reused by
+    another process, whose ``/proc`` entries would then be checked instead.
+    """
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        os.close(a.getsockopt(_socket.SOL_SOCKET, _SO_PEERPIDFD))
+    except OSError as exc:
+        return (
+            f"this kernel ({os.uname().release}) has no SO_PEERPIDFD ({exc.strerror}); "
+            "the corral server needs Linux 6.5 or later to check who connects"
+        )
+    finally:
+        a.close()
+        b.close()
+    return None
+
+
+def _mark_unavailable(directory: str, problem: str | None) -> None:
+    """Record (or clear) why no server can run with this kernel, so clients stop starting one.
+
+    The record names the kernel release: after an upgrade clients try again.
+    """
+    path = os.path.join(directory, UNAVAILABLE)
+    try:
+        if problem is None:
+            os.unlink(path)
+        else:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(f"{os.uname().release}\n{problem}\n")
+    except OSError:
+        pass
+
+
+def _tell(fd: int, text: str) -> None:
+    try:
+        os.write(fd, text.encode("utf-8", "backslashreplace"))
+    except OSError:
+        pass
+
+
+def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
+    """The file descriptors an ``SCM_RIGHTS`` message brought."""
+    fds: list[int] = []
+    for level, kind, payload in ancdata:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            usable = len(payload) - len(payload) % 4
+            fds += [
+                int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
+                for i in range(0, usable, 4)
+            ]
+    return fds
+
+
+def _receive_request(conn: _socket.socket) -> tuple[dict[str, Any], list[int]]:
+    """The first frame, with the fds that came with it (close-on-exec)."""
+    reader = FrameReader()
+    fds: list[int] = []
+    try:
+        while True:
+            data, ancdata, _flags, _addr = conn.recvmsg(
+                65536, _socket.CMSG_SPACE(4 * 3), _MSG_CMSG_CLOEXEC
+            )
+            fds += _fds_of(ancdata)
+            if not data:
+                raise WireError("the client closed the connection before its request")
+            messages = reader.feed(data)
+            if messages:
+                if len(messages) > 1 or reader.pending:
+                    raise WireError("data after the request")
+                return messages[0], fds
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunRequest | str:
+    """Validate a run message; a RunRequest, or what is wrong with it."""
+    argv = message.get("argv")
+    cwd = message.get("cwd")
+    env = message.get("env")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return "argv must be a list of strings"
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        return "cwd must be an absolute path"
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return "env must map strings to strings"
+    if message.get("pid") != pid:
+        return "the request's pid is not the connecting process's"
+    if len(fds) != 3:
+        return f"expected 3 file descriptors (stdin, stdout, stderr), got {len(fds)}"
+    return RunRequest(argv=argv, cwd=cwd, environ=env, stdio=(fds[0], fds[1], fds[2]), pid=pid)
+
+
+# ---------------------------------------------------------------- control client
+def _ask(state_dir: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+    """Send a control request; the reply, or None when no server listens."""
+    path = socket_path(state_dir)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            return None
+        cred = sock.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)
+        if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
+            raise ServerError(f"Failed to trust {path}: it belongs to another user")
+        sock.sendall(encode(message))
+        reader = FrameReader()
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ServerError(f"Failed to get an answer from the corral server at {path}")
+            for reply in reader.feed(data):
+                return reply
+    except OSError as exc:
+        raise ServerError(f"Failed to talk to the corral server at {path}: {exc}") from exc
+    finally:
+        sock.close()
+
+
+def request_status(state_dir: str) -> dict[str, Any] | None:
+    """The running server's :meth:`Server.statistics`, or None when none runs.
+
+    Raises:
+        ServerError: a server is there but refused or did not answer.
+    """
+    reply = _ask(state_dir, {"op": "status"})
+    if reply is None:
+        return None
+    if "status" not in reply:
+        raise ServerError(f"Failed to get the server's status: {reply.get('refused', reply)}")
+    status: dict[str, Any] = reply["status"]
+    return status
+
+
+def request_stop(state_dir: str, *, timeout: float = 60.0) -> int | None:
+    """Stop the running server and wait for it to exit; its pid, or None when none ran.
+
+    Raises:
+        ServerError: it refused, or did not exit within *timeout*.
+    """
+    reply = _ask(state_dir, {"op": "stop"})
+    if reply is None:
+        return None
+    if not reply.get("stopping"):
+        raise ServerError(f"Failed to stop the server: {reply.get('refused', reply)}")
+    pid = int(reply["pid"])
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return pid
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if not poller.poll(timeout * 1000):
+            raise ServerError(f"Failed to stop the server: pid {pid} still runs after {timeout:g}s")
+    finally:
+        os.close(pidfd)
+    return pid

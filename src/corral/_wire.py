@@ -1,0 +1,130 @@
+"""The corral server's protocol: where the socket is, what a code stamp is, frames.
+
+Shared by the server (:mod:`corral._server`) and its client
+(:mod:`corral.cli._client`, on the ``corral run`` hot path: this module
+imports only :mod:`os`, :mod:`sys` and :mod:`corral._jsonfast`).
+
+One connection carries one request. Every message is a *frame*: a 4-byte
+big-endian length, then that many bytes of JSON (one object)::
+
+    client -> server   {"op": "run", "protocol": 1, "code": STAMP, "argv": [...],
+                        "cwd": "...", "env": {...}, "pid": N}
+                       + SCM_RIGHTS: the client's fds 0, 1, 2 (with the frame's first byte)
+    server -> client   {"accepted": true}
+                  or   {"refused": REASON, "stale": BOOL}       then the server closes
+    client -> server   {"signal": N}                            any number, any time
+    server -> client   {"exit": STATUS}                         then the server closes
+
+    client -> server   {"op": "status"} | {"op": "stop"}        (corral server --status/--stop)
+    server -> client   {"status": {...}} | {"stopping": true}
+
+A client that closes its end (killed) makes the server kill the sandbox.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ._jsonfast import JSONError, dumps, loads
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+__all__ = [
+    "MAX_FRAME",
+    "PROTOCOL",
+    "FrameReader",
+    "WireError",
+    "code_stamp",
+    "encode",
+    "socket_path",
+]
+
+PROTOCOL = 1
+#: a frame carries argv and the whole environment: bounded well above ARG_MAX (2 MiB)
+MAX_FRAME = 16 << 20
+
+
+class WireError(ValueError):
+    """A malformed or oversized frame."""
+
+
+def socket_path(state_dir: str) -> str:
+    """The server's socket for the user whose state directory is *state_dir*."""
+    return os.path.join(state_dir, "server", "server.sock")
+
+
+def code_stamp() -> str:
+    """Which corral code this process runs: protocol, version, package directory, environment.
+
+    The environment is the interpreter's prefix (a virtualenv, or the
+    system's) and version: ``python`` and ``python3`` of one venv are the same.
+
+    A server refuses a client whose stamp differs (another installation or
+    version). Edits to the files of the same installation are caught by the
+    server itself, which watches its package directories (see
+    :mod:`corral._server`).
+    """
+    from . import __file__ as package_init
+    from ._version import __version__
+
+    return (
+        f"{PROTOCOL}:{__version__}:{os.path.dirname(package_init)}:{sys.prefix}:{sys.hexversion:x}"
+    )
+
+
+def encode(message: Mapping[str, Any]) -> bytes:
+    """One frame."""
+    body = dumps(message).encode("ascii")
+    if len(body) > MAX_FRAME:
+        raise WireError(f"message of {len(body)} bytes exceeds the {MAX_FRAME}-byte limit")
+    return len(body).to_bytes(4, "big") + body
+
+
+class FrameReader:
+    """Splits a byte stream into messages.
+
+    Example::
+
+        reader = FrameReader()
+        for message in reader.feed(sock.recv(65536)):
+            ...
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        """Add *data*; return the messages now complete.
+
+        Raises:
+            WireError: a frame is oversized, not JSON, or not an object.
+        """
+        self._buf += data
+        messages = []
+        while len(self._buf) >= 4:
+            size = int.from_bytes(self._buf[:4], "big")
+            if size > MAX_FRAME:
+                raise WireError(f"frame of {size} bytes exceeds the {MAX_FRAME}-byte limit")
+            if len(self._buf) < 4 + size:
+                break
+            body = bytes(self._buf[4 : 4 + size])
+            del self._buf[: 4 + size]
+            try:
+                message = loads(body)
+            except JSONError as exc:
+                raise WireError(f"malformed frame: {exc}") from None
+            if not isinstance(message, dict):
+                raise WireError("malformed frame: not a JSON object")
+            messages.append(message)
+        return messages
+
+    @property
+    def pending(self) -> int:
+        """Bytes received that do not yet form a whole frame."""
+        return len(self._buf)

@@ -1,0 +1,243 @@
+"""``corral run`` as a thin client of the corral server (the hot path).
+
+The client connects to the per-user server's socket, sends its argv, cwd,
+whole environment, pid and code stamp with its fds 0, 1, 2 attached
+(``SCM_RIGHTS``), forwards SIGHUP/SIGINT/SIGTERM as messages and exits with
+the status the server sends back. The command's output goes straight to the
+client's own fds; the server writes every ``corral:`` line there too.
+
+Without a usable server the command runs in this process, exactly as
+before:
+
+* ``CORRAL_SERVER=off`` (or ``0``): always;
+* no server listening (or one exiting just now): run here, then start a
+  server in the background for next time (own session, stdio on
+  ``/dev/null``, working directory ``/``) - unless this process is itself
+  inside a corral sandbox;
+* the server runs other corral code (stale): it refuses and retires; run
+  here, then start a new one;
+* the server refuses this client (its process context differs, see
+  :mod:`corral._server`): run here.
+
+Once the server has accepted, a broken connection means corral failed
+(exit 125); the command is never run twice.
+
+Start-up budget: beyond what ``python -c pass`` loads, this path imports
+only :mod:`os`, :mod:`sys`, ``_socket``, ``_signal`` and corral's
+:mod:`~corral._jsonfast` (plus :mod:`corral._wire` and :mod:`corral._state`,
+which import nothing else); ``tests/repo/test_hygiene.py`` checks it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = ["main", "spawn_server"]
+
+_FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+_NO_SERVER = "no-server"  # nothing listens: run here, start one afterwards
+_STALE = "stale"  # it runs other code and retires: run here, start a new one
+_REFUSED = "refused"  # it will not serve us: run here
+
+
+def main(args: list[str], *, console: bool = False) -> int:
+    """``corral run ARGS``: through the server when possible, else in this process.
+
+    With *console* (the ``corral`` command itself, not an embedding caller)
+    a run the server carried out ends this process right away with its
+    status (``os._exit`` after flushing stdout and stderr): the client holds
+    nothing that needs finalising, and the interpreter's teardown would cost
+    ~2 ms of the start-up budget.
+    """
+    environ = os.environ
+    if environ.get("CORRAL_SERVER", "") in ("off", "0") or args[:1] in (["-h"], ["--help"]):
+        return _in_process(args, [])
+    import _signal  # type: ignore[import-not-found]  # not signal: it imports enum
+
+    from .._state import state_dir
+
+    state = state_dir(environ)
+    pending: list[int] = []
+    link: list[object] = []  # the socket, once the server accepted
+
+    def forward(signum: int, _frame: object) -> None:
+        if link:
+            _send_signal(link[0], signum)
+        else:
+            pending.append(signum)
+
+    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    try:
+        result = _through_server(args, state, environ, pending, link)
+        if isinstance(result, int):
+            if console:
+                _exit_now(result)
+            return result
+        status = _in_process(args, pending)
+    finally:
+        for sig, handler in previous.items():
+            _signal.signal(sig, handler)
+    if result in (_NO_SERVER, _STALE) and _may_start_server(state, environ):
+        try:
+            spawn_server(state, environ)
+        except OSError:
+            pass  # next time, maybe
+    return status
+
+
+def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:
+    """Not inside a corral sandbox, and no server found this kernel unfit (``server/unavailable``)."""
+    if environ.get("CORRAL_SANDBOX_ID"):
+        return False
+    try:
+        with open(os.path.join(state, "server", "unavailable"), "rb") as f:
+            release = f.readline().strip()
+    except OSError:
+        return True
+    return release != os.uname().release.encode()
+
+
+def _exit_now(status: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status & 0xFF if status >= 0 else 1)
+
+
+def _in_process(args: list[str], pending: list[int]) -> int:
+    """The run in this process; *pending* (still filled by our handlers) is read at its start."""
+    from .commands.run import main as run_main  # first: signals during the import are kept
+
+    return run_main(args, pending=tuple(pending))
+
+
+def _through_server(
+    args: list[str],
+    state: str,
+    environ: Mapping[str, str],
+    pending: list[int],
+    link: list[object],
+) -> int | str:
+    """The exit status from the server, or why the command must run here."""
+    import _socket
+
+    from .._wire import PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+
+    path = socket_path(state)
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(path)
+        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
+            return _NO_SERVER
+        except OSError:
+            return _REFUSED  # e.g. EACCES: not ours to use
+        cred = sock.getsockopt(_socket.SOL_SOCKET, 17, 12)  # SO_PEERCRED: pid, uid, gid
+        uid = int.from_bytes(cred[4:8], sys.byteorder)
+        if uid != os.getuid():
+            # never hand our environment to another user's socket
+            os.write(2, f"corral: warning: ignoring {path}: it belongs to uid {uid}\n".encode())
+            return _REFUSED
+        request = encode(
+            {
+                "op": "run",
+                "protocol": PROTOCOL,
+                "code": code_stamp(),
+                "argv": args,
+                "cwd": os.getcwd(),
+                "env": dict(environ),
+                "pid": os.getpid(),
+            }
+        )
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+        try:
+            sent = sock.sendmsg([request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+            if sent < len(request):
+                sock.sendall(request[sent:])
+        except BrokenPipeError:
+            return _NO_SERVER  # it is going away
+        except OSError:
+            return _REFUSED  # e.g. EBADF: a closed stdin/stdout/stderr
+        reader = FrameReader()
+        accepted = False
+        while True:
+            try:
+                data = sock.recv(65536)
+            except (ConnectionResetError, BrokenPipeError):
+                data = b""
+            try:
+                messages = reader.feed(data) if data else []
+            except WireError:
+                messages, data = [], b""
+            if not data:
+                if not accepted:
+                    return _NO_SERVER  # it exited (idle) before taking the request
+                os.write(
+                    2,
+                    b"corral: the corral server stopped during the run; the command was stopped "
+                    b"with it\ncorral: hint: see " + os.fsencode(os.path.dirname(path)) + b"/"
+                    b"server.log; CORRAL_SERVER=off runs corral without the server\n",
+                )
+                return 125
+            for message in messages:
+                if not accepted:
+                    if message.get("accepted") is True:
+                        accepted = True
+                        link.append(sock)
+                        while pending:
+                            _send_signal(sock, pending.pop(0))
+                        continue
+                    return _STALE if message.get("stale") else _REFUSED
+                status = message.get("exit")
+                if isinstance(status, int):
+                    return status
+    finally:
+        link.clear()
+        sock.close()
+
+
+def _send_signal(sock: object, signum: int) -> None:
+    from .._wire import encode
+
+    try:
+        sock.sendall(encode({"signal": signum}))  # type: ignore[attr-defined]
+    except OSError:
+        pass  # the server is gone; the loop reports it
+
+
+def spawn_server(state: str, environ: Mapping[str, str], *, idle: str | None = None) -> int:
+    """Start ``corral server`` detached: own session, stdio on ``/dev/null``, no inherited fds.
+
+    It runs with this interpreter and *environ* (``-P``: the current
+    directory is not on its import path) and moves to ``/`` itself. Returns
+    its pid (a child of this process until this process exits).
+
+    Raises:
+        OSError: it could not be started.
+    """
+    if not sys.executable:
+        raise OSError("no Python interpreter to start the server with")
+    argv = [sys.executable, "-P", "-m", "corral", "server", "--state-dir", state]
+    if idle is not None:
+        argv += ["--idle", idle]
+    actions: list[tuple[int, int, str, int, int] | tuple[int, int, int] | tuple[int, int]] = [
+        (os.POSIX_SPAWN_OPEN, 0, "/dev/null", os.O_RDWR, 0),
+        (os.POSIX_SPAWN_DUP2, 0, 1),
+        (os.POSIX_SPAWN_DUP2, 0, 2),
+    ]
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if fd > 2 and os.get_inheritable(fd):
+                actions.append((os.POSIX_SPAWN_CLOSE, fd))  # e.g. a pipe our caller waits on
+        except OSError:
+            pass  # the directory listing's own fd, closed by now
+    return os.posix_spawn(sys.executable, argv, dict(environ), file_actions=actions, setsid=True)

@@ -1,0 +1,180 @@
+"""``corral server``: the warm per-user process that serves ``corral run``.
+
+::
+
+    corral server              run it in the foreground (logs go to its log file)
+    corral server --detach     start it in the background; return once it listens
+    corral server --status     is one running? (exit 0: yes, 1: no)
+    corral server --stop       stop it (running commands are stopped) and wait
+
+``corral run`` starts one by itself when none runs (``CORRAL_SERVER=off``
+turns the server off). See :mod:`corral._server` and docs/design.md, "The
+corral server".
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from .. import EXIT_USAGE, print_error
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..._launchers import LauncherPool
+    from ..._runner import SignalRelay
+    from ..._server import RunRequest
+
+__all__ = ["handle_run", "main"]
+
+
+def handle_run(request: RunRequest, relay: SignalRelay, launchers: LauncherPool | None) -> int:
+    """Run one client's ``corral run`` exactly as it would run in the client's process."""
+    from .run import Caller, run
+
+    caller = Caller(cwd=request.cwd, environ=request.environ, stdio=request.stdio)
+    return run(request.argv, caller, relay, launchers=launchers, prestage=False)
+
+
+def _idle(value: str | None) -> float:
+    from ..._server import DEFAULT_IDLE
+
+    if not value:
+        return DEFAULT_IDLE
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds: {value!r}")
+    return seconds
+
+
+def main(args: list[str]) -> int:
+    """Entry point."""
+    from ..._exceptions import ServerError
+    from ..._state import state_dir
+
+    parser = argparse.ArgumentParser(
+        prog="corral server",
+        description="The warm per-user process that serves 'corral run' (see docs/design.md).",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--detach", action="store_true", help="start in the background")
+    group.add_argument("--status", action="store_true", help="is a server running?")
+    group.add_argument("--stop", action="store_true", help="stop the running server")
+    parser.add_argument(
+        "--state-dir", help="corral's state directory (default: $XDG_STATE_HOME/corral)"
+    )
+    parser.add_argument(
+        "--idle",
+        help="exit after this many seconds without a client (default: $CORRAL_SERVER_IDLE or 300)",
+    )
+    parser.add_argument("--json", action="store_true", help="--status as JSON")
+    try:
+        ns = parser.parse_args(args)
+    except SystemExit as exc:
+        return 0 if exc.code == 0 else EXIT_USAGE
+    state = os.path.abspath(ns.state_dir) if ns.state_dir else state_dir()
+    try:
+        idle = _idle(ns.idle if ns.idle is not None else os.environ.get("CORRAL_SERVER_IDLE"))
+    except ValueError as exc:
+        print_error(f"--idle / CORRAL_SERVER_IDLE: {exc}")
+        return EXIT_USAGE
+    try:
+        if ns.status:
+            return _status(state, as_json=ns.json)
+        if ns.stop:
+            return _stop(state)
+        if ns.detach:
+            return _detach(state, ns.idle)
+        return _serve(state, idle)
+    except ServerError as exc:
+        print_error(exc.message, exc.hint)
+        return EXIT_USAGE
+
+
+def _serve(state: str, idle: float) -> int:
+    from ..._exceptions import ServerError
+    from ..._server import Server
+
+    server = Server(state, handler=handle_run, idle=idle, launchers=os.geteuid() == 0)
+    try:
+        server.start()
+    except ServerError as exc:
+        server.log(f"not started: {exc.message}")  # a detached server has no terminal
+        raise
+    server.serve()
+    return 0
+
+
+def _status(state: str, *, as_json: bool) -> int:
+    from ..._server import request_status
+
+    status = request_status(state)
+    if as_json:
+        import json
+
+        sys.stdout.write(json.dumps(status) + "\n")
+        return 0 if status else 1
+    if status is None:
+        sys.stdout.write(f"no corral server for {state}\n")
+        return 1
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["started"]))
+    pool = status.get("launchers")
+    lines = [
+        f"corral server pid {status['pid']} for {status['state_dir']}, since {since}",
+        f"  served {status['served']}, refused {status['refused']}, running {status['running']}"
+        + (" (retiring)" if status.get("retiring") else ""),
+        f"  idle timeout {status['idle_timeout']:g}s; code {status['code']}",
+        "  launcher pool: "
+        + (
+            f"{pool['ready']} ready, {pool['served']} served, {pool['missed']} missed"
+            if pool
+            else "none (cgroup v2, not root, or no v1 memory/pids controllers)"
+        ),
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _stop(state: str) -> int:
+    from ..._server import request_stop
+
+    pid = request_stop(state)
+    if pid is None:
+        sys.stdout.write(f"no corral server for {state}\n")
+    else:
+        sys.stdout.write(f"stopped the corral server (pid {pid})\n")
+    return 0
+
+
+def _detach(state: str, idle: str | None) -> int:
+    """Start a server in its own session and wait until it answers."""
+    from ..._exceptions import ServerError
+    from ..._server import request_status
+    from .._client import spawn_server
+
+    status = request_status(state)
+    if status is not None:
+        sys.stdout.write(f"a corral server already runs (pid {status['pid']})\n")
+        return 0
+    pid = spawn_server(state, os.environ, idle=idle)
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        status = request_status(state)
+        if status is not None:
+            sys.stdout.write(f"started the corral server (pid {status['pid']})\n")
+            return 0
+        finished, wait_status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            log = os.path.join(state, "server", "server.log")
+            raise ServerError(
+                f"Failed to start the corral server (exit status "
+                f"{os.waitstatus_to_exitcode(wait_status)})",
+                hint=f"see {log}, or run 'corral server' in the foreground",
+            )
+        time.sleep(0.02)
+    raise ServerError("Failed to start the corral server: it did not answer within 30s")

@@ -1,0 +1,88 @@
+"""Worlds whose ``corral run`` goes through a real corral server.
+
+The ``served`` fixture starts ``corral server --detach`` for the world's state
+directory and stops it afterwards, then checks that the server is gone and
+left no cgroup behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import World
+
+
+def status(world: World) -> dict[str, Any] | None:
+    """``corral server --status --json`` for the world (None: no server)."""
+    result = world.corral("server", "--status", "--json")
+    data = json.loads(result.stdout or b"null")
+    assert data is None or isinstance(data, dict)
+    return data
+
+
+def wait_for(predicate: Any, timeout: float = 20.0, what: str = "the condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def server_cgroups(pid: int) -> list[str]:
+    """cgroup directories named after server *pid* (``corral-<pid>-...``)."""
+    found = []
+    for base in (
+        "/sys/fs/cgroup/memory",
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/freezer",
+        "/sys/fs/cgroup/cpu",
+        "/sys/fs/cgroup",
+    ):
+        for directory, dirs, _files in os.walk(base):
+            found += [os.path.join(directory, d) for d in dirs if d.startswith(f"corral-{pid}-")]
+            if directory.count("/") > 7:
+                dirs[:] = []
+    return found
+
+
+def gone(pid: int) -> bool:
+    """Whether process *pid* has exited (a zombie waiting for init to reap it counts)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return True
+    return stat[stat.rfind(b")") + 2 :].split()[0] in (b"Z", b"X")
+
+
+def stop(world: World) -> None:
+    """Stop the world's server (if any) and check it left nothing behind."""
+    before = status(world)
+    result = world.corral("server", "--stop")
+    assert result.returncode == 0, result.stderr
+    assert status(world) is None
+    if before is not None:
+        pid = before["pid"]
+        wait_for(lambda: gone(pid), what="the server to exit")
+        assert server_cgroups(pid) == []
+    assert not os.path.exists(os.path.join(world.state_dir, "server", "server.sock"))
+
+
+@pytest.fixture
+def served(world: World) -> Iterator[World]:
+    """A world with a running corral server; ``corral run`` uses it."""
+    del world.environ["CORRAL_SERVER"]
+    result = world.corral("server", "--detach")
+    assert result.returncode == 0, result.stderr
+    try:
+        yield world
+    finally:
+        stop(world)

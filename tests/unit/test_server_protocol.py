@@ -1,0 +1,132 @@
+"""The corral server's frames, signal relay and peer checks, without a server process."""
+
+from __future__ import annotations
+
+import _socket
+import os
+
+import pytest
+
+from corral._runner import SignalRelay
+from corral._server import PeerRefused, check_peer, process_context
+from corral._wire import MAX_FRAME, FrameReader, WireError, code_stamp, encode, socket_path
+
+
+def test_frames_round_trip_in_any_chunking() -> None:
+    messages = [{"op": "run", "argv": ["a", "\udcff"], "env": {"K": "v"}}, {"signal": 2}]
+    data = b"".join(encode(m) for m in messages)
+    for size in (1, 3, 7, len(data)):
+        reader = FrameReader()
+        got = []
+        for i in range(0, len(data), size):
+            got += reader.feed(data[i : i + size])
+        assert got == messages and reader.pending == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ((MAX_FRAME + 1).to_bytes(4, "big"), "exceeds"),
+        (len(b"[1]").to_bytes(4, "big") + b"[1]", "not a JSON object"),
+        (len(b"{x").to_bytes(4, "big") + b"{x", "malformed frame"),
+    ],
+)
+def test_bad_frames_are_errors(data: bytes, message: str) -> None:
+    with pytest.raises(WireError, match=message):
+        FrameReader().feed(data)
+
+
+def test_socket_path_and_code_stamp() -> None:
+    assert socket_path("/s/corral") == "/s/corral/server/server.sock"
+    stamp = code_stamp()
+    assert stamp.startswith("1:") and os.path.dirname(__import__("corral").__file__) in stamp
+
+
+class FakeRunning:
+    def __init__(self) -> None:
+        self.events: list[object] = []
+
+    def send_signal(self, signum: int) -> None:
+        self.events.append(signum)
+
+    def cancel(self) -> None:
+        self.events.append("cancel")
+
+    def kill(self) -> None:
+        self.events.append("kill")
+
+
+def test_signals_before_the_start_are_delivered_at_the_start_in_order() -> None:
+    relay = SignalRelay((1,))
+    relay.deliver(2)
+    relay.deliver(15)
+    running = FakeRunning()
+    relay.started(running)  # type: ignore[arg-type]
+    relay.deliver(2)
+    assert running.events == [1, 2, 15, 2]
+
+
+@pytest.mark.parametrize(("action", "event"), [("kill", "kill"), ("stop", "cancel")])
+def test_a_stop_before_the_start_applies_at_the_start(action: str, event: str) -> None:
+    relay = SignalRelay()
+    getattr(relay, action)()
+    running = FakeRunning()
+    relay.started(running)  # type: ignore[arg-type]
+    assert running.events == [event] and relay.stopped == action
+
+
+def test_a_kill_wins_over_a_stop() -> None:
+    relay = SignalRelay()
+    relay.stop()
+    relay.kill()
+    relay.stop()
+    assert relay.stopped == "kill"
+
+
+def test_this_process_passes_its_own_peer_check() -> None:
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        pid, pidfd = check_peer(a, process_context())
+        os.close(pidfd)
+        assert pid == os.getpid()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_context_difference_is_not_a_security_refusal() -> None:
+    security, context = process_context()
+    context = {**context, "Umask": "0777"}
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        with pytest.raises(PeerRefused) as info:
+            check_peer(a, (security, context))
+        assert not info.value.security and "Umask" in info.value.reason
+        with pytest.raises(PeerRefused) as info:
+            check_peer(a, ({**security, "Seccomp_filters": "7"}, context))
+        assert info.value.security and info.value.reason == "Seccomp_filters differs"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_this_kernel_can_host_a_server() -> None:
+    from corral._server import _kernel_problem
+
+    assert _kernel_problem() is None  # SO_PEERPIDFD: Linux 6.5+
+
+
+def test_clients_stop_starting_servers_a_kernel_cannot_host(tmp_path: object) -> None:
+    from corral.cli._client import _may_start_server
+
+    state = str(tmp_path)
+    assert _may_start_server(state, {})
+    assert not _may_start_server(state, {"CORRAL_SANDBOX_ID": "sbx-1"})  # nested: never
+    os.makedirs(os.path.join(state, "server"))
+    marker = os.path.join(state, "server", "unavailable")
+    with open(marker, "w") as f:
+        f.write(f"{os.uname().release}\nno SO_PEERPIDFD\n")
+    assert not _may_start_server(state, {})
+    with open(marker, "w") as f:
+        f.write("4.19.0-old\nno SO_PEERPIDFD\n")
+    assert _may_start_server(state, {})  # another kernel now: try again
