@@ -15,12 +15,13 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterator, Sequence
 
-__all__ = ["SUITES", "Context", "Row", "run_suites"]
+__all__ = ["SUITES", "Context", "Row", "ratio", "run_suites"]
 
 #: suite name -> module (imported on demand)
 SUITES: dict[str, str] = {
@@ -108,6 +109,74 @@ class Context:
                 )
 
         return self.median_ms(once, runs)
+
+    @contextmanager
+    def warm_server(self) -> Iterator[WarmServer]:
+        """A corral server of its own (private state directory), started and stopped here.
+
+        ``corral run`` with :attr:`WarmServer.env` is served by it - the way
+        ``corral run`` normally runs. :meth:`WarmServer.status` is its
+        ``corral server --status --json``, to check afterwards that it served
+        what the rows measured.
+        """
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="corral-bench-server-") as state_home:
+            env = {**os.environ, "XDG_STATE_HOME": state_home}
+            env.pop("CORRAL_SERVER", None)
+            started = subprocess.run(
+                [*self.corral, "server", "--detach"], env=env, capture_output=True, check=False
+            )
+            if started.returncode != 0:
+                raise RuntimeError(f"could not start a corral server: {started.stderr.decode()}")
+            try:
+                yield WarmServer(self.corral, env)
+            finally:
+                subprocess.run(
+                    [*self.corral, "server", "--stop"], env=env, capture_output=True, check=False
+                )
+
+    def raw_bwrap_ms(self) -> float | None:
+        """Median of raw ``bwrap`` with the agent profile running ``true``; None without bwrap.
+
+        The profile of docs/design.md: the same namespaces as corral's sandbox,
+        read-only root, private /dev, /proc and /tmp, the workspace bound.
+        """
+        from ..backends import _find_bwrap
+
+        bwrap = _find_bwrap(dict(os.environ))
+        if bwrap is None:
+            return None
+        ws = self.workspace
+        mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        rest = ["--bind", ws, ws, "--unshare-all", "--die-with-parent", "--new-session", "true"]
+        return self.median_cmd_ms([bwrap, *mounts, *rest])
+
+
+class WarmServer:
+    """A running corral server for a suite (see :meth:`Context.warm_server`)."""
+
+    def __init__(self, corral: Sequence[str], env: dict[str, str]) -> None:
+        self.corral = list(corral)
+        self.env = env  # the environment whose ``corral run`` it serves
+
+    def status(self) -> dict[str, object]:
+        """``corral server --status --json`` (an empty dict if it answered nothing)."""
+        import json
+
+        result = subprocess.run(
+            [*self.corral, "server", "--status", "--json"],
+            env=self.env,
+            capture_output=True,
+            check=False,
+        )
+        data: dict[str, object] = json.loads(result.stdout or b"null") or {}
+        return data
+
+
+def ratio(value: float, base: float | None) -> str:
+    """``value / base`` as ``"1.23x"``; ``"n/a"`` without a baseline."""
+    return f"{value / base:.2f}x" if base else "n/a"
 
 
 def run_suites(names: Sequence[str], ctx: Context) -> dict[str, list[Row]]:

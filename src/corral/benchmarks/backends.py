@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from . import Context, Row
+from . import Context, Row, ratio
 
 __all__ = ["run"]
 
@@ -35,36 +35,12 @@ def _settings(ctx: Context, name: str) -> list[str]:
 def run(ctx: Context) -> list[Row]:
     """Measure and return the rows."""
     from ..cli.commands.doctor import check_backends
-    from .core import _bwrap, _ratio
 
     rows: list[Row] = []
     bare = ctx.median_cmd_ms(["/bin/true"])
     rows.append(Row("bare process /bin/true", bare, samples=ctx.runs))
-    bwrap = _bwrap()
-    raw = None
-    if bwrap:
-        ws = ctx.workspace
-        raw = ctx.median_cmd_ms(
-            [
-                bwrap,
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "--proc",
-                "/proc",
-                "--tmpfs",
-                "/tmp",
-                "--bind",
-                ws,
-                ws,
-                "--unshare-all",
-                "--die-with-parent",
-                "--new-session",
-                "true",
-            ]
-        )
+    raw = ctx.raw_bwrap_ms()
+    if raw is not None:
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
     works = {e["backend"]: bool(e["works"]) for e in check_backends()}
     for name in ("none", "landlock", "bubblewrap", "gvisor", "podman", "docker"):
@@ -83,7 +59,7 @@ def run(ctx: Context) -> list[Row]:
                 value,
                 samples=runs,
                 baseline="raw bwrap",
-                note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare",
+                note=f"{ratio(value, raw)} of raw bwrap, {ratio(value, bare)} of bare",
             )
         )
     for name in ("podman", "docker"):
@@ -96,7 +72,6 @@ def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row
     from .._request import ExecRequest, new_sandbox_id
     from ..backends import get_backend, inspect_host
     from ..policy import load_settings
-    from .core import _ratio
 
     backend = get_backend(name)
     flags = {
@@ -128,5 +103,5 @@ def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row
         value,
         samples=runs,
         baseline="raw bwrap",
-        note=f"{_ratio(value, raw)} of raw bwrap, {_ratio(value, bare)} of bare",
+        note=f"{ratio(value, raw)} of raw bwrap, {ratio(value, bare)} of bare",
     )

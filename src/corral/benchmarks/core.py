@@ -17,17 +17,11 @@ from __future__ import annotations
 
 import os
 
-from . import Context, Row
+from . import Context, Row, ratio
 
 __all__ = ["run"]
 
 NO_LIMITS = ["--memory", "none", "--pids", "none", "--timeout", "none", "--max-output", "none"]
-
-
-def _bwrap() -> str | None:
-    from ..backends import _find_bwrap
-
-    return _find_bwrap(dict(os.environ))
 
 
 def _import_ms(ctx: Context) -> float:
@@ -43,35 +37,12 @@ def _import_ms(ctx: Context) -> float:
 def run(ctx: Context) -> list[Row]:
     """Measure and return the rows."""
     rows: list[Row] = []
-    ws = ctx.workspace
     bare = ctx.median_cmd_ms(["/bin/sh", "-c", "true"])
     rows.append(Row("sh -c true (bare process)", bare, samples=ctx.runs))
     py = ctx.median_cmd_ms([ctx.python, "-c", "pass"])
     rows.append(Row(f"{os.path.basename(ctx.python)} -c pass", py, samples=ctx.runs))
-    bwrap = _bwrap()
-    raw = None
-    if bwrap:
-        raw = ctx.median_cmd_ms(
-            [
-                bwrap,
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "--proc",
-                "/proc",
-                "--tmpfs",
-                "/tmp",
-                "--bind",
-                ws,
-                ws,
-                "--unshare-all",
-                "--die-with-parent",
-                "--new-session",
-                "true",
-            ]
-        )
+    raw = ctx.raw_bwrap_ms()
+    if raw is not None:
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
         rows.append(Row("python -c pass + raw bwrap", py + raw, note="baseline for corral run"))
     baseline = py + raw if raw else None
@@ -85,7 +56,7 @@ def run(ctx: Context) -> list[Row]:
                 value,
                 samples=ctx.runs,
                 baseline="python -c pass + raw bwrap",
-                note=_ratio(value, baseline) + " (CORRAL_SERVER=off)",
+                note=ratio(value, baseline) + " (CORRAL_SERVER=off)",
             )
         )
     rows += _api_rows(ctx, raw)
@@ -102,46 +73,24 @@ def run(ctx: Context) -> list[Row]:
 
 def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
     """``corral run -- true`` through a warm server of its own (started and stopped here)."""
-    import json
-    import subprocess
-    import tempfile
-
     rows = []
-    with tempfile.TemporaryDirectory(prefix="corral-bench-server-") as state_home:
-        env = {**os.environ, "XDG_STATE_HOME": state_home}
-        env.pop("CORRAL_SERVER", None)
-        started = subprocess.run(
-            [*ctx.corral, "server", "--detach"], env=env, capture_output=True, check=False
-        )
-        if started.returncode != 0:
-            raise RuntimeError(f"could not start a corral server: {started.stderr.decode()}")
-        try:
-            for label, options, target in (
-                ("default policy", [], "<= 1.3x"),
-                ("no limits", NO_LIMITS, None),
-            ):
-                value = ctx.median_cmd_ms([*ctx.corral, "run", *options, "--", "true"], env=env)
-                rows.append(
-                    Row(
-                        f"corral run -- true (warm server, {label})",
-                        value,
-                        samples=ctx.runs,
-                        baseline="python -c pass + raw bwrap",
-                        target=target,
-                        note=_ratio(value, baseline),
-                    )
+    with ctx.warm_server() as server:
+        for label, options, target in (
+            ("default policy", [], "<= 1.3x"),
+            ("no limits", NO_LIMITS, None),
+        ):
+            value = ctx.median_cmd_ms([*ctx.corral, "run", *options, "--", "true"], env=server.env)
+            rows.append(
+                Row(
+                    f"corral run -- true (warm server, {label})",
+                    value,
+                    samples=ctx.runs,
+                    baseline="python -c pass + raw bwrap",
+                    target=target,
+                    note=ratio(value, baseline),
                 )
-            status = subprocess.run(
-                [*ctx.corral, "server", "--status", "--json"],
-                env=env,
-                capture_output=True,
-                check=False,
             )
-            data = json.loads(status.stdout or b"null") or {}
-        finally:
-            subprocess.run(
-                [*ctx.corral, "server", "--stop"], env=env, capture_output=True, check=False
-            )
+        data = server.status()
     expected = 2 * (ctx.runs + 2)  # each row: 2 warm-up runs and the samples
     if data.get("served") != expected:
         raise RuntimeError(
@@ -149,15 +98,11 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
             "the warm-server rows would measure something else"
         )
     pool = data.get("launchers")
-    if pool:
+    if isinstance(pool, dict):
         rows[
             0
         ].note += f" (launcher pool: {pool['served']} served, {pool['missed']} found it empty)"
     return rows
-
-
-def _ratio(value: float, base: float | None) -> str:
-    return f"{value / base:.2f}x" if base else "n/a"
 
 
 def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
@@ -187,7 +132,7 @@ def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
                 samples=ctx.runs,
                 baseline="raw bwrap",
                 target=target,
-                note=_ratio(value, raw),
+                note=ratio(value, raw),
             )
         )
     return rows

@@ -8,8 +8,9 @@ Rows (medians, all measured in this run):
 * ``hook decision``: process start of ``corral hook claude-code`` to its JSON
   on stdout, for a Bash call (rewrite) and a Write call (path check);
 * ``hook + rewritten command``: what a Bash tool call costs in Claude Code with
-  corral: the hook, then ``bash -c <rewritten>`` running ``true`` - next to
-  ``corral run -- true`` and raw bwrap;
+  corral: the hook, then ``bash -c <rewritten>`` running ``true`` - in-process
+  (``CORRAL_SERVER=off``) and through a warm corral server of the suite's own
+  (how ``corral run`` normally runs), next to raw bwrap;
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start), next to raw bwrap.
 """
@@ -20,7 +21,7 @@ import json
 import os
 import subprocess
 
-from . import Context, Row
+from . import Context, Row, ratio
 
 __all__ = ["run"]
 
@@ -40,12 +41,13 @@ def _payload(ctx: Context, tool: str, tool_input: dict[str, object]) -> bytes:
     ).encode()
 
 
-def _hook(ctx: Context, payload: bytes) -> dict[str, object]:
+def _hook(ctx: Context, payload: bytes, env: dict[str, str] | None = None) -> dict[str, object]:
     result = subprocess.run(
         [*ctx.corral, "hook", "claude-code"],
         input=payload,
         capture_output=True,
         cwd=ctx.workspace,
+        env=env,
         check=False,
     )
     if result.returncode != 0:
@@ -54,13 +56,8 @@ def _hook(ctx: Context, payload: bytes) -> dict[str, object]:
     return decision
 
 
-def _ratio(value: float, base: float | None) -> str:
-    return f"{value / base:.2f}x" if base else "n/a"
-
-
 def run(ctx: Context) -> list[Row]:
     """Measure and return the rows."""
-    from .core import _bwrap
 
     os.makedirs(os.path.join(ctx.workspace, ".git"), exist_ok=True)
     rows: list[Row] = []
@@ -70,40 +67,17 @@ def run(ctx: Context) -> list[Row]:
     rows.append(
         Row(f"{os.path.basename(ctx.python)} -c pass (interpreter start)", python, samples=ctx.runs)
     )
-    bwrap = _bwrap()
-    raw = None
-    if bwrap:
-        ws = ctx.workspace
-        raw = ctx.median_cmd_ms(
-            [
-                bwrap,
-                "--ro-bind",
-                "/",
-                "/",
-                "--dev",
-                "/dev",
-                "--proc",
-                "/proc",
-                "--tmpfs",
-                "/tmp",
-                "--bind",
-                ws,
-                ws,
-                "--unshare-all",
-                "--die-with-parent",
-                "--new-session",
-                "true",
-            ]
-        )
+    raw = ctx.raw_bwrap_ms()
+    if raw is not None:
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
     run_true = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"])
     rows.append(
         Row(
-            "corral run -- true",
+            "corral run -- true (in-process)",
             run_true,
             samples=ctx.runs,
             baseline="raw bwrap",
-            note=_ratio(run_true, raw),
+            note=ratio(run_true, raw),
         )
     )
 
@@ -115,7 +89,7 @@ def run(ctx: Context) -> list[Row]:
             decision,
             samples=ctx.runs,
             baseline="python -c pass",
-            note=_ratio(decision, python),
+            note=ratio(decision, python),
         )
     )
     write_call = _payload(
@@ -130,42 +104,65 @@ def run(ctx: Context) -> list[Row]:
     )
 
     rewritten = str(_hook(ctx, bash_call)["hookSpecificOutput"]["updatedInput"]["command"])  # type: ignore[index]
-
-    def end_to_end() -> None:
-        answer = _hook(ctx, bash_call)
-        command = answer["hookSpecificOutput"]["updatedInput"]["command"]  # type: ignore[index]
-        subprocess.run(["bash", "-c", command], cwd=ctx.workspace, check=True)
-
+    alone = ctx.median_cmd_ms(["bash", "-c", rewritten])
     rows.append(
         Row(
             "rewritten command alone (bash -c 'corral run ... true')",
-            ctx.median_cmd_ms(["bash", "-c", rewritten]),
+            alone,
             samples=ctx.runs,
-            baseline="corral run -- true",
+            baseline="corral run -- true (in-process)",
+            note=ratio(alone, run_true),
         )
     )
-    total = ctx.median_ms(end_to_end)
+    total = _end_to_end_ms(ctx, bash_call, None)
     rows.append(
         Row(
-            "hook + rewritten command, end to end",
+            "hook + rewritten command, end to end (in-process)",
             total,
             samples=ctx.runs,
-            baseline="corral run -- true",
-            note=_ratio(total, run_true),
+            baseline="raw bwrap",
+            note=ratio(total, raw),
         )
     )
-    if raw:
-        rows.append(
-            Row(
-                "hook + rewritten command vs raw bwrap",
-                total,
-                samples=ctx.runs,
-                baseline="raw bwrap",
-                note=_ratio(total, raw),
-            )
+    with ctx.warm_server() as server:
+        served = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=server.env)
+        served_total = _end_to_end_ms(ctx, bash_call, server.env)
+        status = server.status()
+    if not status.get("served"):
+        raise RuntimeError(
+            "the warm server served nothing: the warm-server rows measure in-process"
         )
+    rows.append(
+        Row(
+            "corral run -- true (warm server)",
+            served,
+            samples=ctx.runs,
+            baseline="raw bwrap",
+            note=ratio(served, raw),
+        )
+    )
+    rows.append(
+        Row(
+            "hook + rewritten command, end to end (warm server)",
+            served_total,
+            samples=ctx.runs,
+            baseline="raw bwrap",
+            note=ratio(served_total, raw),
+        )
+    )
     rows += _sdk_rows(ctx, raw)
     return rows
+
+
+def _end_to_end_ms(ctx: Context, payload: bytes, env: dict[str, str] | None) -> float:
+    """Median of one Bash tool call: the hook, then bash running its rewritten command."""
+
+    def once() -> None:
+        answer = _hook(ctx, payload, env)
+        command = answer["hookSpecificOutput"]["updatedInput"]["command"]  # type: ignore[index]
+        subprocess.run(["bash", "-c", command], cwd=ctx.workspace, env=env, check=True)
+
+    return ctx.median_ms(once)
 
 
 def _sdk_rows(ctx: Context, raw: float | None) -> list[Row]:
@@ -179,6 +176,6 @@ def _sdk_rows(ctx: Context, raw: float | None) -> list[Row]:
             value,
             samples=ctx.runs,
             baseline="raw bwrap",
-            note=_ratio(value, raw),
+            note=ratio(value, raw),
         )
     ]
