@@ -28,10 +28,10 @@ if TYPE_CHECKING:
     from .._engine import Running
     from .._outcome import Outcome
     from .._request import ExecRequest
-    from ..policy._model import Policy
-    from ._plan import HostFacts, LaunchPlan
+    from ..policy._model import Policy, ResourceLimits
+    from ._plan import CgroupSpec, HostFacts, LaunchPlan
 
-__all__ = ["Backend", "Degradations"]
+__all__ = ["Backend", "Degradations", "cgroup_limits"]
 
 
 class Degradations:
@@ -61,6 +61,31 @@ class Degradations:
             rule=rule,
             hint=f"{fix}; or accept running without it: --allow-degraded {rule}",
         )
+
+
+def cgroup_limits(
+    res: ResourceLimits, facts: HostFacts, degrade: Degradations
+) -> CgroupSpec | None:
+    """The cgroup limits a plan asks for (memory, pids, cpus), or None when it asks for none.
+
+    Where cgroups cannot be used here (``facts.cgroup_problem``), each limit
+    that was asked for is refused through *degrade* (raised, or recorded when
+    the caller allowed degrading it) and the result is None.
+    """
+    if res.memory is None and res.pids is None and res.cpus is None:
+        return None
+    if facts.cgroup_problem is not None:
+        for rule, value in (
+            ("resources.memory", res.memory),
+            ("resources.pids", res.pids),
+            ("resources.cpus", res.cpus),
+        ):
+            if value is not None:
+                degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
+        return None
+    from ._plan import CgroupSpec
+
+    return CgroupSpec(memory=res.memory, pids=res.pids, cpus=res.cpus)
 
 
 class Backend:

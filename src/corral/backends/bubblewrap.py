@@ -42,9 +42,9 @@ from .._request import redact
 from ..policy._credentials import credential_names
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
-from ._plan import BrokerSpec, CgroupSpec, FdSpec, LaunchPlan
+from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment
-from .base import Backend, Degradations
+from .base import Backend, Degradations, cgroup_limits
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -216,19 +216,7 @@ class BubblewrapBackend(Backend):
             use_broker = False
 
         # --- limits
-        cgroup = None
-        if res.memory is not None or res.pids is not None or res.cpus is not None:
-            memory, pids, cpus = res.memory, res.pids, res.cpus
-            if facts.cgroup_problem is not None:
-                for rule, value in (
-                    ("resources.memory", memory),
-                    ("resources.pids", pids),
-                    ("resources.cpus", cpus),
-                ):
-                    if value is not None:
-                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
-            else:
-                cgroup = CgroupSpec(memory=memory, pids=pids, cpus=cpus)
+        cgroup = cgroup_limits(res, facts, degrade)
 
         # --- bwrap arguments
         args: list[str] = [facts.bwrap]

@@ -37,7 +37,7 @@ import os
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from .._request import redact
 from ._plan import FdSpec, LaunchPlan
-from .base import Backend, Degradations
+from .base import Backend, Degradations, cgroup_limits
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -364,22 +364,14 @@ class GvisorBackend(Backend):
         # --- limits: runsc moves its Sentry and Gofer into a cgroup of its own,
         # so they go into the spec (linux.resources), not around the runsc process
         resources: dict[str, object] = {}
-        if res.memory is not None or res.pids is not None or res.cpus is not None:
-            if facts.cgroup_problem is not None:
-                for rule, value in (
-                    ("resources.memory", res.memory),
-                    ("resources.pids", res.pids),
-                    ("resources.cpus", res.cpus),
-                ):
-                    if value is not None:
-                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
-            else:
-                if res.memory is not None:
-                    resources["memory"] = {"limit": res.memory, "swap": res.memory}
-                if res.pids is not None:
-                    resources["pids"] = {"limit": res.pids + PIDS_HEADROOM}
-                if res.cpus is not None:
-                    resources["cpu"] = {"quota": int(res.cpus * 100_000), "period": 100_000}
+        limits = cgroup_limits(res, facts, degrade)
+        if limits is not None:
+            if limits.memory is not None:
+                resources["memory"] = {"limit": limits.memory, "swap": limits.memory}
+            if limits.pids is not None:
+                resources["pids"] = {"limit": limits.pids + PIDS_HEADROOM}
+            if limits.cpus is not None:
+                resources["cpu"] = {"quota": int(limits.cpus * 100_000), "period": 100_000}
         env = sandbox_env(request, policy, facts.environ)
         spec = oci_spec(
             argv=request.argv,

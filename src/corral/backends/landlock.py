@@ -61,8 +61,8 @@ from ._landlock_rules import (
     scoped,
     split_readable,
 )
-from ._plan import BrokerSpec, CgroupSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations
+from ._plan import BrokerSpec, FdSpec, LaunchPlan
+from .base import Backend, Degradations, cgroup_limits
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -331,18 +331,7 @@ class LandlockBackend(Backend):
             deny_rules = (*deny_rules, *INET_SOCKET_RULES)
 
         # --- limits
-        cgroup = None
-        if res.memory is not None or res.pids is not None or res.cpus is not None:
-            if facts.cgroup_problem is not None:
-                for rule, value in (
-                    ("resources.memory", res.memory),
-                    ("resources.pids", res.pids),
-                    ("resources.cpus", res.cpus),
-                ):
-                    if value is not None:
-                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
-            else:
-                cgroup = CgroupSpec(memory=res.memory, pids=res.pids, cpus=res.cpus)
+        cgroup = cgroup_limits(res, facts, degrade)
 
         fds = [
             FdSpec(number=FD_STATUS, kind="status"),

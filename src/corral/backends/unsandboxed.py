@@ -14,8 +14,8 @@ from __future__ import annotations
 from .._exceptions import BackendUnavailable
 from .._request import redact
 from ._egress import injected_credentials
-from ._plan import CgroupSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations
+from ._plan import FdSpec, LaunchPlan
+from .base import Backend, Degradations, cgroup_limits
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -67,18 +67,7 @@ class UnsandboxedBackend(Backend):
         assert facts.helper is not None
         res = policy.resources
         degrade = Degradations(policy.allow_degraded)
-        cgroup = None
-        if res.memory is not None or res.pids is not None or res.cpus is not None:
-            if facts.cgroup_problem is not None:
-                for rule, value in (
-                    ("resources.memory", res.memory),
-                    ("resources.pids", res.pids),
-                    ("resources.cpus", res.cpus),
-                ):
-                    if value is not None:
-                        degrade.cannot(rule, facts.cgroup_problem, fix=f"unset {rule}")
-            else:
-                cgroup = CgroupSpec(memory=res.memory, pids=res.pids, cpus=res.cpus)
+        cgroup = cgroup_limits(res, facts, degrade)
         credentials = injected_credentials(request, policy, facts)
         cwd = request.cwd or policy.filesystem.workspace
         helper = [
