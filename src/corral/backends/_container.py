@@ -26,7 +26,7 @@ import os
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFailed, UsageError
 from .._request import redact
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations
+from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
 from .bubblewrap import SANDBOX_HELPER, sandbox_env
 
 TYPE_CHECKING = False
@@ -63,10 +63,6 @@ _ENGINE_ENV = (
 def container_name(sandbox_id: str) -> str:
     """The engine-side name of the sandbox's container."""
     return f"corral-{sandbox_id}"
-
-
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
 
 
 def find_program(name: str, environ: dict[str, str]) -> str | None:
@@ -134,14 +130,7 @@ class ContainerBackend(Backend):
         raise NotImplementedError
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
-        fs = policy.filesystem
-        paths = {fs.workspace, *fs.allow_write, *fs.deny_read}
-        paths.update(
-            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
-        )
-        if request.cwd:
-            paths.add(request.cwd)
-        return paths
+        return paths_of_policy(request, policy, allow_read=False)
 
     # ------------------------------------------------------------ engine specifics
     def run_options(self, facts: HostFacts) -> list[str]:
@@ -209,17 +198,7 @@ class ContainerBackend(Backend):
         image: ImageRef = facts.detail("image")  # type: ignore[assignment]
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
-        workspace = fs.workspace.rstrip("/") or "/"
-        if facts.kind(workspace) != "dir":
-            raise UsageError(
-                f"Failed to use the workspace {workspace}: it is not an existing directory"
-            )
-        for secret in fs.deny_read:
-            if _under(workspace, secret):
-                raise UsageError(
-                    f"Failed to use the workspace {workspace}: it lies inside the secret path "
-                    f"{secret} (filesystem.denyRead)"
-                )
+        workspace = checked_workspace(fs, facts)
         if image.kind == "host":
             # not caller misuse when `auto` merely considered this backend: it cannot run here as
             # configured, so the next candidate is tried
@@ -371,11 +350,11 @@ class ContainerBackend(Backend):
                 if (
                     path.startswith("/")
                     and facts.kind(path) in ("dir", "file")
-                    and any(_under(path, m) for m in mounted)
+                    and any(is_under(path, m) for m in mounted)
                 ):
                     args += ["-v", f"{path}:{path}:ro"]
             for secret in sorted(fs.deny_read):
-                if not any(_under(secret, m) for m in mounted):
+                if not any(is_under(secret, m) for m in mounted):
                     continue  # not visible in the container at all
                 kind = facts.kind(secret)
                 if kind == "dir":

@@ -17,7 +17,7 @@ naming the rule, unless the caller listed that rule in
 
 from __future__ import annotations
 
-from .._exceptions import EnforcementUnavailable
+from .._exceptions import EnforcementUnavailable, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,10 +28,17 @@ if TYPE_CHECKING:
     from .._engine import Running
     from .._outcome import Outcome
     from .._request import ExecRequest
-    from ..policy._model import Policy, ResourceLimits
+    from ..policy._model import FilesystemPolicy, Policy, ResourceLimits
     from ._plan import CgroupSpec, HostFacts, LaunchPlan
 
-__all__ = ["Backend", "Degradations", "cgroup_limits"]
+__all__ = [
+    "Backend",
+    "Degradations",
+    "cgroup_limits",
+    "checked_workspace",
+    "is_under",
+    "paths_of_policy",
+]
 
 
 class Degradations:
@@ -61,6 +68,52 @@ class Degradations:
             rule=rule,
             hint=f"{fix}; or accept running without it: --allow-degraded {rule}",
         )
+
+
+def is_under(path: str, base: str) -> bool:
+    """Whether *path* is *base* or lies below it (both absolute, normalised)."""
+    return path == base or path.startswith(base.rstrip("/") + "/")
+
+
+def checked_workspace(fs: FilesystemPolicy, facts: HostFacts, *, allow_write: bool = False) -> str:
+    """The workspace path, after checking it can be the sandbox's workspace.
+
+    It must be an existing directory, and it must not lie inside a secret
+    path (``filesystem.denyRead``): hiding the secret would hide it too. With
+    *allow_write*, the ``filesystem.allowWrite`` paths must not either.
+
+    Raises:
+        UsageError: naming the path, the secret and the setting.
+    """
+    workspace = fs.workspace.rstrip("/") or "/"
+    if facts.kind(workspace) != "dir":
+        raise UsageError(
+            f"Failed to use the workspace {workspace}: it is not an existing directory"
+        )
+    areas = [(workspace, "filesystem.workspace")]
+    if allow_write:
+        areas += [(p, "filesystem.allowWrite") for p in fs.allow_write]
+    for secret in fs.deny_read:
+        for area, key in areas:
+            if is_under(area, secret):
+                raise UsageError(
+                    f"Failed to use {key} {area}: it lies inside the secret path {secret} "
+                    "(filesystem.denyRead)"
+                )
+    return workspace
+
+
+def paths_of_policy(request: ExecRequest, policy: Policy, *, allow_read: bool = True) -> set[str]:
+    """The host paths a filesystem plan looks at: workspace, cwd, writable, secret, carve-out
+    (with *allow_read*) and literal absolute write-denied paths."""
+    fs = policy.filesystem
+    paths = {fs.workspace, *fs.allow_write, *fs.deny_read}
+    if allow_read:
+        paths.update(fs.allow_read)
+    paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
+    if request.cwd:
+        paths.add(request.cwd)
+    return paths
 
 
 def cgroup_limits(

@@ -44,7 +44,7 @@ from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment
-from .base import Backend, Degradations, cgroup_limits
+from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -101,10 +101,6 @@ def sandbox_env(
     return tuple(env.items())
 
 
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
-
-
 class BubblewrapBackend(Backend):
     """Linux namespaces via bubblewrap; see the module docstring for guarantees."""
 
@@ -137,12 +133,7 @@ class BubblewrapBackend(Backend):
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
         fs = policy.filesystem
-        paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
-        paths.update(
-            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
-        )
-        if request.cwd:
-            paths.add(request.cwd)
+        paths = paths_of_policy(request, policy)
         if request.tmp_dir:
             paths.add(request.tmp_dir)
         for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
@@ -168,17 +159,7 @@ class BubblewrapBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
-        workspace = fs.workspace.rstrip("/") or "/"
-        if facts.kind(workspace) != "dir":
-            raise UsageError(
-                f"Failed to use the workspace {workspace}: it is not an existing directory"
-            )
-        for secret in fs.deny_read:
-            if _under(workspace, secret):
-                raise UsageError(
-                    f"Failed to use the workspace {workspace}: it lies inside the secret path {secret} "
-                    "(filesystem.denyRead)"
-                )
+        workspace = checked_workspace(fs, facts)
         cwd = request.cwd or workspace
         if preview is not None and (preview.workspace.rstrip("/") or "/") != workspace:
             raise UsageError(
@@ -189,7 +170,7 @@ class BubblewrapBackend(Backend):
 
         def source(path: str) -> str:
             """Where the sandbox's *path* comes from (a copy preview redirects the workspace)."""
-            if copy and preview is not None and _under(path, workspace):
+            if copy and preview is not None and is_under(path, workspace):
                 return preview.tree.rstrip("/") + path[len(workspace) :]
             return path
 
@@ -246,11 +227,11 @@ class BubblewrapBackend(Backend):
             else:
                 args += ["--tmpfs", tmp]
         hidden_by_tmp = [
-            t for t in PRIVATE_TMP if not any(_under(w, t) for w in (workspace, *writable))
+            t for t in PRIVATE_TMP if not any(is_under(w, t) for w in (workspace, *writable))
         ]
 
         def visible(path: str) -> bool:
-            return not any(_under(path, t) for t in hidden_by_tmp)
+            return not any(is_under(path, t) for t in hidden_by_tmp)
 
         ws_bind = "--ro-bind" if (fs.read_only or use_broker) else "--bind"
         args += [ws_bind, source(workspace), workspace]

@@ -37,7 +37,7 @@ import os
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from .._request import redact
 from ._plan import FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits
+from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -61,10 +61,6 @@ FD_STATUS = 3
 PIDS_HEADROOM = 512
 
 PRIVATE_TMP = ("/tmp", "/var/tmp")
-
-
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
 
 
 def _runsc_version(path: str) -> int:
@@ -193,14 +189,7 @@ class GvisorBackend(Backend):
         return None
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
-        fs = policy.filesystem
-        paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *fs.allow_read}
-        paths.update(
-            p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?[")
-        )
-        if request.cwd:
-            paths.add(request.cwd)
-        return paths
+        return paths_of_policy(request, policy)
 
     def platform(self, facts: HostFacts) -> str:
         """``systrap`` where runsc has it (mid-2023 on), else ``ptrace``; never KVM by default."""
@@ -217,17 +206,7 @@ class GvisorBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         image: ImageRef = facts.detail("image")  # type: ignore[assignment]
-        workspace = fs.workspace.rstrip("/") or "/"
-        if facts.kind(workspace) != "dir":
-            raise UsageError(
-                f"Failed to use the workspace {workspace}: it is not an existing directory"
-            )
-        for secret in fs.deny_read:
-            if _under(workspace, secret):
-                raise UsageError(
-                    f"Failed to use the workspace {workspace}: it lies inside the secret path "
-                    f"{secret} (filesystem.denyRead)"
-                )
+        workspace = checked_workspace(fs, facts)
         if image.problem is not None:
             raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
         if image.kind in ("ref", "oci") or (image.kind != "host" and image.rootfs is None):
@@ -311,7 +290,7 @@ class GvisorBackend(Backend):
             if (
                 path.startswith("/")
                 and facts.kind(path) in ("dir", "file")
-                and any(_under(path, v) for v in visible)
+                and any(is_under(path, v) for v in visible)
             ):
                 mounts.append(
                     {
@@ -323,12 +302,12 @@ class GvisorBackend(Backend):
                 )
         for secret in sorted(fs.deny_read):
             kind = facts.kind(secret)
-            if kind == "missing" or not any(_under(secret, v) for v in visible):
+            if kind == "missing" or not any(is_under(secret, v) for v in visible):
                 continue
             if (
                 image.kind == "host"
-                and any(_under(secret, t) for t in PRIVATE_TMP)
-                and not any(_under(secret, w) for w in writable)
+                and any(is_under(secret, t) for t in PRIVATE_TMP)
+                and not any(is_under(secret, w) for w in writable)
             ):
                 continue  # already hidden by the private /tmp
             if kind == "dir":

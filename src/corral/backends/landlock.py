@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import os
 
-from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from .._request import redact
 from ._landlock_rules import (
     FS_IOCTL_DEV,
@@ -62,7 +62,7 @@ from ._landlock_rules import (
     split_readable,
 )
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits
+from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -104,10 +104,6 @@ _CACHE_KEY = "landlock-abi"
 def private_tmp(sandbox_id: str) -> str:
     """The host directory that is the sandbox's TMPDIR."""
     return f"/tmp/corral-{sandbox_id}"
-
-
-def _under(path: str, base: str) -> bool:
-    return path == base or path.startswith(base.rstrip("/") + "/")
 
 
 def landlock_abi() -> int:
@@ -225,21 +221,7 @@ class LandlockBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         abi = facts.landlock_abi
-        workspace = fs.workspace.rstrip("/") or "/"
-        if facts.kind(workspace) != "dir":
-            raise UsageError(
-                f"Failed to use the workspace {workspace}: it is not an existing directory"
-            )
-        for secret in fs.deny_read:
-            for area, key in (
-                (workspace, "filesystem.workspace"),
-                *((p, "filesystem.allowWrite") for p in fs.allow_write),
-            ):
-                if _under(area, secret):
-                    raise UsageError(
-                        f"Failed to use {key} {area}: it lies inside the secret path {secret} "
-                        "(filesystem.denyRead)"
-                    )
+        workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace
 
         # --- network: what a process-level sandbox can and cannot express
@@ -299,7 +281,7 @@ class LandlockBackend(Backend):
         patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
         patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write]
         for secret in fs.deny_read:
-            if any(_under(secret, area) for area in writable):
+            if any(is_under(secret, area) for area in writable):
                 patterns += [
                     (secret, f"filesystem.denyRead: {secret}"),
                     (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}"),
