@@ -64,8 +64,8 @@ def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | N
     value = environ.pop(HANDOFF, None)
     if value is None:
         return None
-    result, _, rest = value.partition(":")
-    if result not in (_NO_SERVER, _STALE, _REFUSED):
+    result, colon, rest = value.partition(":")
+    if result not in (_NO_SERVER, _STALE, _REFUSED) or (colon and not rest):
         return None
     signals = []
     for word in rest.split(",") if rest else ():
