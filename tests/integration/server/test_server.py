@@ -43,6 +43,17 @@ def _served(world: World) -> int:
     return served
 
 
+def _all(world: World, *args: str, **kwargs: object) -> list[subprocess.CompletedProcess[bytes]]:
+    """Run ``corral ARGS`` in-process, then through the server with each client."""
+    before = _served(world)
+    results = [world.corral(*args, env={"CORRAL_SERVER": "off"}, **kwargs)]  # type: ignore[arg-type]
+    for client in ("corral", "corral-client"):
+        client_command(client)  # skips when corral-client was not built
+        results.append(world.corral(*args, client=client, **kwargs))  # type: ignore[arg-type]
+    assert _served(world) == before + 2, "the runs did not go through the server"
+    return results
+
+
 def _both(
     world: World, *args: str, client: str = "corral", **kwargs: object
 ) -> tuple[subprocess.CompletedProcess[bytes], ...]:
@@ -73,15 +84,16 @@ CASES = [
 
 @pytest.mark.parametrize(("args", "expected"), CASES)
 def test_statuses_and_output_are_byte_for_byte_the_in_process_ones(
-    served: World, client: str, args: tuple[str, ...], expected: int
+    served: World, args: tuple[str, ...], expected: int
 ) -> None:
-    in_process, via_server = _both(served, *args, client=client)
+    in_process, *via_server = _all(served, *args)
     assert in_process.returncode == expected, in_process.stderr
-    assert (via_server.returncode, via_server.stdout, via_server.stderr) == (
-        in_process.returncode,
-        in_process.stdout,
-        in_process.stderr,
-    )
+    for result in via_server:  # the Python client, the compiled client
+        assert (result.returncode, result.stdout, result.stderr) == (
+            in_process.returncode,
+            in_process.stdout,
+            in_process.stderr,
+        )
 
 
 @needs_root
@@ -112,11 +124,9 @@ def test_a_fork_bomb_is_contained_and_its_groups_removed(served: World) -> None:
     assert all("-launch-" in path for path in server_cgroups(data["pid"]))
 
 
-def test_stdin_is_the_clients(served: World, client: str) -> None:
-    in_process, via_server = _both(
-        served, "run", "--", "cat", client=client, input=b"hello\nworld\n"
-    )
-    assert via_server.stdout == in_process.stdout == b"hello\nworld\n"
+def test_stdin_is_the_clients(served: World) -> None:
+    results = _all(served, "run", "--", "cat", input=b"hello\nworld\n")
+    assert [r.stdout for r in results] == [b"hello\nworld\n"] * 3
 
 
 @pytest.mark.parametrize(
