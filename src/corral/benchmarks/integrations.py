@@ -148,9 +148,13 @@ def run(ctx: Context) -> list[Row]:
             fast_decision = ctx.median_ms(lambda: _hook(ctx, bash_call, server.env, [fast]))
             fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
         status = server.status()
-    if not status.get("served") or (fast is not None and not status.get("hooks")):
+    per_row = ctx.runs + 2  # 2 warm-up runs and the samples
+    expected = (4 if fast is not None else 3) * per_row, (2 if fast is not None else 0) * per_row
+    if (status.get("served"), status.get("hooks")) != expected:
         raise RuntimeError(
-            "the warm server served nothing: the warm-server rows measure in-process"
+            f"the warm server served {status.get('served')} runs and {status.get('hooks')} "
+            f"hooks, not {expected[0]} and {expected[1]}: the warm-server rows would measure "
+            "something else (did corral's code change during the run?)"
         )
     rows.append(
         Row(

@@ -1194,7 +1194,11 @@ static void run_mode(char **argv, const char *coerced, struct link *l) {
         size_t len;
         while (!broken && (got = next_frame(&l->reader, &body, &len)) != 0) {
             struct members ms;
-            if (got < 0 || parse_object(body, len, &ms) < 0) {
+            if (got < 0) {
+                broken = 1;
+                break;
+            }
+            if (parse_object(body, len, &ms) < 0) {
                 members_free(&ms);
                 broken = 1;
                 break;

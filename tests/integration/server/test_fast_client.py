@@ -18,11 +18,15 @@ import time
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.conftest import PROBE_PYTHON, World, client_command, corral_command, needs_bwrap
 from tests.integration.server.conftest import gone, server_cgroups, status, stop, wait_for
 
 pytestmark = needs_bwrap
+
+SRC = os.path.dirname(os.path.dirname(os.path.abspath(__import__("corral").__file__)))
 
 ODD_ARGS = [
     b"\xff\xe9a",  # Latin-1, not UTF-8
@@ -431,3 +435,196 @@ def test_a_handoff_without_a_server_starts_one(world: World) -> None:
         assert wait_for(lambda: status(world), what="a server")["served"] == 0
     finally:
         stop(world)
+
+
+# ---------------------------------------------------------------- any bytes
+_BYTES = st.binary(max_size=40).filter(lambda b: b"\0" not in b)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(words=st.lists(_BYTES, min_size=1, max_size=4), value=_BYTES)
+def test_any_argv_and_environment_bytes_arrive_unchanged(
+    served: World, words: list[bytes], value: bytes
+) -> None:
+    script = 'printf "%s\\0" "$@"; printf "[%s]" "$ODD"'
+    env = {"ODD": os.fsdecode(value)}
+    result = _fast(
+        served, "run", "--env", "ODD", "--", "/bin/sh", "-c", script, "sh", *words, env=env
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"".join(w + b"\0" for w in words) + b"[" + value + b"]"
+
+
+@settings(
+    max_examples=25,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(command=_BYTES, raw=st.booleans())
+def test_any_hook_input_gets_the_python_hooks_answer(
+    served: World, command: bytes, raw: bool
+) -> None:
+    """A Bash command of any bytes inside real hook JSON, or those bytes as the whole input."""
+    head = _payload(served.workspace, "Bash", {"command": "@"}).split(b'"@"')
+    data = (
+        command
+        if raw
+        else head[0] + b'"' + command.replace(b"\\", b"\\\\").replace(b'"', b'\\"') + b'"' + head[1]
+    )
+    fast = _fast(served, "hook", "claude-code", input=data)
+    python = _python(served, "hook", "claude-code", input=data, env={"CORRAL_SERVER": "off"})
+    assert (fast.returncode, fast.stdout, fast.stderr) == (
+        python.returncode,
+        python.stdout,
+        python.stderr,
+    )
+
+
+# ---------------------------------------------------------------- under sanitizers
+SANITIZED_SERVER = """
+import os, sys
+sys.path.insert(0, sys.argv[2])
+from corral import _server
+from corral.cli.commands.server import handle_hook, handle_run
+server = _server.Server(sys.argv[1], handler=handle_run, hook_handler=handle_hook, idle=60)
+server.client_stamp = "c1:" + os.path.realpath(sys.argv[3])  # accept the sanitized build
+server.start()
+print("listening", flush=True)
+server.serve()
+"""
+
+
+def _sanitized_client(world: World) -> str:
+    source = os.path.join(SRC, "corral", "native", "corral-client.c")
+    binary = os.path.join(world.root, "asan", "corral-client")
+    os.makedirs(os.path.dirname(binary))
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    built = subprocess.run(
+        [
+            cc,
+            "-O1",
+            "-g",
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=all",
+            "-fno-omit-frame-pointer",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-o",
+            binary,
+            source,
+        ],
+        capture_output=True,
+        check=False,
+    )
+    if built.returncode != 0:
+        pytest.skip(
+            f"cannot build with -fsanitize=address,undefined: {built.stderr.decode()[-200:]}"
+        )
+    World.write(binary + ".cli", sys.executable + "\n")
+    os.chmod(binary + ".cli", 0o644)
+    return binary
+
+
+def test_the_client_is_memory_safe_under_sanitizers(world: World) -> None:
+    """AddressSanitizer and UBSan builds of corral-client through every path: served runs and
+    hooks with odd bytes, signals, large and malformed input, every kind of fallback."""
+    binary = _sanitized_client(world)
+    del world.environ["CORRAL_SERVER"]
+    env = {
+        **world.environ,
+        "ASAN_OPTIONS": "detect_leaks=0:exitcode=99",
+        "UBSAN_OPTIONS": "exitcode=98",
+    }
+
+    def client(
+        *args: str | bytes, stdin: bytes | None = None, **extra: str
+    ) -> subprocess.CompletedProcess[bytes]:
+        result = subprocess.run(
+            [binary, *args],
+            input=stdin,
+            cwd=world.workspace,
+            env={**env, **extra},
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
+        assert b"Sanitizer" not in result.stderr and b"runtime error" not in result.stderr, (
+            result.stderr
+        )
+        assert result.returncode not in (98, 99), result.stderr
+        return result
+
+    # no server: every call falls back (and a Python CLI starts a regular server)
+    assert client("run", "-c", "echo cold").stdout == b"cold\n"
+    wait_for(lambda: status(world), what="the server the fallback started")
+    # a regular server does not know this build: stale, it retires, the fallback runs it
+    assert client("run", "-c", "echo stale; exit 5").returncode == 5
+    stop(world)
+    server = subprocess.Popen(
+        [sys.executable, "-c", SANITIZED_SERVER, world.state_dir, SRC, binary],
+        env=world.environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"listening\n"
+        script = 'printf "%s\\0" "$@"; printf "[%s]" "$ODD"; exit 7'
+        odd = client(
+            "run",
+            "--env",
+            "ODD",
+            "--",
+            "/bin/sh",
+            "-c",
+            script,
+            "sh",
+            *ODD_ARGS,
+            ODD=b"\xff\xfe \xed\xb3\xbf".decode("utf-8", "surrogateescape"),
+        )
+        assert odd.returncode == 7 and odd.stdout.endswith(b"[\xff\xfe \xed\xb3\xbf]")
+        assert client("run", "--", "cat", stdin=b"x" * 300_000).stdout == b"x" * 300_000
+        assert client("run", "--", "/nonexistent").returncode == 127
+        assert client("run", "--help").returncode == 0
+        long_env = {f"V{i}": "v" * 100 for i in range(3000)}
+        assert client("run", "--", "true", **long_env).returncode == 0
+        proc = subprocess.Popen(
+            [
+                binary,
+                "run",
+                "--",
+                PROBE_PYTHON,
+                "-c",
+                "import signal, sys, time\n"
+                "signal.signal(signal.SIGINT, lambda *_: sys.exit(42))\n"
+                "print('ready', flush=True); time.sleep(30)",
+            ],
+            cwd=world.workspace,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 42 and b"Sanitizer" not in err, err
+        for name, data in _hook_inputs(world).items():
+            result = client("hook", "claude-code", stdin=data)
+            assert result.returncode in (0, 2), (name, result.stderr)
+        big = b'{"a": "' + b"\x01" * (3 << 20) + b'"}'
+        assert client("hook", "claude-code", stdin=big).returncode == 2
+        assert client("hook", "claude-code", stdin=b"y" * ((16 << 20) + 1)).returncode == 2
+        data = status(world)
+        assert data is not None and (data["served"], data["hooks"]) == (5, 18)
+    finally:
+        stop(world)
+        server.wait(timeout=30)
+        assert server.stdout is not None
+        server.stdout.close()
