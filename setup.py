@@ -56,6 +56,10 @@ class BuildPyWithHelper(build_py):
 
     def run(self) -> None:
         super().run()
+        # A working tree's _bin/ also holds the fast client's sidecar, which names
+        # that tree's interpreter (corral/_fastclient.py): it must never ship.
+        for sidecar in (Path(self.build_lib) / "corral" / "_bin").glob("*.cli*"):
+            sidecar.unlink()
         if os.environ.get("CORRAL_SKIP_NATIVE") == "1":
             print("corral: CORRAL_SKIP_NATIVE=1, not building the native programs", file=sys.stderr)
             return
