@@ -397,11 +397,18 @@ def test_a_server_lost_after_accepting_is_exit_125_and_no_second_run(
     assert World.read(served.ws("runs")) == "started\n"  # never a second run
     # a killed server leaves its socket and its ready launcher groups: clean up
     wait_for(lambda: gone(data["pid"]), what="the server to exit")
-    for path in sorted(set(server_cgroups(data["pid"])), key=len, reverse=True):
-        try:
-            os.rmdir(path)
-        except FileNotFoundError:
-            pass  # listed under two names
+
+    def removed() -> bool:
+        for path in sorted(set(server_cgroups(data["pid"])), key=len, reverse=True):
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass  # listed under two names
+            except OSError:
+                return False  # EBUSY: its last tasks are still exiting
+        return True
+
+    wait_for(removed, what="the killed server's cgroups to empty")
     os.unlink(os.path.join(served.state_dir, "server", "server.sock"))
 
 
