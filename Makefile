@@ -11,8 +11,8 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
 
-native: src/corral/_bin/corral-exec  ## build the exec helper in place (editable installs)
-src/corral/_bin/corral-exec: src/corral/native/corral-exec.c
+native: src/corral/_bin/corral-exec src/corral/_bin/corral-client  ## build the native programs in place (editable installs)
+src/corral/_bin/%: src/corral/native/%.c
 	mkdir -p src/corral/_bin
 	$(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -static -o $@ $< \
 	  || $(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o $@ $<

@@ -1,13 +1,19 @@
-"""Build glue: compile the small C exec helper that ships inside the package.
+"""Build glue: compile the small C programs that ship inside the package.
 
-Everything else about the package lives in pyproject.toml. The helper
-(src/corral/native/corral-exec.c) applies seccomp, Landlock and rlimits right
-before exec inside the sandbox; see docs/design.md ("The exec helper") for why
-it is native code. It is linked statically when the C library allows it, so it
-also runs inside container and VM root filesystems.
+Everything else about the package lives in pyproject.toml. Both are linked
+statically when the C library allows it:
 
-Set CORRAL_SKIP_NATIVE=1 to build without it (corral then reports the
-sandboxing backends that need it as unavailable, with the reason).
+* the exec helper (src/corral/native/corral-exec.c) applies seccomp, Landlock
+  and rlimits right before exec inside the sandbox; see docs/design.md ("The
+  exec helper") for why it is native code. Statically linked, it also runs
+  inside container and VM root filesystems.
+* the fast client (src/corral/native/corral-client.c) serves `corral run` and
+  the Claude Code hook through the corral server without an interpreter's
+  start-up; see docs/design.md ("The fast client").
+
+Set CORRAL_SKIP_NATIVE=1 to build without them (corral then reports the
+sandboxing backends that need the helper as unavailable, with the reason, and
+uses its Python command line where it would use the fast client).
 """
 
 from __future__ import annotations
@@ -22,38 +28,43 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-SOURCE = Path("src/corral/native/corral-exec.c")
+PROGRAMS = ("corral-exec", "corral-client")
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 
-def compile_helper(out: Path) -> None:
-    """Compile the helper to *out*, statically if possible."""
+def compile_program(name: str, out: Path) -> None:
+    """Compile src/corral/native/<name>.c to *out*, statically if possible."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise SystemExit(
-            "corral: failed to build the exec helper: no C compiler found. "
+            f"corral: failed to build {name}: no C compiler found. "
             "Install one (Debian/Ubuntu: apt-get install gcc libc6-dev) or set CORRAL_SKIP_NATIVE=1."
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, *CFLAGS, "-o", str(out), str(SOURCE)]
+    base = [cc, *CFLAGS, "-o", str(out), str(Path("src/corral/native") / f"{name}.c")]
     for extra in (["-static"], []):
         result = subprocess.run([*base, *extra], capture_output=True, text=True, check=False)
         if result.returncode == 0:
             out.chmod(0o755)
             return
         last = result.stderr
-    raise SystemExit(f"corral: failed to build the exec helper:\n{last}")
+    raise SystemExit(f"corral: failed to build {name}:\n{last}")
 
 
 class BuildPyWithHelper(build_py):
-    """build_py that also compiles corral-exec into corral/_bin/."""
+    """build_py that also compiles corral-exec and corral-client into corral/_bin/."""
 
     def run(self) -> None:
         super().run()
+        # A working tree's _bin/ also holds the fast client's sidecar, which names
+        # that tree's interpreter (corral/_fastclient.py): it must never ship.
+        for sidecar in (Path(self.build_lib) / "corral" / "_bin").glob("*.cli*"):
+            sidecar.unlink()
         if os.environ.get("CORRAL_SKIP_NATIVE") == "1":
-            print("corral: CORRAL_SKIP_NATIVE=1, not building the exec helper", file=sys.stderr)
+            print("corral: CORRAL_SKIP_NATIVE=1, not building the native programs", file=sys.stderr)
             return
-        compile_helper(Path(self.build_lib) / "corral" / "_bin" / "corral-exec")
+        for name in PROGRAMS:
+            compile_program(name, Path(self.build_lib) / "corral" / "_bin" / name)
 
 
 class BinaryDistribution(Distribution):

@@ -41,6 +41,23 @@ def corral_command() -> list[str]:
     return [sys.executable, "-m", "corral"]
 
 
+def fast_client_path() -> str | None:
+    """This installation's compiled client, its sidecar written; None when it was not built."""
+    from corral._fastclient import usable_client
+
+    return usable_client()
+
+
+def client_command(client: str) -> list[str]:
+    """``corral`` (the Python CLI) or ``corral-client`` (the compiled fast client)."""
+    if client == "corral":
+        return corral_command()
+    path = fast_client_path()
+    if path is None:
+        pytest.skip("corral-client was not built (make native)")
+    return [path]
+
+
 class World:
     """A home, a workspace (a git repository skeleton) and an outside directory."""
 
@@ -122,13 +139,14 @@ class World:
         input: bytes | None = None,
         env: dict[str, str] | None = None,
         timeout: float = 120,
+        client: str = "corral",
     ) -> subprocess.CompletedProcess[bytes]:
-        """Run the installed ``corral`` with this world's environment."""
+        """Run the installed ``corral`` (or *client*, e.g. ``corral-client``) with this world's environment."""
         environ = dict(self.environ)
         if env:
             environ.update(env)
         return subprocess.run(
-            [*corral_command(), *args],
+            [*client_command(client), *args],
             cwd=cwd or self.workspace,
             env=environ,
             input=input,

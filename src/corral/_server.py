@@ -3,10 +3,13 @@
 Why (docs/design.md, "The corral server"): a cold ``corral run`` pays for
 Python's imports, settings and - with limits on cgroup v1 - an RCU grace
 period for moving the sandbox into its cgroup; a warm process pays none of
-that. The client (:mod:`corral.cli._client`) passes its argv, cwd, whole
-environment and stdin/stdout/stderr over a unix socket; the server runs the
-command exactly as ``corral run`` would in the client's own process and sends
-back the exit status.
+that. The client (:mod:`corral.cli._client`, or the compiled
+``corral-client``) passes its argv, cwd, whole environment and
+stdin/stdout/stderr over a unix socket; the server runs the command exactly
+as ``corral run`` would in the client's own process and sends back the exit
+status. For ``corral-client hook claude-code`` it answers the Claude Code hook
+the same way (a :class:`HookRequest`: the hook's input, cwd, environment;
+the answer's stdout, stderr and exit status).
 
 **Who may use it** (the server runs commands with caller-chosen options: a
 sandboxed process that reached it would escape). The socket lives in
@@ -50,6 +53,7 @@ import sys
 import time
 
 from ._exceptions import ServerError
+from ._fastclient import client_stamp
 from ._runner import SignalRelay
 from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
@@ -62,6 +66,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_IDLE",
+    "MAX_HOOK_INPUT",
+    "HookRequest",
     "PeerRefused",
     "RunRequest",
     "Server",
@@ -72,6 +78,8 @@ __all__ = [
 ]
 
 DEFAULT_IDLE = 300.0
+#: the largest hook input a hook request may carry (``corral hook``'s own limit)
+MAX_HOOK_INPUT = 16 << 20
 _SO_PEERCRED = 17
 _SO_PEERPIDFD = 77  # Linux 6.5
 _MSG_CMSG_CLOEXEC = 0x40000000
@@ -139,6 +147,29 @@ class RunRequest:
         self.cwd = cwd
         self.environ = environ
         self.stdio = stdio
+        self.pid = pid
+
+
+class HookRequest:
+    """One ``corral hook INTEGRATION`` from a client: its input and context.
+
+    Attributes:
+        integration: the hook's name (``"claude-code"``).
+        stdin: the bytes the hook read on its stdin.
+        cwd: the client's working directory.
+        environ: the client's whole environment.
+        pid: the client's pid.
+    """
+
+    __slots__ = ("cwd", "environ", "integration", "pid", "stdin")
+
+    def __init__(
+        self, *, integration: str, stdin: bytes, cwd: str, environ: dict[str, str], pid: int
+    ) -> None:
+        self.integration = integration
+        self.stdin = stdin
+        self.cwd = cwd
+        self.environ = environ
         self.pid = pid
 
 
@@ -279,6 +310,8 @@ class _CodeWatch:
 
     _MASK = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
     _IGNORED_NAMES = frozenset({b"__pycache__"})
+    #: the fast client's sidecar (and its temporary files): a record, not code
+    _IGNORED_PREFIXES = (b"corral-client.cli",)
 
     def __init__(self, root: str) -> None:
         import ctypes
@@ -311,7 +344,9 @@ class _CodeWatch:
                 offset += 16 + length
                 if mask & 0x4000:  # IN_Q_OVERFLOW
                     self.changed = "too many changes to follow"
-                elif name not in self._IGNORED_NAMES:
+                elif name not in self._IGNORED_NAMES and not name.startswith(
+                    self._IGNORED_PREFIXES
+                ):
                     self.changed = os.fsdecode(name) or "a package directory"
         return self.changed
 
@@ -339,6 +374,9 @@ class Server:
             session's :class:`~corral._runner.SignalRelay` and the launcher
             pool, if any) and returns the exit status. Everything the user
             sees must go to the request's fds.
+        hook_handler: answers one :class:`HookRequest`: ``(stdout, stderr,
+            exit status)``, touching no process-wide state; None: hook
+            requests are refused (the client decides in its own process).
         idle: seconds without a client before the server exits.
         launchers: build the cgroup launcher pool (cgroup v1 as root).
 
@@ -354,6 +392,7 @@ class Server:
         state_dir: str,
         *,
         handler: Callable[[RunRequest, SignalRelay, LauncherPool | None], int],
+        hook_handler: Callable[[HookRequest], tuple[bytes, bytes, int]] | None = None,
         idle: float = DEFAULT_IDLE,
         launchers: bool = True,
     ) -> None:
@@ -361,8 +400,11 @@ class Server:
         self.directory = os.path.join(state_dir, "server")
         self.path = socket_path(state_dir)
         self.handler = handler
+        self.hook_handler = hook_handler
         self.idle = idle
         self.stamp = code_stamp()
+        #: what this installation's compiled client sends (corral._fastclient)
+        self.client_stamp = client_stamp()
         self.started = time.time()
         self.pool: LauncherPool | None = None
         self._want_pool = launchers
@@ -370,6 +412,7 @@ class Server:
         self._sessions: set[_Session] = set()
         self._threads = 0
         self._served = 0
+        self._hooks = 0
         self._refused = 0
         self._last_activity = time.monotonic()
         self._listener: _socket.socket | None = None
@@ -753,6 +796,9 @@ class Server:
             conn.sendall(encode({"stopping": True, "pid": os.getpid()}))
             self.stop()
             return
+        if op == "hook":
+            self._answer_hook(conn, pid, message, fds)
+            return
         if op != "run":
             self._refuse(conn, f"unknown request {op!r}")
             return
@@ -761,12 +807,7 @@ class Server:
             self.log(f"bad request from pid {pid}: {request}")
             self._refuse(conn, f"bad request: {request}")
             return
-        changed = self._watch.poll() if self._watch is not None else ""
-        if message.get("code") != self.stamp or message.get("protocol") != PROTOCOL or changed:
-            why = f"code changed on disk ({changed})" if changed else "another corral code stamp"
-            self.log(f"refused pid {pid}: {why}; retiring")
-            self._refuse(conn, f"the server runs older code ({why})", stale=True)
-            self._retire()
+        if self._refused_as_stale(conn, pid, message):
             return
         with self._lock:
             if self._retired or self._stopping:
@@ -797,6 +838,72 @@ class Server:
                 pass
             with self._lock:
                 self._sessions.discard(session)
+
+    def _refused_as_stale(self, conn: _socket.socket, pid: int, message: dict[str, Any]) -> bool:
+        """Refuse (and retire) when the client runs other code than this server; True if so.
+
+        A client's code stamp must be this server's own (the Python client)
+        or this installation's compiled client (``"c1:"`` + the real path of
+        its ``_bin/corral-client``), with this protocol.
+        """
+        changed = self._watch.poll() if self._watch is not None else ""
+        code = message.get("code")
+        current = code in (self.stamp, self.client_stamp) and message.get("protocol") == PROTOCOL
+        if current and not changed:
+            return False
+        why = f"code changed on disk ({changed})" if changed else "another corral code stamp"
+        self.log(f"refused pid {pid}: {why}; retiring")
+        self._refuse(conn, f"the server runs older code ({why})", stale=True)
+        self._retire()
+        return True
+
+    def _answer_hook(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        """Answer a hook request: ``{"hook": {"stdout", "stderr", "exit"}}``.
+
+        The hook has no side effects, so every problem - a bad request, an
+        answer too large for a frame, an error in the handler - is a refusal:
+        the client then decides in its own process.
+        """
+        request = _hook_request(message, fds, pid)
+        if isinstance(request, str):
+            self.log(f"bad request from pid {pid}: {request}")
+            self._refuse(conn, f"bad request: {request}")
+            return
+        if self._refused_as_stale(conn, pid, message):
+            return
+        with self._lock:
+            shutting_down = self._retired or self._stopping
+            if not shutting_down:
+                self._hooks += 1
+        if shutting_down:
+            self._refuse(conn, "the server is shutting down", stale=True)
+            return
+        if self.hook_handler is None:
+            self._refuse(conn, "this server does not answer hooks")
+            return
+        try:
+            out, err, status = self.hook_handler(request)
+            frame = encode(
+                {
+                    "hook": {
+                        "stdout": out.decode("utf-8", "surrogateescape"),
+                        "stderr": err.decode("utf-8", "surrogateescape"),
+                        "exit": status,
+                    }
+                }
+            )
+        except WireError as exc:
+            self._refuse(conn, f"the answer does not fit a frame: {exc}")
+            return
+        except Exception as exc:
+            import traceback
+
+            self.log("internal error in a hook:\n" + "".join(traceback.format_exception(exc)))
+            self._refuse(conn, f"internal error in the corral server: {type(exc).__name__}")
+            return
+        conn.sendall(frame)
 
     def _run(self, request: RunRequest, session: _Session) -> int:
         try:
@@ -855,6 +962,7 @@ class Server:
             "code": self.stamp,
             "idle_timeout": self.idle,
             "served": self._served,
+            "hooks": self._hooks,
             "refused": self._refused,
             "running": active,
             "retiring": self._retired,
@@ -963,6 +1071,35 @@ def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunReques
     if len(fds) != 3:
         return f"expected 3 file descriptors (stdin, stdout, stderr), got {len(fds)}"
     return RunRequest(argv=argv, cwd=cwd, environ=env, stdio=(fds[0], fds[1], fds[2]), pid=pid)
+
+
+def _hook_request(message: dict[str, Any], fds: list[int], pid: int) -> HookRequest | str:
+    """Validate a hook message; a HookRequest, or what is wrong with it."""
+    integration = message.get("integration")
+    stdin = message.get("stdin")
+    cwd = message.get("cwd")
+    env = message.get("env")
+    if fds:
+        return "a hook request carries no file descriptors"
+    if integration != "claude-code":
+        return f"unknown hook {integration!r}"
+    if not isinstance(stdin, str):
+        return "stdin must be a string"
+    try:
+        data = stdin.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return "stdin must decode to bytes (UTF-8 with surrogate escapes)"
+    if len(data) > MAX_HOOK_INPUT:
+        return f"stdin is larger than {MAX_HOOK_INPUT} bytes"
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        return "cwd must be an absolute path"
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
+        return "env must map strings to strings"
+    if message.get("pid") != pid:
+        return "the request's pid is not the connecting process's"
+    return HookRequest(integration=integration, stdin=data, cwd=cwd, environ=env, pid=pid)
 
 
 # ---------------------------------------------------------------- control client

@@ -15,10 +15,21 @@ big-endian length, then that many bytes of JSON (one object)::
     client -> server   {"signal": N}                            any number, any time
     server -> client   {"exit": STATUS}                         then the server closes
 
+    client -> server   {"op": "hook", "protocol": 1, "code": STAMP, "integration": "claude-code",
+                        "stdin": "...", "cwd": "...", "env": {...}, "pid": N}     (no fds)
+    server -> client   {"hook": {"stdout": "...", "stderr": "...", "exit": N}}
+                  or   {"refused": REASON, "stale": BOOL}       then the server closes
+
     client -> server   {"op": "status"} | {"op": "stop"}        (corral server --status/--stop)
     server -> client   {"status": {...}} | {"stopping": true}
 
 A client that closes its end (killed) makes the server kill the sandbox.
+
+Byte strings (argv, environment, cwd, a hook's input and output) travel as
+JSON strings of their ``os.fsdecode`` form: UTF-8, each undecodable byte as
+the surrogate escape ``\\udcXX``. The Python client's stamp is
+:func:`code_stamp`; the compiled client (``corral-client``) sends ``"c1:"`` and
+its own real path (:func:`corral._fastclient.client_stamp`).
 """
 
 from __future__ import annotations

@@ -49,6 +49,13 @@ def corral_executable() -> str:
     return path
 
 
+def hook_corral() -> str:
+    """What the hook and ``corral install`` name: the fast client when it is built, else corral."""
+    from tests.conftest import fast_client_path
+
+    return fast_client_path() or corral_executable()
+
+
 def processes_with(marker: str) -> list[int]:
     """Host pids whose command line contains *marker* (the whole host process table)."""
     found = []

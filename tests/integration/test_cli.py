@@ -87,6 +87,13 @@ def test_doctor_reports_every_backend(world: World) -> None:
     assert names["bubblewrap"]["works"] is True
     assert names["none"]["works"] is True
     assert any(f["name"].startswith("write broker") and f["ok"] for f in data["features"])
+    from tests.conftest import fast_client_path
+
+    (fast,) = [f for f in data["features"] if f["name"].startswith("fast client")]
+    assert (fast["ok"], fast["detail"] if fast["ok"] else None) == (
+        fast_client_path() is not None,
+        fast_client_path(),
+    )
     text = world.corral("doctor").stdout.decode()
     assert "[ok ] bubblewrap" in text
 

@@ -228,3 +228,36 @@ def test_the_server_clients_path_imports_almost_nothing(tmp_path: object) -> Non
         "corral._state",
     }
     assert set(loaded.split(",")) - allowed == set()
+
+
+def test_the_hook_path_avoids_heavy_imports(tmp_path: object) -> None:
+    """``corral hook claude-code`` in its own process: the same budget as the run path."""
+    home = str(tmp_path)
+    ws = os.path.join(home, "ws")
+    os.makedirs(os.path.join(ws, ".git"))
+    payload = (
+        '{"session_id": "s", "cwd": "' + ws + '", "hook_event_name": "PreToolUse", '
+        '"tool_name": "Bash", "tool_input": {"command": "ls"}}'
+    )
+    probe = (
+        "import os, sys\n"
+        "r, w = os.pipe(); os.write(w, sys.argv[1].encode()); os.close(w); os.dup2(r, 0)\n"
+        "from corral.cli import main\n"
+        "status = main(['hook', 'claude-code'])\n"
+        "heavy = sorted(m for m in ('json', 're', 'typing', 'dataclasses', 'subprocess', 'asyncio',\n"
+        "    'argparse', 'enum', 'socket', 'threading', 'pathlib', 'fnmatch', 'inspect', 'signal',\n"
+        "    'selectors', 'shlex', 'tempfile', 'difflib', 'hashlib', 'logging') if m in sys.modules)\n"
+        "print('', status, ','.join(heavy), file=sys.stderr)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-S", "-c", "import site; site.main()\n" + probe, payload],
+        cwd=ws,
+        env={"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CORRAL_SERVER": "off"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert '"permissionDecision":"allow"' in result.stdout, result.stderr
+    status, _, heavy = result.stderr.strip().rpartition("\n")[2].strip().partition(" ")
+    assert status == "0", result.stderr
+    assert heavy == "", f"the hook path imported {heavy}"

@@ -88,8 +88,14 @@ def test_hooks_cover_exactly_the_tools_the_hook_decides_and_fail_closed() -> Non
     assert group["matcher"].split("|") == list(TOOLS)
     (hook,) = group["hooks"]
     assert hook["type"] == "command"
-    assert hook["command"] == "corral hook claude-code || exit 2"
-    assert hook["command"].split()[1] in COMMANDS
+    assert hook["command"] == '"${CLAUDE_PLUGIN_ROOT}/hooks/corral-hook" || exit 2'
+    script = os.path.join(ROOT, "plugins", "corral", "hooks", "corral-hook")
+    assert os.access(script, os.X_OK)
+    with open(script, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    assert lines[0] == "#!/bin/sh"
+    assert lines[-1] == 'exec "$corral" hook claude-code'  # the fallback: corral on PATH
+    assert "hook" in COMMANDS
 
 
 def test_mcp_json_starts_corral_mcp() -> None:

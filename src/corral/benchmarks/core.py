@@ -11,6 +11,11 @@ normally runs (the server is started for this suite with its own state
 directory and stopped afterwards); the in-process rows (``CORRAL_SERVER=off``)
 are shown beside it. The in-process API without limits: within 1.5x of raw
 bwrap.
+
+The compiled client (``corral-client run -- true``, the command the Claude
+Code hook writes) goes through the same warm server: no interpreter starts,
+so it should stay below ``python -c pass`` + raw bwrap (<= 1.0x); its rows
+also give the ratio to the Python client's.
 """
 
 from __future__ import annotations
@@ -72,14 +77,20 @@ def run(ctx: Context) -> list[Row]:
 
 
 def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
-    """``corral run -- true`` through a warm server of its own (started and stopped here)."""
+    """``corral run -- true`` through a warm server of its own (started and stopped here),
+    with the Python client and - when it is built - the compiled one."""
+    from .._fastclient import usable_client
+
+    fast = usable_client()
     rows = []
+    python_rows: dict[str, float] = {}
     with ctx.warm_server() as server:
         for label, options, target in (
             ("default policy", [], "<= 1.3x"),
             ("no limits", NO_LIMITS, None),
         ):
             value = ctx.median_cmd_ms([*ctx.corral, "run", *options, "--", "true"], env=server.env)
+            python_rows[label] = value
             rows.append(
                 Row(
                     f"corral run -- true (warm server, {label})",
@@ -90,8 +101,26 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
                     note=ratio(value, baseline),
                 )
             )
+        for label, options, target in (
+            ("default policy", [], "<= 1.0x"),
+            ("no limits", NO_LIMITS, None),
+        ):
+            if fast is None:
+                break
+            value = ctx.median_cmd_ms([fast, "run", *options, "--", "true"], env=server.env)
+            rows.append(
+                Row(
+                    f"corral-client run -- true (warm server, {label})",
+                    value,
+                    samples=ctx.runs,
+                    baseline="python -c pass + raw bwrap",
+                    target=target,
+                    note=f"{ratio(value, baseline)}; "
+                    f"{ratio(value, python_rows[label])} of the Python client's",
+                )
+            )
         data = server.status()
-    expected = 2 * (ctx.runs + 2)  # each row: 2 warm-up runs and the samples
+    expected = (2 if fast is None else 4) * (ctx.runs + 2)  # each row: 2 warm-up runs, the samples
     if data.get("served") != expected:
         raise RuntimeError(
             f"the server served {data.get('served')} of {expected} runs: "
@@ -102,6 +131,10 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
         rows[
             0
         ].note += f" (launcher pool: {pool['served']} served, {pool['missed']} found it empty)"
+    if fast is None:
+        rows.append(
+            Row("corral-client run -- true", 0.0, note="not measured: corral-client not built")
+        )
     return rows
 
 

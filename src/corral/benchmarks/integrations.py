@@ -6,11 +6,17 @@ Rows (medians, all measured in this run):
   which every Python hook pays); raw ``bwrap`` (agent profile) ``true``;
   ``corral run -- true``;
 * ``hook decision``: process start of ``corral hook claude-code`` to its JSON
-  on stdout, for a Bash call (rewrite) and a Write call (path check);
+  on stdout, for a Bash call (rewrite) and a Write call (path check); and of
+  ``corral-client hook claude-code`` (the compiled client, answered by a warm
+  server);
 * ``hook + rewritten command``: what a Bash tool call costs in Claude Code with
   corral: the hook, then ``bash -c <rewritten>`` running ``true`` - in-process
   (``CORRAL_SERVER=off``) and through a warm corral server of the suite's own
-  (how ``corral run`` normally runs), next to raw bwrap;
+  (how ``corral run`` normally runs), next to raw bwrap. The rewritten command
+  starts ``corral-client`` when it is built (in-process rows: it hands over to
+  the Python CLI); the warm-server rows show the Python hook and client (as
+  before the compiled client), the Python hook with the compiled client, and
+  the compiled client for both;
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start), next to raw bwrap.
 """
@@ -41,9 +47,14 @@ def _payload(ctx: Context, tool: str, tool_input: dict[str, object]) -> bytes:
     ).encode()
 
 
-def _hook(ctx: Context, payload: bytes, env: dict[str, str] | None = None) -> dict[str, object]:
+def _hook(
+    ctx: Context,
+    payload: bytes,
+    env: dict[str, str] | None = None,
+    hook: list[str] | None = None,
+) -> dict[str, object]:
     result = subprocess.run(
-        [*ctx.corral, "hook", "claude-code"],
+        [*(hook or ctx.corral), "hook", "claude-code"],
         input=payload,
         capture_output=True,
         cwd=ctx.workspace,
@@ -124,13 +135,26 @@ def run(ctx: Context) -> list[Row]:
             note=ratio(total, raw),
         )
     )
+    from .._fastclient import usable_client
+    from ..integrations.claude_code_hook import rewrite_command
+
+    fast = usable_client()
+    python_rewrite = rewrite_command("true", session_id="bench-session", corral=ctx.corral)
     with ctx.warm_server() as server:
         served = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=server.env)
+        python_total = _end_to_end_ms(ctx, bash_call, server.env, rewritten=python_rewrite)
         served_total = _end_to_end_ms(ctx, bash_call, server.env)
+        if fast is not None:
+            fast_decision = ctx.median_ms(lambda: _hook(ctx, bash_call, server.env, [fast]))
+            fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
         status = server.status()
-    if not status.get("served"):
+    per_row = ctx.runs + 2  # 2 warm-up runs and the samples
+    expected = (4 if fast is not None else 3) * per_row, (2 if fast is not None else 0) * per_row
+    if (status.get("served"), status.get("hooks")) != expected:
         raise RuntimeError(
-            "the warm server served nothing: the warm-server rows measure in-process"
+            f"the warm server served {status.get('served')} runs and {status.get('hooks')} "
+            f"hooks, not {expected[0]} and {expected[1]}: the warm-server rows would measure "
+            "something else (did corral's code change during the run?)"
         )
     rows.append(
         Row(
@@ -143,24 +167,65 @@ def run(ctx: Context) -> list[Row]:
     )
     rows.append(
         Row(
-            "hook + rewritten command, end to end (warm server)",
+            "hook + rewritten command, end to end (warm server, Python hook and client)",
+            python_total,
+            samples=ctx.runs,
+            baseline="raw bwrap",
+            note=ratio(python_total, raw) + " (as before corral-client)",
+        )
+    )
+    rows.append(
+        Row(
+            "hook + rewritten command, end to end (warm server, Python hook)",
             served_total,
             samples=ctx.runs,
             baseline="raw bwrap",
-            note=ratio(served_total, raw),
+            note=ratio(served_total, raw)
+            + (" (the rewrite starts corral-client)" if fast else " (corral-client not built)"),
         )
     )
+    if fast is not None:
+        rows.append(
+            Row(
+                "hook decision, Bash, corral-client (warm server)",
+                fast_decision,
+                samples=ctx.runs,
+                baseline="python -c pass",
+                note=f"{ratio(fast_decision, python)}; {ratio(fast_decision, decision)} of "
+                "the Python hook's",
+            )
+        )
+        rows.append(
+            Row(
+                "hook + rewritten command, end to end (warm server, corral-client for both)",
+                fast_total,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(fast_total, raw)}; {ratio(fast_total, python_total)} of the "
+                "Python hook and client's",
+            )
+        )
     rows += _sdk_rows(ctx, raw)
     return rows
 
 
-def _end_to_end_ms(ctx: Context, payload: bytes, env: dict[str, str] | None) -> float:
-    """Median of one Bash tool call: the hook, then bash running its rewritten command."""
+def _end_to_end_ms(
+    ctx: Context,
+    payload: bytes,
+    env: dict[str, str] | None,
+    *,
+    hook: list[str] | None = None,
+    rewritten: str | None = None,
+) -> float:
+    """Median of one Bash tool call: the hook, then bash running its rewritten command.
+
+    *rewritten* replaces the hook's command (the same words with another corral).
+    """
 
     def once() -> None:
-        answer = _hook(ctx, payload, env)
+        answer = _hook(ctx, payload, env, hook)
         command = answer["hookSpecificOutput"]["updatedInput"]["command"]  # type: ignore[index]
-        subprocess.run(["bash", "-c", command], cwd=ctx.workspace, env=env, check=True)
+        subprocess.run(["bash", "-c", rewritten or command], cwd=ctx.workspace, env=env, check=True)
 
     return ctx.median_ms(once)
 

@@ -22,6 +22,13 @@ before:
 Once the server has accepted, a broken connection means corral failed
 (exit 125); the command is never run twice.
 
+The compiled client (``corral-client``, see :mod:`corral._fastclient`) does
+the same without an interpreter; when it cannot be served it execs this
+command line with ``CORRAL_HANDOFF`` saying what it already learned
+(``no-server``, ``stale`` or ``refused``, then ``:`` and the signals that
+arrived meanwhile, e.g. ``no-server:2``). :func:`take_handoff` removes it from
+the environment, so the run and a server started afterwards never see it.
+
 Start-up budget: beyond what ``python -c pass`` loads, this path imports
 only :mod:`os`, :mod:`sys`, ``_socket``, ``_signal`` and corral's
 :mod:`~corral._jsonfast` (plus :mod:`corral._wire` and :mod:`corral._state`,
@@ -35,14 +42,37 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, MutableMapping
 
-__all__ = ["main", "spawn_server"]
+__all__ = ["HANDOFF", "main", "spawn_server", "start_server_later", "take_handoff"]
 
 _FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
 _NO_SERVER = "no-server"  # nothing listens: run here, start one afterwards
 _STALE = "stale"  # it runs other code and retires: run here, start a new one
 _REFUSED = "refused"  # it will not serve us: run here
+#: what corral-client learned before it handed a call to this command line
+HANDOFF = "CORRAL_HANDOFF"
+
+
+def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | None:
+    """Remove ``CORRAL_HANDOFF`` from *environ*; what it said, or None (absent or malformed).
+
+    Returns ``(result, signals)``: why the server did not serve the call
+    (``"no-server"``, ``"stale"`` or ``"refused"``) and the signals
+    (SIGHUP, SIGINT, SIGTERM) that arrived before, in order.
+    """
+    value = environ.pop(HANDOFF, None)
+    if value is None:
+        return None
+    result, colon, rest = value.partition(":")
+    if result not in (_NO_SERVER, _STALE, _REFUSED) or (colon and not rest):
+        return None
+    signals = []
+    for word in rest.split(",") if rest else ():
+        if not word.isdigit() or int(word) not in _FORWARDED_SIGNALS:
+            return None
+        signals.append(int(word))
+    return result, signals
 
 
 def main(args: list[str], *, console: bool = False) -> int:
@@ -55,6 +85,7 @@ def main(args: list[str], *, console: bool = False) -> int:
     ~2 ms of the start-up budget.
     """
     environ = os.environ
+    handoff = take_handoff(environ)
     if environ.get("CORRAL_SERVER", "") in ("off", "0") or args[:1] in (["-h"], ["--help"]):
         return _in_process(args, [])
     import _signal  # type: ignore[import-not-found]  # not signal: it imports enum
@@ -73,7 +104,11 @@ def main(args: list[str], *, console: bool = False) -> int:
 
     previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
     try:
-        result = _through_server(args, state, environ, pending, link)
+        if handoff is not None:  # corral-client asked the server already
+            result: int | str = handoff[0]
+            pending[:0] = handoff[1]
+        else:
+            result = _through_server(args, state, environ, pending, link)
         if isinstance(result, int):
             if console:
                 _exit_now(result)
@@ -82,12 +117,18 @@ def main(args: list[str], *, console: bool = False) -> int:
     finally:
         for sig, handler in previous.items():
             _signal.signal(sig, handler)
-    if result in (_NO_SERVER, _STALE) and _may_start_server(state, environ):
+    if result in (_NO_SERVER, _STALE):
+        start_server_later(state, environ)
+    return status
+
+
+def start_server_later(state: str, environ: Mapping[str, str]) -> None:
+    """Start a server for the next client (best effort), unless :func:`_may_start_server` says no."""
+    if _may_start_server(state, environ):
         try:
             spawn_server(state, environ)
         except OSError:
             pass  # next time, maybe
-    return status
 
 
 def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:

@@ -13,7 +13,8 @@ Decisions (:func:`decide`):
 
 * ``Bash``: ``allow`` with ``updatedInput`` = the whole original
   ``tool_input`` whose ``command`` becomes
-  ``/abs/corral run --agent-session ID --shell bash -c '<original>'``. The
+  ``/abs/corral-client run --agent-session ID --shell bash -c '<original>'``
+  (the compiled fast client when it is usable, else the Python CLI). The
   original travels as one single-quoted word (:mod:`._shell`), so quotes,
   newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged.
   Commands matching ``integrations.claudeCode.unsandboxedCommands`` get
@@ -32,7 +33,9 @@ command then exits 2 with the reason on stderr, which Claude Code treats as
 through unsandboxed).
 
 This module is on the hook's hot path: it imports no heavy module (no
-:mod:`json`, :mod:`re`, :mod:`shlex`).
+:mod:`json`, :mod:`re`, :mod:`shlex`). It reads no process-wide state either
+(the environment comes in as an argument): the corral server runs it for
+its clients.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ __all__ = [
     "HookError",
     "corral_command",
     "decide",
+    "expand_user",
     "rewrite_command",
 ]
 
@@ -80,12 +84,13 @@ class HookError(Exception):
 
 
 def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
-    """How the rewritten command starts corral: the absolute path of the running script.
+    """How the Python CLI is started again: the absolute path of the running script.
 
     When corral was started as ``python -m corral`` (*argv0* is the package's
-    ``__main__.py``), the interpreter and ``-m corral`` instead.
+    ``__main__.py``) or by ``python -c`` (the fast client's fallback), the
+    interpreter and ``-m corral`` instead.
     """
-    if posixpath.basename(argv0) == "__main__.py" or not argv0:
+    if posixpath.basename(argv0) == "__main__.py" or argv0 in ("", "-c"):
         return (posixpath.abspath(executable), "-m", "corral")
     return (posixpath.abspath(argv0),)
 
@@ -154,9 +159,16 @@ def parse_payload(data: bytes) -> dict[str, Any]:
 
 
 def decide(
-    payload: Mapping[str, Any], resolved: ResolvedSettings, *, corral: Sequence[str]
+    payload: Mapping[str, Any],
+    resolved: ResolvedSettings,
+    *,
+    corral: Sequence[str],
+    environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any] | None:
     """The hook's answer for one parsed *payload* (``None``: no decision, Claude Code decides).
+
+    *corral* starts corral in a rewritten command; *environ* (default
+    :data:`os.environ`) gives ``$HOME`` for ``~`` in tool paths.
 
     Raises:
         HookError: an unknown tool, or a tool_input without the needed field.
@@ -166,6 +178,7 @@ def decide(
     tool = payload["tool_name"]
     tool_input: dict[str, Any] = payload["tool_input"]
     cwd: str = payload["cwd"]
+    env: Mapping[str, str] = os.environ if environ is None else environ
     if tool == "Bash":
         command = _field(tool_input, "command", "tool_input.")
         from ..policy import match_word
@@ -187,7 +200,7 @@ def decide(
         )
     rules = PathRules(resolved.policy)
     if tool in FILE_TOOLS:
-        path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd)
+        path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd, env)
         denial = rules.write_denial(path)
         if denial is not None:
             return _decision(
@@ -197,13 +210,13 @@ def decide(
             )
         return None
     if tool == "Read":
-        path = _absolute(_field(tool_input, "file_path", "tool_input."), cwd)
+        path = _absolute(_field(tool_input, "file_path", "tool_input."), cwd, env)
         denial = rules.read_denial(path)
         if denial is not None:
             return _decision("deny", f"corral: reading {path} is not allowed: {denial}.")
         return None
     if tool in ("Grep", "Glob"):
-        root = _absolute(_field(tool_input, "path", "tool_input.", optional=True) or cwd, cwd)
+        root = _absolute(_field(tool_input, "path", "tool_input.", optional=True) or cwd, cwd, env)
         pattern = tool_input.get("pattern") if tool == "Glob" else None
         if pattern is not None and not isinstance(pattern, str):
             raise HookError("the hook input has no tool_input.pattern string")
@@ -217,5 +230,25 @@ def decide(
     )
 
 
-def _absolute(path: str, cwd: str) -> str:
-    return posixpath.normpath(posixpath.join(cwd, os.path.expanduser(path)))
+def _absolute(path: str, cwd: str, environ: Mapping[str, str]) -> str:
+    return posixpath.normpath(posixpath.join(cwd, expand_user(path, environ)))
+
+
+def expand_user(path: str, environ: Mapping[str, str]) -> str:
+    """:func:`os.path.expanduser` with *environ*'s ``$HOME`` instead of this process's."""
+    if not path.startswith("~"):
+        return path
+    end = path.find("/", 1)
+    if end < 0:
+        end = len(path)
+    import pwd
+
+    try:
+        if end == 1:
+            home = environ["HOME"] if "HOME" in environ else pwd.getpwuid(os.getuid()).pw_dir
+        else:
+            home = pwd.getpwnam(path[1:end]).pw_dir
+    except KeyError:
+        return path
+    home = home.rstrip("/")
+    return (home + path[end:]) or "/"

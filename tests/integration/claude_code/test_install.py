@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ..conftest import World, corral_executable
+from ..conftest import World, corral_executable, hook_corral
 
 EXISTING: dict[str, Any] = {
     "model": "opus",
@@ -81,7 +81,7 @@ def test_install_keeps_every_existing_key_and_hook(world: World) -> None:
     assert ours["hooks"] == [
         {
             "type": "command",
-            "command": f"{corral_executable()} hook claude-code || exit 2",
+            "command": f"{hook_corral()} hook claude-code || exit 2",
             "timeout": 30,
         }
     ]
@@ -122,7 +122,7 @@ def test_install_into_a_missing_file_and_uninstall_leaves_an_empty_object(world:
 def test_the_installed_hook_blocks_when_corral_cannot_start(world: World) -> None:
     install(world)
     (ours,) = corral_groups(load(user_settings(world)))
-    command = ours["hooks"][0]["command"].replace(corral_executable(), "/nonexistent/corral")
+    command = ours["hooks"][0]["command"].replace(hook_corral(), "/nonexistent/corral")
     result = subprocess.run(
         ["sh", "-c", command], input=b"{}", capture_output=True, timeout=30, check=False
     )
@@ -139,7 +139,7 @@ def test_a_stale_corral_hook_is_replaced_not_duplicated(world: World) -> None:
     install(world)
     data = load(path)
     (ours,) = corral_groups(data)
-    assert ours["hooks"][0]["command"].startswith(corral_executable())
+    assert ours["hooks"][0]["command"].startswith(hook_corral())
     assert data["hooks"]["PreToolUse"][1] == EXISTING["hooks"]["PreToolUse"][0]
 
 
@@ -182,3 +182,34 @@ def test_the_file_mode_is_kept(world: World) -> None:
     install(world)
     assert os.stat(path).st_mode & 0o777 == 0o600
     assert [n for n in os.listdir(os.path.dirname(path)) if n != "settings.json"] == []
+
+
+def test_the_installed_hook_answers_like_corral_hook(world: World) -> None:
+    """The registered command (the fast client when built) gives corral hook's exact answer."""
+    install(world)
+    (ours,) = corral_groups(load(user_settings(world)))
+    payload = json.dumps(
+        {
+            "session_id": "s-install",
+            "cwd": world.workspace,
+            "hook_event_name": "PreToolUse",
+            "tool_name": "Write",
+            "tool_input": {"file_path": world.victim, "content": "x"},
+        }
+    ).encode()
+
+    def hook(command: list[str]) -> tuple[int, bytes, bytes]:
+        result = subprocess.run(
+            command,
+            input=payload,
+            capture_output=True,
+            env=world.environ,
+            cwd=world.workspace,
+            timeout=60,
+            check=False,
+        )
+        return result.returncode, result.stdout, result.stderr
+
+    installed = hook(["sh", "-c", ours["hooks"][0]["command"]])
+    assert installed == hook([corral_executable(), "hook", "claude-code"])
+    assert b'"permissionDecision":"deny"' in installed[1]

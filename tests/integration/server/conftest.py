@@ -2,7 +2,8 @@
 
 The ``served`` fixture starts ``corral server --detach`` for the world's state
 directory and stops it afterwards, then checks that the server is gone and
-left no cgroup behind.
+left no cgroup behind. The ``client`` fixture runs a test with each client of
+the server: ``corral`` (Python) and ``corral-client`` (compiled).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import World
+from tests.conftest import World, client_command
 
 
 def status(world: World) -> dict[str, Any] | None:
@@ -74,6 +75,14 @@ def stop(world: World) -> None:
         wait_for(lambda: gone(pid), what="the server to exit")
         assert server_cgroups(pid) == []
     assert not os.path.exists(os.path.join(world.state_dir, "server", "server.sock"))
+
+
+@pytest.fixture(params=["corral", "corral-client"], ids=["python-client", "fast-client"])
+def client(request: pytest.FixtureRequest) -> str:
+    """The command a test talks to the server with (skips the fast client when it is not built)."""
+    name: str = request.param
+    client_command(name)
+    return name
 
 
 @pytest.fixture

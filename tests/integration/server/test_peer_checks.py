@@ -2,12 +2,14 @@
 
 Each test makes the server's socket reachable on purpose (a hard link into
 the workspace, ``--allow-unix-sockets``), has a process speak the real
-protocol to it asking for an unsandboxed run that writes a host file, and
-then checks the refusal, the server's log and the host file.
+protocol to it - as a script, or as the compiled ``corral-client`` - asking
+for an unsandboxed run (or a hook decision) that writes a host file, and then
+checks the refusal, the server's log and the host file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -187,3 +189,197 @@ def test_a_host_process_with_a_seccomp_filter_is_refused(served: World) -> None:
     out = result.stdout.decode()
     assert '"refused":"Seccomp differs"' in out, (out, result.stderr)
     assert not os.path.exists(target)
+
+
+# ---------------------------------------------------------------- the fast client and the hook op
+HOOK_ATTACK = r"""
+import json, os, socket, sys
+path, target, code, cwd = sys.argv[1:5]
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(path)
+except OSError as exc:
+    print("connect failed:", exc.strerror)
+    sys.exit(0)
+payload = {"session_id": "s", "cwd": cwd, "hook_event_name": "PreToolUse", "tool_name": "Bash",
+           "tool_input": {"command": "echo pwned > " + target}}
+request = {"op": "hook", "protocol": 1, "code": code, "integration": "claude-code",
+           "stdin": json.dumps(payload), "cwd": cwd, "env": dict(os.environ), "pid": os.getpid()}
+body = json.dumps(request).encode()
+s.sendall(len(body).to_bytes(4, "big") + body)
+reply = b""
+while True:
+    chunk = s.recv(65536)
+    if not chunk:
+        break
+    reply += chunk
+print("reply:", reply[4:].decode(errors="replace"))
+"""
+
+
+def _state_link(world: World) -> str:
+    """The server's socket under a state directory the sandbox can see (XDG_STATE_HOME)."""
+    directory = world.ws("state", "corral", "server")
+    os.makedirs(directory)
+    _link_socket(world, directory)
+    return world.ws("state")
+
+
+@pytest.mark.parametrize("op", ["run", "hook"])
+def test_a_sandboxed_fast_client_is_refused_and_what_it_runs_stays_sandboxed(
+    served: World, op: str
+) -> None:
+    from tests.conftest import client_command
+
+    fast = client_command("corral-client")[0]
+    state = _state_link(served)
+    before = status(served)
+    assert before is not None
+    if op == "run":
+        inner = [
+            fast,
+            "run",
+            "--backend",
+            "none",
+            "--allow-write",
+            os.path.dirname(served.victim),
+            "-c",
+            f"echo pwned > {served.victim}",
+        ]
+        stdin = None
+    else:
+        inner = [fast, "hook", "claude-code"]
+        stdin = json.dumps(
+            {
+                "session_id": "s",
+                "cwd": served.workspace,
+                "hook_event_name": "PreToolUse",
+                "tool_name": "Write",
+                "tool_input": {"file_path": served.victim, "content": "pwned"},
+            }
+        ).encode()
+    result = served.corral(
+        "run",
+        "--allow-unix-sockets",
+        "--",
+        "/usr/bin/env",
+        f"XDG_STATE_HOME={state}",
+        *inner,
+        env={"CORRAL_SERVER": "off"},  # the outer run: in-process; inside, the client tries
+        input=stdin,
+    )
+    after = status(served)
+    assert after is not None
+    # the server refused the sandboxed client; its fallback ran inside the sandbox
+    assert after["refused"] == before["refused"] + 1
+    assert (after["served"], after["hooks"]) == (before["served"], before["hooks"])
+    assert "refused a peer:" in _log(served)
+    assert World.read(served.victim) == "original\n"
+    if op == "hook":  # decided inside the sandbox, by the same policy
+        assert result.returncode == 0, result.stderr
+        assert b'"permissionDecision":"deny"' in result.stdout
+    else:
+        assert result.returncode != 0
+
+
+def test_the_hook_op_from_a_sandbox_is_refused(served: World) -> None:
+    link = _link_socket(served, served.workspace)
+    script = World.write(served.ws("hook_attack.py"), HOOK_ATTACK)
+    before = status(served)
+    assert before is not None
+    result = served.corral(
+        "run",
+        "--allow-unix-sockets",
+        "--",
+        PROBE_PYTHON,
+        script,
+        link,
+        served.victim,
+        code_stamp(),
+        served.workspace,
+        env={"CORRAL_SERVER": "off"},
+    )
+    out = result.stdout.decode()
+    assert '"refused"' in out and "namespace differs" in out, (out, result.stderr)
+    after = status(served)
+    assert after is not None and after["hooks"] == before["hooks"]
+    assert World.read(served.victim) == "original\n"
+
+
+def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
+    """From the host (a peer the server accepts): a decision comes back, nothing is executed."""
+    link = _link_socket(served, served.outside)
+    script = World.write(served.ws("hook_attack.py"), HOOK_ATTACK)
+    before = status(served)
+    assert before is not None
+    result = subprocess.run(
+        [PROBE_PYTHON, script, link, served.victim, code_stamp(), served.workspace],
+        capture_output=True,
+        env=served.environ,
+        cwd="/",
+        check=False,
+        timeout=60,
+    )
+    answer = json.loads(result.stdout.decode().removeprefix("reply: "))["hook"]
+    decision = json.loads(answer["stdout"])["hookSpecificOutput"]
+    assert answer["exit"] == 0 and decision["permissionDecision"] == "allow"
+    assert decision["updatedInput"]["command"].endswith(f"-c 'echo pwned > {served.victim}'")
+    assert " run --agent-session s --shell bash " in decision["updatedInput"]["command"]
+    assert World.read(served.victim) == "original\n"
+    after = status(served)
+    assert after is not None
+    assert (after["served"], after["hooks"]) == (before["served"], before["hooks"] + 1)
+
+
+BAD_HOOK = r"""
+import json, os, socket, sys
+path, code, kind = sys.argv[1:4]
+request = {"op": "hook", "protocol": 1, "code": code, "integration": "claude-code",
+           "stdin": "{}", "cwd": "/", "env": {}, "pid": os.getpid()}
+fds = []
+if kind == "fds":
+    fds = [0, 1, 2]
+elif kind == "integration":
+    request["integration"] = "../../bin/sh"
+elif kind == "stdin":
+    request["stdin"] = "\ud800"
+elif kind == "pid":
+    request["pid"] = 1
+s = socket.socket(socket.AF_UNIX)
+s.connect(path)
+body = json.dumps(request).encode()
+frame = len(body).to_bytes(4, "big") + body
+raw = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, raw)] if fds else []
+s.sendmsg([frame], ancillary)
+reply = b""
+while chunk := s.recv(65536):
+    reply += chunk
+print(reply[4:].decode())
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("fds", "a hook request carries no file descriptors"),
+        ("integration", "unknown hook '../../bin/sh'"),
+        ("stdin", "stdin must decode to bytes (UTF-8 with surrogate escapes)"),
+        ("pid", "the request's pid is not the connecting process's"),
+    ],
+)
+def test_malformed_hook_requests_are_refused(served: World, kind: str, reason: str) -> None:
+    link = _link_socket(served, served.outside)
+    script = World.write(served.ws("bad_hook.py"), BAD_HOOK)
+    result = subprocess.run(
+        [PROBE_PYTHON, script, link, code_stamp(), kind],
+        capture_output=True,
+        env=served.environ,
+        cwd="/",
+        check=False,
+        timeout=60,
+    )
+    reply = json.loads(result.stdout)
+    assert reply["stale"] is False and reply["refused"] == f"bad request: {reason}", reply
+    data = status(served)
+    assert data is not None and data["hooks"] == 0

@@ -1,7 +1,9 @@
 """``corral run`` through a real corral server behaves exactly as in-process.
 
 Every test here talks to real server processes (``corral server``) through
-the installed ``corral`` command, with real bubblewrap sandboxes.
+the installed ``corral`` command - and, where a test takes the ``client``
+fixture, through the compiled ``corral-client`` too - with real bubblewrap
+sandboxes.
 """
 
 from __future__ import annotations
@@ -18,7 +20,14 @@ import time
 
 import pytest
 
-from tests.conftest import PROBE_PYTHON, World, corral_command, needs_bwrap, needs_root
+from tests.conftest import (
+    PROBE_PYTHON,
+    World,
+    client_command,
+    corral_command,
+    needs_bwrap,
+    needs_root,
+)
 from tests.integration.server.conftest import gone, server_cgroups, status, stop, wait_for
 
 pytestmark = needs_bwrap
@@ -34,13 +43,24 @@ def _served(world: World) -> int:
     return served
 
 
+def _all(world: World, *args: str, **kwargs: object) -> list[subprocess.CompletedProcess[bytes]]:
+    """Run ``corral ARGS`` in-process, then through the server with each client."""
+    before = _served(world)
+    results = [world.corral(*args, env={"CORRAL_SERVER": "off"}, **kwargs)]  # type: ignore[arg-type]
+    for client in ("corral", "corral-client"):
+        client_command(client)  # skips when corral-client was not built
+        results.append(world.corral(*args, client=client, **kwargs))  # type: ignore[arg-type]
+    assert _served(world) == before + 2, "the runs did not go through the server"
+    return results
+
+
 def _both(
-    world: World, *args: str, **kwargs: object
+    world: World, *args: str, client: str = "corral", **kwargs: object
 ) -> tuple[subprocess.CompletedProcess[bytes], ...]:
-    """Run ``corral ARGS`` in-process and through the server; return both results."""
+    """Run ``corral ARGS`` in-process and through the server with *client*; return both results."""
     before = _served(world)
     in_process = world.corral(*args, env={"CORRAL_SERVER": "off"}, **kwargs)  # type: ignore[arg-type]
-    served = world.corral(*args, **kwargs)  # type: ignore[arg-type]
+    served = world.corral(*args, client=client, **kwargs)  # type: ignore[arg-type]
     assert _served(world) == before + 1, "the run did not go through the server"
     return in_process, served
 
@@ -66,13 +86,14 @@ CASES = [
 def test_statuses_and_output_are_byte_for_byte_the_in_process_ones(
     served: World, args: tuple[str, ...], expected: int
 ) -> None:
-    in_process, via_server = _both(served, *args)
+    in_process, *via_server = _all(served, *args)
     assert in_process.returncode == expected, in_process.stderr
-    assert (via_server.returncode, via_server.stdout, via_server.stderr) == (
-        in_process.returncode,
-        in_process.stdout,
-        in_process.stderr,
-    )
+    for result in via_server:  # the Python client, the compiled client
+        assert (result.returncode, result.stdout, result.stderr) == (
+            in_process.returncode,
+            in_process.stdout,
+            in_process.stderr,
+        )
 
 
 @needs_root
@@ -104,8 +125,8 @@ def test_a_fork_bomb_is_contained_and_its_groups_removed(served: World) -> None:
 
 
 def test_stdin_is_the_clients(served: World) -> None:
-    in_process, via_server = _both(served, "run", "--", "cat", input=b"hello\nworld\n")
-    assert via_server.stdout == in_process.stdout == b"hello\nworld\n"
+    results = _all(served, "run", "--", "cat", input=b"hello\nworld\n")
+    assert [r.stdout for r in results] == [b"hello\nworld\n"] * 3
 
 
 @pytest.mark.parametrize(
@@ -118,15 +139,15 @@ def test_stdin_is_the_clients(served: World) -> None:
     ],
 )
 def test_a_terminal_stays_a_terminal(
-    served: World, options: tuple[str, ...], expected: list[bytes]
+    served: World, client: str, options: tuple[str, ...], expected: list[bytes]
 ) -> None:
     script = "test -t 0 && echo in-tty; test -t 1 && echo out-tty; test -t 2 && echo err-tty"
 
-    def on_pty(env: dict[str, str]) -> tuple[int, bytes]:
+    def on_pty(env: dict[str, str], command: list[str]) -> tuple[int, bytes]:
         pid, fd = pty.fork()
         if pid == 0:  # the child's terminal is the pty
             os.chdir(served.workspace)
-            os.execvpe(corral_command()[0], [*corral_command(), "run", *options, "-c", script], env)
+            os.execvpe(command[0], [*command, "run", *options, "-c", script], env)
         out = b""
         while True:
             ready, _, _ = select.select([fd], [], [], 30)
@@ -144,14 +165,14 @@ def test_a_terminal_stays_a_terminal(
         return os.waitstatus_to_exitcode(wait_status), out
 
     before = _served(served)
-    in_process = on_pty({**served.environ, "CORRAL_SERVER": "off"})
-    via_server = on_pty(dict(served.environ))
+    in_process = on_pty({**served.environ, "CORRAL_SERVER": "off"}, corral_command())
+    via_server = on_pty(dict(served.environ), client_command(client))
     assert _served(served) == before + 1
     assert via_server == in_process
     assert via_server[1].split() == expected
 
 
-def test_sigint_reaches_the_commands_handler(served: World) -> None:
+def test_sigint_reaches_the_commands_handler(served: World, client: str) -> None:
     script = (
         "import os, signal, time\n"
         "def h(*_): os.write(1, b'handled\\n'); os._exit(42)\n"
@@ -159,7 +180,7 @@ def test_sigint_reaches_the_commands_handler(served: World) -> None:
     )
     World.write(served.ws("s.py"), script)
     proc = subprocess.Popen(
-        [*corral_command(), "run", "--", PROBE_PYTHON, "s.py"],
+        [*client_command(client), "run", "--", PROBE_PYTHON, "s.py"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.PIPE,
@@ -181,9 +202,9 @@ def _cmdline(pid: str) -> bytes:
         return b""
 
 
-def test_killing_the_client_kills_the_sandbox(served: World) -> None:
+def test_killing_the_client_kills_the_sandbox(served: World, client: str) -> None:
     proc = subprocess.Popen(
-        [*corral_command(), "run", "-c", "echo $$ > pid; exec sleep 300"],
+        [*client_command(client), "run", "-c", "echo $$ > pid; exec sleep 300"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.DEVNULL,
@@ -204,11 +225,19 @@ def test_killing_the_client_kills_the_sandbox(served: World) -> None:
     assert record["signal"] == 9 or record["exit_status"] == 137
 
 
-def test_json_out_and_the_audit_record_use_the_clients_cwd(served: World) -> None:
+def test_json_out_and_the_audit_record_use_the_clients_cwd(served: World, client: str) -> None:
     sub = served.ws("sub")
     os.makedirs(sub)
     result = served.corral(
-        "run", "--json-out", "out.json", "--agent-session", "sess-7", "-c", "pwd; exit 3", cwd=sub
+        "run",
+        "--json-out",
+        "out.json",
+        "--agent-session",
+        "sess-7",
+        "-c",
+        "pwd; exit 3",
+        cwd=sub,
+        client=client,
     )
     assert result.returncode == 3 and result.stdout == f"{sub}\n".encode()
     outcome = json.loads(World.read(os.path.join(sub, "out.json")))
@@ -283,15 +312,15 @@ def test_the_server_exits_when_idle(world: World) -> None:
     assert "idle for 1s" in World.read(os.path.join(world.state_dir, "server", "server.log"))
 
 
-def test_no_server_runs_in_process_then_starts_one(world: World) -> None:
+def test_no_server_runs_in_process_then_starts_one(world: World, client: str) -> None:
     del world.environ["CORRAL_SERVER"]
     assert status(world) is None
-    result = world.run("echo first")
+    result = world.run("echo first", client=client)
     assert (result.returncode, result.stdout) == (0, b"first\n")
     data = wait_for(lambda: status(world), what="the server the client started")
     try:
         assert data["served"] == 0  # the first run was in-process
-        assert world.run("echo second").stdout == b"second\n"
+        assert world.run("echo second", client=client).stdout == b"second\n"
         assert _served(world) == 1
         # it was started detached: its own session, stdio on /dev/null, cwd /
         pid = data["pid"]
@@ -302,9 +331,9 @@ def test_no_server_runs_in_process_then_starts_one(world: World) -> None:
         stop(world)
 
 
-def test_corral_server_off_never_starts_one(world: World) -> None:
+def test_corral_server_off_never_starts_one(world: World, client: str) -> None:
     assert world.environ["CORRAL_SERVER"] == "off"
-    assert world.run("echo hi").stdout == b"hi\n"
+    assert world.run("echo hi", client=client).stdout == b"hi\n"
     time.sleep(0.5)
     assert status(world) is None
     assert not os.path.exists(os.path.join(world.state_dir, "server"))
@@ -317,13 +346,14 @@ from corral import _server
 from corral.cli.commands.server import handle_run
 server = _server.Server(sys.argv[1], handler=handle_run, idle=60)
 server.stamp = "0:older-corral"
+server.client_stamp = "c1:/older/corral/_bin/corral-client"
 server.start()
 print("listening", flush=True)
 server.serve()
 """
 
 
-def test_a_server_of_older_code_refuses_and_retires(world: World) -> None:
+def test_a_server_of_older_code_refuses_and_retires(world: World, client: str) -> None:
     del world.environ["CORRAL_SERVER"]
     old = subprocess.Popen(
         [sys.executable, "-c", STALE_SERVER, world.state_dir, SRC],
@@ -334,7 +364,7 @@ def test_a_server_of_older_code_refuses_and_retires(world: World) -> None:
     )
     try:
         assert old.stdout is not None and old.stdout.readline() == b"listening\n"
-        result = world.run("echo ran; exit 4")
+        result = world.run("echo ran; exit 4", client=client)
         assert (result.returncode, result.stdout, result.stderr) == (4, b"ran\n", b"")
         old.wait(timeout=20)  # retired; nothing ran in it, so it exits at once
         log = World.read(os.path.join(world.state_dir, "server", "server.log"))
@@ -342,7 +372,7 @@ def test_a_server_of_older_code_refuses_and_retires(world: World) -> None:
         # the client started a current server for the next run
         data = wait_for(lambda: status(world), what="a new server")
         assert data["pid"] != old.pid and data["served"] == 0
-        assert world.run("echo again").stdout == b"again\n"
+        assert world.run("echo again", client=client).stdout == b"again\n"
         assert _served(world) == 1
     finally:
         if old.poll() is None:
@@ -353,11 +383,11 @@ def test_a_server_of_older_code_refuses_and_retires(world: World) -> None:
         stop(world)
 
 
-def test_sigterm_stops_the_server_and_its_running_commands(served: World) -> None:
+def test_sigterm_stops_the_server_and_its_running_commands(served: World, client: str) -> None:
     data = status(served)
     assert data is not None
     proc = subprocess.Popen(
-        [*corral_command(), "run", "-c", "echo started; exec sleep 300"],
+        [*client_command(client), "run", "-c", "echo started; exec sleep 300"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.PIPE,
@@ -393,11 +423,15 @@ def test_the_server_holds_nothing_of_the_clients_open(served: World) -> None:
     assert os.stat(os.path.join(server_dir, "server.sock")).st_mode & 0o777 == 0o600
 
 
-def test_a_client_whose_context_differs_runs_in_process(served: World) -> None:
-    """A umask the server does not share: the server says so, the client runs it itself."""
+def test_a_client_whose_context_differs_runs_in_process(served: World, client: str) -> None:
+    """A umask the server does not share: the server says so, the client runs it itself.
+
+    The fast client hands the refusal on to the Python CLI, which does not ask again
+    (the server counts one refusal).
+    """
     data = status(served)
     assert data is not None
-    command = [*corral_command(), "run", "-c", "touch made; stat -c %a made"]
+    command = [*client_command(client), "run", "-c", "touch made; stat -c %a made"]
     result = subprocess.run(
         ["sh", "-c", 'umask 077; exec "$@"', "sh", *command],
         cwd=served.workspace,

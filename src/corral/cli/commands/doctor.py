@@ -94,6 +94,7 @@ def _features() -> list[tuple[str, bool, str]]:
             helper or "missing: reinstall corral with a C compiler (apt-get install gcc libc6-dev)",
         )
     )
+    rows.append(_fast_client_feature())
     broker = broker_supported()
     rows.append(
         (
@@ -115,6 +116,25 @@ def _features() -> list[tuple[str, bool, str]]:
     rows += _preview_rows()
     rows.append(_egress_feature())
     return rows
+
+
+def _fast_client_feature() -> tuple[str, bool, str]:
+    """Whether the hook and the commands it rewrites can use corral-client (and record its sidecar)."""
+    from ..._fastclient import SIDECAR_SUFFIX, client_path, usable_client
+
+    name = "fast client (corral-client: hooks and runs without an interpreter's start)"
+    fast = usable_client()
+    if fast is not None:
+        return name, True, fast
+    path = client_path()
+    if not os.access(path, os.X_OK):
+        return name, False, "not built: reinstall corral with a C compiler; the Python CLI is used"
+    return (
+        name,
+        False,
+        f"{path}{SIDECAR_SUFFIX} cannot be written (a read-only installation?): run corral once "
+        "as the installation's owner; until then the Python CLI is used",
+    )
 
 
 def matrix(names: list[str] | None = None) -> list[dict[str, object]]:

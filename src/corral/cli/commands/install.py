@@ -4,7 +4,9 @@ Writes corral's ``PreToolUse`` hook into ``~/.claude/settings.json``
 (``--user``, the default) or ``<project>/.claude/settings.json``
 (``--project``; the project is the git top-level above the current
 directory) by merging JSON: every existing key and hook stays; installing
-twice changes nothing; ``--uninstall`` removes the hook again. See
+twice changes nothing; ``--uninstall`` removes the hook again. The hook
+command is the compiled fast client (``corral-client hook claude-code``) when
+it is usable here, else this corral script. See
 :mod:`corral.integrations.claude_settings`.
 """
 
@@ -60,6 +62,7 @@ def main(args: list[str]) -> int:
         opts = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
+    from ..._fastclient import usable_client
     from ...integrations.claude_code_hook import corral_command
     from ...integrations.claude_settings import hook_command, install_hook, uninstall_hook
     from ...policy._locations import default_home
@@ -71,7 +74,9 @@ def main(args: list[str]) -> int:
             changed = uninstall_hook(path)
             what = "removed corral's hook from" if changed else "corral's hook is not in"
         else:
-            changed = install_hook(path, hook_command(corral_command(sys.argv[0], sys.executable)))
+            fast = usable_client()
+            corral = (fast,) if fast else corral_command(sys.argv[0], sys.executable)
+            changed = install_hook(path, hook_command(corral))
             what = (
                 "installed corral's PreToolUse hook in"
                 if changed

@@ -8,7 +8,8 @@
     corral server --stop       stop it (running commands are stopped) and wait
 
 ``corral run`` starts one by itself when none runs (``CORRAL_SERVER=off``
-turns the server off). See :mod:`corral._server` and docs/design.md, "The
+turns the server off). It also answers ``corral-client hook claude-code``
+(:func:`handle_hook`). See :mod:`corral._server` and docs/design.md, "The
 corral server".
 """
 
@@ -25,9 +26,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..._launchers import LauncherPool
     from ..._runner import SignalRelay
-    from ..._server import RunRequest
+    from ..._server import HookRequest, RunRequest, Server
 
-__all__ = ["handle_run", "main"]
+__all__ = ["handle_hook", "handle_run", "main"]
 
 
 def handle_run(request: RunRequest, relay: SignalRelay, launchers: LauncherPool | None) -> int:
@@ -36,6 +37,24 @@ def handle_run(request: RunRequest, relay: SignalRelay, launchers: LauncherPool 
 
     caller = Caller(cwd=request.cwd, environ=request.environ, stdio=request.stdio)
     return run(request.argv, caller, relay, launchers=launchers, prestage=False)
+
+
+def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
+    """Answer one client's ``corral hook INTEGRATION`` exactly as its own process would.
+
+    Returns ``(stdout, stderr, exit status)``. The Python CLI it names in a
+    rewritten command (when the fast client is not usable) is this server's
+    interpreter with ``-m corral``.
+    """
+    from .hook import answer
+
+    result = answer(
+        request.integration,
+        request.stdin,
+        environ=request.environ,
+        python_cli=(sys.executable, "-m", "corral"),
+    )
+    return result.stdout, result.stderr, result.status
 
 
 def _idle(value: str | None) -> float:
@@ -100,14 +119,33 @@ def _serve(state: str, idle: float) -> int:
     from ..._exceptions import ServerError
     from ..._server import Server
 
-    server = Server(state, handler=handle_run, idle=idle, launchers=os.geteuid() == 0)
+    server = Server(
+        state,
+        handler=handle_run,
+        hook_handler=handle_hook,
+        idle=idle,
+        launchers=os.geteuid() == 0,
+    )
     try:
         server.start()
     except ServerError as exc:
         server.log(f"not started: {exc.message}")  # a detached server has no terminal
         raise
+    _prepare_hooks(server)
     server.serve()
     return 0
+
+
+def _prepare_hooks(server: Server) -> None:
+    """Import what the first hook answer needs, and record this interpreter for the fast client."""
+    from ..._fastclient import usable_client
+    from ...integrations import _access, claude_code_hook  # noqa: F401
+    from . import hook  # noqa: F401
+
+    fast = usable_client()
+    server.log(
+        f"fast client: {fast}" if fast else "fast client: not built or its sidecar not writable"
+    )
 
 
 def _status(state: str, *, as_json: bool) -> int:
