@@ -115,6 +115,23 @@ class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     root: str
     seen: Seen
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        # The TLS handshake happens here, on the connection's own thread and
+        # under a timeout - not in accept() on the serving thread, where a
+        # client that never says hello would block serve_forever and with it
+        # shutdown() (and so the test's teardown) for good.
+        if self.tls is None:
+            super().finish_request(request, client_address)
+            return
+        request.settimeout(10)
+        try:
+            tls = self.tls.wrap_socket(request, server_side=True)
+        except OSError:  # ssl.SSLError included
+            return
+        with tls:
+            super().finish_request(tls, client_address)
 
 
 class Upstream:
@@ -124,8 +141,7 @@ class Upstream:
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.root = root
         self.server.seen = Seen()
-        if tls is not None:
-            self.server.socket = tls.wrap_socket(self.server.socket, server_side=True)
+        self.server.tls = tls
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
         self.thread.start()
