@@ -224,3 +224,15 @@ def test_bench_reports_medians_as_json(world: World) -> None:
     assert rows["corral run -- true (warm server, default policy)"]["target"] == "<= 1.3x"
     assert rows["corral run -- true (in-process, default policy)"]["value"] > 0
     assert rows["raw bwrap (agent profile) true"]["value"] > 0
+
+
+def test_bench_backends_table_has_run_and_session_rows(world: World) -> None:
+    result = world.corral("bench", "--json", "-n", "1", "backends", timeout=300)
+    assert result.returncode == 0, result.stderr
+    rows = {row["name"]: row for row in json.loads(result.stdout)["backends"]}
+    assert rows["bare process /bin/true"]["value"] > 0
+    unavailable = [r for r in rows.values() if r["note"] == "unavailable here"]
+    assert all(r["value"] is None for r in unavailable)  # JSON has no NaN
+    assert rows["corral run --backend bubblewrap -- true"]["value"] > 0
+    session = rows["bubblewrap session exec true (SDK, in-process)"]
+    assert session["value"] > 0 and session["baseline"] == "raw bwrap"

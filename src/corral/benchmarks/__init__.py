@@ -58,8 +58,11 @@ class Row:
         self.note = note
 
     def to_json(self) -> dict[str, object]:
-        """A JSON-ready dict."""
-        return {name: getattr(self, name) for name in self.__slots__}
+        """A JSON-ready dict; a value not measured here (NaN) is ``null``."""
+        data = {name: getattr(self, name) for name in self.__slots__}
+        if self.value != self.value:  # NaN: e.g. a backend unavailable here
+            data["value"] = None
+        return data
 
 
 class Context:

@@ -2,8 +2,10 @@
 
 Baselines measured in the same run: the bare process (``/bin/true``) and raw
 bwrap with the agent profile. For each backend that works here: the CLI
-``corral run --backend NAME -- true``, and for backends with sessions
-(podman, docker) one ``exec`` of ``true`` into a running session.
+``corral run --backend NAME -- true`` in-process (``CORRAL_SERVER=off``, so
+each row includes the interpreter's start-up), and for backends with sessions
+(bubblewrap through the SDK, podman, docker) one ``exec`` of ``true`` into
+an open session, without limits.
 """
 
 from __future__ import annotations
@@ -59,13 +61,34 @@ def run(ctx: Context) -> list[Row]:
                 value,
                 samples=runs,
                 baseline="raw bwrap",
-                note=f"{ratio(value, raw)} of raw bwrap, {ratio(value, bare)} of bare",
+                note=f"{ratio(value, raw)} of raw bwrap, {ratio(value, bare)} of bare"
+                " (in-process CLI, CORRAL_SERVER=off)",
             )
         )
+    if works.get("bubblewrap"):
+        rows.append(_sdk_session_row(ctx, raw, bare))
     for name in ("podman", "docker"):
         if works.get(name):
             rows.append(_session_row(ctx, name, raw, bare))
     return rows
+
+
+def _sdk_session_row(ctx: Context, raw: float | None, bare: float) -> Row:
+    from .._sandbox import Sandbox
+
+    with Sandbox(
+        workspace=ctx.workspace,
+        backend="bubblewrap",
+        settings={"resources": {"memory": None, "pids": None, "timeout": None, "output": None}},
+    ) as sandbox:
+        value = ctx.median_ms(lambda: sandbox.exec(["true"]).check())
+    return Row(
+        "bubblewrap session exec true (SDK, in-process)",
+        value,
+        samples=ctx.runs,
+        baseline="raw bwrap",
+        note=f"{ratio(value, raw)} of raw bwrap, {ratio(value, bare)} of bare",
+    )
 
 
 def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row:

@@ -124,28 +124,8 @@ static void die(const char *hint, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------- I/O */
-/* Write everything (EINTR retried; a non-blocking fd is waited for). Errors
- * are ignored: the reader went away, as in the Python client. */
-static void write_all(int fd, const void *data, size_t len) {
-    const char *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            if (errno == EAGAIN) {
-                struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-                (void)poll(&pfd, 1, 1000);
-                continue;
-            }
-            return;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-}
-
-/* Like write_all, but says whether everything was written. */
+/* Write everything (EINTR retried; a non-blocking fd is waited for); -1 if
+ * the write failed part-way (the reader went away). */
 static int write_fully(int fd, const void *data, size_t len) {
     const char *p = data;
     while (len > 0) {
@@ -164,6 +144,12 @@ static int write_fully(int fd, const void *data, size_t len) {
         len -= (size_t)n;
     }
     return 0;
+}
+
+/* Like write_fully, for output whose loss is no error (as in the Python
+ * client): the reader went away. */
+static void write_all(int fd, const void *data, size_t len) {
+    (void)write_fully(fd, data, len);
 }
 
 /* ---------------------------------------------------------------- buffers */
