@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -225,6 +226,21 @@ def _state_link(world: World) -> str:
     return world.ws("state")
 
 
+def _reexposed(*paths: str) -> list[str]:
+    """``--allow-read`` options for those of *paths* under a directory the sandbox hides.
+
+    The sandbox gets a private /tmp and /var/tmp: a checkout (and its
+    virtualenv) under /tmp - e.g. a CI clone - must be re-exposed for the
+    corral it contains to run inside.
+    """
+    options: list[str] = []
+    for path in paths:
+        real = os.path.realpath(path)
+        if any(real == h or real.startswith(h + "/") for h in ("/tmp", "/var/tmp")):
+            options += ["--allow-read", real]
+    return options
+
+
 @pytest.mark.parametrize("op", ["run", "hook"])
 def test_a_sandboxed_fast_client_is_refused_and_what_it_runs_stays_sandboxed(
     served: World, op: str
@@ -258,9 +274,11 @@ def test_a_sandboxed_fast_client_is_refused_and_what_it_runs_stays_sandboxed(
                 "tool_input": {"file_path": served.victim, "content": "pwned"},
             }
         ).encode()
+    checkout = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
     result = served.corral(
         "run",
         "--allow-unix-sockets",
+        *_reexposed(checkout, sys.prefix),
         "--",
         "/usr/bin/env",
         f"XDG_STATE_HOME={state}",
