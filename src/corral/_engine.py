@@ -151,6 +151,16 @@ class Running:
 
     def _spawn(self) -> None:
         plan = self.plan
+        argv = plan.argv
+        if plan.egress is not None and plan.egress.netns == "fresh":
+            # the sandbox joins a namespace by path as it starts: make it (the
+            # proxy listening inside) first, and name it in the argv
+            from .backends._plan import NETNS_PATH
+            from .egress import start_in_fresh_namespace
+
+            self._egress = start_in_fresh_namespace(plan.egress)
+            path = self._egress.netns_path or ""
+            argv = tuple(word.replace(NETNS_PATH, path) for word in argv)
         child_fds: list[tuple[int, int]] = []  # (parent fd, child number)
         to_close_after_spawn: list[int] = []
         try:
@@ -202,8 +212,8 @@ class Running:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
                 self.pid = spawn(
-                    plan.argv[0],
-                    list(plan.argv),
+                    argv[0],
+                    list(argv),
                     dict(plan.env),
                     file_actions=actions,
                     setsigdef=(13, 25),
@@ -335,7 +345,7 @@ class Running:
             # bubblewrap's outer process never forks again: only the sandbox's
             # pid 1 (and so everything below it) goes into the cgroup.
             pids = [self.sandbox_pid]
-        if plan.egress is not None:
+        if plan.egress is not None and plan.egress.netns == "sandbox":
             # the proxy must listen inside the sandbox's network before the command starts
             from .egress import start_for_sandbox
 

@@ -15,8 +15,21 @@ CANNOT: dict[str, tuple[dict[str, object], str]] = {
     "landlock": ({"network": {"mode": "allowlist", "allow": ["example.org"]}}, "network.mode"),
     "gvisor": ({}, "filesystem.protect"),
     "podman": (
-        {"network": {"mode": "allowlist", "allow": ["example.org"]}, "image": "corral:python"},
-        "network.mode",
+        {
+            "image": "corral:python",
+            "network": {"mode": "allowlist", "allow": ["example.org"]},
+            # rootful podman runs the egress proxy; no backend rewrites requests inside TLS
+            "credentials": [
+                {
+                    "name": "TOKEN",
+                    "from": "env:HOME",
+                    "commands": ["*"],
+                    "hosts": ["example.org"],
+                    "mode": "mask",
+                }
+            ],
+        },
+        "credentials" if os.geteuid() == 0 else "network.mode",
     ),
     "docker": ({"image": "corral:python"}, "filesystem.protect"),
     "bubblewrap": (

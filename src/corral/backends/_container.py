@@ -1,7 +1,9 @@
 """OCI containers through an engine CLI: what podman and docker share.
 
 A run is ``ENGINE run --rm`` with ``--network=none`` (or the host network for
-``open``), ``--cap-drop=ALL``, ``--security-opt=no-new-privileges``, a
+``open``; for ``allowlist``, where the engine can join a namespace by path,
+a namespace the engine creates with corral's proxy in it: see
+:meth:`ContainerBackend.egress_problem`), ``--cap-drop=ALL``, ``--security-opt=no-new-privileges``, a
 ``--read-only`` root with private tmpfs ``/tmp`` and ``/var/tmp``, the
 limits as ``--memory``/``--pids-limit``/``--cpus``, the workspace mounted at
 its own absolute path, the host uid/gid (``--user``) so that files created in
@@ -25,7 +27,9 @@ import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFailed, UsageError
 from .._request import redact
-from ._plan import BrokerSpec, FdSpec, LaunchPlan
+from ._egress import egress_spec, injected_credentials
+from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
+from ._proxy_env import proxy_environment
 from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
 from .bubblewrap import SANDBOX_HELPER, sandbox_env
 
@@ -138,6 +142,24 @@ class ContainerBackend(Backend):
         del facts
         return []
 
+    def egress_problem(self, facts: HostFacts, *, detached: bool) -> str | None:
+        """Why the egress proxy (allowlist mode, credentials) is unavailable here, or None.
+
+        The default: the engine cannot join a network namespace corral
+        prepares, so the proxy has nowhere to listen.
+        """
+        del facts, detached
+        return (
+            f"{self.name} cannot join a network namespace corral prepares, so the egress "
+            "proxy has nowhere to listen"
+        )
+
+    def network_option(self, mode: str) -> str:
+        """The engine's network option for ``network.mode`` *mode*."""
+        if mode == "open":
+            return "--network=host"
+        return "--network=none"
+
     def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:
         """Options mounting an empty tmpfs at *path*."""
         return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev"]
@@ -210,21 +232,20 @@ class ContainerBackend(Backend):
             raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
         cwd = request.cwd or workspace
 
-        # --- network
+        # --- network: allowlist joins a namespace corral makes, the proxy listening inside
+        egress: EgressSpec | None = None
+        if net.mode == "allowlist" or policy.credentials:
+            rule = "network.mode" if net.mode == "allowlist" else "credentials"
+            why = self.egress_problem(facts, detached=detached)
+            if why is not None:
+                raise EnforcementUnavailable(
+                    f"Failed to enforce {rule} on the {self.name} backend: {why}",
+                    rule=rule,
+                    hint="use --backend bubblewrap, or --net none / --net open",
+                )
         if net.mode == "allowlist":
-            raise EnforcementUnavailable(
-                f"Failed to enforce network.mode=allowlist on the {self.name} backend: the egress proxy "
-                "is not available to containers in this build",
-                rule="network.mode",
-                hint="use --net none or --net open",
-            )
-        if policy.credentials:
-            raise EnforcementUnavailable(
-                f"Failed to enforce credentials on the {self.name} backend: scoped credentials need the "
-                "egress proxy",
-                rule="credentials",
-                hint="remove the credentials setting",
-            )
+            egress = egress_spec(policy, facts).replace(netns="fresh")
+        credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
         patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
@@ -274,9 +295,12 @@ class ContainerBackend(Backend):
                     )
 
         # --- environment: an env file on a descriptor, never argv
-        env = sandbox_env(request, policy, facts.environ)
+        env_map = dict(sandbox_env(request, policy, facts.environ))
+        if egress is not None:
+            env_map.update(proxy_environment(egress.port, egress.token))
+        env_map.update(credentials)
         lines = []
-        for var, env_value in env:
+        for var, env_value in env_map.items():
             if "\n" in env_value or "\0" in env_value:
                 raise UsageError(
                     f"Failed to pass the environment variable {var} to {self.name}: its value "
@@ -313,7 +337,7 @@ class ContainerBackend(Backend):
                 f"corral.sandbox={request.sandbox_id}",
                 *([] if detached else stdin_opts),
                 *self.run_options(facts),
-                "--network=host" if net.mode == "open" else "--network=none",
+                self.network_option(net.mode),
                 "--cap-drop=ALL",
                 "--security-opt=no-new-privileges",
                 "--hostname",
@@ -438,7 +462,9 @@ class ContainerBackend(Backend):
             kill_grace=res.kill_grace,
             output_limit=res.output,
             degraded=degrade.recorded,
-            display_argv=redact(request.argv),
+            display_argv=redact(request.argv, [value for _name, value in credentials]),
+            egress=egress,
+            credentials=tuple(name for name, _value in credentials),
         )
 
     # ------------------------------------------------------------ launch

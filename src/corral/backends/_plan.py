@@ -14,6 +14,7 @@ from __future__ import annotations
 from .._frozen import Record
 
 __all__ = [
+    "NETNS_PATH",
     "BrokerSpec",
     "CgroupSpec",
     "EgressSpec",
@@ -84,6 +85,12 @@ class EgressSpec(Record):
         token: the per-sandbox proxy credential (in the proxy URL).
         hosts_file: a hosts(5) file that replaces DNS for the proxy
             (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
+        netns: where the proxy listens. ``"sandbox"``: in the network
+            namespace of the sandbox's first process, once it exists
+            (bubblewrap's ``--unshare-net``). ``"fresh"``: in a namespace the
+            engine creates before the spawn; every :data:`NETNS_PATH` in the
+            plan's argv is replaced by the path that names it (podman's
+            ``--network=ns:PATH``).
     """
 
     allow: tuple[str, ...] = ()
@@ -91,6 +98,12 @@ class EgressSpec(Record):
     port: int = 3128
     token: str = ""
     hosts_file: str | None = None
+    netns: str = "sandbox"
+
+
+#: In a plan's argv: the path of the network namespace the engine creates
+#: for an ``EgressSpec(netns="fresh")`` (see :class:`EgressSpec`).
+NETNS_PATH = "@corral-netns@"
 
 
 class CgroupSpec(Record):

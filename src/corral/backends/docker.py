@@ -14,8 +14,9 @@ exec helper and write broker cannot run there:
   paths at any depth): use podman or bubblewrap;
 * ``network.allowUnixSockets = false`` (corral's AF_UNIX deny filter);
 
-and, as on every container backend, ``network.mode = "allowlist"`` and
-``credentials``.
+and always refused: ``network.mode = "allowlist"`` and ``credentials``
+(docker cannot start a container in a network namespace corral prepares,
+so the egress proxy has nowhere to listen; rootful podman can).
 
 Host requirements: a running Docker engine (``DOCKER_HOST`` or
 ``/var/run/docker.sock``); images come from ``corral image build`` (imported

@@ -9,9 +9,14 @@ the container (``--preserve-fds``): corral's seccomp deny filter, no
 ``AF_UNIX`` sockets by default, and protected paths refused at any depth by
 the write broker.
 
-Not guaranteed: protection from kernel exploits; ``network.mode =
-"allowlist"`` and ``credentials`` (refused: no egress proxy for containers in
-this build).
+Egress (``network.mode = "allowlist"``, scoped ``credentials``), as root:
+the engine creates an empty network namespace with corral's proxy already
+listening on its loopback, and podman starts the container in it
+(``--network=ns:/proc/<corral>/fd/<n>``); the proxy environment and the
+credentials that apply go into the env file. Rootless podman cannot join a
+namespace corral creates, and sessions keep no proxy: both refuse.
+
+Not guaranteed: protection from kernel exploits.
 
 Host requirements: podman 4. On hosts where podman's defaults fail (a hard
 ``nofile`` limit below 1048576 without CAP_SYS_RESOURCE, or crun on a hybrid
@@ -24,6 +29,7 @@ from __future__ import annotations
 import os
 
 from ._container import ContainerBackend
+from ._plan import NETNS_PATH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -112,6 +118,22 @@ class PodmanBackend(ContainerBackend):
         if conf:
             env["CONTAINERS_CONF"] = str(conf)
         return env
+
+    def egress_problem(self, facts: HostFacts, *, detached: bool) -> str | None:
+        if facts.uid != 0:
+            return (
+                "rootless podman cannot join a network namespace corral creates (it is owned "
+                "by another user namespace than podman's)"
+            )
+        if detached:
+            return "sessions keep no egress proxy (one-shot runs do)"
+        return None
+
+    def network_option(self, mode: str) -> str:
+        if mode == "allowlist":
+            # a namespace the engine creates, the proxy already listening inside
+            return f"--network=ns:{NETNS_PATH}"
+        return super().network_option(mode)
 
     def run_options(self, facts: HostFacts) -> list[str]:
         options = ["--read-only-tmpfs=false", "--log-driver=none", "--ipc=private"]

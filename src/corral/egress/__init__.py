@@ -15,6 +15,10 @@ Public API::
     ...
     attempts = handle.close()                                   # after it exits
 
+or, for a backend that joins a namespace by path (podman's
+``--network=ns:PATH``), :func:`start_in_fresh_namespace` before it starts;
+``handle.netns_path`` names the namespace.
+
 This module stays light (it is imported on the ``corral run`` path):
 :mod:`asyncio` and :mod:`h11` load in the proxy's thread.
 """
@@ -22,7 +26,7 @@ This module stays light (it is imported on the ``corral run`` path):
 from __future__ import annotations
 
 from .._exceptions import ProxyStartFailed
-from ._netns import open_listener
+from ._netns import fresh_listener, open_listener
 from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
@@ -39,6 +43,7 @@ __all__ = [
     "EgressHandle",
     "special_range",
     "start_for_sandbox",
+    "start_in_fresh_namespace",
 ]
 
 
@@ -51,10 +56,11 @@ class EgressHandle:
         omitted: attempts beyond the log's limit, counted but not recorded.
     """
 
-    __slots__ = ("_attempts", "_closed", "_proxy", "error", "omitted")
+    __slots__ = ("_attempts", "_closed", "_netns_fd", "_proxy", "error", "omitted")
 
-    def __init__(self, proxy: EgressProxy) -> None:
+    def __init__(self, proxy: EgressProxy, *, netns_fd: int = -1) -> None:
         self._proxy = proxy
+        self._netns_fd = netns_fd  # a namespace corral created for the sandbox (or -1)
         self._closed = False
         self._attempts: list[NetworkAttempt] = []
         self.error: BaseException | None = None
@@ -65,13 +71,29 @@ class EgressHandle:
         """The proxy (for statistics and tests)."""
         return self._proxy
 
+    @property
+    def netns_path(self) -> str | None:
+        """The path that names the network namespace corral created (while open), else None."""
+        if self._netns_fd < 0:
+            return None
+        import os
+
+        return f"/proc/{os.getpid()}/fd/{self._netns_fd}"
+
     def close(self) -> list[NetworkAttempt]:
         """Stop the proxy (cancelling open connections) and return every attempt it saw."""
         if not self._closed:
             self._closed = True
-            self._attempts = self._proxy.close()
-            self.error = self._proxy.error
-            self.omitted = self._proxy.omitted_attempts
+            try:
+                self._attempts = self._proxy.close()
+                self.error = self._proxy.error
+                self.omitted = self._proxy.omitted_attempts
+            finally:
+                if self._netns_fd >= 0:
+                    import os
+
+                    os.close(self._netns_fd)
+                    self._netns_fd = -1
         return list(self._attempts)
 
 
@@ -93,6 +115,37 @@ def start_for_sandbox(
         ProxyStartFailed: the namespace cannot be entered, the port is taken,
             the rules are invalid or the hosts file cannot be read.
     """
+    proxy = _proxy(spec, resolver)
+    fd = open_listener(sandbox_pid, spec.port)
+    proxy.start(fd)
+    return EgressHandle(proxy)
+
+
+def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = None) -> EgressHandle:
+    """Create an empty network namespace with the proxy listening on its ``127.0.0.1:spec.port``.
+
+    The namespace is for a sandbox that joins it by path (``handle.netns_path``)
+    as it starts; it lives until :meth:`EgressHandle.close` (and while the
+    sandbox is in it). Root only.
+
+    Raises:
+        ProxyStartFailed: as :func:`start_for_sandbox`; also when the
+            namespace cannot be created (not root).
+    """
+    proxy = _proxy(spec, resolver)
+    netns_fd, fd = fresh_listener(spec.port)
+    try:
+        proxy.start(fd)
+    except BaseException:
+        import os
+
+        os.close(netns_fd)
+        raise
+    return EgressHandle(proxy, netns_fd=netns_fd)
+
+
+def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
+    """The (not yet started) proxy for *spec*. Raises ProxyStartFailed."""
     from ._server import EgressProxy
 
     try:
@@ -109,7 +162,4 @@ def start_for_sandbox(
                 "Failed to start the egress proxy: cannot read the hosts file "
                 f"{spec.hosts_file}: {exc}"
             ) from None
-    proxy = EgressProxy(allowlist=allowlist, token=spec.token, resolver=resolver)
-    fd = open_listener(sandbox_pid, spec.port)
-    proxy.start(fd)
-    return EgressHandle(proxy)
+    return EgressProxy(allowlist=allowlist, token=spec.token, resolver=resolver)

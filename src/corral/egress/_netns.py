@@ -29,7 +29,7 @@ import sys
 
 from .._exceptions import ProxyStartFailed
 
-__all__ = ["open_listener"]
+__all__ = ["fresh_listener", "open_listener"]
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
@@ -38,6 +38,9 @@ _IP_FREEBIND = 15
 _SOL_IP = 0
 _BACKLOG = 4096
 _EPERM = 1
+_SIOCGIFFLAGS = 0x8913
+_SIOCSIFFLAGS = 0x8914
+_IFF_UP = 0x1
 
 #: Run by ``python -I -S -c`` in the non-root case. fds: 3 reply socket,
 #: 4 owning user namespace, 5 network namespace; argv[1]: the port.
@@ -78,6 +81,34 @@ def _setns(fd: int, kind: int) -> None:
     if libc.setns(fd, kind) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err))
+
+
+def _unshare_net() -> None:
+    unshare = getattr(os, "unshare", None)
+    if unshare is not None:  # Python 3.12+
+        unshare(_CLONE_NEWNET)
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _loopback_up() -> None:
+    """Bring ``lo`` up in the calling thread's (new) network namespace."""
+    import _socket
+    import fcntl
+    import struct
+
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_DGRAM)
+    try:
+        request = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(sock.fileno(), _SIOCGIFFLAGS, request))[1]
+        fcntl.ioctl(sock.fileno(), _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+    finally:
+        sock.close()
 
 
 def _bind_listener(port: int) -> int:
@@ -221,3 +252,64 @@ def open_listener(pid: int, port: int, *, timeout: float = 10.0) -> int:
         ) from exc
     finally:
         os.close(netns_fd)
+
+
+def fresh_listener(port: int, *, timeout: float = 10.0) -> tuple[int, int]:
+    """A new, empty network namespace with the proxy's socket listening inside.
+
+    For backends that cannot be given a namespace after they start (podman
+    joins one by path, ``--network=ns:PATH``): a throw-away thread unshares
+    a new network namespace, brings its loopback up, listens on
+    ``127.0.0.1:port`` and opens the namespace. Root only (unsharing a
+    network namespace needs ``CAP_SYS_ADMIN``).
+
+    Returns:
+        ``(netns_fd, listener_fd)``: the namespace lives while either is
+        open; ``/proc/<corral's pid>/fd/<netns_fd>`` names it to others.
+
+    Raises:
+        ProxyStartFailed: the namespace or the socket could not be made.
+    """
+    import _thread
+
+    done = _thread.allocate_lock()
+    done.acquire()
+    result: list[tuple[int, int] | BaseException] = []
+
+    def work() -> None:
+        # SAFETY: unshare(CLONE_NEWNET) changes only this thread, which does
+        # nothing but set up the namespace and exit; no other code runs in it.
+        try:
+            _unshare_net()
+            _loopback_up()
+            listener = _bind_listener(port)
+            try:
+                netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except BaseException:
+                os.close(listener)
+                raise
+            result.append((netns, listener))
+        except BaseException as exc:  # reported to the caller below
+            result.append(exc)
+        finally:
+            done.release()
+
+    _thread.start_new_thread(work, ())
+    if not done.acquire(timeout=timeout):
+        raise ProxyStartFailed(
+            "Failed to start the egress proxy: creating its network namespace timed out"
+        )
+    outcome = result[0]
+    if isinstance(outcome, BaseException):
+        if isinstance(outcome, PermissionError):
+            raise ProxyStartFailed(
+                "Failed to start the egress proxy: creating a network namespace needs root",
+                hint="use the bubblewrap backend for network.mode=allowlist",
+            ) from outcome
+        if isinstance(outcome, OSError):
+            raise ProxyStartFailed(
+                f"Failed to start the egress proxy in a new network namespace: "
+                f"{outcome.strerror or outcome}"
+            ) from outcome
+        raise outcome
+    return outcome

@@ -153,3 +153,60 @@ def test_seatbelt_is_unavailable_off_macos_with_the_reason() -> None:
     )
     assert plan.argv[0] == "/usr/bin/sandbox-exec"
     assert plan.argv[-2:] == ("make", "test")
+
+
+def _podman_facts(uid: int) -> HostFacts:
+    facts = _facts(
+        engine="/usr/bin/podman",
+        engine_problem=None,
+        containers_conf="/c.conf",
+        image=ImageRef(kind="ref", value="debian", engine_ref="debian"),
+    )
+    return facts.replace(uid=uid, gid=uid, egress_token="t0ken-for-this-run")
+
+
+def _allowlist(policy: Policy) -> Policy:
+    return policy.replace(network=policy.network.replace(mode="allowlist", allow=("pypi.org",)))
+
+
+def test_podman_as_root_joins_a_fresh_namespace_with_the_proxy_in_it() -> None:
+    from corral.backends._plan import NETNS_PATH
+
+    plan = get_backend("podman").plan(_request(), _allowlist(_policy()), _podman_facts(0))
+    assert plan.egress is not None
+    assert plan.egress.netns == "fresh"  # the engine makes it and names it in the argv
+    assert plan.egress.allow == ("pypi.org",)
+    assert f"--network=ns:{NETNS_PATH}" in plan.argv
+    assert "--network=none" not in plan.argv and "--network=host" not in plan.argv
+    env_file = next(f for f in plan.fds if f.number == 9).data.decode()
+    proxy = f"http://corral:{plan.egress.token}@127.0.0.1:{plan.egress.port}"
+    assert f"HTTPS_PROXY={proxy}\n" in env_file
+    assert plan.egress.token not in " ".join(plan.argv)  # the credential stays off argv
+
+
+@pytest.mark.parametrize(
+    ("backend", "uid", "why"),
+    [
+        ("podman", 1000, "rootless podman cannot join"),
+        ("docker", 0, "docker cannot join a network namespace"),
+    ],
+)
+def test_container_backends_refuse_an_allowlist_they_cannot_enforce(
+    backend: str, uid: int, why: str
+) -> None:
+    facts = _podman_facts(uid).replace(
+        details=tuple(
+            (k, f"/usr/bin/{backend}" if k == "engine" else v)
+            for k, v in _podman_facts(uid).details
+        )
+    )
+    policy = _allowlist(_policy(allow_degraded=frozenset({"filesystem.protect"})))
+    with pytest.raises(EnforcementUnavailable, match=why) as info:
+        get_backend(backend).plan(_request(), policy, facts)
+    assert info.value.rule == "network.mode"
+
+
+def test_podman_sessions_refuse_an_allowlist() -> None:
+    backend = get_backend("podman")
+    with pytest.raises(EnforcementUnavailable, match="sessions keep no egress proxy"):
+        backend.plan_session(_allowlist(_policy()), _podman_facts(0), "sbx-1")  # type: ignore[attr-defined]
