@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from tests.conftest import World, corral_command, needs_bwrap
+from tests.conftest import World, _processes_mentioning, corral_command, needs_bwrap
 
 pytestmark = needs_bwrap
 
@@ -140,21 +140,15 @@ def test_killing_corral_kills_the_sandbox(world: World) -> None:
         time.sleep(0.05)
     proc.kill()
     proc.wait()
+    # both the shell and its sleep: SIGKILLed together, they finish exiting one
+    # after the other (the world's teardown fails the test if either is left)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not any(_cmdline(p) == b"sleep\x00300\x00" for p in os.listdir("/proc") if p.isdigit()):
+        if not _processes_mentioning(world.workspace):
             break
         time.sleep(0.05)
     else:
         raise AssertionError("the sandbox outlived corral")
-
-
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
 
 
 def test_shell_runs_on_a_private_terminal(world: World) -> None:
