@@ -3,8 +3,8 @@
 A run is ``ENGINE run --rm`` with ``--network=none`` (or the host network for
 ``open``; for ``allowlist``, where the engine can join a namespace by path,
 a namespace the engine creates with corral's proxy in it: see
-:meth:`ContainerBackend.egress_problem`), ``--cap-drop=ALL``, ``--security-opt=no-new-privileges``, a
-``--read-only`` root with private tmpfs ``/tmp`` and ``/var/tmp``, the
+:meth:`ContainerBackend.egress_problem`), ``--cap-drop=ALL``,
+``--security-opt=no-new-privileges``, a ``--read-only`` root with private tmpfs ``/tmp`` and ``/var/tmp``, the
 limits as ``--memory``/``--pids-limit``/``--cpus``, the workspace mounted at
 its own absolute path, the host uid/gid (``--user``) so that files created in
 the workspace belong to the invoking user, and the environment passed as an
@@ -29,9 +29,8 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFail
 from .._request import redact
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
-from ._proxy_env import proxy_environment
 from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
-from .bubblewrap import SANDBOX_HELPER, sandbox_env
+from .bubblewrap import SANDBOX_HELPER, command_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -295,12 +294,8 @@ class ContainerBackend(Backend):
                     )
 
         # --- environment: an env file on a descriptor, never argv
-        env_map = dict(sandbox_env(request, policy, facts.environ))
-        if egress is not None:
-            env_map.update(proxy_environment(egress.port, egress.token))
-        env_map.update(credentials)
         lines = []
-        for var, env_value in env_map.items():
+        for var, env_value in command_env(request, policy, facts.environ, egress, credentials):
             if "\n" in env_value or "\0" in env_value:
                 raise UsageError(
                     f"Failed to pass the environment variable {var} to {self.name}: its value "

@@ -50,9 +50,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .._request import ExecRequest
     from ..policy._model import Policy
-    from ._plan import HostFacts, PreviewSpec
+    from ._plan import EgressSpec, HostFacts, PreviewSpec
 
-__all__ = ["BubblewrapBackend", "sandbox_env"]
+__all__ = ["BubblewrapBackend", "command_env", "sandbox_env"]
 
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
@@ -98,6 +98,23 @@ def sandbox_env(
     env["CORRAL_SANDBOX_ID"] = request.sandbox_id
     if "PATH" not in env:
         env["PATH"] = "/usr/local/bin:/usr/bin:/bin"
+    return tuple(env.items())
+
+
+def command_env(
+    request: ExecRequest,
+    policy: Policy,
+    host_env: tuple[tuple[str, str], ...],
+    egress: EgressSpec | None,
+    credentials: tuple[tuple[str, str], ...],
+) -> tuple[tuple[str, str], ...]:
+    """The whole environment of a sandboxed command: :func:`sandbox_env`, then the
+    proxy's variables when *egress* runs (allowlist mode), then the *credentials*
+    injected for this command."""
+    env = dict(sandbox_env(request, policy, host_env))
+    if egress is not None:
+        env.update(proxy_environment(egress.port, egress.token))
+    env.update(credentials)
     return tuple(env.items())
 
 
@@ -312,11 +329,7 @@ class BubblewrapBackend(Backend):
         timeout = res.timeout
         if request.timeout is not None:
             timeout = request.timeout
-        env_map = dict(sandbox_env(request, policy, facts_env(facts)))
-        if egress is not None:
-            env_map.update(proxy_environment(egress.port, egress.token))
-        env_map.update(credentials)
-        env = tuple(env_map.items())
+        env = command_env(request, policy, facts_env(facts), egress, credentials)
         prefix: list[str] = []
         if preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap

@@ -29,6 +29,13 @@ import sys
 
 from .._exceptions import ProxyStartFailed
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    T = TypeVar("T")
+
 __all__ = ["fresh_listener", "open_listener"]
 
 _CLONE_NEWUSER = 0x10000000
@@ -130,34 +137,45 @@ def _bind_listener(port: int) -> int:
     return fd
 
 
-def _listen_from_thread(netns_fd: int, port: int, timeout: float) -> int:
-    """Root path: a throw-away thread enters the namespace and creates the socket."""
+def _in_thread(work: Callable[[], T], timeout: float, what: str) -> T:
+    """Run *work* in a throw-away thread and return its result (or raise its error).
+
+    For namespace changes that are per thread (``setns``/``unshare`` of
+    ``CLONE_NEWNET``): the thread does nothing else and exits, so no other
+    code ever runs in the namespace it entered. *what* names the step in the
+    error when it does not finish within *timeout* seconds.
+    """
     import _thread
 
     done = _thread.allocate_lock()
     done.acquire()
-    result: list[int | BaseException] = []
+    result: list[T | BaseException] = []
 
-    def work() -> None:
-        # SAFETY: setns(CLONE_NEWNET) changes only this thread, which does
-        # nothing but create the socket and exit; no other code runs in it.
+    def run() -> None:
         try:
-            _setns(netns_fd, _CLONE_NEWNET)
-            result.append(_bind_listener(port))
+            result.append(work())
         except BaseException as exc:  # reported to the caller below
             result.append(exc)
         finally:
             done.release()
 
-    _thread.start_new_thread(work, ())
+    _thread.start_new_thread(run, ())
     if not done.acquire(timeout=timeout):
-        raise ProxyStartFailed(
-            "Failed to start the egress proxy: entering the sandbox's network timed out"
-        )
+        raise ProxyStartFailed(f"Failed to start the egress proxy: {what} timed out")
     outcome = result[0]
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
+
+
+def _listen_from_thread(netns_fd: int, port: int, timeout: float) -> int:
+    """Root path: a throw-away thread enters the namespace and creates the socket."""
+
+    def work() -> int:
+        _setns(netns_fd, _CLONE_NEWNET)
+        return _bind_listener(port)
+
+    return _in_thread(work, timeout, "entering the sandbox's network")
 
 
 def _listen_from_child(netns_fd: int, pid: int, port: int, timeout: float) -> int:
@@ -270,46 +288,25 @@ def fresh_listener(port: int, *, timeout: float = 10.0) -> tuple[int, int]:
     Raises:
         ProxyStartFailed: the namespace or the socket could not be made.
     """
-    import _thread
 
-    done = _thread.allocate_lock()
-    done.acquire()
-    result: list[tuple[int, int] | BaseException] = []
-
-    def work() -> None:
-        # SAFETY: unshare(CLONE_NEWNET) changes only this thread, which does
-        # nothing but set up the namespace and exit; no other code runs in it.
+    def work() -> tuple[int, int]:
+        _unshare_net()
+        _loopback_up()
+        listener = _bind_listener(port)
         try:
-            _unshare_net()
-            _loopback_up()
-            listener = _bind_listener(port)
-            try:
-                netns = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-            except BaseException:
-                os.close(listener)
-                raise
-            result.append((netns, listener))
-        except BaseException as exc:  # reported to the caller below
-            result.append(exc)
-        finally:
-            done.release()
+            return os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC), listener
+        except BaseException:
+            os.close(listener)
+            raise
 
-    _thread.start_new_thread(work, ())
-    if not done.acquire(timeout=timeout):
+    try:
+        return _in_thread(work, timeout, "creating its network namespace")
+    except PermissionError as exc:
         raise ProxyStartFailed(
-            "Failed to start the egress proxy: creating its network namespace timed out"
-        )
-    outcome = result[0]
-    if isinstance(outcome, BaseException):
-        if isinstance(outcome, PermissionError):
-            raise ProxyStartFailed(
-                "Failed to start the egress proxy: creating a network namespace needs root",
-                hint="use the bubblewrap backend for network.mode=allowlist",
-            ) from outcome
-        if isinstance(outcome, OSError):
-            raise ProxyStartFailed(
-                f"Failed to start the egress proxy in a new network namespace: "
-                f"{outcome.strerror or outcome}"
-            ) from outcome
-        raise outcome
-    return outcome
+            "Failed to start the egress proxy: creating a network namespace needs root",
+            hint="use the bubblewrap backend for network.mode=allowlist",
+        ) from exc
+    except OSError as exc:
+        raise ProxyStartFailed(
+            f"Failed to start the egress proxy in a new network namespace: {exc.strerror or exc}"
+        ) from exc
