@@ -113,9 +113,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # the default 5 overflows under the concurrency tests
     root: str
     seen: Seen
     tls: ssl.SSLContext | None = None
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        # serve_forever() polls, then accept()s; a connection that is gone by
+        # then (reset in the queue) must not leave accept() - and with it
+        # shutdown() and the test's teardown - blocked for good. A timeout
+        # there is an OSError, which socketserver skips; accepted connections
+        # are blocking again (socket.accept clears an inherited timeout).
+        self.socket.settimeout(1.0)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         # The TLS handshake happens here, on the connection's own thread and

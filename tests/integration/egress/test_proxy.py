@@ -310,16 +310,19 @@ def test_refuses_plain_http_to_an_unlisted_host(make_proxy: Any, upstream: Upstr
 
 
 def test_answers_502_when_an_allowed_destination_fails(make_proxy: Any) -> None:
+    # bound but never listening: connections are refused, and the port stays
+    # ours while the test runs (a closed one could be reused, or the proxy's
+    # connect could pick it as its own source port and connect to itself)
     closed = socket.socket()
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
-    closed.close()  # nothing listens there now
     proxy = make_proxy(allow=[f"127.0.0.1:{port}", "nowhere.test"])
-    response, body = exchange(
-        proxy.port,
-        f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n",
-        "CONNECT",
-    )
+    with closed:
+        response, body = exchange(
+            proxy.port,
+            f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1\r\n{AUTH}\r\n\r\n",
+            "CONNECT",
+        )
     assert response.status == 502
     assert response.getheader("X-Corral-Reason") == "connect-failed"
     assert b"could not connect to 127.0.0.1" in body
@@ -678,7 +681,12 @@ class _RawServer:
                 conn.sendall(self.reply)
 
     def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept(); close() alone does not
+        except OSError:
+            pass
         self.sock.close()
+        self.thread.join(5)
 
 
 @pytest.mark.parametrize(
