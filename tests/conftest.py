@@ -41,6 +41,31 @@ def corral_command() -> list[str]:
     return [sys.executable, "-m", "corral"]
 
 
+def unreadable_for(uid: int, *paths: str) -> str | None:
+    """Why *uid* cannot read one of *paths* (checked as that user), or None.
+
+    Tests that run corral as an unprivileged user need its interpreter and
+    package; a checkout inside a private directory (``mktemp -d`` is 0700)
+    hides them. Needs root and setpriv.
+    """
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return "needs root and setpriv (util-linux) to act as another user"
+    for path in paths:
+        probe = subprocess.run(
+            ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "test", "-r", path],
+            check=False,
+        )
+        if probe.returncode != 0:
+            return (
+                f"uid {uid} cannot read {path}: a directory above it is private "
+                "(make the checkout world-readable, e.g. chmod 755)"
+            )
+    return None
+
+
 def fast_client_path() -> str | None:
     """This installation's compiled client, its sidecar written; None when it was not built."""
     from corral._fastclient import usable_client

@@ -304,7 +304,10 @@ def _unprivileged_problem() -> str | None:
     )
     if probe.stdout.strip() != "True":
         return "/usr/bin/python3 is older than 3.11"
-    return None
+    import corral
+    from tests.conftest import unreadable_for
+
+    return unreadable_for(65534, os.path.dirname(os.path.dirname(corral.__file__)))
 
 
 @pytest.mark.skipif(_unprivileged_problem() is not None, reason=_unprivileged_problem() or "")
