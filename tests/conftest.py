@@ -68,7 +68,7 @@ def unreadable_for(uid: int, *paths: str) -> str | None:
 
 def fast_client_path() -> str | None:
     """This installation's compiled client, its sidecar written; None when it was not built."""
-    from corral._fastclient import usable_client
+    from corral.server._fastclient import usable_client
 
     return usable_client()
 

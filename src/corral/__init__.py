@@ -36,9 +36,9 @@ if TYPE_CHECKING:
         SettingsError,
         UsageError,
     )
-    from ._outcome import NetworkAttempt, Outcome, Violation
-    from ._request import ExecRequest
     from ._sandbox import AsyncSandbox, FileInfo, Sandbox
+    from .pipeline._outcome import NetworkAttempt, Outcome, Violation
+    from .pipeline._request import ExecRequest
     from .policy import (
         Credential,
         EnvPolicy,
@@ -64,10 +64,10 @@ _LAZY = {
     "SessionClosed": "._exceptions",
     "SettingsError": "._exceptions",
     "UsageError": "._exceptions",
-    "NetworkAttempt": "._outcome",
-    "Outcome": "._outcome",
-    "Violation": "._outcome",
-    "ExecRequest": "._request",
+    "NetworkAttempt": ".pipeline._outcome",
+    "Outcome": ".pipeline._outcome",
+    "Violation": ".pipeline._outcome",
+    "ExecRequest": ".pipeline._request",
     "AsyncSandbox": "._sandbox",
     "FileInfo": "._sandbox",
     "Sandbox": "._sandbox",

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any
 
-    from ._outcome import Outcome
+    from .pipeline._outcome import Outcome
 
 __all__ = ["arun", "run"]
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-    from ._outcome import Outcome
+    from .pipeline._outcome import Outcome
 
 __all__ = ["GENESIS", "append", "audit_path", "iter_records", "record_for", "verify"]
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._outcome import Outcome
+    from .pipeline._outcome import Outcome
 
 __all__ = [
     "ApplyConflict",

@@ -3,7 +3,7 @@
 A sandbox is a *session*: it keeps its id, its settings and a private
 ``TMPDIR`` (a host directory under corral's state dir, mounted as the
 sandbox's ``/tmp``) across :meth:`~AsyncSandbox.exec` calls until it is
-closed. Every command goes through :mod:`corral._runner` exactly like
+closed. Every command goes through :mod:`corral.pipeline._runner` exactly like
 ``corral run``, so it is planned, enforced and audited the same way; the SDK
 has no policy logic of its own.
 
@@ -13,7 +13,7 @@ The twins mirror each other name for name (STYLE rule 7): ``exec``,
 (building requests, judging file-operation outcomes) lives in
 :class:`BaseSandbox`. The engine is synchronous (``posix_spawn`` + ``poll``);
 the async twin runs it in a worker thread and turns the cancellation of the
-awaiting task into :meth:`Running.cancel() <corral._engine.Running.cancel>`
+awaiting task into :meth:`Running.cancel() <corral.pipeline._engine.Running.cancel>`
 (TERM, grace, KILL of the whole sandbox), then waits for the thread, so a
 cancelled ``exec`` never leaves a process behind (docs/design.md, "The SDK").
 
@@ -50,9 +50,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
     from typing import Any, Self
 
-    from ._engine import Running
-    from ._outcome import Outcome
-    from ._request import ExecRequest
+    from .pipeline._engine import Running
+    from .pipeline._outcome import Outcome
+    from .pipeline._request import ExecRequest
     from .policy import Policy
 
 __all__ = ["AsyncSandbox", "BaseSandbox", "FileInfo", "Sandbox"]
@@ -267,7 +267,7 @@ class BaseSandbox:
         **options: Any,
     ) -> None:
         from . import _state
-        from ._request import new_sandbox_id
+        from .pipeline._request import new_sandbox_id
         from .policy import load_settings
 
         self._environ: Mapping[str, str] = os.environ if environ is None else environ
@@ -363,7 +363,7 @@ class BaseSandbox:
         cwd: str | None = None,
     ) -> ExecRequest:
         """The ExecRequest for one command of this session."""
-        from ._request import ExecRequest
+        from .pipeline._request import ExecRequest
 
         self._check_open()
         where = (
@@ -409,7 +409,7 @@ class BaseSandbox:
         self, request: ExecRequest, cancellation: _Cancellation | None = None
     ) -> Outcome:
         """Plan, launch and audit *request* in this thread."""
-        from ._runner import execute
+        from .pipeline._runner import execute
         from .policy import policy_digest
 
         policy = self._policy_for(request)

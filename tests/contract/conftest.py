@@ -15,8 +15,8 @@ import pytest
 
 def _available() -> dict[str, str | None]:
     """backend -> None if usable here, else why not."""
-    from corral._request import ExecRequest
     from corral.backends import BACKENDS, get_backend, inspect_host
+    from corral.pipeline._request import ExecRequest
     from corral.policy import Policy
 
     result: dict[str, str | None] = {}

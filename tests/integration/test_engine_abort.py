@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
-from corral._engine import Running
 from corral._exceptions import LaunchFailed
-from corral._request import ExecRequest
-from corral._runner import prepare
+from corral.pipeline._engine import Running
+from corral.pipeline._request import ExecRequest
+from corral.pipeline._runner import prepare
 from corral.policy import load_settings
 from tests.conftest import World, needs_bwrap, needs_root
 

@@ -135,8 +135,8 @@ def _default_protect() -> list[str]:
 @needs_build
 @needs_podman
 def test_podman_session_starts_once_and_execs_many(built_python: str, tmp_path: object) -> None:
-    from corral._request import ExecRequest, new_sandbox_id
     from corral.backends import get_backend, inspect_host
+    from corral.pipeline._request import ExecRequest, new_sandbox_id
     from corral.policy import load_settings
 
     ws = str(tmp_path)
@@ -249,9 +249,9 @@ def test_rules_route_matching_commands_to_another_backend(tmp_path: object) -> N
 
 
 def test_auto_picks_the_cheapest_backend_meeting_the_isolation_minimum(tmp_path: object) -> None:
-    from corral._request import ExecRequest
-    from corral._runner import prepare
     from corral.backends import BACKENDS, get_backend
+    from corral.pipeline._request import ExecRequest
+    from corral.pipeline._runner import prepare
     from corral.policy import Policy
 
     ws = str(tmp_path)

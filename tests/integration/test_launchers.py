@@ -14,7 +14,7 @@ pytestmark = needs_root
 
 @pytest.fixture
 def layout():  # type: ignore[no-untyped-def]
-    from corral._cgroups import probe
+    from corral.pipeline._cgroups import probe
 
     found, why = probe(frozenset({"memory", "pids"}))
     if found is None or found.version != 1:
@@ -44,7 +44,7 @@ def _wait(predicate, timeout: float = 5.0) -> bool:  # type: ignore[no-untyped-d
 
 
 def test_a_process_is_born_in_the_group_and_the_launcher_is_not_left_in_it(layout) -> None:  # type: ignore[no-untyped-def]
-    from corral._launchers import LauncherPool
+    from corral.pipeline._launchers import LauncherPool
 
     before = _tids()
     pool = LauncherPool(layout, size=1)
@@ -80,7 +80,7 @@ def test_a_process_is_born_in_the_group_and_the_launcher_is_not_left_in_it(layou
 
 
 def test_an_unused_group_goes_back_cleanly(layout) -> None:  # type: ignore[no-untyped-def]
-    from corral._launchers import LauncherPool
+    from corral.pipeline._launchers import LauncherPool
 
     before = _tids()
     pool = LauncherPool(layout, size=2)

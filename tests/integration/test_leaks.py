@@ -69,8 +69,8 @@ def _mounts(marker: str) -> list[str]:
 
 
 def test_a_thousand_in_process_runs_leak_nothing(world: World) -> None:
-    from corral._request import ExecRequest
-    from corral._runner import execute
+    from corral.pipeline._request import ExecRequest
+    from corral.pipeline._runner import execute
     from corral.policy import load_settings
 
     tmp = _private_tmp(world)

@@ -74,7 +74,7 @@ def test_lower_layers_do_not_import_upward() -> None:
 def test_backends_do_not_import_the_runner() -> None:
     for module, path in modules().items():
         if module.startswith("corral.backends"):
-            assert "corral._runner" not in corral_imports(module, path), module
+            assert "corral.pipeline._runner" not in corral_imports(module, path), module
 
 
 @pytest.mark.parametrize("package", ["corral", "corral.policy", "corral.backends"])
@@ -224,7 +224,8 @@ def test_the_server_clients_path_imports_almost_nothing(tmp_path: object) -> Non
         "corral.cli",
         "corral.cli._client",
         "corral._jsonfast",
-        "corral._wire",
+        "corral.server",  # a docstring-only package __init__
+        "corral.server._wire",
         "corral._state",
     }
     assert set(loaded.split(",")) - allowed == set()

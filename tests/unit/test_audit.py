@@ -7,7 +7,7 @@ import threading
 
 from corral import _audit
 from corral._jsonfast import dumps, loads
-from corral._outcome import Outcome, Violation
+from corral.pipeline._outcome import Outcome, Violation
 
 
 def outcome(i: int) -> Outcome:

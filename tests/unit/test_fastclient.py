@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from corral import _fastclient
-from corral._fastclient import client_stamp, note_for_plugin, usable_client
+from corral.server import _fastclient
+from corral.server._fastclient import client_stamp, note_for_plugin, usable_client
 
 
 @pytest.fixture

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from corral._runner import SignalRelay
-from corral._server import PeerRefused, check_peer, process_context
-from corral._wire import MAX_FRAME, FrameReader, WireError, code_stamp, encode, socket_path
+from corral.pipeline._runner import SignalRelay
+from corral.server._peers import PeerRefused, check_peer, process_context
+from corral.server._wire import MAX_FRAME, FrameReader, WireError, code_stamp, encode, socket_path
 
 
 def test_frames_round_trip_in_any_chunking() -> None:
@@ -111,7 +111,7 @@ def test_a_context_difference_is_not_a_security_refusal() -> None:
 
 
 def test_this_kernel_can_host_a_server() -> None:
-    from corral._server import _kernel_problem
+    from corral.server._server import _kernel_problem
 
     assert _kernel_problem() is None  # SO_PEERPIDFD: Linux 6.5+
 

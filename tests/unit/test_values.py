@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from corral._engine import _dup_actions
 from corral._exceptions import CommandFailed, InvalidRequest, PolicyDenied
 from corral._frozen import FrozenInstanceError, Record
 from corral._jsonfast import JSONError, dumps, loads
-from corral._outcome import Outcome, Violation, status_for
-from corral._request import ExecRequest, redact
+from corral.pipeline._engine import _dup_actions
+from corral.pipeline._outcome import Outcome, Violation, status_for
+from corral.pipeline._request import ExecRequest, redact
 
 
 class Point(Record):

@@ -21,8 +21,8 @@ from .base import Backend, Degradations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._cgroups import CgroupLayout
-    from .._request import ExecRequest
+    from ..pipeline._cgroups import CgroupLayout
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
 
 __all__ = [
@@ -208,7 +208,7 @@ def inspect_host(
     environ: dict[str, str],
 ) -> tuple[HostFacts, CgroupLayout | None]:
     """Gather what ``backend.plan`` needs, and the cgroup layout for the launch."""
-    from .._cgroups import probe as probe_cgroups
+    from ..pipeline._cgroups import probe as probe_cgroups
 
     home = environ.get("HOME") or os.path.expanduser("~")
     bwrap = _find_bwrap(environ) if backend.name == "bubblewrap" else None

@@ -51,7 +51,7 @@ import os
 import stat
 import struct
 
-from .._outcome import Violation
+from ..pipeline._outcome import Violation
 from ..policy._glob import PathPattern
 from ._plan import BrokerSpec
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFailed, UsageError
-from .._request import redact
+from ..pipeline._request import redact
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
 from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
@@ -36,10 +36,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._cgroups import Cgroup, CgroupLayout
-    from .._engine import Running
-    from .._outcome import Outcome
-    from .._request import ExecRequest
+    from ..pipeline._cgroups import Cgroup, CgroupLayout
+    from ..pipeline._engine import Running
+    from ..pipeline._outcome import Outcome
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._image_ref import ImageRef
     from ._plan import HostFacts
@@ -192,7 +192,7 @@ class ContainerBackend(Backend):
 
     def plan_session(self, policy: Policy, facts: HostFacts, sandbox_id: str) -> tuple[str, ...]:
         """The argv that creates a session container (``run -d`` with an init and ``sleep``)."""
-        from .._request import ExecRequest
+        from ..pipeline._request import ExecRequest
 
         request = ExecRequest.from_argv(
             ["sleep", "infinity"], cwd=policy.filesystem.workspace, sandbox_id=sandbox_id
@@ -541,7 +541,7 @@ class ContainerSession:
         self.closed = False
         argv = backend.plan_session(policy, facts, sandbox_id)
         env = backend.engine_env(facts)
-        from .._request import ExecRequest
+        from ..pipeline._request import ExecRequest
 
         env_plan = backend.plan(
             ExecRequest.from_argv(["true"], sandbox_id=sandbox_id), policy, facts
@@ -589,8 +589,8 @@ class ContainerSession:
         Raises:
             SessionClosed: the session was closed.
         """
-        from .._engine import Running
         from .._exceptions import SessionClosed
+        from ..pipeline._engine import Running
 
         if self.closed:
             raise SessionClosed(f"Failed to run in session {self.sandbox_id}: it is closed")
@@ -606,7 +606,7 @@ class ContainerSession:
 
     def _stop_commands(self) -> None:
         """SIGKILL every process of the session except its init and the init's first child."""
-        from .._engine import _children_of, _pids_in_pidns_of
+        from ..pipeline._engine import _children_of, _pids_in_pidns_of
 
         keep = {self.init_pid, *_children_of(self.init_pid)}
         for pid in _pids_in_pidns_of(self.init_pid):

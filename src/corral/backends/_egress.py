@@ -16,7 +16,7 @@ from ._plan import EgressSpec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._request import ExecRequest
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Credential, Policy
     from ._plan import HostFacts
 

@@ -24,10 +24,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import ClassVar
 
-    from .._cgroups import Cgroup, CgroupLayout
-    from .._engine import Running
-    from .._outcome import Outcome
-    from .._request import ExecRequest
+    from ..pipeline._cgroups import Cgroup, CgroupLayout
+    from ..pipeline._engine import Running
+    from ..pipeline._outcome import Outcome
+    from ..pipeline._request import ExecRequest
     from ..policy._model import FilesystemPolicy, Policy, ResourceLimits
     from ._plan import CgroupSpec, HostFacts, LaunchPlan
 
@@ -208,12 +208,12 @@ class Backend:
         *on_start* is called with the running handle once the command has
         been released (for signal forwarding and cancellation). *stdio*
         replaces the command's stdin/stdout/stderr (e.g. a pty). *cgroup* is
-        a group prepared ahead (see :class:`corral._cgroups.Prestage` and
-        :class:`corral._launchers.LauncherPool`). *streams* are the fds an
+        a group prepared ahead (see :class:`corral.pipeline._cgroups.Prestage` and
+        :class:`corral.pipeline._launchers.LauncherPool`). *streams* are the fds an
         inherited stdin comes from and streamed output goes to (default this
         process's 0, 1, 2; the corral server passes its client's).
         """
-        from .._engine import Running
+        from ..pipeline._engine import Running
 
         running = Running(
             plan,

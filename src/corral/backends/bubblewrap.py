@@ -38,7 +38,7 @@ Not guaranteed:
 from __future__ import annotations
 
 from .._exceptions import BackendUnavailable, UsageError
-from .._request import redact
+from ..pipeline._request import redact
 from ..policy._credentials import credential_names
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
@@ -48,7 +48,7 @@ from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_un
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._request import ExecRequest
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import EgressSpec, HostFacts, PreviewSpec
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
-from .._request import redact
+from ..pipeline._request import redact
 from ._plan import FdSpec, LaunchPlan
 from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
 from .bubblewrap import sandbox_env
@@ -44,10 +44,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from .._cgroups import Cgroup, CgroupLayout
-    from .._engine import Running
-    from .._outcome import Outcome
-    from .._request import ExecRequest
+    from ..pipeline._cgroups import Cgroup, CgroupLayout
+    from ..pipeline._engine import Running
+    from ..pipeline._outcome import Outcome
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._image_ref import ImageRef
     from ._plan import HostFacts

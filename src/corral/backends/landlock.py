@@ -47,7 +47,7 @@ from __future__ import annotations
 import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
-from .._request import redact
+from ..pipeline._request import redact
 from ._landlock_rules import (
     FS_IOCTL_DEV,
     FS_READ,
@@ -70,10 +70,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import ClassVar
 
-    from .._cgroups import Cgroup, CgroupLayout
-    from .._engine import Running
-    from .._outcome import Outcome
-    from .._request import ExecRequest
+    from ..pipeline._cgroups import Cgroup, CgroupLayout
+    from ..pipeline._engine import Running
+    from ..pipeline._outcome import Outcome
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import HostFacts
 

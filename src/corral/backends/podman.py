@@ -33,7 +33,7 @@ from ._plan import NETNS_PATH
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._request import ExecRequest
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._image_ref import ImageRef
     from ._plan import HostFacts

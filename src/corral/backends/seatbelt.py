@@ -23,7 +23,7 @@ from __future__ import annotations
 import sys
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
-from .._request import redact
+from ..pipeline._request import redact
 from ._plan import LaunchPlan
 from ._sbpl import build_profile
 from .base import Backend, Degradations
@@ -33,7 +33,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import ClassVar
 
-    from .._request import ExecRequest
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import HostFacts
 

@@ -12,7 +12,7 @@ picks this backend, and every Outcome it produces has ``unsandboxed=True``.
 from __future__ import annotations
 
 from .._exceptions import BackendUnavailable
-from .._request import redact
+from ..pipeline._request import redact
 from ._egress import injected_credentials
 from ._plan import FdSpec, LaunchPlan
 from .base import Backend, Degradations, cgroup_limits
@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import ClassVar
 
-    from .._request import ExecRequest
+    from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import HostFacts
 

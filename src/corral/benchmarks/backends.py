@@ -92,8 +92,8 @@ def _sdk_session_row(ctx: Context, raw: float | None, bare: float) -> Row:
 
 
 def _session_row(ctx: Context, name: str, raw: float | None, bare: float) -> Row:
-    from .._request import ExecRequest, new_sandbox_id
     from ..backends import get_backend, inspect_host
+    from ..pipeline._request import ExecRequest, new_sandbox_id
     from ..policy import load_settings
 
     backend = get_backend(name)

@@ -32,7 +32,8 @@ NO_LIMITS = ["--memory", "none", "--pids", "none", "--timeout", "none", "--max-o
 def _import_ms(ctx: Context) -> float:
     """Start-up added by importing the ``corral run`` path (median, ms)."""
     code = (
-        "import corral.cli.commands.run, corral._runner, corral._engine, corral.backends.bubblewrap"
+        "import corral.cli.commands.run, corral.pipeline._runner, corral.pipeline._engine, "
+        "corral.backends.bubblewrap"
     )
     with_imports = ctx.median_cmd_ms([ctx.python, "-c", code])
     bare = ctx.median_cmd_ms([ctx.python, "-c", "pass"])
@@ -79,7 +80,7 @@ def run(ctx: Context) -> list[Row]:
 def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
     """``corral run -- true`` through a warm server of its own (started and stopped here),
     with the Python client and - when it is built - the compiled one."""
-    from .._fastclient import usable_client
+    from ..server._fastclient import usable_client
 
     fast = usable_client()
     rows = []
@@ -139,9 +140,9 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
 
 
 def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
-    from .._request import ExecRequest
-    from .._runner import execute
     from .._state import state_dir
+    from ..pipeline._request import ExecRequest
+    from ..pipeline._runner import execute
     from ..policy import load_settings
 
     rows = []

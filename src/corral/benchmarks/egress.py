@@ -223,8 +223,8 @@ def _direct(ctx: Context, argv: list[str]) -> str:
 
 def _sandboxed(ctx: Context, policy: Policy, argv: list[str]) -> tuple[str, int]:
     """Run *argv* in an allowlist sandbox; return its stdout and how many attempts were allowed."""
-    from .._request import ExecRequest
-    from .._runner import execute
+    from ..pipeline._request import ExecRequest
+    from ..pipeline._runner import execute
 
     outcome = execute(
         ExecRequest.from_argv(argv, cwd=ctx.workspace), policy, environ=dict(os.environ)

@@ -135,8 +135,8 @@ def run(ctx: Context) -> list[Row]:
             note=ratio(total, raw),
         )
     )
-    from .._fastclient import usable_client
     from ..integrations.claude_code_hook import rewrite_command
+    from ..server._fastclient import usable_client
 
     fast = usable_client()
     python_rewrite = rewrite_command("true", session_id="bench-session", corral=ctx.corral)

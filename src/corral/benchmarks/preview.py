@@ -55,8 +55,8 @@ class _Runner:
         )
 
     def run(self, script: str, preview: object = None) -> None:
-        from .._request import ExecRequest
-        from .._runner import execute
+        from ..pipeline._request import ExecRequest
+        from ..pipeline._runner import execute
 
         request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=self.workspace)
         outcome = execute(request, self.policy, environ=os.environ, preview=preview)  # type: ignore[arg-type]

@@ -17,12 +17,12 @@ before:
 * the server runs other corral code (stale): it refuses and retires; run
   here, then start a new one;
 * the server refuses this client (its process context differs, see
-  :mod:`corral._server`): run here.
+  :mod:`corral.server._server`): run here.
 
 Once the server has accepted, a broken connection means corral failed
 (exit 125); the command is never run twice.
 
-The compiled client (``corral-client``, see :mod:`corral._fastclient`) does
+The compiled client (``corral-client``, see :mod:`corral.server._fastclient`) does
 the same without an interpreter; when it cannot be served it execs this
 command line with ``CORRAL_HANDOFF`` saying what it already learned
 (``no-server``, ``stale`` or ``refused``, then ``:`` and the signals that
@@ -31,7 +31,7 @@ the environment, so the run and a server started afterwards never see it.
 
 Start-up budget: beyond what ``python -c pass`` loads, this path imports
 only :mod:`os`, :mod:`sys`, ``_socket``, ``_signal`` and corral's
-:mod:`~corral._jsonfast` (plus :mod:`corral._wire` and :mod:`corral._state`,
+:mod:`~corral._jsonfast` (plus :mod:`corral.server._wire` and :mod:`corral._state`,
 which import nothing else); ``tests/repo/test_hygiene.py`` checks it.
 """
 
@@ -170,7 +170,7 @@ def _through_server(
     """The exit status from the server, or why the command must run here."""
     import _socket
 
-    from .._wire import PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+    from ..server._wire import PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
     path = socket_path(state)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -246,7 +246,7 @@ def _through_server(
 
 
 def _send_signal(sock: object, signum: int) -> None:
-    from .._wire import encode
+    from ..server._wire import encode
 
     try:
         sock.sendall(encode({"signal": signum}))  # type: ignore[attr-defined]

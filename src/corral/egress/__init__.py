@@ -31,8 +31,8 @@ from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .._outcome import NetworkAttempt
     from ..backends._plan import EgressSpec
+    from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
     from ._server import EgressProxy
 

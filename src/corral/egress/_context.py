@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 from .._frozen import Record
-from .._outcome import NetworkAttempt
+from ..pipeline._outcome import NetworkAttempt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

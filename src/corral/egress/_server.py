@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import asyncio
     import socket
 
-    from .._outcome import NetworkAttempt
+    from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
     from .allowlist import Allowlist
 

@@ -6,6 +6,6 @@
 * :mod:`.mcp_server` - ``corral mcp``: the MCP server over stdio.
 
 None of them has policy logic of its own: commands run through
-:mod:`corral._runner` (or ``corral run``), and paths are judged by
+:mod:`corral.pipeline._runner` (or ``corral run``), and paths are judged by
 :mod:`._access` from the same :class:`~corral.policy.Policy`.
 """

@@ -9,7 +9,7 @@
  * Why (docs/design.md, "The fast client"): a warm corral server carries out
  * `corral run` for its client, so what is left of a served run's cost is the
  * client's own start - for the Python client, the interpreter's ~11 ms. This
- * program speaks the server's protocol (corral/_wire.py) without an
+ * program speaks the server's protocol (corral/server/_wire.py) without an
  * interpreter:
  *
  *   run:  connect to $XDG_STATE_HOME/corral/server/server.sock (else
@@ -38,7 +38,7 @@
  * server accepted, anything this program does not handle exactly like the
  * Python client - it execs corral's Python command line with the same
  * arguments: the interpreter named in the sidecar file next to this program
- * (corral-client.cli, written by the Python side; see corral/_fastclient.py)
+ * (corral-client.cli, written by the Python side; see corral/server/_fastclient.py)
  * with `-P -c "from corral.cli import main ..."`. What this program already
  * learned travels in CORRAL_HANDOFF ("no-server", "stale" or "refused", and
  * the signals that arrived meanwhile), so the Python CLI does not ask the
@@ -80,7 +80,7 @@
 extern char **environ;
 
 #define PROTOCOL 1
-#define MAX_FRAME (16u << 20)      /* corral._wire.MAX_FRAME */
+#define MAX_FRAME (16u << 20)      /* corral.server._wire.MAX_FRAME */
 #define MAX_HOOK_INPUT (16u << 20) /* corral.cli.commands.hook: _MAX_INPUT */
 #define READ_CHUNK 65536
 #define MAX_PENDING 64             /* signals kept before the server accepted */

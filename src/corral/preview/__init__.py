@@ -11,7 +11,7 @@ Example::
     from corral.preview import Preview
 
     preview = Preview.create("/src/app", state_dir=state_dir)
-    corral._runner.execute(request, policy, environ=os.environ, preview=preview)
+    corral.pipeline._runner.execute(request, policy, environ=os.environ, preview=preview)
     for change in preview.changes():
         print(change.kind, change.path)
     preview.apply()

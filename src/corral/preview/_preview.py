@@ -125,7 +125,7 @@ class Preview:
     Example::
 
         preview = Preview.create("/src/app", state_dir=corral._state.state_dir())
-        outcome = corral._runner.execute(request, policy, environ=os.environ, preview=preview)
+        outcome = corral.pipeline._runner.execute(request, policy, environ=os.environ, preview=preview)
         print(preview.changes().summary())
         preview.apply()          # or preview.discard()
 
@@ -342,7 +342,7 @@ class Preview:
     def record_run(self, policy: Policy | None = None) -> None:
         """After a run: remember what the change set touches and the run's protections.
 
-        Called (with the hold taken) by :mod:`corral._runner` after every run
+        Called (with the hold taken) by :mod:`corral.pipeline._runner` after every run
         in the preview. Costs one ``lstat`` per touched path (no reading).
         """
         from ._base import observe

@@ -38,7 +38,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
-    from .._outcome import Outcome
+    from ..pipeline._outcome import Outcome
     from ..policy._model import Policy
 
 __all__ = ["GUARANTEES", "Guarantee", "Probe", "Verdict", "check", "expected", "probe_dir"]
@@ -142,8 +142,8 @@ class Probe:
 
     def run(self, policy: Policy, script: str, *args: str, timeout: float | None = None) -> Outcome:
         """Run probe *script* with *args* under *policy*; raises CorralError if refused/broken."""
-        from .._request import ExecRequest
-        from .._runner import launch, prepare
+        from ..pipeline._request import ExecRequest
+        from ..pipeline._runner import launch, prepare
 
         request = ExecRequest.from_argv(
             ["python3", f"{self.workspace}/.probes/{script}", *args],

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from corral import _runner
-from corral._request import ExecRequest
 from corral.backends._image_ref import image_cache_dir
+from corral.pipeline import _runner
+from corral.pipeline._request import ExecRequest
 from corral.policy import Credential, NetworkPolicy, Policy, ResourceLimits
 
 from .conftest import Upstream

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from corral._request import ExecRequest
-from corral._runner import execute
 from corral.backends import _find_bwrap, helper_path
+from corral.pipeline._request import ExecRequest
+from corral.pipeline._runner import execute
 from corral.policy import Policy, ResourceLimits
 from corral.preview import Preview
 from corral.preview._mechanism import probe

@@ -495,7 +495,7 @@ def test_any_hook_input_gets_the_python_hooks_answer(
 SANITIZED_SERVER = """
 import os, sys
 sys.path.insert(0, sys.argv[2])
-from corral import _server
+from corral.server import _server
 from corral.cli.commands.server import handle_hook, handle_run
 server = _server.Server(sys.argv[1], handler=handle_run, hook_handler=handle_hook, idle=60)
 server.client_stamp = "c1:" + os.path.realpath(sys.argv[3])  # accept the sanitized build

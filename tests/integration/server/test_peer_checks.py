@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from corral._wire import code_stamp
+from corral.server._wire import code_stamp
 from tests.conftest import PROBE_PYTHON, World, needs_bwrap, needs_root
 from tests.integration.server.conftest import status
 

@@ -342,7 +342,7 @@ def test_corral_server_off_never_starts_one(world: World, client: str) -> None:
 STALE_SERVER = """
 import sys
 sys.path.insert(0, sys.argv[2])
-from corral import _server
+from corral.server import _server
 from corral.cli.commands.server import handle_run
 server = _server.Server(sys.argv[1], handler=handle_run, idle=60)
 server.stamp = "0:older-corral"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from corral._exceptions import BackendUnavailable, EnforcementUnavailable
-from corral._request import ExecRequest
 from corral.backends import HostFacts, get_backend
 from corral.backends._image_ref import ImageRef
+from corral.pipeline._request import ExecRequest
 from corral.policy import Policy
 
 WS = "/work/proj"

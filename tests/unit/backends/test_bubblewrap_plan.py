@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
-from corral._request import ExecRequest
 from corral.backends._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
 from corral.backends._seccomp import compile_filter
 from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
 from corral.backends.bubblewrap import BubblewrapBackend
+from corral.pipeline._request import ExecRequest
 from corral.policy import Policy, ResourceLimits
 
 WS = "/src/app"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from corral._exceptions import UsageError
-from corral._request import ExecRequest
 from corral.backends import HostFacts, PreviewSpec
 from corral.backends.bubblewrap import BubblewrapBackend
+from corral.pipeline._request import ExecRequest
 from corral.policy import Policy
 
 WS = "/src/app"

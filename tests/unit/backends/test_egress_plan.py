@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 
 from corral._exceptions import EnforcementUnavailable, LaunchFailed, UsageError
-from corral._request import ExecRequest
 from corral.backends import FdSpec, HostFacts
 from corral.backends._egress import read_credential_file
 from corral.backends._plan import EgressSpec
 from corral.backends._proxy_env import PROXY_ENV, proxy_environment
 from corral.backends.bubblewrap import FD_BLOCK, FD_INFO, BubblewrapBackend
 from corral.backends.unsandboxed import UnsandboxedBackend
+from corral.pipeline._request import ExecRequest
 from corral.policy import Credential, NetworkPolicy, Policy, ResourceLimits
 
 FACTS = HostFacts(

@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from corral._exceptions import BackendUnavailable, UsageError
-from corral._request import ExecRequest
-from corral._runner import prepare
 from corral.backends import _find_bwrap, get_backend, select_backend
+from corral.pipeline._request import ExecRequest
+from corral.pipeline._runner import prepare
 from corral.policy import Policy
 
 

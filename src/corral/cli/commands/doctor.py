@@ -24,9 +24,9 @@ __all__ = ["check_backends", "main", "matrix", "render_matrix"]
 
 
 def _check_backend(name: str, workspace: str) -> dict[str, object]:
-    from ..._request import ExecRequest
-    from ..._runner import launch, prepare
     from ...backends import get_backend, inspect_host
+    from ...pipeline._request import ExecRequest
+    from ...pipeline._runner import launch, prepare
     from ...policy import Policy
 
     backend = get_backend(name)
@@ -81,9 +81,9 @@ def check_backends() -> list[dict[str, object]]:
 
 
 def _features() -> list[tuple[str, bool, str]]:
-    from ..._cgroups import probe
     from ...backends import helper_path
     from ...backends._kernel import broker_supported
+    from ...pipeline._cgroups import probe
 
     rows: list[tuple[str, bool, str]] = []
     helper = helper_path()
@@ -120,7 +120,7 @@ def _features() -> list[tuple[str, bool, str]]:
 
 def _fast_client_feature() -> tuple[str, bool, str]:
     """Whether the hook and the commands it rewrites can use corral-client (and record its sidecar)."""
-    from ..._fastclient import SIDECAR_SUFFIX, client_path, usable_client
+    from ...server._fastclient import SIDECAR_SUFFIX, client_path, usable_client
 
     name = "fast client (corral-client: hooks and runs without an interpreter's start)"
     fast = usable_client()
@@ -237,8 +237,8 @@ def _preview_rows() -> list[tuple[str, bool, str]]:
 
 def _smoke_preview(mechanism: str) -> tuple[bool, str]:
     """Run one write in a preview of a scratch workspace; check where it landed."""
-    from ..._request import ExecRequest
-    from ..._runner import execute
+    from ...pipeline._request import ExecRequest
+    from ...pipeline._runner import execute
     from ...policy import Policy
     from ...preview import Preview
 
@@ -284,8 +284,8 @@ print(s.recv(4096).split(b"\\r\\n")[0].decode())
 
 def _egress_feature() -> tuple[str, bool, str]:
     """A real allowlist run: the proxy must answer 403 for an unlisted host (no DNS involved)."""
-    from ..._request import ExecRequest
-    from ..._runner import execute
+    from ...pipeline._request import ExecRequest
+    from ...pipeline._runner import execute
     from ...policy import NetworkPolicy, Policy
 
     name = "egress proxy (network.mode = allowlist)"

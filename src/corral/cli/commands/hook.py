@@ -76,7 +76,7 @@ def answer(
         data: what the hook read on stdin.
         environ: the hook's environment (settings layers, ``~`` in paths).
         python_cli: how a rewritten Bash command starts corral when the
-            fast client (:func:`corral._fastclient.usable_client`) is not usable.
+            fast client (:func:`corral.server._fastclient.usable_client`) is not usable.
 
     Never raises: any error is an answer that blocks the call.
     """
@@ -109,7 +109,7 @@ def answer(
 
 def _corral_for_commands(python_cli: Sequence[str]) -> tuple[str, ...]:
     """The fast client when it is usable (~0.05 ms to check), else *python_cli*."""
-    from ..._fastclient import usable_client
+    from ...server._fastclient import usable_client
 
     fast = usable_client()
     return (fast,) if fast is not None else tuple(python_cli)
@@ -182,7 +182,7 @@ def _note_for_plugin(python_cli: Sequence[str]) -> None:
     """Tell the plugin's hook script where the fast client is (when we run as a corral script)."""
     if len(python_cli) != 1:
         return  # python -m corral, or the fast client's fallback: not the corral on PATH
-    from ..._fastclient import note_for_plugin, usable_client
     from ..._state import state_dir
+    from ...server._fastclient import note_for_plugin, usable_client
 
     note_for_plugin(state_dir(os.environ), python_cli[0], usable_client())  # best effort

@@ -62,10 +62,10 @@ def main(args: list[str]) -> int:
         opts = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
-    from ..._fastclient import usable_client
     from ...integrations.claude_code_hook import corral_command
     from ...integrations.claude_settings import hook_command, install_hook, uninstall_hook
     from ...policy._locations import default_home
+    from ...server._fastclient import usable_client
 
     home = default_home(os.environ)
     path = settings_path(opts.scope or "user", home=home, cwd=os.getcwd())

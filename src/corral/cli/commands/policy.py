@@ -106,7 +106,7 @@ def _summary(resolved: object) -> str:
 
 
 def _print_plan(opts: object, resolved: object) -> int:
-    from ..._runner import prepare
+    from ...pipeline._runner import prepare
     from .run import build_request
 
     if not opts.argv and opts.shell is None:  # type: ignore[attr-defined]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 
 from ..._exceptions import CorralError
-from ..._runner import SignalRelay
+from ...pipeline._runner import SignalRelay
 from .. import EXIT_USAGE
 from .._options import RunOptions, parse_run_options, run_options_help
 
@@ -24,10 +24,10 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from ..._cgroups import Cgroup, Prestage
-    from ..._launchers import LauncherPool
-    from ..._outcome import Outcome
-    from ..._request import ExecRequest
+    from ...pipeline._cgroups import Cgroup, Prestage
+    from ...pipeline._launchers import LauncherPool
+    from ...pipeline._outcome import Outcome
+    from ...pipeline._request import ExecRequest
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
 
@@ -126,7 +126,7 @@ def run(
         launchers: the corral server's pool of ready cgroups (v1): a run with
             limits takes one instead of moving its sandbox into a new group.
         prestage: as root, create the run's group and start the slow first
-            cgroup move at once (:class:`corral._cgroups.Prestage`); the
+            cgroup move at once (:class:`corral.pipeline._cgroups.Prestage`); the
             server turns this off (its no-op move of a whole multi-threaded
             process would stall the other runs' forks).
 
@@ -192,7 +192,7 @@ def build_request(
 
     *cwd* defaults to this process's working directory.
     """
-    from ..._request import ExecRequest
+    from ...pipeline._request import ExecRequest
 
     cwd = os.getcwd() if cwd is None else cwd
     hidden = ("/tmp", "/var/tmp")
@@ -233,16 +233,16 @@ def execute_options(
     *caller* defaults to this process, *relay* to one nobody feeds. With
     *launchers* (the server) a run with limits takes a ready cgroup from the
     pool (when it has one); with *prestage*, as root, the run's group is
-    prepared at once (see :class:`corral._cgroups.Prestage`).
+    prepared at once (see :class:`corral.pipeline._cgroups.Prestage`).
     """
-    from ..._request import new_sandbox_id
+    from ...pipeline._request import new_sandbox_id
 
     caller = caller or Caller.here()
     relay = relay or SignalRelay()
     sandbox_id = new_sandbox_id()
     stage: Prestage | None = None
     if prestage and os.geteuid() == 0:
-        from ..._cgroups import Prestage
+        from ...pipeline._cgroups import Prestage
 
         # The first cgroup move is slow (an RCU grace period); start it right away
         # so that it overlaps with loading settings and starting bubblewrap.
@@ -265,8 +265,8 @@ def _execute(
     resolved: ResolvedSettings | None,
     preview: Preview | None,
 ) -> int:
-    from ..._runner import audit_outcome, launch, prepare
     from ..._state import state_dir
+    from ...pipeline._runner import audit_outcome, launch, prepare
     from ...policy import policy_digest
 
     environ = caller.environ

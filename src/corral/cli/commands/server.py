@@ -9,7 +9,7 @@
 
 ``corral run`` starts one by itself when none runs (``CORRAL_SERVER=off``
 turns the server off). It also answers ``corral-client hook claude-code``
-(:func:`handle_hook`). See :mod:`corral._server` and docs/design.md, "The
+(:func:`handle_hook`). See :mod:`corral.server._server` and docs/design.md, "The
 corral server".
 """
 
@@ -24,9 +24,10 @@ from .. import EXIT_USAGE, print_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..._launchers import LauncherPool
-    from ..._runner import SignalRelay
-    from ..._server import HookRequest, RunRequest, Server
+    from ...pipeline._launchers import LauncherPool
+    from ...pipeline._runner import SignalRelay
+    from ...server._requests import HookRequest, RunRequest
+    from ...server._server import Server
 
 __all__ = ["handle_hook", "handle_run", "main"]
 
@@ -58,7 +59,7 @@ def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
 
 
 def _idle(value: str | None) -> float:
-    from ..._server import DEFAULT_IDLE
+    from ...server._server import DEFAULT_IDLE
 
     if not value:
         return DEFAULT_IDLE
@@ -117,7 +118,7 @@ def main(args: list[str]) -> int:
 
 def _serve(state: str, idle: float) -> int:
     from ..._exceptions import ServerError
-    from ..._server import Server
+    from ...server._server import Server
 
     server = Server(
         state,
@@ -138,8 +139,8 @@ def _serve(state: str, idle: float) -> int:
 
 def _prepare_hooks(server: Server) -> None:
     """Import what the first hook answer needs, and record this interpreter for the fast client."""
-    from ..._fastclient import usable_client
     from ...integrations import _access, claude_code_hook  # noqa: F401
+    from ...server._fastclient import usable_client
     from . import hook  # noqa: F401
 
     fast = usable_client()
@@ -149,7 +150,7 @@ def _prepare_hooks(server: Server) -> None:
 
 
 def _status(state: str, *, as_json: bool) -> int:
-    from ..._server import request_status
+    from ...server._control import request_status
 
     status = request_status(state)
     if as_json:
@@ -179,7 +180,7 @@ def _status(state: str, *, as_json: bool) -> int:
 
 
 def _stop(state: str) -> int:
-    from ..._server import request_stop
+    from ...server._control import request_stop
 
     pid = request_stop(state)
     if pid is None:
@@ -192,7 +193,7 @@ def _stop(state: str) -> int:
 def _detach(state: str, idle: str | None) -> int:
     """Start a server in its own session and wait until it answers."""
     from ..._exceptions import ServerError
-    from ..._server import request_status
+    from ...server._control import request_status
     from .._client import spawn_server
 
     status = request_status(state)

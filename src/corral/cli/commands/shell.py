@@ -49,8 +49,8 @@ def _interactive(opts: object) -> int:
     import threading
     import tty
 
-    from ..._runner import audit_outcome, launch, prepare
     from ..._state import state_dir
+    from ...pipeline._runner import audit_outcome, launch, prepare
     from ...policy import policy_digest
     from .run import build_request, resolve
 

@@ -34,18 +34,18 @@ import os
 import sys
 import time
 
-from ._exceptions import BrokerFailed, LaunchFailed, ProxyStartFailed
-from ._hashing import sha256 as _sha256
+from .._exceptions import BrokerFailed, LaunchFailed, ProxyStartFailed
+from .._hashing import sha256 as _sha256
 from ._outcome import NetworkAttempt, Outcome, Violation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..backends._broker import Broker
+    from ..backends._plan import LaunchPlan
+    from ..egress import EgressHandle
     from ._cgroups import Cgroup, CgroupLayout
-    from .backends._broker import Broker
-    from .backends._plan import LaunchPlan
-    from .egress import EgressHandle
 
 __all__ = ["Running", "run_plan"]
 
@@ -87,7 +87,7 @@ class Running:
     process's 0, 1, 2; the corral server passes its client's). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
-    (:mod:`corral._launchers`) the first process is started by it, born
+    (:mod:`corral.pipeline._launchers`) the first process is started by it, born
     inside the group, and is not moved afterwards.
     """
 
@@ -155,8 +155,8 @@ class Running:
         if plan.egress is not None and plan.egress.netns == "fresh":
             # the sandbox joins a namespace by path as it starts: make it (the
             # proxy listening inside) first, and name it in the argv
-            from .backends._plan import NETNS_PATH
-            from .egress import start_in_fresh_namespace
+            from ..backends._plan import NETNS_PATH
+            from ..egress import start_in_fresh_namespace
 
             self._egress = start_in_fresh_namespace(plan.egress)
             path = self._egress.netns_path or ""
@@ -334,7 +334,7 @@ class Running:
             self._prestaged = None
         if plan.broker is not None:
             # start the broker's thread now: it loads ctypes while bwrap sets up
-            from .backends._broker import Broker
+            from ..backends._broker import Broker
 
             self._broker = Broker(plan.broker)
             self._broker.start()
@@ -347,7 +347,7 @@ class Running:
             pids = [self.sandbox_pid]
         if plan.egress is not None and plan.egress.netns == "sandbox":
             # the proxy must listen inside the sandbox's network before the command starts
-            from .egress import start_for_sandbox
+            from ..egress import start_for_sandbox
 
             self._egress = start_for_sandbox(plan.egress, sandbox_pid=pids[-1])
         if self._cgroup is not None and not self._born_inside:
@@ -891,7 +891,7 @@ def _write_all(fd: int | None, data: bytes) -> None:
 
 
 def _child_pid(info: bytes) -> int:
-    from ._jsonfast import loads
+    from .._jsonfast import loads
 
     text = info.decode("utf-8", "replace")
     end = text.rfind("}")

@@ -22,19 +22,19 @@ from __future__ import annotations
 
 import os
 
-from ._exceptions import BackendUnavailable, CorralError, EnforcementUnavailable, UsageError
+from .._exceptions import BackendUnavailable, CorralError, EnforcementUnavailable, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from ..backends import Backend, HostFacts, LaunchPlan, PreviewSpec
+    from ..policy._model import Policy
+    from ..preview import Preview  # typing only: the preview layer sits above this module
     from ._cgroups import Cgroup, CgroupLayout
     from ._engine import Running
     from ._outcome import Outcome
     from ._request import ExecRequest
-    from .backends import Backend, HostFacts, LaunchPlan, PreviewSpec
-    from .policy._model import Policy
-    from .preview import Preview  # typing only: the preview layer sits above this module
 
 __all__ = ["Prepared", "SignalRelay", "audit_outcome", "execute", "launch", "prepare"]
 
@@ -185,8 +185,8 @@ def prepare(
         BackendUnavailable: nothing suitable works here.
         EnforcementUnavailable: a rule cannot be enforced (and was not allowed to degrade).
     """
-    from .backends import BACKEND_TRAITS, get_backend, inspect_host
-    from .policy._model import isolation_rank
+    from ..backends import BACKEND_TRAITS, get_backend, inspect_host
+    from ..policy._model import isolation_rank
 
     env = dict(environ)
     spec = None
@@ -194,7 +194,7 @@ def prepare(
         spec = preview.spec()
         policy = _policy_for_preview(policy, spec, preview.state_dir)
     if policy.backend != "auto":
-        from .backends import select_backend
+        from ..backends import select_backend
 
         backend = select_backend(policy)
         if spec is not None and spec.mechanism not in backend.preview_mechanisms:
@@ -314,7 +314,7 @@ def audit_outcome(
     extra: dict[str, object] | None = None,
 ) -> str | None:
     """Append the audit record; return an error message instead of raising."""
-    from . import _audit
+    from .. import _audit
 
     try:
         _audit.append(

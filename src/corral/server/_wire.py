@@ -1,6 +1,6 @@
 """The corral server's protocol: where the socket is, what a code stamp is, frames.
 
-Shared by the server (:mod:`corral._server`) and its client
+Shared by the server (:mod:`corral.server._server`) and its client
 (:mod:`corral.cli._client`, on the ``corral run`` hot path: this module
 imports only :mod:`os`, :mod:`sys` and :mod:`corral._jsonfast`).
 
@@ -29,7 +29,7 @@ Byte strings (argv, environment, cwd, a hook's input and output) travel as
 JSON strings of their ``os.fsdecode`` form: UTF-8, each undecodable byte as
 the surrogate escape ``\\udcXX``. The Python client's stamp is
 :func:`code_stamp`; the compiled client (``corral-client``) sends ``"c1:"`` and
-its own real path (:func:`corral._fastclient.client_stamp`).
+its own real path (:func:`corral.server._fastclient.client_stamp`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ._jsonfast import JSONError, dumps, loads
+from .._jsonfast import JSONError, dumps, loads
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -77,10 +77,10 @@ def code_stamp() -> str:
     A server refuses a client whose stamp differs (another installation or
     version). Edits to the files of the same installation are caught by the
     server itself, which watches its package directories (see
-    :mod:`corral._server`).
+    :mod:`corral.server._server`).
     """
-    from . import __file__ as package_init
-    from ._version import __version__
+    from .. import __file__ as package_init
+    from .._version import __version__
 
     return (
         f"{PROTOCOL}:{__version__}:{os.path.dirname(package_init)}:{sys.prefix}:{sys.hexversion:x}"

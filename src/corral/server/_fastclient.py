@@ -48,7 +48,7 @@ _MAX_SIDECAR = 4096
 
 def client_path() -> str:
     """Where this installation's fast client is (whether or not it was built)."""
-    package = os.path.dirname(os.path.abspath(__file__))
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     return os.path.join(package, "_bin", CLIENT_NAME)
 
 
@@ -166,7 +166,7 @@ def note_for_plugin(state_dir: str, corral: str, fast: str | None) -> None:
             return
         wanted = mine + os.fsencode(fast) + b"\n"
         if current != wanted:
-            from ._state import ensure_dir
+            from .._state import ensure_dir
 
             ensure_dir(state_dir)
             _write_atomically(path, wanted)

@@ -170,7 +170,7 @@ class Cgroup:
         cg.kill_all()             # SIGKILL everything still inside
         cg.remove()
 
-    A group handed out by :class:`corral._launchers.LauncherPool` has a
+    A group handed out by :class:`corral.pipeline._launchers.LauncherPool` has a
     ``spawner``: a ``posix_spawn`` stand-in that starts the process from a
     thread already inside the group, so the process is born there and no
     ``cgroup.procs`` write (with its RCU grace period on v1) is needed.
@@ -345,7 +345,7 @@ class Cgroup:
         me = os.getpid()
         for _ in range(100):
             # Never ourselves: on v1 a thread of ours inside the group (a launcher,
-            # see corral._launchers) lists our pid in cgroup.procs.
+            # see corral.pipeline._launchers) lists our pid in cgroup.procs.
             pids = [pid for pid in self.procs() if pid != me]
             if not pids:
                 break

@@ -14,8 +14,8 @@ Example::
 
 from __future__ import annotations
 
-from ._exceptions import CommandFailed, PolicyDenied
-from ._frozen import Record
+from .._exceptions import CommandFailed, PolicyDenied
+from .._frozen import Record
 
 __all__ = ["NetworkAttempt", "Outcome", "Violation", "status_for"]
 

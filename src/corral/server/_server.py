@@ -49,12 +49,23 @@ import _socket
 import _thread
 import errno
 import os
-import sys
 import time
 
-from ._exceptions import ServerError
+from .._exceptions import ServerError
+from ..pipeline._runner import SignalRelay
+from ._codewatch import CodeWatch
 from ._fastclient import client_stamp
-from ._runner import SignalRelay
+from ._peers import _SO_PEERPIDFD, PeerRefused, check_peer, process_context
+from ._requests import (
+    _MSG_CMSG_CLOEXEC,
+    HookRequest,
+    RunRequest,
+    _fds_of,
+    _hook_request,
+    _receive_request,
+    _run_request,
+    _tell,
+)
 from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
@@ -62,296 +73,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TextIO
 
-    from ._launchers import LauncherPool
+    from ..pipeline._launchers import LauncherPool
 
-__all__ = [
-    "DEFAULT_IDLE",
-    "MAX_HOOK_INPUT",
-    "HookRequest",
-    "PeerRefused",
-    "RunRequest",
-    "Server",
-    "check_peer",
-    "process_context",
-    "request_status",
-    "request_stop",
-]
+__all__ = ["DEFAULT_IDLE", "Server"]
 
 DEFAULT_IDLE = 300.0
-#: the largest hook input a hook request may carry (``corral hook``'s own limit)
-MAX_HOOK_INPUT = 16 << 20
-_SO_PEERCRED = 17
-_SO_PEERPIDFD = 77  # Linux 6.5
-_MSG_CMSG_CLOEXEC = 0x40000000
 _REQUEST_TIMEOUT = 30.0
 _FORWARDED = frozenset({1, 2, 15})  # what corral run forwards: SIGHUP, SIGINT, SIGTERM
 _LOG_LIMIT = 1 << 20
-
-# Fields of /proc/PID/status. Security: a sandboxed process differs in at least one
-# of these (or of the namespaces) and can never change it back.
-_SECURITY_FIELDS = (
-    "Uid",
-    "Gid",
-    "NoNewPrivs",
-    "Seccomp",
-    "Seccomp_filters",
-    "CapInh",
-    "CapPrm",
-    "CapEff",
-    "CapBnd",
-    "CapAmb",
-)
-# The rest of the context a command inherits from the process that starts it.
-_CONTEXT_FIELDS = ("Umask", "Groups", "Cpus_allowed_list", "Mems_allowed_list")
-_NAMESPACES = ("pid", "mnt", "user", "net", "ipc", "uts", "cgroup", "time")
-
-
-class PeerRefused(Exception):
-    """A connection the server will not serve.
-
-    Attributes:
-        reason: what differs, e.g. ``"pid namespace differs"``.
-        security: True when the peer may be sandboxed (logged as a refused
-            peer); False for a host process whose context merely differs.
-    """
-
-    def __init__(self, reason: str, *, security: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.security = security
-
-
-class RunRequest:
-    """One ``corral run`` from a client: what the handler needs to run it like the client would.
-
-    Attributes:
-        argv: the words after ``corral run``.
-        cwd: the client's working directory.
-        environ: the client's whole environment.
-        stdio: the client's fds 0, 1, 2 as received (close-on-exec, owned by the server).
-        pid: the client's pid.
-    """
-
-    __slots__ = ("argv", "cwd", "environ", "pid", "stdio")
-
-    def __init__(
-        self,
-        *,
-        argv: list[str],
-        cwd: str,
-        environ: dict[str, str],
-        stdio: tuple[int, int, int],
-        pid: int,
-    ) -> None:
-        self.argv = argv
-        self.cwd = cwd
-        self.environ = environ
-        self.stdio = stdio
-        self.pid = pid
-
-
-class HookRequest:
-    """One ``corral hook INTEGRATION`` from a client: its input and context.
-
-    Attributes:
-        integration: the hook's name (``"claude-code"``).
-        stdin: the bytes the hook read on its stdin.
-        cwd: the client's working directory.
-        environ: the client's whole environment.
-        pid: the client's pid.
-    """
-
-    __slots__ = ("cwd", "environ", "integration", "pid", "stdin")
-
-    def __init__(
-        self, *, integration: str, stdin: bytes, cwd: str, environ: dict[str, str], pid: int
-    ) -> None:
-        self.integration = integration
-        self.stdin = stdin
-        self.cwd = cwd
-        self.environ = environ
-        self.pid = pid
-
-
-# ---------------------------------------------------------------- peer checks
-def _read(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-def _status_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
-    wanted = set(names)
-    found = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in wanted:
-            found[key] = " ".join(value.split())
-    for name in names:
-        found.setdefault(name, "")  # a kernel without the field: both sides read ""
-    return found
-
-
-def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, str]]:
-    """``(security, context)`` of a process, as the peer checks compare them.
-
-    *security* holds its namespaces and, per thread, credentials,
-    capabilities, no_new_privs and seccomp; *context* the rest of what a
-    command started by it would inherit.
-
-    Raises:
-        OSError: the process is gone (or not ours to inspect).
-    """
-    leader = str(os.getpid() if pid == "self" else pid)
-    base = f"/proc/{leader}"
-    security: dict[str, str] = {}
-    for ns in _NAMESPACES:
-        try:
-            security[f"{ns} namespace"] = os.readlink(f"{base}/ns/{ns}")
-        except FileNotFoundError:
-            security[f"{ns} namespace"] = ""  # not supported by this kernel
-    per_task = set()
-    status = ""
-    for tid in os.listdir(f"{base}/task"):
-        text = _read(f"{base}/task/{tid}/status")
-        per_task.add(tuple(sorted(_status_fields(text, _SECURITY_FIELDS).items())))
-        if tid == leader:
-            status = text
-            continue  # the leader's namespaces are the process's, read above
-        for ns in ("mnt", "user", "pid"):  # a thread may have setns()ed elsewhere
-            try:
-                if os.readlink(f"{base}/task/{tid}/ns/{ns}") != security[f"{ns} namespace"]:
-                    per_task.add((("thread namespace", ns),))
-            except FileNotFoundError:
-                pass
-    if len(per_task) != 1:
-        security["threads"] = "threads differ in credentials, seccomp or namespaces"
-    for key, value in next(iter(per_task)):
-        security[key] = value
-    context = _status_fields(status or _read(f"{base}/status"), _CONTEXT_FIELDS)
-    root = os.stat(f"{base}/root")
-    context["root directory"] = f"{root.st_dev}:{root.st_ino}"
-    context["cgroups"] = _read(f"{base}/cgroup")
-    context["rlimits"] = _read(f"{base}/limits")
-    context["oom_score_adj"] = _read(f"{base}/oom_score_adj").strip()
-    stat = _read(f"{base}/stat")
-    words = stat[stat.rfind(")") + 2 :].split()
-    context["nice"] = words[16] if len(words) > 16 else ""
-    try:
-        context["LSM label"] = _read(f"{base}/attr/current").strip("\0\n ")
-    except OSError:
-        context["LSM label"] = ""
-    return security, context
-
-
-def _alive(pidfd: int) -> bool:
-    import select
-
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    return not poller.poll(0)  # readable: the process has exited
-
-
-def check_peer(conn: _socket.socket, own: tuple[dict[str, str], dict[str, str]]) -> tuple[int, int]:
-    """Check who is on the other end of *conn*; return ``(pid, pidfd)`` of an acceptable peer.
-
-    *own* is :func:`process_context` of this process. The caller closes the pidfd.
-
-    Raises:
-        PeerRefused: see the module docstring for every condition.
-    """
-    cred = conn.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)
-    pid = int.from_bytes(cred[0:4], sys.byteorder, signed=True)
-    uid = int.from_bytes(cred[4:8], sys.byteorder)
-    if uid != os.getuid():
-        raise PeerRefused(f"uid {uid} is not the server's uid {os.getuid()}", security=True)
-    if pid <= 0:
-        raise PeerRefused("the peer's pid is not visible here", security=True)
-    try:
-        pidfd = conn.getsockopt(_socket.SOL_SOCKET, _SO_PEERPIDFD)
-    except OSError as exc:
-        raise PeerRefused(
-            f"SO_PEERPIDFD is not available ({exc.strerror}): the peer cannot be pinned",
-            security=True,
-        ) from None
-    try:
-        try:
-            security, context = process_context(pid)
-        except (OSError, StopIteration) as exc:
-            raise PeerRefused(f"cannot inspect the peer: {exc}", security=True) from None
-        own_security, own_context = own
-        for key, value in own_security.items():
-            if security.get(key) != value:
-                raise PeerRefused(f"{key} differs", security=True)
-        if "threads" in security:
-            raise PeerRefused(security["threads"], security=True)
-        if not _alive(pidfd):
-            raise PeerRefused("the peer exited while being checked", security=True)
-        for key, value in own_context.items():
-            if context.get(key) != value:
-                raise PeerRefused(f"the client's {key} differs from the server's", security=False)
-    except BaseException:
-        os.close(pidfd)
-        raise
-    return pid, pidfd
-
-
-# ---------------------------------------------------------------- code watch
-class _CodeWatch:
-    """Notices any change under corral's package directories (inotify)."""
-
-    _MASK = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
-    _IGNORED_NAMES = frozenset({b"__pycache__"})
-    #: the fast client's sidecar (and its temporary files): a record, not code
-    _IGNORED_PREFIXES = (b"corral-client.cli",)
-
-    def __init__(self, root: str) -> None:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(0o4000 | 0o2000000)  # IN_NONBLOCK | IN_CLOEXEC
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "inotify_init1")
-        self.fd = fd
-        self.changed = ""
-        for directory, dirs, _files in os.walk(root):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            if libc.inotify_add_watch(fd, os.fsencode(directory), self._MASK) < 0:
-                err = ctypes.get_errno()
-                os.close(fd)
-                raise OSError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
-
-    def poll(self) -> str:
-        """Read pending events; return what changed ("" if nothing that matters)."""
-        while not self.changed:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                break
-            offset = 0
-            while offset + 16 <= len(data):
-                mask = int.from_bytes(data[offset + 4 : offset + 8], sys.byteorder)
-                length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
-                name = data[offset + 16 : offset + 16 + length].rstrip(b"\0")
-                offset += 16 + length
-                if mask & 0x4000:  # IN_Q_OVERFLOW
-                    self.changed = "too many changes to follow"
-                elif name not in self._IGNORED_NAMES and not name.startswith(
-                    self._IGNORED_PREFIXES
-                ):
-                    self.changed = os.fsdecode(name) or "a package directory"
-        return self.changed
-
-    def close(self) -> None:
-        os.close(self.fd)
 
 
 # ---------------------------------------------------------------- the server
@@ -371,7 +100,7 @@ class Server:
     Args:
         state_dir: corral's state directory (the socket is ``server/server.sock`` in it).
         handler: runs one :class:`RunRequest` for its client (with the
-            session's :class:`~corral._runner.SignalRelay` and the launcher
+            session's :class:`~corral.pipeline._runner.SignalRelay` and the launcher
             pool, if any) and returns the exit status. Everything the user
             sees must go to the request's fds.
         hook_handler: answers one :class:`HookRequest`: ``(stdout, stderr,
@@ -403,7 +132,7 @@ class Server:
         self.hook_handler = hook_handler
         self.idle = idle
         self.stamp = code_stamp()
-        #: what this installation's compiled client sends (corral._fastclient)
+        #: what this installation's compiled client sends (corral.server._fastclient)
         self.client_stamp = client_stamp()
         self.started = time.time()
         self.pool: LauncherPool | None = None
@@ -423,7 +152,7 @@ class Server:
         self._log_lock = _thread.allocate_lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._log: TextIO | None = None
-        self._watch: _CodeWatch | None = None
+        self._watch: CodeWatch | None = None
         self._own = process_context()
         self._socket_ino = 0
 
@@ -435,7 +164,7 @@ class Server:
             ServerError: another server owns the state directory, the
                 directory is unsafe, or the socket cannot be created.
         """
-        from ._state import ensure_dir
+        from .._state import ensure_dir
 
         os.chdir("/")  # never hold the workspace (or anything else) open
         ensure_dir(self.state_dir)
@@ -476,7 +205,7 @@ class Server:
             raise ServerError(f"Failed to start: {problem}")
         _mark_unavailable(self.directory, None)
         try:
-            self._watch = _CodeWatch(os.path.dirname(os.path.abspath(__file__)))
+            self._watch = CodeWatch(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         except OSError as exc:
             self._release_lock()
             raise ServerError(
@@ -513,7 +242,7 @@ class Server:
         self._listener = listener
 
     def _start_pool(self) -> None:
-        from ._cgroups import probe
+        from ..pipeline._cgroups import probe
 
         layout, why = probe(frozenset({"memory", "pids"}))
         if layout is None or layout.version != 1:
@@ -522,7 +251,7 @@ class Server:
                 + (why or "cgroup v2 (a thread cannot sit in another group than its process)")
             )
             return
-        from ._launchers import LauncherPool
+        from ..pipeline._launchers import LauncherPool
 
         try:
             self.pool = LauncherPool(layout)
@@ -533,9 +262,10 @@ class Server:
         """Import what the first run would, so that it is as fast as the next."""
         import select  # noqa: F401
 
-        from . import _audit, _cgroups, _engine, _outcome, _request, _runner  # noqa: F401
-        from .backends import bubblewrap, get_backend, landlock  # noqa: F401
-        from .policy import _settings, load_settings, policy_digest  # noqa: F401
+        from .. import _audit  # noqa: F401
+        from ..backends import bubblewrap, get_backend, landlock  # noqa: F401
+        from ..pipeline import _cgroups, _engine, _outcome, _request, _runner  # noqa: F401
+        from ..policy import _settings, load_settings, policy_digest  # noqa: F401
 
         for name in ("bubblewrap", "landlock", "none"):
             try:
@@ -1008,166 +738,3 @@ def _mark_unavailable(directory: str, problem: str | None) -> None:
                 f.write(f"{os.uname().release}\n{problem}\n")
     except OSError:
         pass
-
-
-def _tell(fd: int, text: str) -> None:
-    try:
-        os.write(fd, text.encode("utf-8", "backslashreplace"))
-    except OSError:
-        pass
-
-
-def _fds_of(ancdata: list[tuple[int, int, bytes]]) -> list[int]:
-    """The file descriptors an ``SCM_RIGHTS`` message brought."""
-    fds: list[int] = []
-    for level, kind, payload in ancdata:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            usable = len(payload) - len(payload) % 4
-            fds += [
-                int.from_bytes(payload[i : i + 4], sys.byteorder, signed=True)
-                for i in range(0, usable, 4)
-            ]
-    return fds
-
-
-def _receive_request(conn: _socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The first frame, with the fds that came with it (close-on-exec)."""
-    reader = FrameReader()
-    fds: list[int] = []
-    try:
-        while True:
-            data, ancdata, _flags, _addr = conn.recvmsg(
-                65536, _socket.CMSG_SPACE(4 * 3), _MSG_CMSG_CLOEXEC
-            )
-            fds += _fds_of(ancdata)
-            if not data:
-                raise WireError("the client closed the connection before its request")
-            messages = reader.feed(data)
-            if messages:
-                if len(messages) > 1 or reader.pending:
-                    raise WireError("data after the request")
-                return messages[0], fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
-
-
-def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunRequest | str:
-    """Validate a run message; a RunRequest, or what is wrong with it."""
-    argv = message.get("argv")
-    cwd = message.get("cwd")
-    env = message.get("env")
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        return "argv must be a list of strings"
-    if not isinstance(cwd, str) or not cwd.startswith("/"):
-        return "cwd must be an absolute path"
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        return "env must map strings to strings"
-    if message.get("pid") != pid:
-        return "the request's pid is not the connecting process's"
-    if len(fds) != 3:
-        return f"expected 3 file descriptors (stdin, stdout, stderr), got {len(fds)}"
-    return RunRequest(argv=argv, cwd=cwd, environ=env, stdio=(fds[0], fds[1], fds[2]), pid=pid)
-
-
-def _hook_request(message: dict[str, Any], fds: list[int], pid: int) -> HookRequest | str:
-    """Validate a hook message; a HookRequest, or what is wrong with it."""
-    integration = message.get("integration")
-    stdin = message.get("stdin")
-    cwd = message.get("cwd")
-    env = message.get("env")
-    if fds:
-        return "a hook request carries no file descriptors"
-    if integration != "claude-code":
-        return f"unknown hook {integration!r}"
-    if not isinstance(stdin, str):
-        return "stdin must be a string"
-    try:
-        data = stdin.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return "stdin must decode to bytes (UTF-8 with surrogate escapes)"
-    if len(data) > MAX_HOOK_INPUT:
-        return f"stdin is larger than {MAX_HOOK_INPUT} bytes"
-    if not isinstance(cwd, str) or not cwd.startswith("/"):
-        return "cwd must be an absolute path"
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        return "env must map strings to strings"
-    if message.get("pid") != pid:
-        return "the request's pid is not the connecting process's"
-    return HookRequest(integration=integration, stdin=data, cwd=cwd, environ=env, pid=pid)
-
-
-# ---------------------------------------------------------------- control client
-def _ask(state_dir: str, message: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
-    """Send a control request; the reply, or None when no server listens."""
-    path = socket_path(state_dir)
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
-            return None
-        cred = sock.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)
-        if int.from_bytes(cred[4:8], sys.byteorder) != os.getuid():
-            raise ServerError(f"Failed to trust {path}: it belongs to another user")
-        sock.sendall(encode(message))
-        reader = FrameReader()
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ServerError(f"Failed to get an answer from the corral server at {path}")
-            for reply in reader.feed(data):
-                return reply
-    except OSError as exc:
-        raise ServerError(f"Failed to talk to the corral server at {path}: {exc}") from exc
-    finally:
-        sock.close()
-
-
-def request_status(state_dir: str) -> dict[str, Any] | None:
-    """The running server's :meth:`Server.statistics`, or None when none runs.
-
-    Raises:
-        ServerError: a server is there but refused or did not answer.
-    """
-    reply = _ask(state_dir, {"op": "status"})
-    if reply is None:
-        return None
-    if "status" not in reply:
-        raise ServerError(f"Failed to get the server's status: {reply.get('refused', reply)}")
-    status: dict[str, Any] = reply["status"]
-    return status
-
-
-def request_stop(state_dir: str, *, timeout: float = 60.0) -> int | None:
-    """Stop the running server and wait for it to exit; its pid, or None when none ran.
-
-    Raises:
-        ServerError: it refused, or did not exit within *timeout*.
-    """
-    reply = _ask(state_dir, {"op": "stop"})
-    if reply is None:
-        return None
-    if not reply.get("stopping"):
-        raise ServerError(f"Failed to stop the server: {reply.get('refused', reply)}")
-    pid = int(reply["pid"])
-    try:
-        pidfd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return pid
-    try:
-        import select
-
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        if not poller.poll(timeout * 1000):
-            raise ServerError(f"Failed to stop the server: pid {pid} still runs after {timeout:g}s")
-    finally:
-        os.close(pidfd)
-    return pid

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import os
 
-from ._exceptions import InvalidRequest
-from ._frozen import Record
+from .._exceptions import InvalidRequest
+from .._frozen import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Ready per-run cgroups with a launcher thread inside (cgroup v1, the corral server).
 
 On cgroup v1 the first ``cgroup.procs`` write of a process waits for an RCU
-grace period (7-22 ms measured; see :class:`corral._cgroups.Prestage`):
+grace period (7-22 ms measured; see :class:`corral.pipeline._cgroups.Prestage`):
 moving a whole thread group takes ``cgroup_threadgroup_rwsem`` for writing.
 Moving *one thread* - the caller itself, by writing ``0`` to a v1 ``tasks``
 file - does not take that lock (0.07 ms measured), and a process forked by a
@@ -190,7 +190,7 @@ class LauncherPool:
             moving its sandbox (today's path).
 
     Group names are ``corral-<pid>-launch-<n>`` so that
-    :func:`corral._cgroups.sweep` removes them if this process dies.
+    :func:`corral.pipeline._cgroups.sweep` removes them if this process dies.
 
     Example::
 

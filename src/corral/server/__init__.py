@@ -1,0 +1,8 @@
+"""The corral server and its clients' side of the wire (docs/design.md, "The corral server").
+
+``_wire`` (socket path, code stamp, frames), ``_fastclient`` (where the
+compiled client is, its sidecar), ``_peers`` (who may connect), ``_server``
+(the server itself), ``_control`` (``--status`` / ``--stop``).
+
+Deliberately empty: the Python client imports ``_wire`` alone on its hot path.
+"""
