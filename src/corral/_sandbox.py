@@ -220,7 +220,7 @@ def _remove_tree(path: str) -> None:
 class _Cancellation:
     """Links a worker thread's run to the task that awaits it (thread-safe)."""
 
-    __slots__ = ("_lock", "cancelled", "running")
+    __slots__ = ("_lock", "cancelled", "reason", "running")
 
     def __init__(self) -> None:
         import _thread
@@ -228,6 +228,7 @@ class _Cancellation:
         self._lock = _thread.allocate_lock()
         self.running: Running | None = None
         self.cancelled = False
+        self.reason = ""
 
     def started(self, running: Running) -> None:
         """``on_start`` of the run: remember the handle; cancel at once if asked already."""
@@ -237,10 +238,11 @@ class _Cancellation:
         if cancel:
             running.cancel()
 
-    def cancel(self) -> None:
-        """Stop the run (TERM, grace, KILL), now or as soon as it starts."""
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the run (TERM, grace, KILL), now or as soon as it starts; *reason* says why."""
         with self._lock:
             self.cancelled = True
+            self.reason = self.reason or reason
             running = self.running
         if running is not None:
             running.cancel()
@@ -420,7 +422,7 @@ class BaseSandbox:
             if cancellation.cancelled:
                 raise _Cancelled
             extra["on_start"] = cancellation.started
-        return execute(
+        outcome = execute(
             request,
             policy,
             environ=self._environ,
@@ -428,6 +430,9 @@ class BaseSandbox:
             policy_digest=policy_digest(policy),
             **extra,
         )
+        if cancellation is not None and cancellation.cancelled:
+            outcome = outcome.replace(stopped=cancellation.reason)
+        return outcome
 
     def _code_request(self, code: str, language: str, **kwargs: Any) -> ExecRequest:
         prefix = LANGUAGES.get(language)
@@ -733,8 +738,14 @@ class AsyncSandbox(BaseSandbox):
     async def aclose(self) -> None:
         """Stop running commands, remove the private ``/tmp``; idempotent.
 
-        A preview is kept (it persists until applied or discarded).
+        Each running command is stopped (SIGTERM to every process, SIGKILL after
+        ``resources.killGrace``) and its ``Outcome.stopped`` says so. A preview is
+        kept (it persists until applied or discarded).
         """
+        await self._close("the sandbox was closed")
+
+    async def _close(self, reason: str) -> None:
+        """:meth:`aclose`, with *reason* as the running commands' ``Outcome.stopped``."""
         import asyncio
 
         if self._closed:
@@ -742,7 +753,7 @@ class AsyncSandbox(BaseSandbox):
         self._closed = True
         running = list(self._active.items())
         for cancellation, _future in running:
-            cancellation.cancel()
+            cancellation.cancel(reason)
         try:
             if running:
                 waiting = asyncio.gather(*(f for _, f in running), return_exceptions=True)

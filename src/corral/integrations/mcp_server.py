@@ -178,6 +178,7 @@ class SandboxRegistry:
             "duration": round(outcome.duration, 3),
             "violations": [v.describe() for v in outcome.violations],
             "exec_error": outcome.exec_error,
+            "stopped": outcome.stopped,
         }
 
     async def write_file(
@@ -233,15 +234,17 @@ class SandboxRegistry:
             except CorralError as exc:
                 raise self._failure("discard the preview", exc) from None
         del self.sandboxes[sandbox_id]
-        await sandbox.aclose()
+        await sandbox._close(f"sandbox_destroy was called for {sandbox_id}")
         return {"destroyed": sandbox_id}
 
     async def close_all(self) -> None:
         """Stop every running command and close every sandbox (the client went away)."""
+        import asyncio
+
         sandboxes = list(self.sandboxes.values())
         self.sandboxes.clear()
-        for sandbox in sandboxes:
-            await sandbox.aclose()
+        # together: each may wait up to killGrace for a command that ignores SIGTERM
+        await asyncio.gather(*(s._close("the MCP client disconnected") for s in sandboxes))
 
 
 def build_server(registry: SandboxRegistry) -> Any:

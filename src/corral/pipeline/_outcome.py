@@ -130,6 +130,9 @@ class Outcome(Record):
         unsandboxed: the ``none`` backend ran it (no isolation at all).
         exec_error: why the command could not be executed (not found: exit
             127; not executable: 126), e.g. ``"foo: No such file or directory"``.
+        stopped: why corral stopped the command before it finished, e.g.
+            ``"cancelled"`` or ``"the sandbox was closed"``; empty when it was
+            not stopped (a timeout is ``timed_out``).
         credentials: names (never values) of the credentials injected.
         policy_digest: sha256 of the effective policy.
         stdout_sha256, stderr_sha256, stdout_size, stderr_size: digests of the
@@ -155,6 +158,7 @@ class Outcome(Record):
     degraded: tuple[str, ...] = ()
     unsandboxed: bool = False
     exec_error: str | None = None
+    stopped: str = ""
     credentials: tuple[str, ...] = ()
     policy_digest: str = ""
     stdout_sha256: str = ""
@@ -192,6 +196,8 @@ class Outcome(Record):
             return self
         if self.timed_out:
             why = "timed out"
+        elif self.stopped:
+            why = f"was stopped ({self.stopped})"
         elif self.oom_killed:
             why = "was killed by the memory limit"
         elif self.signal is not None:
@@ -229,6 +235,7 @@ class Outcome(Record):
             "degraded": list(self.degraded),
             "unsandboxed": self.unsandboxed,
             "exec_error": self.exec_error,
+            "stopped": self.stopped,
             "credentials": list(self.credentials),
             "policy_digest": self.policy_digest,
             "stdout_sha256": self.stdout_sha256,

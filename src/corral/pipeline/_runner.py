@@ -87,7 +87,15 @@ class SignalRelay:
         self._stop = ""  # "", "stop" (TERM, grace, KILL) or "kill" (KILL now)
 
     def deliver(self, signum: int) -> None:
-        """Send *signum* to the command (held until it has started)."""
+        """Send *signum* to the command (held until it has started).
+
+        SIGTERM is a request to stop, which a command may ignore: it stops the
+        whole sandbox as a timeout would (TERM to every process, SIGKILL after
+        ``resources.killGrace``).
+        """
+        if signum == 15:
+            self.stop()
+            return
         self._pending.append(signum)
         self._drain()
 

@@ -203,6 +203,31 @@ def test_a_command_timeout_cannot_exceed_the_policy(world: World) -> None:
     with_client(world, body)
 
 
+def test_destroy_during_an_exec_stops_it_and_the_result_says_why(world: World) -> None:
+    marker = f"corral-mcp-destroy-{os.getpid()}-{time.monotonic_ns()}"
+
+    async def body(client: Any) -> tuple[dict[str, Any], float]:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        ready = os.path.join(world.workspace, "ready")
+        # it ignores SIGTERM and its timeout is far away: only killGrace's SIGKILL ends it
+        command = f"trap '' TERM; : > {ready}; sleep 300 # {marker}"
+        running = asyncio.ensure_future(
+            call(client, "sandbox_exec", sandbox_id=sid, command=command, timeout=600)
+        )
+        while not os.path.exists(ready):  # noqa: ASYNC240 - the command signals through a file
+            assert not running.done(), running.result()
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {"destroyed": sid}
+        return await running, time.monotonic() - started
+
+    ran, elapsed = with_client(world, body)
+    assert ran["stopped"].startswith("sandbox_destroy was called")
+    assert ran["returncode"] == 137 and ran["timed_out"] is False
+    assert elapsed < 60  # killGrace (2 s) plus slack for a loaded machine; the timeout is 600 s
+    assert processes_with(marker) == []
+
+
 CLIENT = """
 import asyncio, sys
 from mcp import Client, StdioServerParameters
@@ -221,8 +246,8 @@ asyncio.run(main())
 """
 
 
-def mcp_servers() -> list[int]:
-    """Pids of running ``corral mcp`` servers (argv ends with the corral script and ``mcp``)."""
+def mcp_servers(parent: int) -> list[int]:
+    """Pids of the ``corral mcp`` servers *parent* started (argv ends with corral and ``mcp``)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -232,7 +257,12 @@ def mcp_servers() -> list[int]:
                 argv = f.read().split(b"\0")[:-1]
         except OSError:
             continue
-        if argv[-2:] == [corral_executable().encode(), b"mcp"]:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and argv[-2:] == [corral_executable().encode(), b"mcp"]:
             found.append(int(name))
     return found
 
@@ -248,7 +278,8 @@ def test_killing_the_client_leaves_no_sandbox_process_behind(world: World) -> No
             world.workspace,
             world.home,
             world.environ["PATH"],
-            f"sleep 300 # {marker}"[::-1],
+            # it ignores SIGTERM: only the SIGKILL after killGrace stops it
+            f"trap '' TERM; sleep 300 # {marker}"[::-1],
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -260,11 +291,12 @@ def test_killing_the_client_leaves_no_sandbox_process_behind(world: World) -> No
             assert time.monotonic() < deadline, "the sandboxed command never started"
             assert client.poll() is None, "the client exited early"
             time.sleep(0.05)
-        servers = mcp_servers()
+        servers = mcp_servers(client.pid)
         assert servers, "no corral mcp process found"
         client.send_signal(signal.SIGKILL)  # the client only: the server sees its stdin close
         client.wait(timeout=10)
-        deadline = time.monotonic() + 20
+        killed = time.monotonic()
+        deadline = killed + 20
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert processes_with(marker) == [], "a sandboxed command outlived its client"
