@@ -454,8 +454,28 @@ class BaseSandbox:
             ["/bin/sh", "-c", script, "corral-write", path], stdin=data, env={"LC_ALL": "C"}
         )
 
-    def _read_request(self, path: str) -> ExecRequest:
-        return self._request(["cat", "--", path], env={"LC_ALL": "C"})
+    def _read_request(self, path: str, offset: int, limit: int | None) -> ExecRequest:
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise InvalidRequest(
+                f"Failed to read {path}: offset must be a byte count >= 0, not {offset!r}"
+            )
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
+            raise InvalidRequest(
+                f"Failed to read {path}: limit must be a byte count >= 0 or None, not {limit!r}"
+            )
+        # Only regular files: a device (/dev/zero) or a FIFO never ends or never answers.
+        # nonblock: a FIFO swapped in after the test makes dd fail instead of waiting.
+        count = "" if limit is None else f" count={limit}"
+        script = (
+            'if [ ! -f "$1" ]; then '
+            'if [ -e "$1" ]; then echo "$1: not a regular file" >&2; '
+            'else echo "$1: No such file or directory" >&2; fi; exit 1; fi; '
+            f'exec dd if="$1" iflag=skip_bytes,count_bytes,nonblock bs=65536 skip={offset}'
+            f"{count} status=none"
+        )
+        return self._request(["/bin/sh", "-c", script, "corral-read", path], env={"LC_ALL": "C"})
 
     def _list_request(self, path: str) -> ExecRequest:
         return self._request(
@@ -478,7 +498,7 @@ class BaseSandbox:
             raise InvalidRequest(
                 f"Failed to {action}: the output went over the sandbox's output "
                 "limit (resources.output)",
-                hint="raise it with max_output=...",
+                hint="raise it with max_output=..., or read in parts (offset=, limit=)",
             )
         return outcome
 
@@ -669,14 +689,20 @@ class AsyncSandbox(BaseSandbox):
         outcome = await self._run(self._write_request(path, data, parents=parents))
         self._check_file(f"write {path}", outcome)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
         """Return the contents of *path* as the sandbox sees it (secrets are hidden).
 
+        Only regular files are read (a device such as ``/dev/zero`` or a FIFO
+        would never end or never answer). *offset* skips that many bytes;
+        *limit* returns at most that many (default: to the end of the file).
+
         Raises:
-            CommandFailed: the file cannot be read in the sandbox.
-            InvalidRequest: it is larger than the sandbox's output limit.
+            CommandFailed: the file cannot be read in the sandbox, or is not a
+                regular file.
+            InvalidRequest: a bad offset or limit, or what would be returned is
+                larger than the sandbox's output limit (read it in parts).
         """
-        outcome = await self._run(self._read_request(path))
+        outcome = await self._run(self._read_request(path, offset, limit))
         return self._check_file(f"read {path}", outcome).stdout
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
@@ -811,9 +837,10 @@ class Sandbox(BaseSandbox):
             f"write {path}", self._run_blocking(self._write_request(path, data, parents=parents))
         )
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
         """See :meth:`AsyncSandbox.read_file`."""
-        return self._check_file(f"read {path}", self._run_blocking(self._read_request(path))).stdout
+        outcome = self._run_blocking(self._read_request(path, offset, limit))
+        return self._check_file(f"read {path}", outcome).stdout
 
     def list_files(self, path: str = ".") -> list[FileInfo]:
         """See :meth:`AsyncSandbox.list_files`."""

@@ -64,6 +64,22 @@ def test_lists_the_sandbox_tools_with_schemas(world: World) -> None:
         exec_schema = tools["sandbox_exec"].input_schema
         assert set(exec_schema["required"]) == {"sandbox_id", "command"}
         assert all(t.description for t in tools.values())
+        for tool in tools.values():
+            assert tool.input_schema["additionalProperties"] is False, tool.name
+            assert tool.output_schema["type"] == "object", tool.name
+            assert tool.annotations is not None, tool.name
+        assert {"returncode", "stdout", "violations", "stopped"} <= set(
+            tools["sandbox_exec"].output_schema["properties"]
+        )
+        read_only = {n for n, t in tools.items() if t.annotations.read_only_hint}
+        assert read_only == {
+            "sandbox_read_file",
+            "sandbox_list_files",
+            "sandbox_list",
+            "sandbox_diff",
+        }
+        destructive = {n for n, t in tools.items() if t.annotations.destructive_hint}
+        assert {"sandbox_apply", "sandbox_destroy", "sandbox_exec"} <= destructive
 
     with_client(world, body)
 
@@ -99,7 +115,10 @@ def test_create_exec_write_read_list_destroy(world: World) -> None:
         kept = await call(client, "sandbox_exec", sandbox_id=sid, command="cat /tmp/state")
         assert kept["stdout"] == "kept\n"
         assert [s["sandbox_id"] for s in (await call(client, "sandbox_list"))["sandboxes"]] == [sid]
-        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {"destroyed": sid}
+        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {
+            "destroyed": sid,
+            "preview_removed": False,
+        }
         assert (await call(client, "sandbox_list"))["sandboxes"] == []
 
     with_client(world, body)
@@ -145,7 +164,7 @@ def test_the_sandbox_blocks_what_the_policy_forbids(world: World) -> None:
 
 def test_bad_arguments_are_tool_errors_not_crashes(world: World) -> None:
     async def body(client: Any) -> None:
-        assert "no sandbox 'sbx-nope' is open" in await call_error(
+        assert "No sandbox 'sbx-nope' is open" in await call_error(
             client, "sandbox_exec", sandbox_id="sbx-nope", command="true"
         )
         assert "command" in await call_error(client, "sandbox_exec", sandbox_id="x")
@@ -165,6 +184,65 @@ def test_bad_arguments_are_tool_errors_not_crashes(world: World) -> None:
         assert (await call(client, "sandbox_exec", sandbox_id=sid, command="echo ok"))[
             "stdout"
         ] == "ok\n"
+
+    with_client(world, body)
+
+
+def test_unknown_arguments_are_refused_not_ignored(world: World) -> None:
+    async def body(client: Any) -> None:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="sleep 0", timout=1)
+        assert text.startswith("sandbox_exec has no argument 'timout' (did you mean 'timeout'?)")
+        assert "Error executing tool" not in text
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="true", timeout=-1)
+        assert text.startswith("Invalid arguments for sandbox_exec: timeout:"), text
+        text = await call_error(client, "sandbox_read_file", sandbox_id=sid, path="missing.txt")
+        assert text.count("Failed to") == 1 and "Error executing" not in text, text
+
+    with_client(world, body)
+
+
+def test_read_file_refuses_unbounded_files_and_reads_in_parts(world: World) -> None:
+    settings = os.path.join(world.home, ".config", "corral", "settings.json")
+    os.makedirs(os.path.dirname(settings))
+    with open(settings, "w") as f:
+        json.dump({"integrations": {"mcp": {"maxOutput": 1000}}}, f)
+    os.mkfifo(os.path.join(world.workspace, "pipe"))
+    with open(os.path.join(world.workspace, "text.txt"), "w") as f:
+        f.write("é" * 1500)  # 3000 bytes of two-byte characters
+    binary = bytes(range(256)) * 2
+    with open(os.path.join(world.workspace, "blob.bin"), "wb") as f:
+        f.write(binary)
+
+    async def body(client: Any) -> None:
+        import base64
+
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        for path in ("/dev/zero", "pipe"):
+            text = await call_error(client, "sandbox_read_file", sandbox_id=sid, path=path)
+            assert "not a regular file" in text
+        parts, offset = [], 0
+        while True:
+            part = await call(
+                client, "sandbox_read_file", sandbox_id=sid, path="text.txt", offset=offset
+            )
+            assert part["bytes"] <= 1000
+            parts.append(part["content"])
+            if not part["truncated"]:
+                break
+            offset = part["next_offset"]
+        assert "".join(parts) == "é" * 1500 and len(parts) == 3
+        limited = await call(
+            client, "sandbox_read_file", sandbox_id=sid, path="text.txt", offset=2, limit=4
+        )
+        assert (limited["content"], limited["next_offset"]) == ("éé", 6)
+        assert "base64" in await call_error(
+            client, "sandbox_read_file", sandbox_id=sid, path="blob.bin"
+        )
+        blob = await call(
+            client, "sandbox_read_file", sandbox_id=sid, path="blob.bin", encoding="base64"
+        )
+        assert base64.b64decode(blob["content"]) == binary and blob["truncated"] is False
 
     with_client(world, body)
 
@@ -218,7 +296,7 @@ def test_destroy_during_an_exec_stops_it_and_the_result_says_why(world: World) -
             assert not running.done(), running.result()
             await asyncio.sleep(0.05)
         started = time.monotonic()
-        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {"destroyed": sid}
+        assert (await call(client, "sandbox_destroy", sandbox_id=sid))["destroyed"] == sid
         return await running, time.monotonic() - started
 
     ran, elapsed = with_client(world, body)

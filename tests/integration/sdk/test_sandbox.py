@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -268,6 +269,33 @@ def test_read_file_over_the_output_limit_is_refused(open_sandbox: Open, world: W
     sbx = sandbox_in(open_sandbox, world, max_output=1000)
     with pytest.raises(InvalidRequest, match="output limit"):
         sbx.read_file("big")
+
+
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_read_file_refuses_what_is_not_a_regular_file(
+    open_sandbox: Open, world: World, kind: str
+) -> None:
+    """/dev/zero never ends and a FIFO never answers: both are refused at once."""
+    path = {"device": "/dev/zero", "fifo": "pipe", "directory": "."}[kind]
+    if kind == "fifo":
+        os.mkfifo(os.path.join(world.workspace, "pipe"))
+    sbx = sandbox_in(open_sandbox, world, timeout="60s")
+    started = time.monotonic()
+    with pytest.raises(CommandFailed, match="not a regular file"):
+        sbx.read_file(path)
+    assert time.monotonic() - started < 30  # answered, not stopped by the 60 s timeout
+
+
+def test_read_file_reads_a_part_with_offset_and_limit(open_sandbox: Open, world: World) -> None:
+    data = bytes(range(256)) * 40
+    with open(os.path.join(world.workspace, "data.bin"), "wb") as f:
+        f.write(data)
+    sbx = sandbox_in(open_sandbox, world, max_output=1000)
+    assert sbx.read_file("data.bin", offset=5000, limit=700) == data[5000:5700]
+    assert sbx.read_file("data.bin", offset=len(data) - 10) == data[-10:]
+    assert sbx.read_file("data.bin", offset=len(data) + 5, limit=10) == b""
+    with pytest.raises(InvalidRequest, match="offset"):
+        sbx.read_file("data.bin", offset=-1)
 
 
 def test_list_files_shows_the_sandbox_view(open_sandbox: Open, world: World) -> None:
