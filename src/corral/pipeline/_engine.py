@@ -37,7 +37,7 @@ import time
 
 from .._exceptions import BrokerFailed, LaunchFailed, ProxyStartFailed
 from .._hashing import sha256 as _sha256
-from ._outcome import NetworkAttempt, Outcome, Violation
+from ._outcome import NetworkAttempt, Outcome, Violation, command_status
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -775,6 +775,7 @@ class Running:
         stdout = self._out or _Stream(-1, None)
         stderr = self._err or _Stream(-1, None)
         dropped = sum(s.dropped for s in self._streams)
+        exit_code, signal = command_status(exit_code, signal)
         if oom and signal is None and exit_code is not None and exit_code >= 128:
             signal, exit_code = 9, None
         failure = self.exec_failure()
