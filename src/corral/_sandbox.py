@@ -907,6 +907,7 @@ class Sandbox(BaseSandbox):
             lambda pump, cancellation: self._run_blocking(request, cancellation, pump),
             request.command_line(),
         )
+        self._processes = [p for p in self._processes if p.running]
         self._processes.append(process)
         return process
 

@@ -198,6 +198,19 @@ def _cut(data: bytes, limit: int) -> tuple[str, bool]:
     return f"{kept}\n[corral: output truncated, {len(data) - limit} more bytes not shown]", True
 
 
+#: the SDK's hints that name Python arguments -> what an MCP client can do instead
+_MCP_HINTS = {
+    "raise it with max_output=..., or read in parts (offset=, limit=)": (
+        "list a subdirectory, or read the file in parts with offset and limit"
+    ),
+    "create a new sandbox": "create one with sandbox_create",
+    "give an existing directory as cwd, absolute or relative to the workspace": (
+        "give an existing directory as cwd (relative to the workspace), or create it "
+        "first with sandbox_exec"
+    ),
+}
+
+
 class SandboxRegistry:
     """The sandboxes of one MCP server, with the server's settings.
 
@@ -249,9 +262,10 @@ class SandboxRegistry:
         return sandbox
 
     def _failure(self, exc: CorralError) -> Exception:
-        """The tool error for *exc*: its message (which says what failed) and hint."""
+        """The tool error for *exc*: its message (which says what failed) and hint, in MCP terms."""
         message = exc.message.rstrip(".")
-        return self.error(f"{message}." + (f" Hint: {exc.hint}." if exc.hint else ""))
+        hint = _MCP_HINTS.get(exc.hint or "", exc.hint)
+        return self.error(f"{message}." + (f" Hint: {hint}." if hint else ""))
 
     def describe(self, sandbox: Any) -> SandboxInfo:
         preview = sandbox.preview

@@ -198,6 +198,9 @@ def test_unknown_arguments_are_refused_not_ignored(world: World) -> None:
         assert text.startswith("Invalid arguments for sandbox_exec: timeout:"), text
         text = await call_error(client, "sandbox_read_file", sandbox_id=sid, path="missing.txt")
         assert text.count("Failed to") == 1 and "Error executing" not in text, text
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="true", cwd="nope")
+        assert "working directory" in text and "create it first with sandbox_exec" in text, text
+        assert "doctor" not in text
 
     with_client(world, body)
 
