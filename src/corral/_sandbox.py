@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     #: the languages of :meth:`AsyncSandbox.run_code`
     Language = Literal["python", "node", "bash"]
 
-#: Interpreters of :meth:`AsyncSandbox.run_code` (the names of :data:`Language`): language -> argv prefix (the
-#: code follows as one argument).
+#: Interpreters of :meth:`AsyncSandbox.run_code`: language (a ``Language``) -> argv
+#: prefix (the code follows as one argument).
 LANGUAGES: dict[str, tuple[str, ...]] = {
     "python": ("python3", "-c"),
     "node": ("node", "-e"),
