@@ -143,7 +143,23 @@ def _never_started(command: str, reason: str) -> Exception:
     )
 
 
-class Process:
+class _Handle:
+    """What both background handles share: the output received so far."""
+
+    _pump: Pump
+
+    @property
+    def stdout(self) -> bytes:
+        """Standard output received so far."""
+        return bytes(self._pump.stdout)
+
+    @property
+    def stderr(self) -> bytes:
+        """Standard error received so far."""
+        return bytes(self._pump.stderr)
+
+
+class Process(_Handle):
     """A command running in the background of a :class:`~corral.Sandbox` session.
 
     Iterate it for ``("stdout" | "stderr", chunk)`` as the output arrives (the
@@ -194,16 +210,6 @@ class Process:
             self._finished.release()
 
     @property
-    def stdout(self) -> bytes:
-        """Standard output received so far."""
-        return bytes(self._pump.stdout)
-
-    @property
-    def stderr(self) -> bytes:
-        """Standard error received so far."""
-        return bytes(self._pump.stderr)
-
-    @property
     def running(self) -> bool:
         """Whether the command has not finished yet."""
         return self._finished.locked()
@@ -241,7 +247,7 @@ class Process:
         return f"<Process {self.command!r} {'running' if self.running else 'finished'}>"
 
 
-class AsyncProcess:
+class AsyncProcess(_Handle):
     """A command running in the background of an :class:`~corral.AsyncSandbox` session.
 
     The async twin of :class:`Process`: ``async for stream, chunk in proc``,
@@ -277,16 +283,6 @@ class AsyncProcess:
             return outcome
 
         self._task: asyncio.Future[Outcome] = asyncio.ensure_future(run())
-
-    @property
-    def stdout(self) -> bytes:
-        """Standard output received so far."""
-        return bytes(self._pump.stdout)
-
-    @property
-    def stderr(self) -> bytes:
-        """Standard error received so far."""
-        return bytes(self._pump.stderr)
 
     @property
     def running(self) -> bool:

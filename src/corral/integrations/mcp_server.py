@@ -642,7 +642,7 @@ def build_server(registry: SandboxRegistry) -> "MCPServer":
         offset: Annotated[int, Field(description="bytes to skip from the start", ge=0)] = 0,
         limit: Annotated[
             int | None,
-            Field(description="at most this many bytes (default and cap: the server's)", ge=0),
+            Field(description="at most this many bytes (default and cap: the server's)", ge=1),
         ] = None,
         encoding: Annotated[
             Literal["text", "base64"],
