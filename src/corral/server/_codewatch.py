@@ -18,6 +18,7 @@ Either way ``__pycache__`` and the fast client's sidecar are not code.
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import sys
@@ -59,6 +60,7 @@ class CodeWatch:
         self._dirs: dict[bytes, tuple[int, frozenset[bytes]]] = {}
         self._racy_files: dict[bytes, bytes] = {}
         self._racy_dirs: set[bytes] = set()
+        self._checking = _thread.allocate_lock()
         try:
             self.fd = self._inotify(root)
         except OSError as exc:
@@ -150,8 +152,9 @@ class CodeWatch:
     def poll(self) -> str:
         """Read pending events (or check the files); return what changed ("" if nothing)."""
         if self.fd is None:
-            if not self.changed:
-                self.changed = self._check()
+            with self._checking:  # the main loop and request threads both check
+                if not self.changed:
+                    self.changed = self._check()
             return self.changed
         while not self.changed:
             try:
