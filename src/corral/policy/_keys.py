@@ -324,6 +324,17 @@ CORE_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="filesystem.allowHomeWorkspace",
+        kind=BOOL,
+        tighten=LOOSENS,
+        attr="filesystem.allow_home_workspace",
+        description=(
+            "Accept the home directory (or a directory above it) as the workspace. Refused "
+            "by default: it would make the shell rc files, the editor and agent configs and "
+            "corral's own settings writable to the command. Project files cannot set it."
+        ),
+    ),
+    Key(
         path="filesystem.readOnly",
         kind=BOOL,
         tighten=TRUE_TIGHTENS,

@@ -56,6 +56,8 @@ class FilesystemPolicy(Record):
             ``read_only``. Everything else outside the sandbox's private
             TMPDIR is read-only.
         read_only: mount the workspace read-only as well.
+        allow_home_workspace: the workspace may be the home directory or a
+            directory above it (refused otherwise, when the settings load).
         allow_write: absolute paths writable in addition to the workspace.
         deny_write: path patterns that stay read-only even inside writable
             areas. Absolute patterns name host paths; relative ones are
@@ -72,6 +74,7 @@ class FilesystemPolicy(Record):
 
     workspace: str
     read_only: bool = False
+    allow_home_workspace: bool = False
     allow_write: tuple[str, ...] = ()
     deny_write: tuple[str, ...] = ()
     deny_read: tuple[str, ...] = ()

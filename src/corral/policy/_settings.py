@@ -153,8 +153,10 @@ class _FileLayer:
 
     __slots__ = ("document", "info")
 
-    def __init__(self, name: str, label: str, path: str, *, required: bool) -> None:
-        data = read_settings_file(path, required=required)
+    def __init__(
+        self, name: str, label: str, path: str, *, required: bool, below: str | None = None
+    ) -> None:
+        data = read_settings_file(path, required=required, below=below)
         self.document = None if data is None else parse_settings(data, source=path)
         self.info = LayerInfo(name=name, label=label, path=path, found=data is not None)
 
@@ -224,10 +226,10 @@ def _settle_workspace(
 
 
 def _check_detected_workspace(workspace: str, home: str) -> list[str]:
-    """Refuse ``/`` as an implicit workspace; warn about the home directory.
+    """Refuse ``/`` as an implicit workspace (corral started outside any project).
 
-    Either means corral was started outside any project. An explicit
-    ``--workspace`` or ``filesystem.workspace`` is taken as given.
+    The home directory, detected or explicit, is judged later by
+    :func:`_check_home_workspace`.
     """
     if workspace == "/":
         raise SettingsError(
@@ -236,13 +238,50 @@ def _check_detected_workspace(workspace: str, home: str) -> list[str]:
             key="filesystem.workspace",
             hint="run corral inside a project, or pass --workspace DIR",
         )
-    if workspace == home:
-        return [
-            f"the workspace is your home directory {home} (no git repository above the "
-            "current directory): everything in it except protected paths is writable; "
-            "pass --workspace DIR to narrow it"
-        ]
     return []
+
+
+def _homes(home: str) -> set[str]:
+    """*home* and the user database's home of this uid (they differ under sudo, ``HOME=``)."""
+    homes = {home}
+    try:
+        import pwd
+
+        homes.add(posixpath.normpath(pwd.getpwuid(os.getuid()).pw_dir))
+    except (KeyError, ImportError):
+        pass
+    return {h for h in homes if h.startswith("/")}
+
+
+def _check_home_workspace(state: MergeState, home: str) -> None:
+    """Refuse a workspace that is a home directory or above one, unless allowed.
+
+    Such a workspace makes the shell rc files, editor and agent configs and
+    corral's own settings writable; one planted ``~/.config/corral`` would
+    unsandbox every later run. ``filesystem.allowHomeWorkspace`` (a flag or a
+    trusted layer; project files cannot set it) accepts it with a warning.
+    """
+    ws = state.values["filesystem.workspace"]
+    covered = sorted(h for h in _homes(home) if h == ws or h.startswith(ws.rstrip("/") + "/"))
+    if not covered:
+        return
+    what = "your home directory" if covered[0] == ws else f"a directory above {covered[0]}"
+    if not state.values["filesystem.allowHomeWorkspace"]:
+        raise SettingsError(
+            f"refusing the workspace {ws}: it is {what}, so the command could change your "
+            "shell rc files, editor and agent configs and corral's own settings",
+            source=state.sources.get("filesystem.workspace"),
+            key="filesystem.workspace",
+            hint=(
+                "run corral inside a project (or pass --workspace DIR); to accept it anyway "
+                "pass --allow-home-workspace or set filesystem.allowHomeWorkspace in your "
+                "user settings"
+            ),
+        )
+    state.warnings.append(
+        f"the workspace {ws} is {what} (filesystem.allowHomeWorkspace): everything in it "
+        "except protected paths is writable; pass --workspace DIR to narrow it"
+    )
 
 
 def _absolute(path: str, cwd: str, home: str) -> str:
@@ -368,7 +407,15 @@ def load_settings(
 
     # 1. Files that do not depend on the workspace.
     user_path = user_settings_file(home=home, environ=env)
-    user = _FileLayer("user", f"user {user_path}", user_path, required=False)
+    # No link is followed below the XDG base directory: ~/.config/corral as a
+    # link to a directory a sandboxed command wrote is refused, not read.
+    user = _FileLayer(
+        "user",
+        f"user {user_path}",
+        user_path,
+        required=False,
+        below=posixpath.dirname(config_dir(home=home, environ=env)),
+    )
     env_file = None
     if env.get("CORRAL_SETTINGS"):
         path = _absolute(env["CORRAL_SETTINGS"], cwd, home)
@@ -460,6 +507,7 @@ def load_settings(
         state.apply({"filesystem.workspace": ws}, "flags")
 
     # 6. The result.
+    _check_home_workspace(state, home)
     _protect_own_files(
         state, (config_dir(home=home, environ=env), state_dir(home=home, environ=env))
     )
@@ -509,7 +557,7 @@ def _add_project_layers(
     problems: list[str] = []
     for name, path in project_settings_files(ws):
         label = f"{name} {path}"
-        data = read_settings_file(path)
+        data = read_settings_file(path, below=ws)
         if data is None:
             layers.append(LayerInfo(name=name, label=label, path=path, found=False, trusted=False))
             continue
