@@ -107,13 +107,35 @@ def paths_of_policy(request: ExecRequest, policy: Policy, *, allow_read: bool = 
     """The host paths a filesystem plan looks at: workspace, cwd, writable, secret, carve-out
     (with *allow_read*) and literal absolute write-denied paths."""
     fs = policy.filesystem
-    paths = {fs.workspace, *fs.allow_write, *fs.deny_read}
+    paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *(p for _n, p in policy.caches)}
     if allow_read:
         paths.update(fs.allow_read)
     paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
     if request.cwd:
         paths.add(request.cwd)
     return paths
+
+
+def cache_dirs(policy: Policy, facts: HostFacts, degrade: Degradations) -> list[str]:
+    """The ``caches`` host directories a backend sharing the host filesystem makes writable.
+
+    On bubblewrap, gVisor, Landlock and Seatbelt a cache is its host
+    directory, mounted (or allowed) read-write at the same path, so it
+    persists across runs. A cache whose directory does not exist is refused
+    through *degrade* (exit 125 unless ``--allow-degraded caches``), never
+    silently skipped. (Container backends use named volumes instead.)
+    """
+    dirs: list[str] = []
+    for name, path in policy.caches:
+        if facts.kind(path) == "dir":
+            dirs.append(path.rstrip("/") or "/")
+        else:
+            degrade.cannot(
+                "caches",
+                f"the directory of cache {name!r} ({path}) does not exist",
+                fix=f"create it (mkdir -p {path})",
+            )
+    return dirs
 
 
 def cgroup_limits(

@@ -44,7 +44,15 @@ from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    is_under,
+    paths_of_policy,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -254,6 +262,9 @@ class BubblewrapBackend(Backend):
         args += [ws_bind, source(workspace), workspace]
         for extra in writable[1:] if not fs.read_only else writable:
             args += ["--ro-bind" if use_broker else "--bind", source(extra), extra]
+        # caches: their host directories, read-write (not supervised by the broker)
+        for cache in cache_dirs(policy, facts, degrade):
+            args += ["--bind", source(cache), cache]
         # write-denied absolute host paths that exist: read-only at the kernel level
         for path in fs.deny_write:
             if path.startswith("/") and facts.kind(path) in ("dir", "file") and visible(path):

@@ -37,7 +37,15 @@ import os
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
 from ._plan import FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    is_under,
+    paths_of_policy,
+)
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -285,6 +293,10 @@ class GvisorBackend(Backend):
                         "options": ["rbind", "rw"],
                     }
                 )
+        for cache in cache_dirs(policy, facts, degrade):
+            mounts.append(
+                {"destination": cache, "type": "bind", "source": cache, "options": ["rbind", "rw"]}
+            )
         visible = [workspace, *writable] if image.kind != "host" else ["/"]
         for path in fs.deny_write:
             if (

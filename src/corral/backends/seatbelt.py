@@ -26,7 +26,7 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
 from ._plan import LaunchPlan
 from ._sbpl import build_profile
-from .base import Backend, Degradations
+from .base import Backend, Degradations, cache_dirs
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -69,6 +69,10 @@ class SeatbeltBackend(Backend):
             return f"{SANDBOX_EXEC} is missing"
         return None
 
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        del request
+        return {path for _name, path in policy.caches}  # cache_dirs needs their kind
+
     def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
         problem = self.problem(facts)
         if problem is not None:
@@ -104,7 +108,7 @@ class SeatbeltBackend(Backend):
             workspace=fs.workspace,
             tmpdir=tmpdir,
             read_only=fs.read_only,
-            allow_write=fs.allow_write,
+            allow_write=(*fs.allow_write, *cache_dirs(policy, facts, degrade)),
             deny_read=fs.deny_read,
             allow_read=fs.allow_read,
             protect=fs.protect,

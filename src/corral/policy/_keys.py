@@ -363,7 +363,14 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=PATHS,
         tighten=ADDITIONS,
         attr="filesystem.deny_read",
-        description="Paths that are unreadable (hidden) inside the sandbox.",
+        description=(
+            "Paths that are unreadable (hidden) inside the sandbox. A glob "
+            "(`/srv/certs/**/*.pem`, `**/.env`) hides every path it matches when the command "
+            "starts, on every backend; the walk does not follow links and is bounded (a glob "
+            "that looks at more than 50000 entries or matches more than 512 paths is refused, "
+            "exit 125). Paths the host creates under a matching name during the run are not "
+            "hidden."
+        ),
     ),
     Key(
         path="filesystem.allowRead",
@@ -535,7 +542,12 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=PATH_MAP,
         tighten=LOOSENS,
         attr="caches",
-        description="Persistent cache volumes, {name: host path}. null removes a name.",
+        description=(
+            "Persistent cache volumes, {name: path}. null removes a name. On bubblewrap, "
+            "Landlock, gVisor and Seatbelt the path is an existing host directory made writable "
+            "at the same path (a missing one is refused, exit 125); podman and docker mount "
+            "the named volume `corral-cache-NAME` at the path instead."
+        ),
     ),
     Key(
         path="image",
