@@ -12,6 +12,7 @@ import json
 import os
 
 from .._exceptions import UsageError
+from .._jsonfast import JSONError, check_depth
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -37,6 +38,12 @@ def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
         raise UsageError(f"{path}: cannot read it: {exc.strerror}") from None
     if not text.strip():
         return {}
+    try:
+        check_depth(text)  # a plugin's file is untrusted: no RecursionError
+    except JSONError as exc:
+        raise UsageError(
+            f"{path}: not valid JSON ({exc})", hint="fix the file first; nothing was changed"
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
