@@ -40,6 +40,7 @@ from __future__ import annotations
 from .._exceptions import BackendUnavailable, UsageError
 from ..pipeline._request import redact
 from ..policy._credentials import credential_names
+from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
@@ -84,7 +85,9 @@ def sandbox_env(
     """The command's environment: allowlisted host variables, then ``env.set``,
     then the request's variables, then corral's own (``TMPDIR``, ``CORRAL_SANDBOX_ID``).
 
-    Nothing else from the host environment passes. The names of
+    Nothing else from the host environment passes, and a locale variable
+    (``LANG``, ``LANGUAGE``, ``LC_*``) passes only when its value is a locale
+    name (``ENV_VALUE_SHAPES``). The names of
     ``credentials`` never pass this way: a credential exists in the sandbox
     only when injected for the command (see ``injected_credentials``).
     """
@@ -93,7 +96,11 @@ def sandbox_env(
     deny = policy.env.deny
     reserved = credential_names(policy)
     for name, value in host_env:
-        if any(match_word(p, name) for p in allow) and not any(match_word(p, name) for p in deny):
+        if (
+            any(match_word(p, name) for p in allow)
+            and not any(match_word(p, name) for p in deny)
+            and env_value_allowed(name, value)  # LC_* carry locale names only
+        ):
             env[name] = value
     for name, value in policy.env.set:
         env[name] = value

@@ -505,7 +505,8 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="env.pass_through",
         description=(
             "Host environment variables (names or globs such as LC_*) passed into the "
-            "sandbox. Nothing else from the host environment is."
+            "sandbox. Nothing else from the host environment is. The locale variables (LANG, "
+            "LANGUAGE, LC_*) pass only when their value is a locale name (en_US.UTF-8@euro)."
         ),
     ),
     Key(
