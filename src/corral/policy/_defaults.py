@@ -119,6 +119,8 @@ ENV_VALUE_SHAPES: tuple[tuple[str, str, str], ...] = (
     ("LC_*", "locale", "a locale name: C.UTF-8, en_US.UTF-8@euro"),
     ("LANGUAGE", "locale-list", "locale names separated by colons: en_US:en"),
 )
+
+
 def _is_locale(value: str) -> bool:
     """``language[_TERRITORY][.codeset][@modifier]``, or ``C``/``POSIX`` with a codeset."""
     if not value:
@@ -129,12 +131,17 @@ def _is_locale(value: str) -> bool:
     if language in ("C", "POSIX"):
         if underscore:
             return False
-    elif not (2 <= len(language) <= 3 and language.isascii() and language.isalpha()):
-        return False
-    elif not language.islower():
+    elif not (2 <= len(language) <= 3 and language.isascii() and language.isalpha()) or (
+        not language.islower()
+    ):
         return False
     if underscore and not (
-        (len(territory) == 2 and territory.isascii() and territory.isalpha() and territory.isupper())
+        (
+            len(territory) == 2
+            and territory.isascii()
+            and territory.isalpha()
+            and territory.isupper()
+        )
         or (len(territory) == 3 and territory.isdigit())
     ):
         return False
