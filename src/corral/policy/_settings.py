@@ -253,6 +253,34 @@ def _homes(home: str) -> set[str]:
     return {h for h in homes if h.startswith("/")}
 
 
+def _add_secret_paths_of_other_homes(state: MergeState, home: str, env: Mapping[str, str]) -> None:
+    """Hide the secret paths under every home the command could read them in.
+
+    The defaults name them under *home* (``$HOME``). The user database's home
+    may differ (``sudo``, ``HOME=/tmp/x corral run``), and the XDG variables
+    move ``~/.config`` and ``~/.local/share``; the secrets are hidden at each
+    of those places too, as defaults (so a ``"!path"`` entry can still remove
+    one).
+    """
+    from ._defaults import SECRET_PATHS
+
+    label = "defaults (secret paths of other homes)"
+    for other in sorted(_homes(home) - {home}):
+        for path, _reason in SECRET_PATHS:
+            state.add_entry("filesystem.denyRead", expand_home(path, other), label)
+    for variable, default in (
+        ("XDG_CONFIG_HOME", "~/.config/"),
+        ("XDG_DATA_HOME", "~/.local/share/"),
+    ):
+        base = env.get(variable, "")
+        if not base.startswith("/"):
+            continue
+        for path, _reason in SECRET_PATHS:
+            if path.startswith(default):
+                moved = posixpath.join(posixpath.normpath(base), path[len(default) :])
+                state.add_entry("filesystem.denyRead", moved, f"defaults ({variable})")
+
+
 def _check_home_workspace(state: MergeState, home: str) -> None:
     """Refuse a workspace that is a home directory or above one, unless allowed.
 
@@ -471,6 +499,7 @@ def load_settings(
     state = MergeState(keys, _default_values(keys, defaults))
     state.sources["filesystem.workspace"] = ws_label
     state.warnings.extend(notes)
+    _add_secret_paths_of_other_homes(state, home, env)
     for values, label, untrusted in plan:
         state.apply(values, label, untrusted=untrusted)
 

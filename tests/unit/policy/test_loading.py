@@ -339,3 +339,19 @@ def test_the_effective_settings_load_back(world: SettingsWorld) -> None:
     exported = world.write("exported.json", json.dumps(effective_settings_json(resolved)))
     os.remove(world.user_file)
     assert world.load(settings_files=[exported]).policy == resolved.policy
+
+
+def test_secret_paths_are_hidden_under_the_passwd_home_and_the_xdg_directories(
+    world: SettingsWorld,
+) -> None:
+    import pwd
+
+    passwd_home = pwd.getpwuid(os.getuid()).pw_dir
+    world.environ.update(XDG_CONFIG_HOME="/xdg/config", XDG_DATA_HOME="/xdg/data")
+    deny_read = world.load().policy.filesystem.deny_read
+    assert f"{world.home}/.ssh" in deny_read
+    assert f"{passwd_home}/.ssh" in deny_read  # HOME=... corral run, or sudo
+    assert f"{passwd_home}/.config/gh" in deny_read
+    assert "/xdg/config/gh" in deny_read
+    assert "/xdg/config/gcloud" in deny_read
+    assert "/xdg/data/keyrings" in deny_read
