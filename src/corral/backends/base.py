@@ -138,6 +138,21 @@ def cache_dirs(policy: Policy, facts: HostFacts, degrade: Degradations) -> list[
     return dirs
 
 
+def refuse_image(policy: Policy, degrade: Degradations, backend: str) -> None:
+    """Refuse ``image`` on a backend that runs the host's own root filesystem.
+
+    An image there would be silently ignored; with ``backend: "auto"`` the
+    refusal moves the choice on to a backend that runs images (podman,
+    docker, gVisor).
+    """
+    if policy.image is not None:
+        degrade.cannot(
+            "image",
+            f"the {backend} backend runs the host's root filesystem, not an image",
+            fix="use --backend podman, docker or gvisor, or unset image",
+        )
+
+
 def cgroup_limits(
     res: ResourceLimits, facts: HostFacts, degrade: Degradations
 ) -> CgroupSpec | None:

@@ -53,6 +53,7 @@ from .base import (
     checked_workspace,
     is_under,
     paths_of_policy,
+    refuse_image,
 )
 
 TYPE_CHECKING = False
@@ -191,6 +192,7 @@ class BubblewrapBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
         workspace = checked_workspace(fs, facts)
         cwd = request.cwd or workspace
         if preview is not None and (preview.workspace.rstrip("/") or "/") != workspace:

@@ -62,7 +62,15 @@ from ._landlock_rules import (
     split_readable,
 )
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, cache_dirs, cgroup_limits, checked_workspace, is_under
+from .base import (
+    Backend,
+    Degradations,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    is_under,
+    refuse_image,
+)
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -220,6 +228,7 @@ class LandlockBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace

@@ -26,7 +26,7 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
 from ._plan import LaunchPlan
 from ._sbpl import build_profile
-from .base import Backend, Degradations, cache_dirs
+from .base import Backend, Degradations, cache_dirs, refuse_image
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -83,6 +83,7 @@ class SeatbeltBackend(Backend):
         """The plan without the platform check (pure; the unit tests use it on Linux)."""
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the seatbelt backend: the egress proxy is not "

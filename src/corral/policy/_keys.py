@@ -558,7 +558,9 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="image",
         description=(
             "For container and VM backends: an OCI image reference, an OCI layout "
-            "directory or a root filesystem directory."
+            "directory or a root filesystem directory. Backends that run the host's root "
+            "filesystem (bubblewrap, Landlock, Seatbelt) refuse it (exit 125), so `auto` "
+            "picks one that runs images."
         ),
     ),
     Key(
