@@ -544,6 +544,22 @@ def output(shape: str) -> Proof:
     return proof
 
 
+def disk(shape: str) -> Proof:
+    fill = "head -c 30000000 /dev/zero > /tmp/fill; echo status=$?; wc -c < /tmp/fill"
+
+    def proof(world: World) -> None:
+        if shape == "null":
+            out = ok(run(world, {"resources": {"disk": None}}, fill, "--read-only"))
+            assert out.split()[-1] == "30000000", out
+            return
+        settings = {"resources": {"disk": "8M"}}
+        refused(run(world, settings, "echo RAN"), "Failed to enforce resources.disk")
+        out = ok(run(world, settings, fill, "--read-only"))
+        assert int(out.split()[-1]) <= 8 << 20, out  # the tmpfs filled up at its size
+
+    return proof
+
+
 def kill_grace(world: World) -> None:
     stubborn = py(
         "import signal, time\n"
@@ -772,6 +788,7 @@ PROOFS: dict[str, dict[str, Proof]] = {
     "resources.timeout": {s: timeout(s) for s in ("value", "null")},
     "resources.output": {s: output(s) for s in ("value", "null")},
     "resources.killGrace": {"value": kill_grace},
+    "resources.disk": {s: disk(s) for s in ("value", "null")},
     "env.pass": {s: env_pass(s) for s in ("name", "glob")},
     "env.set": {s: env_set(s) for s in ("value", "null")},
     "env.deny": {"name": env_deny},

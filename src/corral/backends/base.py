@@ -21,7 +21,7 @@ from .._exceptions import EnforcementUnavailable, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import ClassVar
 
     from ..pipeline._cgroups import Cgroup, CgroupLayout
@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "Degradations",
+    "cache_dirs",
     "cgroup_limits",
     "checked_workspace",
+    "disk_limit",
     "is_under",
     "paths_of_policy",
+    "refuse_image",
 ]
 
 
@@ -136,6 +139,29 @@ def cache_dirs(policy: Policy, facts: HostFacts, degrade: Degradations) -> list[
                 fix=f"create it (mkdir -p {path})",
             )
     return dirs
+
+
+def disk_limit(
+    policy: Policy, writable: Sequence[str], degrade: Degradations, backend: str
+) -> int | None:
+    """The size of each private tmpfs under ``resources.disk``, or None when unset.
+
+    The limit holds only where every writable place is a tmpfs corral sizes:
+    with *writable* host paths (workspace, ``allowWrite``, ``caches``) the
+    rule is refused through *degrade* (or recorded when allowed, and the
+    temporary directories are still capped).
+    """
+    size = policy.resources.disk
+    if size is None:
+        return None
+    if writable:
+        degrade.cannot(
+            "resources.disk",
+            f"writes to {', '.join(sorted(writable))} go to the host filesystem, which has "
+            f"no per-sandbox quota ({backend} caps only its private /tmp and /var/tmp)",
+            fix="run with --read-only and without allowWrite or caches, or unset resources.disk",
+        )
+    return size
 
 
 def refuse_image(policy: Policy, degrade: Degradations, backend: str) -> None:

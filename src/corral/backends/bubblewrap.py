@@ -51,6 +51,7 @@ from .base import (
     cache_dirs,
     cgroup_limits,
     checked_workspace,
+    disk_limit,
     is_under,
     paths_of_policy,
     refuse_image,
@@ -249,6 +250,14 @@ class BubblewrapBackend(Backend):
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
+        caches = cache_dirs(policy, facts, degrade)
+        host_writable = [*writable, *caches] + ([request.tmp_dir] if request.tmp_dir else [])
+        disk = disk_limit(policy, host_writable, degrade, self.name)
+        if disk and facts.bwrap_version < (0, 5, 0):
+            degrade.cannot(
+                "resources.disk", "this bubblewrap has no --size", fix="install bubblewrap 0.5+"
+            )
+            disk = None
         for tmp in PRIVATE_TMP:
             if tmp == "/tmp" and request.tmp_dir is not None:
                 # a session's private TMPDIR, kept across its commands
@@ -259,7 +268,7 @@ class BubblewrapBackend(Backend):
                     )
                 args += ["--bind", request.tmp_dir, tmp]
             else:
-                args += ["--tmpfs", tmp]
+                args += ["--size", str(disk), "--tmpfs", tmp] if disk else ["--tmpfs", tmp]
         hidden_by_tmp = [
             t for t in PRIVATE_TMP if not any(is_under(w, t) for w in (workspace, *writable))
         ]
@@ -272,7 +281,7 @@ class BubblewrapBackend(Backend):
         for extra in writable[1:] if not fs.read_only else writable:
             args += ["--ro-bind" if use_broker else "--bind", source(extra), extra]
         # caches: their host directories, read-write (not supervised by the broker)
-        for cache in cache_dirs(policy, facts, degrade):
+        for cache in caches:
             args += ["--bind", source(cache), cache]
         # write-denied absolute host paths that exist: read-only at the kernel level
         for path in fs.deny_write:

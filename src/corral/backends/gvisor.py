@@ -43,6 +43,7 @@ from .base import (
     cache_dirs,
     cgroup_limits,
     checked_workspace,
+    disk_limit,
     is_under,
     paths_of_policy,
 )
@@ -266,13 +267,16 @@ class GvisorBackend(Backend):
                 "options": ["nosuid", "mode=755"],
             },
         ]
+        caches = cache_dirs(policy, facts, degrade)
+        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
         for tmp in PRIVATE_TMP:
             mounts.append(
                 {
                     "destination": tmp,
                     "type": "tmpfs",
                     "source": "tmpfs",
-                    "options": ["nosuid", "nodev", "mode=1777"],
+                    "options": ["nosuid", "nodev", "mode=1777"]
+                    + ([f"size={disk}"] if disk else []),
                 }
             )
         mounts.append(
@@ -293,7 +297,7 @@ class GvisorBackend(Backend):
                         "options": ["rbind", "rw"],
                     }
                 )
-        for cache in cache_dirs(policy, facts, degrade):
+        for cache in caches:
             mounts.append(
                 {"destination": cache, "type": "bind", "source": cache, "options": ["rbind", "rw"]}
             )

@@ -229,6 +229,13 @@ class LandlockBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         refuse_image(policy, degrade, self.name)
+        if policy.resources.disk is not None:
+            degrade.cannot(
+                "resources.disk",
+                f"the {self.name} backend's TMPDIR and writable areas are host directories, "
+                "which have no per-sandbox quota",
+                fix="use --backend bubblewrap, or unset resources.disk",
+            )
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace

@@ -84,6 +84,13 @@ class SeatbeltBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         refuse_image(policy, degrade, self.name)
+        if policy.resources.disk is not None:
+            degrade.cannot(
+                "resources.disk",
+                f"the {self.name} backend's TMPDIR and writable areas are host directories, "
+                "which have no per-sandbox quota",
+                fix="use --backend bubblewrap, or unset resources.disk",
+            )
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the seatbelt backend: the egress proxy is not "

@@ -492,6 +492,21 @@ CORE_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="resources.disk",
+        kind=SIZE,
+        nullable=True,
+        tighten=LOWER,
+        attr="resources.disk",
+        description=(
+            "Disk space the command may fill: each private temporary directory (/tmp, "
+            "/var/tmp) is a tmpfs of this size (bubblewrap, gVisor, podman, docker). Writes to "
+            "the workspace, `allowWrite` paths and `caches` go to the host filesystem, which "
+            "has no per-sandbox quota: with any of them writable the run is refused (exit 125) "
+            "unless `allowDegraded` lists resources.disk. Landlock and Seatbelt (host "
+            "directories as TMPDIR) refuse it. null: no limit."
+        ),
+    ),
+    Key(
         path="resources.killGrace",
         kind=DURATION,
         tighten=LOWER,

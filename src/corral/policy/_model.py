@@ -115,6 +115,10 @@ class ResourceLimits(Record):
         output: bytes of stdout plus stderr kept; the rest is dropped and
             reported.
         kill_grace: seconds between SIGTERM and SIGKILL when stopping the tree.
+        disk: bytes the command may store in each private temporary directory
+            (``/tmp``, ``/var/tmp``); with a writable workspace, ``allowWrite``
+            or ``caches`` it cannot be enforced there and the run is refused
+            (see docs/policy-reference.md).
     """
 
     memory: int | None = None
@@ -124,6 +128,7 @@ class ResourceLimits(Record):
     timeout: float | None = None
     output: int | None = None
     kill_grace: float = 2.0
+    disk: int | None = None
 
 
 class EnvPolicy(Record):
