@@ -172,6 +172,28 @@ Rule = tuple[tuple[str, ...], str, Condition, str]
 _WRITE_OPEN = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC
 _MODE_USED = O_CREAT | O_TMPFILE_BIT
 
+# ------------------------------------------------ the user's terminal (issue 10, engineer C)
+# ``corral run`` on a terminal hands the command the user's tty (docs/threat-model.md,
+# "The terminal"). The sandbox runs in a new session, so the tty is not its
+# controlling terminal; these rows also deny the ioctls that act on the host
+# through a terminal whatever the session: the kernel compares ``cmd`` as an
+# ``unsigned int``, as the "eq" test (low 32 bits) does. TIOCSCTTY stays
+# allowed (pty.fork, tmux and expect need it on ptys they open); the kernel
+# refuses it for the user's terminal, the controlling tty of another session.
+TIOCSTI_CMD, TIOCLINUX, TIOCCONS, TIOCSETD = 0x5412, 0x541C, 0x541D, 0x5423
+TERMINAL_RULES: tuple[Rule, ...] = (
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI_CMD), "typing into a terminal shared with the host"),
+    (
+        ("ioctl",),
+        "EPERM",
+        ("eq", 1, TIOCLINUX),
+        "virtual console control: paste the selection (keystrokes), console state",
+    ),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCCONS), "redirecting the host's console output"),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSETD), "line disciplines (kernel attack surface)"),
+)
+
+
 DENY_RULES: tuple[Rule, ...] = (
     (
         ("ptrace",),
@@ -323,6 +345,7 @@ DENY_RULES: tuple[Rule, ...] = (
         ("any", 2, SETID_BITS),
         "create set-user-ID/set-group-ID files",
     ),
+    *TERMINAL_RULES,
 )
 
 
