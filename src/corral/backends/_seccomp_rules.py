@@ -180,9 +180,9 @@ _MODE_USED = O_CREAT | O_TMPFILE_BIT
 # ``unsigned int``, as the "eq" test (low 32 bits) does. TIOCSCTTY stays
 # allowed (pty.fork, tmux and expect need it on ptys they open); the kernel
 # refuses it for the user's terminal, the controlling tty of another session.
-TIOCSTI_CMD, TIOCLINUX, TIOCCONS, TIOCSETD = 0x5412, 0x541C, 0x541D, 0x5423
+TIOCSTI, TIOCLINUX, TIOCCONS, TIOCSETD = 0x5412, 0x541C, 0x541D, 0x5423
 TERMINAL_RULES: tuple[Rule, ...] = (
-    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI_CMD), "typing into a terminal shared with the host"),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
     (
         ("ioctl",),
         "EPERM",
@@ -410,12 +410,7 @@ BROKER_RULES: tuple[Rule, ...] = (
 
 
 AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
-FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR, TIOCSTI = (
-    0x40086602,
-    0x40046602,
-    0x401C5820,
-    0x5412,
-)
+FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR = (0x40086602, 0x40046602, 0x401C5820)
 
 #: Rows for ``network.mode = "none"`` where no network namespace exists
 #: (landlock): Landlock governs TCP ports only, so sockets of the IP families
@@ -458,7 +453,6 @@ PROCESS_LEVEL_DENY_RULES: tuple[Rule, ...] = (
         "inode flags of host files (chattr, 32-bit)",
     ),
     (("ioctl",), "EPERM", ("eq", 1, FS_IOC_FSSETXATTR), "extended inode attributes of host files"),
-    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
 )
 
 #: Broker rows added where the broker must also confine metadata changes
