@@ -334,6 +334,15 @@ def deny_read(shape: str) -> Proof:
     return proof
 
 
+def deny_read_link(world: World) -> None:
+    """A secret reached through a link (a dotfiles manager's ~/.aws) is hidden at its target."""
+    real = secret(os.path.join(world.home, "dotfiles", "aws", "credentials"))
+    os.symlink(os.path.dirname(real), os.path.join(world.home, ".aws-linked"))
+    settings = {"filesystem": {"denyRead": ["~/.aws-linked"]}}
+    assert not reads(world, settings, os.path.join(world.home, ".aws-linked", "credentials"))
+    assert not reads(world, settings, real)
+
+
 def deny_read_relative_glob(world: World) -> None:
     secret(world.ws("sub", "dir", ".env"))
     assert not reads(world, {"filesystem": {"denyRead": ["**/.env"]}}, world.ws("sub/dir/.env"))
@@ -774,6 +783,7 @@ PROOFS: dict[str, dict[str, Proof]] = {
     "filesystem.denyRead": {
         **{s: deny_read(s) for s in ("absolute", "relative", "home", "glob")},
         "relative-glob": deny_read_relative_glob,
+        "link": deny_read_link,
     },
     "filesystem.allowRead": {s: allow_read(s) for s in ("absolute", "relative", "home")},
     "filesystem.protect": {s: protect(s) for s in ("absolute", "relative", "glob")},

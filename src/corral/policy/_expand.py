@@ -17,6 +17,12 @@ The walk is bounded and never follows links:
   :data:`MAX_MATCHES` matches, refuses the run (exit 125) with the glob named:
   a glob that cannot be expanded cannot be enforced.
 
+Links among the hidden paths are resolved the same way: a ``denyRead`` (or
+``allowRead``) entry reached through a symbolic link (``~/.aws`` managed by a
+dotfiles tool as a link to ``~/dotfiles/aws``) is replaced by the path it
+resolves to. Hiding the link's own name would leave the target readable under
+its real path, and a mount cannot be placed on a link at all.
+
 What the glob matches is fixed at start-up: a file the *host* creates under a
 matching name while the command runs is not hidden (docs/threat-model.md).
 A file the command itself creates it wrote, so it has nothing to learn.
@@ -110,18 +116,26 @@ def expand_glob(pattern: str) -> list[str]:
     return sorted(set(matches))
 
 
+def _resolved(path: str) -> str:
+    """*path* with its links resolved, when it exists; else *path* itself."""
+    if not os.path.lexists(path):
+        return path
+    real = os.path.realpath(path)
+    return real if os.path.lexists(real) else path
+
+
 def expand_deny_read(policy: Policy) -> Policy:
     """*policy* with each ``denyRead`` glob replaced by the host paths it matches now.
 
-    Literal entries are kept as they are; a glob that matches nothing adds
-    nothing. Returns *policy* itself when it has no glob.
+    Literal entries are kept; a glob that matches nothing adds nothing. Every
+    ``denyRead`` and ``allowRead`` entry that exists is replaced by its path
+    with links resolved (see the module docstring). Returns *policy* itself
+    when nothing changes.
 
     Raises:
         UsageError: a glob cannot be expanded within the bounds (exit 125).
     """
     fs = policy.filesystem
-    if not any(is_glob(p) for p in fs.deny_read):
-        return policy
     expanded: list[str] = []
     for entry in fs.deny_read:
         if not is_glob(entry):
@@ -130,5 +144,8 @@ def expand_deny_read(policy: Policy) -> Policy:
         if not entry.startswith("/"):
             raise _refuse(entry, "a glob must be absolute once the settings are resolved")
         expanded += [posixpath.normpath(p) for p in expand_glob(entry)]
-    unique = tuple(dict.fromkeys(expanded))
-    return policy.replace(filesystem=fs.replace(deny_read=unique))
+    deny_read = tuple(dict.fromkeys(_resolved(p) for p in expanded))
+    allow_read = tuple(dict.fromkeys(_resolved(p) for p in fs.allow_read))
+    if deny_read == fs.deny_read and allow_read == fs.allow_read:
+        return policy
+    return policy.replace(filesystem=fs.replace(deny_read=deny_read, allow_read=allow_read))

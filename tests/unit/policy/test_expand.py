@@ -63,3 +63,20 @@ def test_the_policy_keeps_literal_entries_and_replaces_globs(tmp_path: object) -
         filesystem=fs.replace(deny_read=(*fs.deny_read, f"{root}/ws/**/*.pem"))
     )
     assert expand_deny_read(globbed).filesystem.deny_read == (*fs.deny_read, pem)
+
+
+def test_entries_reached_through_links_are_resolved(tmp_path: object) -> None:
+    root = str(tmp_path)
+    touch(f"{root}/dotfiles/aws/credentials")
+    os.makedirs(f"{root}/home")
+    os.symlink(f"{root}/dotfiles/aws", f"{root}/home/.aws")
+    policy = Policy.for_workspace(f"{root}/ws", home=f"{root}/home")
+    fs = policy.filesystem
+    linked = policy.replace(
+        filesystem=fs.replace(
+            deny_read=(f"{root}/home/.aws",), allow_read=(f"{root}/home/.aws/public",)
+        )
+    )
+    resolved = expand_deny_read(linked).filesystem
+    assert resolved.deny_read == (f"{root}/dotfiles/aws",)  # the target is what must be hidden
+    assert resolved.allow_read == (f"{root}/home/.aws/public",)  # missing: kept as written
