@@ -856,3 +856,38 @@ def test_every_key_and_shape_has_a_proof() -> None:
 )
 def test_the_setting_is_enforced_or_refused(world: World, key: str, shape: str) -> None:
     PROOFS[key][shape](world)
+
+
+#: Keys whose enforcement differs per backend mechanism: their proofs run again on
+#: Landlock (no namespaces: rules, the broker and the seccomp filter instead of mounts).
+#: The per-backend guarantees of the default policy are the conformance matrix's.
+PER_BACKEND: dict[str, tuple[str, ...]] = {
+    "filesystem.readOnly": ("true", "false"),
+    "filesystem.allowWrite": ("absolute", "home"),
+    "filesystem.denyRead": ("absolute", "relative", "home", "glob", "link", "relative-glob"),
+    "filesystem.allowRead": ("absolute", "home"),
+    "filesystem.protect": ("relative", "glob"),
+    "network.allowUnixSockets": ("true", "false"),
+    "env.pass": ("name", "glob"),
+    "caches": ("existing", "missing"),
+}
+
+
+@pytest.mark.parametrize(
+    ("key", "shape"),
+    [(key, shape) for key, shapes in PER_BACKEND.items() for shape in shapes],
+    ids=[f"landlock:{key}={shape}" for key, shapes in PER_BACKEND.items() for shape in shapes],
+)
+def test_the_setting_is_enforced_or_refused_on_landlock(world: World, key: str, shape: str) -> None:
+    if not backend_usable("landlock"):
+        pytest.skip(f"landlock is not available here: {available().get('landlock')}")
+    world.environ.update(CORRAL_BACKEND="landlock", CORRAL_ISOLATION="process")
+    PROOFS[key][shape](world)
+
+
+def test_landlock_refuses_a_disk_quota(world: World) -> None:
+    world.environ.update(CORRAL_BACKEND="landlock", CORRAL_ISOLATION="process")
+    refused(
+        run(world, {"resources": {"disk": "8M"}}, "echo RAN", "--read-only"),
+        "Failed to enforce resources.disk",
+    )
