@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import pytest
 
 from corral.policy import _keys as k
+from corral.testing.conformance import tcp_server
 from tests.conftest import PROBE_PYTHON, World, corral_command, needs_bwrap
 
 from .conftest import available
@@ -86,34 +87,6 @@ def reads(world: World, settings: dict[str, object], path: str, *options: str) -
 def secret(path: str) -> str:
     World.write(path, "MARK-" + os.path.basename(path) + "\n")
     return path
-
-
-@contextmanager
-def tcp_listener() -> Iterator[tuple[int, list[bytes]]]:
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(8)
-    server.settimeout(0.2)
-    received: list[bytes] = []
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                continue
-            received.append(b"connected")
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield server.getsockname()[1], received
-    finally:
-        stop.set()
-        thread.join(2)
-        server.close()
 
 
 def connect(port: int) -> str:
@@ -389,7 +362,7 @@ def network_mode(mode: str) -> Proof:
             assert allowlist_reaches(world, allow, "walk.test")
             assert not allowlist_reaches(world, allow, "other.walk.test")
             return
-        with tcp_listener() as (port, received):
+        with tcp_server() as (port, received):
             run(world, {"network": {"mode": mode}}, connect(port))
         assert bool(received) is (mode == "open")
 

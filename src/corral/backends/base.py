@@ -147,8 +147,8 @@ def disk_limit(
     """The size of each private tmpfs under ``resources.disk``, or None when unset.
 
     The limit holds only where every writable place is a tmpfs corral sizes:
-    with *writable* host paths (workspace, ``allowWrite``, ``caches``) the
-    rule is refused through *degrade* (or recorded when allowed, and the
+    with *writable* host places (workspace, ``allowWrite``, ``caches``, a
+    TMPDIR that is a host directory) the rule is refused through *degrade* (or recorded when allowed, and the
     temporary directories are still capped).
     """
     size = policy.resources.disk
@@ -157,9 +157,10 @@ def disk_limit(
     if writable:
         degrade.cannot(
             "resources.disk",
-            f"writes to {', '.join(sorted(writable))} go to the host filesystem, which has "
-            f"no per-sandbox quota ({backend} caps only its private /tmp and /var/tmp)",
-            fix="run with --read-only and without allowWrite or caches, or unset resources.disk",
+            f"on the {backend} backend, writes to {', '.join(sorted(writable))} go to the host "
+            "filesystem, which has no per-sandbox quota",
+            fix="run with --read-only and without allowWrite or caches on bubblewrap, gvisor, "
+            "podman or docker, or unset resources.disk",
         )
     return size
 

@@ -68,6 +68,7 @@ from .base import (
     cache_dirs,
     cgroup_limits,
     checked_workspace,
+    disk_limit,
     is_under,
     refuse_image,
 )
@@ -229,13 +230,7 @@ class LandlockBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         refuse_image(policy, degrade, self.name)
-        if policy.resources.disk is not None:
-            degrade.cannot(
-                "resources.disk",
-                f"the {self.name} backend's TMPDIR and writable areas are host directories, "
-                "which have no per-sandbox quota",
-                fix="use --backend bubblewrap, or unset resources.disk",
-            )
+        disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace

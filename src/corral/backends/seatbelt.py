@@ -26,7 +26,7 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
 from ._plan import LaunchPlan
 from ._sbpl import build_profile
-from .base import Backend, Degradations, cache_dirs, refuse_image
+from .base import Backend, Degradations, cache_dirs, disk_limit, refuse_image
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -84,13 +84,7 @@ class SeatbeltBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         refuse_image(policy, degrade, self.name)
-        if policy.resources.disk is not None:
-            degrade.cannot(
-                "resources.disk",
-                f"the {self.name} backend's TMPDIR and writable areas are host directories, "
-                "which have no per-sandbox quota",
-                fix="use --backend bubblewrap, or unset resources.disk",
-            )
+        disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the seatbelt backend: the egress proxy is not "

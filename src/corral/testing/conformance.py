@@ -41,7 +41,16 @@ if TYPE_CHECKING:
     from ..pipeline._outcome import Outcome
     from ..policy._model import Policy
 
-__all__ = ["GUARANTEES", "Guarantee", "Probe", "Verdict", "check", "expected", "probe_dir"]
+__all__ = [
+    "GUARANTEES",
+    "Guarantee",
+    "Probe",
+    "Verdict",
+    "check",
+    "expected",
+    "probe_dir",
+    "tcp_server",
+]
 
 ENFORCED, REFUSED, NOT_EXPRESSIBLE, VIOLATED, ERROR = (
     "enforced",
@@ -247,7 +256,8 @@ def _env(p: Probe) -> tuple[bool, bool, str]:
 
 
 @contextlib.contextmanager
-def _tcp_server() -> Iterator[tuple[int, list[bytes]]]:
+def tcp_server() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP listener on 127.0.0.1: yields ``(port, what each connection sent)``."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -279,7 +289,7 @@ def _tcp_server() -> Iterator[tuple[int, list[bytes]]]:
 
 
 def _network(p: Probe) -> tuple[bool, bool, str]:
-    with _tcp_server() as (port, received):
+    with tcp_server() as (port, received):
         policy = p.policy()
         bad = p.run(policy, "connect_tcp.py", "127.0.0.1", str(port))
         escaped = bool(received)
