@@ -363,13 +363,15 @@ def _build_policy(table: k.KeyTable, values: dict[str, Any]) -> Policy:
     return Policy(**top)
 
 
-def _protect_own_files(state: MergeState, dirs: tuple[str, ...]) -> None:
+def _protect_own_files(state: MergeState, dirs: tuple[str, ...], files: Sequence[str] = ()) -> None:
     """Keep corral's config and state dirs unreadable and, if writable, read-only.
 
     The defaults hide ``~/.config/corral`` and ``~/.local/state/corral``; with
     other XDG directories those are added here. When one lies inside (or
     contains) a writable area, it is also made read-only, so a sandboxed
-    command can never edit the user settings or trust records.
+    command can never edit the user settings or trust records. The settings
+    *files* named by ``CORRAL_SETTINGS`` and ``--settings`` are made read-only
+    too when they lie in a writable area (they are followed as named).
     """
     label = "defaults (corral's own files)"
     writable = [state.values["filesystem.workspace"], *state.values["filesystem.allowWrite"]]
@@ -378,6 +380,9 @@ def _protect_own_files(state: MergeState, dirs: tuple[str, ...]) -> None:
         if any(_overlaps(directory, area) for area in writable):
             state.add_entry("filesystem.denyWrite", directory, label)
             state.add_entry("filesystem.denyWrite", directory + "/**", label)
+    for path in files:
+        if any(_overlaps(path, area) for area in writable):
+            state.add_entry("filesystem.denyWrite", path, "defaults (settings files in use)")
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -538,7 +543,9 @@ def load_settings(
     # 6. The result.
     _check_home_workspace(state, home)
     _protect_own_files(
-        state, (config_dir(home=home, environ=env), state_dir(home=home, environ=env))
+        state,
+        (config_dir(home=home, environ=env), state_dir(home=home, environ=env)),
+        [layer.info.path for layer in (env_file, *extra) if layer is not None and layer.info.path],
     )
     integrations = {
         row.path.partition(".")[2]: _frozen(state.values[row.path])

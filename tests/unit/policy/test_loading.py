@@ -355,3 +355,16 @@ def test_secret_paths_are_hidden_under_the_passwd_home_and_the_xdg_directories(
     assert "/xdg/config/gh" in deny_read
     assert "/xdg/config/gcloud" in deny_read
     assert "/xdg/data/keyrings" in deny_read
+
+
+def test_settings_files_in_use_are_read_only_inside_writable_areas(world: SettingsWorld) -> None:
+    inside = os.path.join(world.workspace, "corral.json")
+    with open(inside, "w") as f:
+        f.write("{}")
+    world.environ["CORRAL_SETTINGS"] = inside
+    assert inside in world.load().policy.filesystem.deny_write
+    outside = os.path.join(world.root, "elsewhere.json")
+    with open(outside, "w") as f:
+        f.write("{}")
+    world.environ["CORRAL_SETTINGS"] = outside
+    assert outside not in world.load().policy.filesystem.deny_write
