@@ -231,7 +231,7 @@ def _record(path: str, digests: dict[str, str]) -> None:
         check_confined_dirs(path, _records_base(path))
         os.makedirs(posixpath.dirname(path), mode=0o700, exist_ok=True)
         lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # LinkError is a ValueError
         raise SettingsError(
             f"cannot write trust records: {error_reason(exc)}", source=path
         ) from exc
