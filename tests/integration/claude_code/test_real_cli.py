@@ -1,0 +1,104 @@
+"""The real Claude Code CLI (``claude -p``) with corral's hook, driven by a scripted model.
+
+Each test installs the hook the way users do (``corral install claude-code``),
+scripts the model's tool calls (:mod:`._claude`), runs the real CLI headless
+and checks the host afterwards: which files exist, what the tool results
+said. Skipped with the reason when the CLI is not installed; ``.ci/run``
+installs it from npm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from ..conftest import World, corral_executable, needs_bwrap
+from ._claude import ScriptedModel, claude_cli, run_claude
+
+pytestmark = needs_bwrap
+
+
+@pytest.fixture
+def claude(world: World) -> str:
+    path = claude_cli()
+    venv_bin = os.path.dirname(corral_executable())
+    world.environ["PATH"] = f"{venv_bin}:{world.environ['PATH']}"
+    return path
+
+
+def install(world: World, *args: str, cwd: str | None = None) -> str:
+    result = subprocess.run(
+        [corral_executable(), "install", "claude-code", *args],
+        env=world.environ,
+        cwd=cwd or world.workspace,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def user_permissions(world: World, **permissions: list[str]) -> None:
+    path = os.path.join(world.home, ".claude", "settings.json")
+    with open(path, encoding="utf-8") as f:
+        settings = json.load(f)
+    settings["permissions"] = permissions
+    World.write(path, json.dumps(settings, indent=2))
+
+
+def session(
+    world: World, calls: list[tuple[str, dict[str, object]]], cwd: str | None = None
+) -> list[tuple[str, bool]]:
+    with ScriptedModel(calls) as model:
+        result = run_claude(world.home, cwd or world.workspace, model, environ=world.environ)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    results = model.tool_results()
+    assert len(results) == len(calls), results
+    return results
+
+
+def test_the_users_deny_ask_and_allow_rules_keep_their_meaning(world: World, claude: str) -> None:
+    for name in ("victim.txt", "asked.txt", "allowed.txt"):
+        World.write(world.ws(name), "original\n")
+    install(world)
+    user_permissions(
+        world, deny=["Bash(rm:*)"], ask=["Bash(git push:*)", "Bash(touch *)"], allow=["Bash(mv:*)"]
+    )
+    results = session(
+        world,
+        [
+            ("Bash", {"command": "rm victim.txt"}),
+            ("Bash", {"command": "echo ok && rm -f asked.txt"}),
+            ("Bash", {"command": "touch new.txt"}),  # ask: refused in -p mode
+            ("Bash", {"command": f"mv allowed.txt moved.txt; echo pwned > {world.victim}"}),
+        ],
+    )
+    assert "deny rule 'Bash(rm:*)'" in results[0][0] and results[0][1]
+    assert "deny rule 'Bash(rm:*)'" in results[1][0] and results[1][1]
+    assert results[2][1] and "ask rule 'Bash(touch *)'" in results[2][0]
+    for name, exists in [
+        ("victim.txt", True),
+        ("asked.txt", True),
+        ("new.txt", False),
+        ("allowed.txt", False),
+        ("moved.txt", True),
+    ]:
+        assert os.path.exists(world.ws(name)) is exists, name
+    # the allowed command ran, in the sandbox: the write outside the workspace failed
+    assert "Read-only file system" in results[3][0]
+    assert world.read(world.victim) == "original\n"
+    assert world.read(world.ws("victim.txt")) == "original\n"
+
+
+def test_tools_running_code_outside_the_sandbox_are_refused(world: World, claude: str) -> None:
+    install(world)
+    results = session(
+        world,
+        [("Workflow", {"script": "export const meta = {name: 'x', description: 'y', phases: []}"})],
+    )
+    assert results[0][1]
+    assert "Workflow is not allowed" in results[0][0]
