@@ -316,7 +316,8 @@ def _shell_decision(
 
 
 def _absolute(path: str, cwd: str, environ: Mapping[str, str]) -> str:
-    return posixpath.normpath(posixpath.join(cwd, expand_user(path, environ)))
+    """*path* made absolute, *not* normalized: ``link/..`` must reach the kernel-like resolver."""
+    return posixpath.join(cwd, expand_user(path, environ))
 
 
 def expand_user(path: str, environ: Mapping[str, str]) -> str:

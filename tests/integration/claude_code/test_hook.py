@@ -536,3 +536,44 @@ def test_unreadable_permission_rules_block_the_call(world: World, via: str) -> N
     code, out, err = run_hook(world, via, payload(world, "Bash", {"command": "rm x"}))
     assert (code, out) == (2, None)
     assert "permissions.deny" in err and "settings.local.json" in err
+
+
+# ------------------------------------------------- paths as the kernel resolves them
+def test_paths_are_resolved_as_the_kernel_would(world: World, via: str) -> None:
+    # ws/keys -> ~/.ssh/nested: for the kernel, keys/.. is ~/.ssh (normpath says ws)
+    os.makedirs(os.path.join(world.home, ".ssh", "nested"))
+    os.symlink(os.path.join(world.home, ".ssh", "nested"), world.ws("keys"))
+    for tool, tool_input in [
+        ("Read", {"file_path": "keys/../id_rsa"}),
+        ("Write", {"file_path": "keys/../authorized_keys", "content": "ssh-ed25519 AAAA"}),
+        ("Edit", {"file_path": "keys/../id_rsa", "old_string": "a", "new_string": "b"}),
+        ("Grep", {"pattern": "KEY", "path": "keys/.."}),
+        ("Glob", {"pattern": "*", "path": "keys/.."}),
+    ]:
+        out = decision(world, via, tool, tool_input)
+        assert out is not None and out["permissionDecision"] == "deny", (tool, out)
+        assert "secret" in out["permissionDecisionReason"], (tool, out)
+
+
+@pytest.mark.parametrize(
+    ("tool", "tool_input"),
+    [
+        ("Read", {"file_path": "/proc/self/cwd/../home/.ssh/id_rsa"}),
+        ("Read", {"file_path": "/proc/self/environ"}),
+        ("Write", {"file_path": "/proc/self/cwd/.bashrc", "content": "x"}),
+        ("Glob", {"pattern": "**", "path": "/proc/self/root/root"}),
+    ],
+)
+def test_paths_through_per_process_links_are_denied(
+    world: World, via: str, tool: str, tool_input: dict[str, Any]
+) -> None:
+    out = decision(world, via, tool, tool_input)
+    assert out is not None and out["permissionDecision"] == "deny"
+    assert "names a different object in Claude Code's process" in out["permissionDecisionReason"]
+
+
+@pytest.mark.parametrize("pattern", ["{../home/.ssh,src}/*", "../{home,x}/.ssh/id_*"])
+def test_glob_braces_are_patterns(world: World, via: str, pattern: str) -> None:
+    out = decision(world, via, "Glob", {"pattern": pattern})
+    assert out is not None and out["permissionDecision"] == "deny"
+    assert decision(world, via, "Glob", {"pattern": "src/**/*.{py,txt}"}) is None

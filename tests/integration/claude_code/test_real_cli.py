@@ -102,3 +102,24 @@ def test_tools_running_code_outside_the_sandbox_are_refused(world: World, claude
     )
     assert results[0][1]
     assert "Workflow is not allowed" in results[0][0]
+
+
+def test_read_through_link_dotdot_does_not_reach_a_secret(world: World, claude: str) -> None:
+    install(world)
+    os.makedirs(os.path.join(world.home, ".ssh", "nested"))
+    os.symlink(os.path.join(world.home, ".ssh", "nested"), world.ws("keys"))
+    results = session(
+        world,
+        [
+            ("Read", {"file_path": world.ws("keys", "..", "id_rsa")}),
+            ("Read", {"file_path": "/proc/self/cwd/../home/.ssh/id_rsa"}),
+            ("Read", {"file_path": world.ws("README")}),
+        ],
+    )
+    for text, is_error in results[:2]:
+        assert is_error and "SECRET" not in text, text
+    # Claude Code 2.1.197 normalizes the path lexically before the hook (it reads ws/id_rsa,
+    # which does not exist); the hook would deny the kernel's reading of it as well
+    assert "secret path" in results[0][0] or "does not exist" in results[0][0]
+    assert "names a different object" in results[1][0], results[1][0]
+    assert "hello" in results[2][0] and not results[2][1]
