@@ -62,6 +62,7 @@ def main(args: list[str]) -> int:
         opts = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
+    from ..._state import state_dir
     from ...integrations.claude_code_hook import corral_command
     from ...integrations.claude_settings import hook_command, install_hook, uninstall_hook
     from ...policy._locations import default_home
@@ -69,14 +70,15 @@ def main(args: list[str]) -> int:
 
     home = default_home(os.environ)
     path = settings_path(opts.scope or "user", home=home, cwd=os.getcwd())
+    records = os.path.join(state_dir(os.environ), "claude-code-install")
     try:
         if opts.uninstall:
-            changed = uninstall_hook(path)
+            changed = uninstall_hook(path, records=records)
             what = "removed corral's hook from" if changed else "corral's hook is not in"
         else:
             fast = usable_client()
             corral = (fast,) if fast else corral_command(sys.argv[0], sys.executable)
-            changed = install_hook(path, hook_command(corral))
+            changed = install_hook(path, hook_command(corral), records=records)
             what = (
                 "installed corral's PreToolUse hook in"
                 if changed
