@@ -51,10 +51,15 @@ def user_permissions(world: World, **permissions: list[str]) -> None:
 
 
 def session(
-    world: World, calls: list[tuple[str, dict[str, object]]], cwd: str | None = None
+    world: World,
+    calls: list[tuple[str, dict[str, object]]],
+    cwd: str | None = None,
+    args: tuple[str, ...] = (),
 ) -> list[tuple[str, bool]]:
     with ScriptedModel(calls) as model:
-        result = run_claude(world.home, cwd or world.workspace, model, environ=world.environ)
+        result = run_claude(
+            world.home, cwd or world.workspace, model, environ=world.environ, args=args
+        )
     assert result.returncode == 0, (result.stdout, result.stderr)
     results = model.tool_results()
     assert len(results) == len(calls), results
@@ -123,3 +128,23 @@ def test_read_through_link_dotdot_does_not_reach_a_secret(world: World, claude: 
     assert "secret path" in results[0][0] or "does not exist" in results[0][0]
     assert "names a different object" in results[1][0], results[1][0]
     assert "hello" in results[2][0] and not results[2][1]
+
+
+def test_project_install_says_exactly_which_sessions_it_covers(world: World, claude: str) -> None:
+    sub = world.ws("src", "pkg")
+    os.makedirs(sub)
+    out = install(world, "--project", cwd=sub)
+    assert f"sessions started in {world.workspace} itself" in out
+    assert "corral install claude-code --user" in out
+    probe = os.path.join(world.outside, "probe")
+    touch = [("Bash", {"command": f"touch {probe}"})]
+    # at the project's root: sandboxed
+    (result,) = session(world, touch, args=("--permission-mode", "bypassPermissions"))
+    assert "Read-only file system" in result[0]
+    assert not os.path.exists(probe)
+    # in a subdirectory Claude Code does not read the root's settings: what the note says
+    session(world, touch, cwd=sub, args=("--permission-mode", "bypassPermissions"))
+    assert os.path.exists(probe), (
+        "Claude Code now reads the project's settings from subdirectories: "
+        "update install.PROJECT_SCOPE_NOTE, docs/integrations.md and this test"
+    )
