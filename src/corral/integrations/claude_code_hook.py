@@ -16,10 +16,11 @@ Decisions (:func:`decide`):
   (:mod:`._permissions`; Claude Code would apply them only to the rewritten
   one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
   with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
-  becomes ``/abs/corral-client run --agent-session ID --shell bash -c '<original>'``
+  becomes ``/abs/corral-client run --agent-session ID --shell bash -c ...``
   (the compiled fast client when it is usable, else the Python CLI). The
-  original travels as one single-quoted word (:mod:`._shell`), so quotes,
-  newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged.
+  original travels in a quoted heredoc (:func:`rewrite_command`), so quotes,
+  newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged,
+  with no escaping.
   Commands matching ``integrations.claudeCode.unsandboxedCommands`` get
   ``ask``: the user approves running them *without* corral.
 * ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``, ``EnterWorktree``:
@@ -139,20 +140,49 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
     return (posixpath.abspath(argv0),)
 
 
+#: The heredoc delimiter of a rewritten command (``_`` is appended until no line equals it).
+DELIMITER = "CORRAL_COMMAND_END"
+#: The shell variable a heredoc hands the original command over in (never exported).
+VARIABLE = "__corral_command"
+
+
 def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> str:
-    """The shell command that runs *command* under ``corral run`` (quoted for any shell).
+    """The shell command that runs *command* under ``corral run`` (for bash, as Claude Code runs it).
+
+    The command goes in a quoted heredoc that bash's ``read`` builtin takes into
+    a shell variable, so its text is not escaped at all - quoting it as a word
+    would cost three bytes per ``'``, multiplied again by Claude Code's own
+    quoting (E2BIG where the original runs) - and no shell word of the
+    rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
+    see nothing to check). The rewritten command is ~120 bytes plus the
+    original::
+
+        IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
+        <original>
+        CORRAL_COMMAND_END
+        /abs/corral-client run --agent-session ID --shell bash -c "${__corral_command%?}"
+
+    ``%?`` drops the newline the heredoc adds; no command runs before corral
+    (``read`` is a builtin), and ``corral run`` gets the original exactly.
 
     Raises:
         HookError: *command* contains a NUL byte (no shell could run it).
     """
     try:
-        words = [quote(word) for word in corral]
-        return (
-            f"{' '.join(words)} run --agent-session {quote(session_id)} --shell {SHELL} "
-            f"-c {quote(command)}"
+        prefix = (
+            f"{' '.join(quote(word) for word in corral)} run --agent-session {quote(session_id)}"
         )
+        quote(command)  # the NUL check
     except ValueError as exc:
         raise HookError(f"cannot sandbox the command: {exc}") from None
+    lines = set(command.split("\n"))
+    delimiter = DELIMITER
+    while delimiter in lines:
+        delimiter += "_"
+    return (
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
+        f'{prefix} --shell {SHELL} -c "${{{VARIABLE}%?}}"'
+    )
 
 
 def _decision(decision: str, reason: str, updated: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -229,7 +259,11 @@ def decide(
         return _shell_decision(tool, tool_input, payload, resolved, corral, env)
     rules = PathRules(resolved.policy)
     if tool in FILE_TOOLS:
-        path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd, env)
+        optional = tool == "EnterWorktree"  # without a path: under the project's .claude/
+        given = _field(tool_input, FILE_TOOLS[tool], "tool_input.", optional=optional)
+        if given is None:
+            return None
+        path = _absolute(given, cwd, env)
         denial = rules.write_denial(path)
         if denial is not None:
             return _decision(

@@ -146,9 +146,26 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
         k: v for k, v in tool_input.items() if k != "command"
     }
     assert updated["command"] == (
-        f"{hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
-        "--shell bash -c 'ls -la'"
+        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\nls -la\n"
+        f"CORRAL_COMMAND_END\n{hook_corral()} run --agent-session "
+        '3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f --shell bash -c "${__corral_command%?}"'
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "echo " + "\\'" * 20000 + " | wc -c",  # 16 bytes per ' when quoted twice: E2BIG
+        "cat <<'CORRAL_COMMAND_END'\nCORRAL_COMMAND_END\necho after",  # the delimiter itself
+        "printf '%s' 'no trailing newline'",
+        "echo 'trailing newlines'\n\n\n",
+    ],
+)
+def test_the_rewritten_command_has_no_escaping_cost(world: World, command: str) -> None:
+    new = rewritten(world, command)
+    assert len(new) <= len(command) + 200 + len(hook_corral())  # + the session id
+    original, sandboxed = bash(world, command), bash(world, new)
+    assert (sandboxed.returncode, sandboxed.stdout) == (original.returncode, original.stdout)
 
 
 def test_rewritten_command_is_sandboxed(world: World) -> None:
@@ -519,7 +536,7 @@ def test_rules_are_read_from_every_layer(world: World, via: str, where: str) -> 
     asked = decision(world, via, "Bash", {"command": "make install"})
     assert asked is not None and asked["permissionDecision"] == "ask"
     # what the user approves still runs in the sandbox
-    assert asked["updatedInput"]["command"].startswith(f"{hook_corral()} run ")
+    assert f"\n{hook_corral()} run " in asked["updatedInput"]["command"]
     other = decision(world, via, "Bash", {"command": "gitpush; makefile"})
     assert other is not None and other["permissionDecision"] == "allow"
 

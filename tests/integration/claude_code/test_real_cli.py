@@ -148,3 +148,19 @@ def test_project_install_says_exactly_which_sessions_it_covers(world: World, cla
         "Claude Code now reads the project's settings from subdirectories: "
         "update install.PROJECT_SCOPE_NOTE, docs/integrations.md and this test"
     )
+
+
+def test_commands_the_bare_cli_accepts_are_accepted_sandboxed(world: World, claude: str) -> None:
+    install(world)
+    results = session(
+        world,
+        [
+            # 20,000 quotes: quoted twice (corral's word, then Claude Code's) this was E2BIG
+            ("Bash", {"command": "echo " + "\\'" * 20000 + " | wc -c"}),
+            ("Bash", {"command": "echo $'a\\x00b'; echo \u200b"}),
+            ("Bash", {"command": "cat <<'CORRAL_COMMAND_END'\nit's\nCORRAL_COMMAND_END"}),
+        ],
+    )
+    assert results[0] == ("20001", False)
+    assert results[1] == ("a\n\u200b", False)
+    assert results[2] == ("it's", False)
