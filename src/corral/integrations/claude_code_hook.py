@@ -33,7 +33,8 @@ Decisions (:func:`decide`):
 * :data:`UNSANDBOXABLE` tools (code run inside Claude Code's process or in
   another shell language): ``deny``.
 * Any other tool: blocked when its input carries something to execute
-  (:data:`COMMAND_FIELDS`; corral's own MCP tools excepted), else no decision.
+  (:data:`COMMAND_FIELDS`; corral's own MCP tools excepted); ``deny`` when a
+  field naming a file (:data:`PATH_FIELDS`) names a secret path; else no decision.
   The hook's matcher is ``*`` so that it sees tools it does not know.
 
 Anything else - malformed JSON, a missing field, another event, an unknown
@@ -66,6 +67,7 @@ __all__ = [
     "COMMAND_FIELDS",
     "FILE_TOOLS",
     "MATCHER",
+    "PATH_FIELDS",
     "READ_TOOLS",
     "SHELL_TOOLS",
     "TOOLS",
@@ -113,6 +115,23 @@ COMMAND_FIELDS: tuple[str, ...] = (
     "shell",
     "exec",
     "executable",
+)
+#: tool_input fields that name a file: a tool the hook has no rule for (an MCP filesystem
+#: server, say) may not name a secret path in any of them.
+PATH_FIELDS: tuple[str, ...] = (
+    "path",
+    "paths",
+    "file_path",
+    "filePath",
+    "file",
+    "filename",
+    "notebook_path",
+    "directory",
+    "dir",
+    "source",
+    "destination",
+    "target",
+    "cwd",
 )
 #: The matcher of corral's hook: every tool, so that unknown tools are judged too.
 MATCHER = "*"
@@ -298,6 +317,15 @@ def decide(
             f"execute ({', '.join(carried)}): it would run outside the sandbox, so the call "
             "is blocked. Use the Bash tool"
         )
+    for name in PATH_FIELDS:
+        value = tool_input.get(name)
+        for given in value if isinstance(value, list) else [value]:
+            if not isinstance(given, str) or not given:
+                continue
+            path = _absolute(given, cwd, env)
+            denial = rules.read_denial(path)
+            if denial is not None:
+                return _decision("deny", f"corral: {tool} may not touch {path} ({name}): {denial}.")
     return None
 
 

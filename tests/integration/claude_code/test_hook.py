@@ -594,3 +594,26 @@ def test_glob_braces_are_patterns(world: World, via: str, pattern: str) -> None:
     out = decision(world, via, "Glob", {"pattern": pattern})
     assert out is not None and out["permissionDecision"] == "deny"
     assert decision(world, via, "Glob", {"pattern": "src/**/*.{py,txt}"}) is None
+
+
+@pytest.mark.parametrize(
+    ("tool_input", "denied"),
+    [
+        ({"path": "~/.ssh/id_rsa"}, True),
+        ({"paths": ["README", "../home/.aws/credentials"]}, True),
+        ({"source": "README", "destination": "/proc/self/cwd/x"}, True),
+        ({"path": "README"}, False),
+        ({"paths": ["README", "src/main.py"], "depth": 3}, False),
+    ],
+)
+def test_unknown_tools_may_not_name_a_secret_path(
+    world: World, via: str, tool_input: dict[str, Any], denied: bool
+) -> None:
+    out = decision(world, via, "mcp__filesystem__read_multiple_files", tool_input)
+    if denied:
+        assert out is not None and out["permissionDecision"] == "deny", out
+        assert (
+            "mcp__filesystem__read_multiple_files may not touch" in out["permissionDecisionReason"]
+        )
+    else:
+        assert out is None
