@@ -13,9 +13,9 @@ and ``managed-settings.d/*.json``), the user's (``$CLAUDE_CONFIG_DIR`` or
 ``~/.claude``: ``settings.json``), and the project's ``.claude/settings.json``
 and ``.claude/settings.local.json`` in the session's directory *and every
 directory above it* (Claude Code reads one project directory; reading all of
-them can only add deny/ask rules, never remove one). Rules given on Claude
-Code's command line (``--settings``, ``--disallowedTools``) are not visible to
-a hook; docs/integrations.md says so.
+them can only add deny/ask rules, never remove one), and the
+``--settings`` and ``--disallowedTools`` of the Claude Code process above the
+hook (:func:`command_line_rules`).
 
 Matching follows Claude Code's rule syntax (``Tool``, ``Tool(*)``,
 ``Tool(prefix:*)`` with a word boundary, ``Tool(glob with *)`` where a lone
@@ -104,6 +104,10 @@ def _rules(path: str) -> tuple[list[str], list[str]]:
         return [], []
     except OSError as exc:
         raise RulesError(f"cannot read {path}: {exc.strerror}") from None
+    return _parse(data, path)
+
+
+def _parse(data: bytes | str, path: str) -> tuple[list[str], list[str]]:
     if not data.strip():
         return [], []
     from .._jsonfast import JSONError, loads
@@ -127,12 +131,19 @@ def _rules(path: str) -> tuple[list[str], list[str]]:
 
 
 def judge(
-    tools: Iterable[str], command: str, cwd: str, environ: Mapping[str, str]
+    tools: Iterable[str],
+    command: str,
+    cwd: str,
+    environ: Mapping[str, str],
+    *,
+    pid: int | None = None,
 ) -> tuple[str, str, str] | None:
     """``("deny" | "ask", rule, file)`` for the first rule of *tools* matching *command*.
 
     Deny rules of every layer come before ask rules (Claude Code's order).
-    ``None``: no deny or ask rule matches.
+    ``None``: no deny or ask rule matches. *pid* is the hook's process: the
+    Claude Code above it gives the rules of its own command line
+    (:func:`command_line_rules`).
 
     Raises:
         RulesError: a settings file is unreadable or malformed (the
@@ -140,6 +151,8 @@ def judge(
     """
     names = tuple(tools)
     layers = [(path, *_rules(path)) for path in rule_files(cwd, environ)]
+    if pid is not None:
+        layers += command_line_rules(pid)
     commands: list[str] | None = None
     for index, verdict in ((1, "deny"), (2, "ask")):
         for layer in layers:
@@ -150,6 +163,113 @@ def judge(
                 if _rule_matches(rule, names, command, commands):
                     return verdict, rule, path
     return None
+
+
+#: How many processes up from the hook Claude Code is looked for (sh -c, then Claude Code).
+_MAX_ANCESTORS = 8
+
+
+def command_line_rules(pid: int) -> list[tuple[str, list[str], list[str]]]:
+    """The deny/ask rules on the command line of the Claude Code that started hook *pid*.
+
+    The hook runs as ``sh -c '<hook> || exit 2'`` under Claude Code; its
+    ancestors are walked (at most :data:`_MAX_ANCESTORS`) to the first whose
+    program is ``claude``, and its ``--settings FILE|JSON`` and
+    ``--disallowedTools RULE...`` are read. No Claude Code among them (the
+    hook run by hand, a test): no rules.
+
+    Raises:
+        RulesError: ``--settings`` names an unreadable or malformed file.
+    """
+    current = pid
+    for _ in range(_MAX_ANCESTORS):
+        parent = _parent(current)
+        if parent is None or parent <= 1:
+            return []
+        current = parent
+        argv = _argv(current)
+        if argv and _is_claude(argv):
+            return _flag_layers(current, argv)
+    return []
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _argv(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]]
+
+
+def _is_claude(argv: list[str]) -> bool:
+    program = os.path.basename(argv[0])
+    if program in ("claude", "claude.exe"):
+        return True
+    # node .../@anthropic-ai/claude-code/cli.js
+    return program.startswith("node") and any("claude-code" in a for a in argv[1:3])
+
+
+def _flag_layers(pid: int, argv: list[str]) -> list[tuple[str, list[str], list[str]]]:
+    layers: list[tuple[str, list[str], list[str]]] = []
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        name, _, inline = arg.partition("=")
+        if name == "--settings":
+            value = inline if inline else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if inline else 1
+            layers.append(("claude --settings", *_flag_settings(pid, value)))
+        elif name in ("--disallowedTools", "--disallowed-tools"):
+            values = [inline] if inline else []
+            while not inline and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                i += 1
+                values.append(argv[i])
+            deny = [rule for value in values for rule in _split_rules(value)]
+            layers.append((f"claude {name}", deny, []))
+        elif arg == "--":
+            break
+        i += 1
+    return layers
+
+
+def _flag_settings(pid: int, value: str) -> tuple[list[str], list[str]]:
+    if value.lstrip().startswith("{"):
+        return _parse(value, "claude --settings")
+    if not os.path.isabs(value):
+        try:
+            value = os.path.join(os.readlink(f"/proc/{pid}/cwd"), value)
+        except OSError:
+            raise RulesError(f"cannot find Claude Code's --settings file {value!r}") from None
+    return _rules(value)
+
+
+def _split_rules(value: str) -> list[str]:
+    """``"Bash(git:*) Edit,Write"``: rules separated by commas or spaces outside parentheses."""
+    rules: list[str] = []
+    current: list[str] = []
+    depth = 0
+    for c in value:
+        if c in ", " and depth == 0:
+            if current:
+                rules.append("".join(current))
+            current = []
+            continue
+        depth += c == "("
+        depth -= c == ")" and depth > 0
+        current.append(c)
+    if current:
+        rules.append("".join(current))
+    return rules
 
 
 def _rule_matches(rule: str, tools: tuple[str, ...], whole: str, commands: list[str]) -> bool:

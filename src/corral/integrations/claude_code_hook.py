@@ -257,11 +257,13 @@ def decide(
     *,
     corral: Sequence[str],
     environ: Mapping[str, str] | None = None,
+    pid: int | None = None,
 ) -> dict[str, Any] | None:
     """The hook's answer for one parsed *payload* (``None``: no decision, Claude Code decides).
 
     *corral* starts corral in a rewritten command; *environ* (default
-    :data:`os.environ`) gives ``$HOME`` for ``~`` in tool paths.
+    :data:`os.environ`) gives ``$HOME`` for ``~`` in tool paths; *pid* is the
+    hook's process, below the Claude Code whose command-line rules apply.
 
     Raises:
         HookError: an unknown tool, or a tool_input without the needed field.
@@ -275,7 +277,7 @@ def decide(
     if tool in SHELL_TOOLS:
         if tool == "Monitor" and tool_input.get("command") is None:
             return None  # a WebSocket monitor runs no command (network tools are Claude Code's)
-        return _shell_decision(tool, tool_input, payload, resolved, corral, env)
+        return _shell_decision(tool, tool_input, payload, resolved, corral, env, pid)
     rules = PathRules(resolved.policy)
     if tool in FILE_TOOLS:
         optional = tool == "EnterWorktree"  # without a path: under the project's .claude/
@@ -336,13 +338,14 @@ def _shell_decision(
     resolved: ResolvedSettings,
     corral: Sequence[str],
     env: Mapping[str, str],
+    pid: int | None,
 ) -> dict[str, Any]:
     """Bash and Monitor: the user's deny/ask rules on the original command, then the rewrite."""
     from . import _permissions
 
     command = _field(tool_input, "command", "tool_input.")
     try:
-        verdict = _permissions.judge((tool, "Bash"), command, payload["cwd"], env)
+        verdict = _permissions.judge((tool, "Bash"), command, payload["cwd"], env, pid=pid)
     except _permissions.RulesError as exc:
         raise HookError(f"cannot read your Claude Code permission rules: {exc}") from None
     if verdict is not None and verdict[0] == "deny":

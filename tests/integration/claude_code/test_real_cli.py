@@ -164,3 +164,26 @@ def test_commands_the_bare_cli_accepts_are_accepted_sandboxed(world: World, clau
     assert results[0] == ("20001", False)
     assert results[1] == ("a\n\u200b", False)
     assert results[2] == ("it's", False)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--disallowedTools", "Bash(rm:*)", "Edit"),
+        ("--settings", '{"permissions": {"deny": ["Bash(rm:*)"]}}'),
+        ("--settings", "extra-settings.json"),  # relative to Claude Code's directory
+    ],
+    ids=["disallowedTools", "settings-json", "settings-file"],
+)
+def test_deny_rules_on_claude_codes_command_line_hold(
+    world: World, claude: str, args: tuple[str, ...]
+) -> None:
+    install(world)
+    World.write(world.ws("extra-settings.json"), '{"permissions": {"deny": ["Bash(rm *)"]}}')
+    World.write(world.ws("victim.txt"), "original\n")
+    with ScriptedModel([("Bash", {"command": "rm victim.txt"})]) as model:
+        result = run_claude(world.home, world.workspace, model, environ=world.environ, args=args)
+    assert result.returncode == 0, result.stderr
+    ((text, is_error),) = model.tool_results()
+    assert is_error and "deny rule" in text and "claude --" in text, text
+    assert world.read(world.ws("victim.txt")) == "original\n"

@@ -60,3 +60,10 @@ def test_compound_commands_are_judged_by_each_simple_command(command: str, expec
 
 def test_separators_inside_single_quotes_do_not_split() -> None:
     assert simple_commands("echo 'a; rm x'") == ["echo 'a; rm x'", "echo a; rm x"]
+
+
+def test_disallowed_tools_values_split_outside_parentheses() -> None:
+    from corral.integrations._permissions import _split_rules
+
+    assert _split_rules("Bash(git push:*),Edit Write") == ["Bash(git push:*)", "Edit", "Write"]
+    assert _split_rules("Bash(rm -rf, x)") == ["Bash(rm -rf, x)"]
