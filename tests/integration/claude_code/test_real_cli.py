@@ -15,6 +15,8 @@ import subprocess
 
 import pytest
 
+from tests.conftest import client_command
+
 from ..conftest import World, corral_executable, needs_bwrap
 from ._claude import ScriptedModel, claude_cli, run_claude
 
@@ -187,3 +189,42 @@ def test_deny_rules_on_claude_codes_command_line_hold(
     ((text, is_error),) = model.tool_results()
     assert is_error and "deny rule" in text and "claude --" in text, text
     assert world.read(world.ws("victim.txt")) == "original\n"
+
+
+def test_command_line_rules_hold_when_the_server_answers_the_hook(
+    world: World, claude: str
+) -> None:
+    # the fast client's hook is answered by the warm server, which finds Claude Code
+    # above the client's pid (SO_PEERCRED), not above its own
+    client_command("corral-client")  # skips when it was not built
+    del world.environ["CORRAL_SERVER"]
+    world.environ["XDG_STATE_HOME"] = os.path.join(world.root, "state")
+    install(world)
+    World.write(world.ws("victim.txt"), "original\n")
+
+    def server(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [corral_executable(), "server", *args],
+            env=world.environ,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+
+    assert server("--detach").returncode == 0
+    try:
+        with ScriptedModel([("Bash", {"command": "rm victim.txt"})]) as model:
+            run_claude(
+                world.home,
+                world.workspace,
+                model,
+                environ=world.environ,
+                args=("--disallowedTools", "Bash(rm:*)"),
+            )
+        status = json.loads(server("--status", "--json").stdout)
+    finally:
+        server("--stop")
+    ((text, is_error),) = model.tool_results()
+    assert is_error and "(claude --disallowedTools)" in text, text
+    assert world.read(world.ws("victim.txt")) == "original\n"
+    assert status["hooks"] >= 1  # the server answered it
