@@ -100,8 +100,8 @@ def _rules(path: str) -> tuple[list[str], list[str]]:
     try:
         with open(path, "rb") as f:
             data = f.read()
-    except (FileNotFoundError, NotADirectoryError):
-        return [], []
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return [], []  # Claude Code (the same user) cannot read it either
     except OSError as exc:
         raise RulesError(f"cannot read {path}: {exc.strerror}") from None
     return _parse(data, path)

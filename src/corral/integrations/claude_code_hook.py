@@ -70,7 +70,6 @@ __all__ = [
     "PATH_FIELDS",
     "READ_TOOLS",
     "SHELL_TOOLS",
-    "TOOLS",
     "UNSANDBOXABLE",
     "HookError",
     "corral_command",
@@ -101,8 +100,6 @@ UNSANDBOXABLE: dict[str, str] = {
     "use the Bash tool (node -e ...) instead",
     "Workflow": "a workflow script runs inside Claude Code's own process, outside the sandbox",
 }
-#: The tools the hook has a rule for; every other tool is judged by :data:`COMMAND_FIELDS`.
-TOOLS: tuple[str, ...] = (*SHELL_TOOLS, *FILE_TOOLS, *READ_TOOLS, *UNSANDBOXABLE)
 #: tool_input fields that carry something to execute: a tool the hook has no rule for
 #: that has one of them is blocked (exit 2) - an unknown tool must not run commands unsandboxed.
 COMMAND_FIELDS: tuple[str, ...] = (
@@ -266,7 +263,8 @@ def decide(
     hook's process, below the Claude Code whose command-line rules apply.
 
     Raises:
-        HookError: an unknown tool, or a tool_input without the needed field.
+        HookError: a tool without a rule whose input carries a command, a
+            tool_input without the needed field, or unreadable permission rules.
     """
     from ._access import PathRules
 
