@@ -189,9 +189,13 @@ def run_claude(
     *,
     environ: dict[str, str],
     args: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
     timeout: float = 180,
 ) -> subprocess.CompletedProcess[str]:
-    """``claude -p`` in *cwd* with *home* as its home, talking to *model*."""
+    """``claude -p`` in *cwd* with *home* as its home, talking to *model*.
+
+    *prefix* runs it under another identity (``setpriv --reuid=65534 ...``).
+    """
     env = {
         **environ,
         "HOME": home,
@@ -201,10 +205,10 @@ def run_claude(
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
     }
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and not prefix:
         env["IS_SANDBOX"] = "1"
     return subprocess.run(
-        [claude_cli(), "-p", "run the scripted tools", "--output-format", "json", *args],
+        [*prefix, claude_cli(), "-p", "run the scripted tools", "--output-format", "json", *args],
         cwd=cwd,
         env=env,
         stdin=subprocess.DEVNULL,

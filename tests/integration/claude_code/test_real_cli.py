@@ -12,10 +12,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 
 import pytest
 
-from tests.conftest import client_command
+import corral
+from tests.conftest import client_command, unreadable_for
 
 from ..conftest import World, corral_executable, needs_bwrap
 from ._claude import ScriptedModel, claude_cli, run_claude
@@ -57,10 +59,16 @@ def session(
     calls: list[tuple[str, dict[str, object]]],
     cwd: str | None = None,
     args: tuple[str, ...] = (),
+    prefix: tuple[str, ...] = (),
 ) -> list[tuple[str, bool]]:
     with ScriptedModel(calls) as model:
         result = run_claude(
-            world.home, cwd or world.workspace, model, environ=world.environ, args=args
+            world.home,
+            cwd or world.workspace,
+            model,
+            environ=world.environ,
+            args=args,
+            prefix=prefix,
         )
     assert result.returncode == 0, (result.stdout, result.stderr)
     results = model.tool_results()
@@ -68,13 +76,38 @@ def session(
     return results
 
 
-def test_the_users_deny_ask_and_allow_rules_keep_their_meaning(world: World, claude: str) -> None:
+def as_user(world: World, who: str) -> tuple[str, ...]:
+    """How to run Claude Code as *who*: ``"caller"``, or ``"nobody"`` (uid 65534, owning the world)."""
+    if who == "caller":
+        return ()
+    if os.geteuid() != 0:
+        pytest.skip("already unprivileged: the caller's pass is the unprivileged one")
+    problem = unreadable_for(
+        65534,
+        corral_executable(),
+        os.path.realpath(sys.executable),  # the interpreter the corral script runs
+        claude_cli(),
+        os.path.dirname(corral.__file__),
+    )
+    if problem is not None:
+        pytest.skip(problem)
+    for directory, dirs, files in os.walk(world.root):
+        for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+            os.lchown(name, 65534, 65534)
+    return ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
+@pytest.mark.parametrize("who", ["caller", "nobody"])
+def test_the_users_deny_ask_and_allow_rules_keep_their_meaning(
+    world: World, claude: str, who: str
+) -> None:
     for name in ("victim.txt", "asked.txt", "allowed.txt"):
         World.write(world.ws(name), "original\n")
     install(world)
     user_permissions(
         world, deny=["Bash(rm:*)"], ask=["Bash(git push:*)", "Bash(touch *)"], allow=["Bash(mv:*)"]
     )
+    prefix = as_user(world, who)
     results = session(
         world,
         [
@@ -83,6 +116,7 @@ def test_the_users_deny_ask_and_allow_rules_keep_their_meaning(world: World, cla
             ("Bash", {"command": "touch new.txt"}),  # ask: refused in -p mode
             ("Bash", {"command": f"mv allowed.txt moved.txt; echo pwned > {world.victim}"}),
         ],
+        prefix=prefix,
     )
     assert "deny rule 'Bash(rm:*)'" in results[0][0] and results[0][1]
     assert "deny rule 'Bash(rm:*)'" in results[1][0] and results[1][1]
