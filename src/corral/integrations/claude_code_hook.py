@@ -31,7 +31,8 @@ Decisions (:func:`decide`):
 * ``Read``, ``Grep``, ``Glob``: ``deny`` on secret paths, and searches that
   would reach one; otherwise no decision.
 * :data:`UNSANDBOXABLE` tools (code run inside Claude Code's process or in
-  another shell language): ``deny``.
+  another shell language): ``deny``; a ``Skill`` whose file has shell
+  injections (``!`cmd```, run by Claude Code when the skill loads): ``deny``.
 * Any other tool: blocked when its input carries something to execute
   (:data:`COMMAND_FIELDS`; corral's own MCP tools excepted); ``deny`` when a
   field naming a file (:data:`PATH_FIELDS`) names a secret path; else no decision.
@@ -308,6 +309,17 @@ def decide(
         return None
     if tool in UNSANDBOXABLE:
         return _decision("deny", f"corral: {tool} is not allowed: {UNSANDBOXABLE[tool]}.")
+    if tool == "Skill":
+        name = _field(tool_input, "skill", "tool_input.")
+        runs = _skill_running_commands(name, cwd, env)
+        if runs is not None:
+            return _decision(
+                "deny",
+                f"corral: the skill {name!r} is not allowed: {runs} runs shell commands "
+                "(!`...`) when it loads, in Claude Code's own process, outside the sandbox. "
+                "Run what it needs with the Bash tool instead.",
+            )
+        return None
     if tool.startswith(OWN_MCP_PREFIXES):
         return None
     carried = [f for f in COMMAND_FIELDS if tool_input.get(f) not in (None, "", [], {})]
@@ -327,6 +339,65 @@ def decide(
             if denial is not None:
                 return _decision("deny", f"corral: {tool} may not touch {path} ({name}): {denial}.")
     return None
+
+
+#: How deep :func:`_skill_running_commands` looks for a plugin's skill under the plugins dir.
+_PLUGIN_DEPTH = 6
+
+
+def _skill_running_commands(name: str, cwd: str, environ: Mapping[str, str]) -> str | None:
+    """The file of skill *name* that has shell injections (``!`cmd```), if one has.
+
+    Claude Code runs a skill's (or custom command's) ``!`cmd``` lines when it
+    loads it, in its own process - no PreToolUse hook sees them. The skill's
+    files are looked for where Claude Code finds them: ``.claude/skills/NAME/SKILL.md``
+    and ``.claude/commands/NAME.md`` (``a:b`` is ``a/b.md``) in the session's
+    directory and every one above it, the same under the user's config
+    directory, and ``skills/SKILL/SKILL.md`` / ``commands/SKILL.md`` of
+    installed plugins (``plugin:skill``). Built-in skills have no file.
+    """
+    config = environ.get("CLAUDE_CONFIG_DIR") or posixpath.join(
+        environ.get("HOME") or "/", ".claude"
+    )
+    parts = [p for p in name.split(":") if p and p not in (".", "..")]
+    if not parts or any("/" in p for p in parts):
+        return None
+    bases = [config]
+    directory = posixpath.normpath(cwd)
+    while True:
+        bases.append(posixpath.join(directory, ".claude"))
+        parent = posixpath.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    candidates = []
+    for base in bases:
+        candidates.append(posixpath.join(base, "skills", name, "SKILL.md"))
+        candidates.append(posixpath.join(base, "commands", *parts[:-1], parts[-1] + ".md"))
+    leaf = parts[-1]
+    for root, dirs, _files in _walk(posixpath.join(config, "plugins"), _PLUGIN_DEPTH):
+        if posixpath.basename(root) == "skills" and leaf in dirs:
+            candidates.append(posixpath.join(root, leaf, "SKILL.md"))
+        if posixpath.basename(root) == "commands":
+            candidates.append(posixpath.join(root, leaf + ".md"))
+    for path in candidates:
+        try:
+            with open(path, "rb") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        if b"!`" in text or b"```!" in text:
+            return path
+    return None
+
+
+def _walk(top: str, depth: int) -> list[tuple[str, list[str], list[str]]]:
+    found = []
+    for root, dirs, files in os.walk(top):
+        found.append((root, dirs, files))
+        if root[len(top) :].count("/") >= depth:
+            dirs[:] = []
+    return found
 
 
 def _shell_decision(

@@ -617,3 +617,13 @@ def test_unknown_tools_may_not_name_a_secret_path(
         )
     else:
         assert out is None
+
+
+def test_plugin_and_user_skills_with_shell_injections_are_denied(world: World, via: str) -> None:
+    plugin = os.path.join(world.home, ".claude", "plugins", "cache", "mkt", "tools", "1.0")
+    World.write(os.path.join(plugin, "skills", "lint", "SKILL.md"), "Files: !`ls -la ~`\n")
+    World.write(os.path.join(world.home, ".claude", "commands", "ci", "run.md"), "!`make`\n")
+    for name in ("tools:lint", "ci:run"):
+        out = decision(world, via, "Skill", {"skill": name})
+        assert out is not None and out["permissionDecision"] == "deny", (name, out)
+    assert decision(world, via, "Skill", {"skill": "init"}) is None  # built in: no file

@@ -262,3 +262,36 @@ def test_command_line_rules_hold_when_the_server_answers_the_hook(
     assert is_error and "(claude --disallowedTools)" in text, text
     assert world.read(world.ws("victim.txt")) == "original\n"
     assert status["hooks"] >= 1  # the server answered it
+
+
+def test_skills_that_run_shell_commands_when_they_load_are_refused(
+    world: World, claude: str
+) -> None:
+    # Claude Code runs a skill's !`cmd` lines itself, in its own process: no hook sees them
+    install(world)
+    probe = os.path.join(world.outside, "probe")
+    World.write(
+        world.ws(".claude", "skills", "setup", "SKILL.md"),
+        f"---\nname: setup\ndescription: set up\n---\nState: !`touch {probe}-skill`\n",
+    )
+    World.write(
+        world.ws(".claude", "commands", "deploy.md"),
+        f"---\ndescription: deploy\n---\n```!\ntouch {probe}-command\n```\n",
+    )
+    World.write(
+        world.ws(".claude", "skills", "plain", "SKILL.md"),
+        "---\nname: plain\ndescription: plain\n---\nRun `make test` with the Bash tool.\n",
+    )
+    results = session(
+        world,
+        [
+            ("Skill", {"skill": "setup"}),
+            ("Skill", {"skill": "deploy"}),
+            ("Skill", {"skill": "plain"}),
+        ],
+        args=("--permission-mode", "bypassPermissions"),
+    )
+    for text, is_error in results[:2]:
+        assert is_error and "runs shell commands" in text, text
+    assert results[2] == ("Launching skill: plain", False)
+    assert not os.path.exists(f"{probe}-skill") and not os.path.exists(f"{probe}-command")
