@@ -39,7 +39,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
-__all__ = ["MANAGED_DIR", "RulesError", "judge", "matches", "rule_files", "simple_commands"]
+__all__ = [
+    "MANAGED_DIR",
+    "RulesError",
+    "ancestors",
+    "claude_config_dir",
+    "judge",
+    "matches",
+    "rule_files",
+    "simple_commands",
+]
 
 #: Where Claude Code reads managed (enterprise) settings on Linux.
 MANAGED_DIR = "/etc/claude-code"
@@ -73,6 +82,19 @@ class RulesError(Exception):
     """A settings file that holds permission rules cannot be read or is malformed."""
 
 
+def claude_config_dir(environ: Mapping[str, str]) -> str:
+    """The user's Claude Code directory: ``$CLAUDE_CONFIG_DIR``, else ``~/.claude``."""
+    return environ.get("CLAUDE_CONFIG_DIR") or os.path.join(environ.get("HOME") or "/", ".claude")
+
+
+def ancestors(directory: str) -> list[str]:
+    """*directory* (normalized) and every directory above it, up to ``/``."""
+    found = [os.path.normpath(directory)]
+    while found[-1] != "/":
+        found.append(os.path.dirname(found[-1]))
+    return found
+
+
 def rule_files(cwd: str, environ: Mapping[str, str]) -> list[str]:
     """Every settings file whose ``permissions`` Claude Code may apply to a session in *cwd*."""
     files = [os.path.join(MANAGED_DIR, "managed-settings.json")]
@@ -82,16 +104,10 @@ def rule_files(cwd: str, environ: Mapping[str, str]) -> list[str]:
     except OSError:
         names = []
     files += [os.path.join(dropins, n) for n in names]
-    config = environ.get("CLAUDE_CONFIG_DIR") or os.path.join(environ.get("HOME") or "/", ".claude")
-    files.append(os.path.join(config, "settings.json"))
-    directory = os.path.normpath(cwd)
-    while True:
+    files.append(os.path.join(claude_config_dir(environ), "settings.json"))
+    for directory in ancestors(cwd):
         files.append(os.path.join(directory, ".claude", "settings.json"))
         files.append(os.path.join(directory, ".claude", "settings.local.json"))
-        parent = os.path.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
     return list(dict.fromkeys(files))
 
 

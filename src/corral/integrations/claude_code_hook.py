@@ -356,20 +356,13 @@ def _skill_running_commands(name: str, cwd: str, environ: Mapping[str, str]) -> 
     directory, and ``skills/SKILL/SKILL.md`` / ``commands/SKILL.md`` of
     installed plugins (``plugin:skill``). Built-in skills have no file.
     """
-    config = environ.get("CLAUDE_CONFIG_DIR") or posixpath.join(
-        environ.get("HOME") or "/", ".claude"
-    )
+    from ._permissions import ancestors, claude_config_dir
+
     parts = [p for p in name.split(":") if p and p not in (".", "..")]
     if not parts or any("/" in p for p in parts):
         return None
-    bases = [config]
-    directory = posixpath.normpath(cwd)
-    while True:
-        bases.append(posixpath.join(directory, ".claude"))
-        parent = posixpath.dirname(directory)
-        if parent == directory:
-            break
-        directory = parent
+    config = claude_config_dir(environ)
+    bases = [config, *(posixpath.join(d, ".claude") for d in ancestors(cwd))]
     candidates = []
     for base in bases:
         candidates.append(posixpath.join(base, "skills", name, "SKILL.md"))
