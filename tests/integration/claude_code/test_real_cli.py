@@ -301,3 +301,32 @@ def test_skills_that_run_shell_commands_when_they_load_are_refused(
         assert is_error and "runs shell commands" in text, text
     assert results[2] == ("Launching skill: plain", False)
     assert not os.path.exists(f"{probe}-skill") and not os.path.exists(f"{probe}-command")
+
+
+def test_a_subagents_commands_run_sandboxed(world: World, claude: str) -> None:
+    install(world)
+    probe = os.path.join(world.outside, "probe")
+    with ScriptedModel(
+        [
+            ("Agent", {"description": "d", "prompt": "go", "subagent_type": "general-purpose"}),
+            ("Bash", {"command": f"touch {probe}; echo from-subagent"}),  # the subagent's turn
+        ]
+    ) as model:
+        result = run_claude(
+            world.home,
+            world.workspace,
+            model,
+            environ=world.environ,
+            args=("--permission-mode", "bypassPermissions"),
+        )
+    assert result.returncode == 0, result.stderr
+    texts = [
+        str(block.get("content"))
+        for request in model.requests
+        for message in request["messages"]
+        if isinstance(message.get("content"), list)
+        for block in message["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    assert any("from-subagent" in text for text in texts), texts  # the subagent ran it...
+    assert not os.path.exists(probe)  # ...in the sandbox
