@@ -40,7 +40,7 @@ from ._outcome import NetworkAttempt, Outcome, Violation
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from ..backends._broker import Broker
     from ..backends._plan import LaunchPlan
@@ -211,12 +211,14 @@ class Running:
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
+                group = {} if _starts_a_session(argv) else {"setpgroup": 0}
                 self.pid = spawn(
                     argv[0],
                     list(argv),
                     dict(plan.env),
                     file_actions=actions,
                     setsigdef=(13, 25),
+                    **group,
                 )
             except OSError as exc:
                 raise LaunchFailed(
@@ -479,14 +481,38 @@ class Running:
 
     # ------------------------------------------------------------ control
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command (not to the sandbox's init); a no-op once it was reaped."""
+        """Deliver *signum* to the command's process group, as a terminal would (Ctrl-C).
+
+        The command's first process and what it started without job control
+        share a process group (``sh -c 'sleep 100; echo after'``: the shell and
+        the ``sleep``); a terminal signals that whole group, while a shell
+        signalled alone would wait for its child first. Every member in the
+        sandbox gets the signal, never the sandbox's init (with bubblewrap the
+        group is the init's). A no-op once the command was reaped.
+        """
         if self._reaped:
             return  # its pids may belong to other processes by now
-        for pid in self._command_pids(top_only=True):
+        for top in self._command_pids(top_only=True):
             try:
-                os.kill(pid, signum)
+                group = os.getpgid(top)
+                if group == top:  # it leads its group (a session of its own): all in it
+                    os.killpg(top, signum)
+                    continue
             except ProcessLookupError:
-                pass
+                continue
+            # a group led by the sandbox's init (bubblewrap's --new-session): its members
+            members = {top}
+            for pid in self._command_pids(top_only=False):
+                try:
+                    if pid != self.sandbox_pid and os.getpgid(pid) == group:
+                        members.add(pid)
+                except ProcessLookupError:
+                    pass
+            for pid in sorted(members):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
 
     def cancel(self) -> None:
         """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
@@ -855,6 +881,20 @@ def run_plan(
 
 
 # ---------------------------------------------------------------- helpers
+def _starts_a_session(argv: Sequence[str]) -> bool:
+    """Whether the spawned program makes itself a session leader (the exec helper's ``--setsid``).
+
+    Every other first process (bubblewrap, runsc, podman) gets a process group
+    of its own: Ctrl-C at corral's terminal then signals corral's group only,
+    and corral hands it to the command's group (:meth:`Running.send_signal`);
+    bubblewrap left in the terminal's group would die of it and take the
+    sandbox along, before the command's own handler could run. A process that
+    leads a group can no longer ``setsid``, so the helper is left as it is.
+    """
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--setsid" in options
+
+
 def _dup_actions(pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
     """posix_spawn file actions placing each parent fd at its child number.
 
