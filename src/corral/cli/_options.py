@@ -72,7 +72,7 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "run even if RULE cannot be enforced here (recorded)",
     ),
     ("--settings", "append", "@settings", "an extra settings FILE (trusted; repeatable)"),
-    ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE"),
+    ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE ('-': stdout)"),
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
     ("-c", "value", "@shell", "run STRING with /bin/sh -c"),
     ("--shell", "value", "@shell_program", "run the -c STRING with this shell instead of /bin/sh"),

@@ -348,12 +348,25 @@ def _seconds(value: float | None) -> str:
     return f"{value:g}s"
 
 
+_CALLER_STREAMS = {"-": "stdout", "/dev/stdout": "stdout", "/dev/stderr": "stderr"}
+
+
 def _write_json(caller: Caller, path: str, outcome: Outcome) -> None:
+    """Write the Outcome to *path*; ``-``/``/dev/stdout``/``/dev/stderr`` are the caller's.
+
+    Those names mean the caller's own streams, also in the corral server,
+    whose ``/dev/stdout`` is not the client's.
+    """
     from ..._jsonfast import dumps
 
+    text = dumps(outcome.to_json()) + "\n"
+    stream = _CALLER_STREAMS.get(path)
+    if stream is not None:
+        _write_fd(caller.stdout if stream == "stdout" else caller.stderr, text)
+        return
     try:
         with open(caller.path(path), "w", encoding="utf-8") as f:
-            f.write(dumps(outcome.to_json()) + "\n")
+            f.write(text)
     except OSError as exc:
         caller.error(f"could not write --json-out {path}: {exc.strerror}")
 
