@@ -84,6 +84,44 @@ def test_built_image_runs_python_under_podman(built_python: str, tmp_path: objec
 
 @needs_root
 @needs_build
+@needs_podman
+def test_podman_without_an_image_runs_the_default_image(
+    built_python: str, tmp_path: object
+) -> None:
+    # no "image" setting: the default image (corral:python), not the host's files
+    if not os.path.exists("/usr/bin/bwrap"):
+        pytest.skip("the host has no /usr/bin/bwrap to tell its files from the image's")
+    result = _run(
+        "sh",
+        "-c",
+        "test -e /usr/bin/bwrap && echo host || echo image; python3 -c 'print(1)'",
+        cwd=str(tmp_path),
+        settings={"backend": "podman"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["image", "1"]
+
+
+@needs_podman
+def test_podman_without_a_built_image_names_the_one_command(tmp_path: object) -> None:
+    cache = os.path.join(str(tmp_path), "cache")  # nothing built here
+    result = subprocess.run(
+        [*CORRAL, "run", "--workspace", str(tmp_path), "--backend", "podman", "--", "true"],
+        cwd=str(tmp_path),
+        env={**os.environ, "XDG_CACHE_HOME": cache, "CORRAL_SERVER": "off"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 125
+    assert "the default image corral:python is not built yet" in result.stderr
+    assert "run 'corral image build python' once" in result.stderr
+    assert not os.path.exists(cache), "nothing was built or cached implicitly"
+
+
+@needs_root
+@needs_build
 @needs_runsc
 def test_built_image_runs_python_under_gvisor(built_python: str, tmp_path: object) -> None:
     settings = {
