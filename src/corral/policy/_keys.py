@@ -534,7 +534,9 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="image",
         description=(
             "For container and VM backends: an OCI image reference, an OCI layout "
-            "directory or a root filesystem directory."
+            "directory, a root filesystem directory or corral:NAME (built by 'corral "
+            "image build NAME'). Unset: podman and docker run corral:python, gVisor "
+            "the host's / read-only."
         ),
     ),
     Key(
