@@ -72,6 +72,12 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "run even if RULE cannot be enforced here (recorded)",
     ),
     ("--settings", "append", "@settings", "an extra settings FILE (trusted; repeatable)"),
+    (
+        "--no-tty",
+        "flag",
+        "@no_tty",
+        "no pseudo-terminal for output on a terminal (pipes, as when redirected)",
+    ),
     ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE ('-': stdout)"),
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
     ("-c", "value", "@shell", "run STRING with /bin/sh -c"),
@@ -91,6 +97,7 @@ class RunOptions:
         "extra",
         "flags",
         "json_out",
+        "no_tty",
         "profile",
         "settings_files",
         "shell",
@@ -105,6 +112,7 @@ class RunOptions:
         self.profile: str | None = None
         self.settings_files: list[str] = []
         self.json_out: str | None = None
+        self.no_tty = False
         self.agent_session: str | None = None
         self.extra: dict[str, Any] = {}
 
@@ -166,7 +174,10 @@ def parse_run_options(
         if kind == "flag":
             if eq:
                 raise UsageError(f"option {name} takes no value")
-            _set(opts.flags, target, True, append=False)
+            if target == "@no_tty":
+                opts.no_tty = True
+            else:
+                _set(opts.flags, target, True, append=False)
             i += 1
             continue
         value, i = _value(args, i, name, inline if eq else None)

@@ -84,7 +84,9 @@ class Running:
 
     *streams* are the fds the command's stdin is inherited from
     (``stdin_mode="inherit"``) and its output is relayed to (default: this
-    process's 0, 1, 2; the corral server passes its client's). *stdio*
+    process's 0, 1, 2; the corral server passes its client's); with
+    *output_tty* an output stream whose destination is a terminal is relayed
+    from a pseudo-terminal instead of a pipe (:func:`_output_pty`). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -98,12 +100,14 @@ class Running:
         stdin_mode: str = "null",
         stdin_data: bytes = b"",
         capture: bool = True,
+        output_tty: bool = False,
         cgroup_layout: CgroupLayout | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
+        self._output_tty = output_tty
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
@@ -286,7 +290,10 @@ class Running:
             if not self._capture and self.plan.output_limit is None and os.isatty(sink):
                 outs.append(sink)  # a terminal: hand it over as is (no cap asked)
                 continue
-            r, w = os.pipe2(os.O_CLOEXEC)
+            if self._output_tty and not self._capture and os.isatty(sink):
+                r, w = _output_pty(sink)
+            else:
+                r, w = os.pipe2(os.O_CLOEXEC)
             close_later.append(w)
             stream = _Stream(r, None if self._capture else sink)
             self._streams.append(stream)
@@ -635,6 +642,10 @@ class Running:
                             chunk = os.read(fd, _CHUNK)
                         except BlockingIOError:
                             continue
+                        except OSError as exc:
+                            if exc.errno != errno.EIO:
+                                raise
+                            chunk = b""  # a pty whose every slave fd is closed: its end
                         if not chunk:
                             poller.unregister(fd)
                             del by_fd[fd]
@@ -881,6 +892,35 @@ def run_plan(
 
 
 # ---------------------------------------------------------------- helpers
+def _output_pty(terminal: int) -> tuple[int, int]:
+    """A pseudo-terminal for output bound for *terminal*: ``(master, slave)``, both close-on-exec.
+
+    The slave gets *terminal*'s window size, and no output processing (no
+    ``\n`` -> ``\r\n``): the bytes read from the master - relayed, capped and
+    digested like a pipe's - are the bytes the command wrote; the user's own
+    terminal does the translation. Nothing is typed into it: the command's
+    stdin stays what it was, so the slave is nobody's controlling terminal.
+    """
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()  # non-inheritable: posix_spawn's dup2 places the slave
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        try:
+            size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        except OSError:
+            pass  # no size known: the pty's default
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return master, slave
+
+
 def _starts_a_session(argv: Sequence[str]) -> bool:
     """Whether the spawned program makes itself a session leader (the exec helper's ``--setsid``).
 

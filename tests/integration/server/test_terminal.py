@@ -8,10 +8,13 @@ client, and with the compiled ``corral-client``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pty
 import select
 import time
+from collections.abc import Callable
 
 from tests.conftest import World, client_command
 
@@ -19,9 +22,16 @@ READY = b"ready"
 
 
 def on_pty(
-    argv: list[str], env: dict[str, str], cwd: str, keys: bytes, *, wait_for: bytes = READY
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    keys: bytes = b"",
+    *,
+    wait_for: bytes = READY,
+    then: Callable[[], None] | None = None,
 ) -> tuple[int, bytes]:
-    """Run *argv* with a new pty as its controlling terminal; type *keys* once *wait_for* shows.
+    """Run *argv* with a new pty as its controlling terminal; once *wait_for* shows, type *keys*
+    and call *then*.
 
     Returns the exit status (negative: killed by that signal) and all it wrote.
     """
@@ -46,8 +56,11 @@ def on_pty(
                 break
             out += chunk
         if not typed and wait_for in out:
-            time.sleep(0.3)  # let the shell reach its wait for sleep
-            os.write(fd, keys)
+            if keys:
+                time.sleep(0.3)  # let the shell reach its wait for sleep
+                os.write(fd, keys)
+            if then is not None:
+                then()
             typed = True
     else:
         os.kill(pid, 9)
@@ -108,3 +121,72 @@ def test_ctrl_c_interrupts_the_foreground_command(served: World, client: str) ->
                 out,
                 bare,
             )
+
+
+def _runs(served: World, client: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """How to start ``corral``: in-process, and through the server with *client*."""
+    return {
+        "in-process": (client_command("corral"), {**served.environ, "CORRAL_SERVER": "off"}),
+        client: (client_command(client), dict(served.environ)),
+    }
+
+
+def test_output_is_live_on_a_terminal(served: World, client: str) -> None:
+    # Python block-buffers a pipe: 'ready' shows before the command ends only on a terminal
+    script = (
+        "import os, sys, time\n"
+        "print('ready')\n"
+        "while not os.path.exists('go'): time.sleep(0.05)\n"
+        "print('done')\n"
+    )
+    World.write(served.ws("live.py"), script)
+    for name, (argv, env) in _runs(served, client).items():
+        go = served.ws("go")
+        code, out = on_pty(
+            [*argv, "run", "--timeout", "20s", "--", "/usr/bin/python3", "live.py"],
+            env,
+            served.workspace,
+            then=lambda go=go: World.write(go, ""),
+        )
+        os.unlink(go)
+        assert code == 0, (name, out)
+        assert out.split() == [b"ready", b"done"], (name, out)
+
+
+def test_the_command_sees_a_terminal_and_colours_unless_no_tty(served: World, client: str) -> None:
+    script = (
+        "echo ready; test -t 0 && echo in-tty; test -t 1 && echo out-tty; "
+        "test -t 2 && echo err-tty >&2; ls --color=auto -d /"
+    )
+    for name, (argv, env) in _runs(served, client).items():
+        env = {**env, "TERM": "xterm"}  # ls colours only a terminal type it knows
+        code, out = on_pty([*argv, "run", "-c", script], env, served.workspace)
+        assert code == 0, (name, out)
+        # stdout and stderr are two streams (each digested): their order may vary
+        assert {b"ready", b"in-tty", b"out-tty", b"err-tty"} <= set(out.split()), (name, out)
+        assert b"\x1b[" in out, f"{name}: ls printed no colour ({out!r})"
+        # --no-tty: as before, pipes (the terminal stays only stdin)
+        code, out = on_pty([*argv, "run", "--no-tty", "-c", script], env, served.workspace)
+        assert code == 0, (name, out)
+        assert out.split() == [b"ready", b"in-tty", b"/"], (name, out)
+
+
+def test_the_pty_keeps_the_output_cap_and_the_audit_digests(served: World, client: str) -> None:
+    for name, (argv, env) in _runs(served, client).items():
+        code, out = on_pty(
+            [*argv, "run", "-c", "echo ready; printf 'a\\nb\\n'"],
+            env,
+            served.workspace,
+        )
+        assert code == 0, (name, out)
+        record = json.loads(served.corral("audit", "--json", "-n", "1").stdout)
+        # the bytes the command wrote, not the terminal's \r\n
+        assert record["stdout"]["sha256"] == hashlib.sha256(b"ready\na\nb\n").hexdigest(), name
+        code, out = on_pty(
+            [*argv, "run", "--max-output", "1K", "-c", "echo ready; head -c 100000 /dev/zero"],
+            env,
+            served.workspace,
+        )
+        assert code == 0, (name, out)
+        assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
+        assert b"output limit (resources.output) reached" in out, (name, out[-300:])

@@ -214,6 +214,8 @@ def build_request(
         )
     if stdin_inherit:
         request = request.replace(stdin_mode="inherit")
+    if not opts.no_tty:
+        request = request.replace(output_tty=True)  # used only where output goes to a terminal
     return request
 
 
