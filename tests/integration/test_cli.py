@@ -230,3 +230,29 @@ def test_bench_backends_table_has_run_and_session_rows(world: World) -> None:
     assert rows["corral run --backend bubblewrap -- true"]["value"] > 0
     session = rows["bubblewrap session exec true (SDK, in-process)"]
     assert session["value"] > 0 and session["baseline"] == "raw bwrap"
+
+
+def test_doctor_reports_invalid_settings(world: World) -> None:
+    assert b"[ok ] settings: valid" in world.corral("doctor").stdout
+    user = os.path.join(world.home, ".config", "corral", "settings.json")
+    World.write(user, '{"resources": {"memory": "lots"}}')
+    result = world.corral("doctor")
+    assert result.returncode == 1
+    line = next(x for x in result.stdout.decode().splitlines() if "] settings:" in x)
+    assert line.startswith("  [no ] settings:") and user in line and "resources.memory" in line
+    assert b"the settings are invalid" in result.stderr
+    data = json.loads(world.corral("doctor", "--json").stdout)
+    (row,) = [f for f in data["features"] if f["name"] == "settings"]
+    assert row["ok"] is False and "resources.memory" in row["detail"]
+
+
+def test_doctor_matrix_progress_only_when_asked_or_on_a_terminal(world: World) -> None:
+    quiet = world.corral("doctor", "--matrix", "--backend", "none", timeout=300)
+    assert b"doctor --matrix:" not in quiet.stderr  # stderr is a pipe here
+    loud = world.corral("doctor", "--matrix", "--backend", "none", "--progress", timeout=300)
+    steps = [
+        x for x in loud.stderr.decode().splitlines() if x.startswith("corral: doctor --matrix:")
+    ]
+    assert steps[0] == "corral: doctor --matrix: smoke-testing every backend"
+    assert any(x.startswith("corral: doctor --matrix: backend 1/1 none: ") for x in steps)
+    assert loud.stdout == quiet.stdout  # the table itself is unchanged
