@@ -256,3 +256,24 @@ def test_doctor_matrix_progress_only_when_asked_or_on_a_terminal(world: World) -
     assert steps[0] == "corral: doctor --matrix: smoke-testing every backend"
     assert any(x.startswith("corral: doctor --matrix: backend 1/1 none: ") for x in steps)
     assert loud.stdout == quiet.stdout  # the table itself is unchanged
+
+
+def test_policy_explain_gives_each_built_in_rows_reason(world: World) -> None:
+    from corral.policy._defaults import (
+        DEFAULT_RESOURCES,
+        ENV_PASS,
+        PROTECTED_PATTERNS,
+        SECRET_PATHS,
+    )
+
+    out = world.corral("policy", "--explain").stdout.decode()
+    reasons = {reason for _item, reason in (*SECRET_PATHS, *PROTECTED_PATTERNS, *ENV_PASS)}
+    reasons |= {reason for _name, _value, reason in DEFAULT_RESOURCES}
+    shown = {
+        line.rpartition("(defaults: ")[2][:-1] for line in out.splitlines() if "(defaults: " in line
+    }
+    assert shown == reasons  # every row's reason, and only the tables' own
+    ssh = next(
+        line for line in out.splitlines() if line.strip().startswith('"' + world.home + '/.ssh"')
+    )
+    assert ssh.endswith("(defaults: SSH private keys, agent sockets and known hosts)")
