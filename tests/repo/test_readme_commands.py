@@ -32,6 +32,10 @@ TOOL_PACKAGES = {
     "setpriv": "util-linux",
     "tar": "tar",
     "dash": "dash",
+    "bash": "bash",
+    "zsh": "zsh",
+    "fish": "fish",
+    "groff": "groff-base",
     "node": "nodejs",
     "podman": "podman",
     "catatonit": "catatonit",
@@ -40,7 +44,7 @@ TOOL_PACKAGES = {
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
 }
-ESSENTIAL = {"tar", "util-linux", "dash"}  # on every Debian system (Essential: yes)
+ESSENTIAL = {"tar", "util-linux", "dash", "bash"}  # on every Debian system (Essential: yes)
 
 
 def readme_commands() -> list[list[str]]:
