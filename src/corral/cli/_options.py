@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RUN_OPTIONS", "RunOptions", "option_for_key", "parse_run_options", "run_options_help"]
 
+#: the help line of -h/--help, worded as argparse words it for the other commands
+HELP_TEXT = "show this help message and exit"
+
 # (option, kind, target, help). kind: "flag" | "value" | "append"
 RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--backend", "value", "backend", "backend to use (auto, bubblewrap, none, ...)"),
@@ -258,7 +261,8 @@ def _number(name: str, value: str, kind: type) -> Any:
 
 def run_options_help(command: str, summary: str, extra: tuple[tuple[str, str], ...] = ()) -> str:
     """Help text for a run-like subcommand."""
-    rows = [(opt + ("" if kind == "flag" else " X"), text) for opt, kind, _, text in RUN_OPTIONS]
+    rows = [("-h, --help", HELP_TEXT)]
+    rows += [(opt + ("" if kind == "flag" else " X"), text) for opt, kind, _, text in RUN_OPTIONS]
     rows += list(extra)
     width = max(len(r[0]) for r in rows)
     body = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in rows)

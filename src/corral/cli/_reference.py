@@ -31,7 +31,6 @@ MAN_PAGE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "man", "corr
 
 #: run-like commands: RUN_OPTIONS plus the module's EXTRA_HELP (``("--opt X", help)`` rows)
 _RUN_LIKE = ("run", "shell", "preview", "policy")
-_NO_PARSER_HELP = "show this help"
 
 
 class Option:
@@ -72,9 +71,9 @@ def _parser_of(command: str) -> argparse.ArgumentParser | None:
 
 def command_options(command: str) -> tuple[list[Option], dict[str, list[Option]]]:
     """*command*'s options, and its sub-actions' (``image build``...) by name."""
-    from ._options import RUN_OPTIONS
+    from ._options import HELP_TEXT, RUN_OPTIONS
 
-    help_option = Option(("-h", "--help"), False, _NO_PARSER_HELP)
+    help_option = Option(("-h", "--help"), False, HELP_TEXT)
     if command in _RUN_LIKE:
         options = [Option((o,), kind != "flag", text) for o, kind, _t, text in RUN_OPTIONS]
         module = importlib.import_module(COMMANDS[command][0])
@@ -352,12 +351,15 @@ def _man_options(options: list[Option], *, indent: bool = False) -> list[str]:
 # ------------------------------------------------------------------ entry points
 def main(args: list[str]) -> int:
     """``corral completion SHELL``: print the completion script for bash, zsh or fish."""
+    from ._options import HELP_TEXT
+
     if args[:1] in (["-h"], ["--help"]) or len(args) != 1 or args[0] not in SHELLS:
         usage = (
             "usage: corral completion bash|zsh|fish\n\nPrint the shell completion script, e.g.\n"
             "  corral completion bash > ~/.local/share/bash-completion/completions/corral\n"
             "  corral completion zsh > ~/.zfunc/_corral\n"
-            "  corral completion fish > ~/.config/fish/completions/corral.fish\n"
+            "  corral completion fish > ~/.config/fish/completions/corral.fish\n\n"
+            f"options:\n  -h, --help  {HELP_TEXT}\n"
         )
         if args[:1] in (["-h"], ["--help"]):
             sys.stdout.write(usage)
