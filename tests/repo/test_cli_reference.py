@@ -131,7 +131,7 @@ def test_every_command_has_the_same_help_style(command: str) -> None:
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert text.startswith(f"usage: corral {command}"), text[:80]
-    usage, _, rest = text.partition("\n\n")
+    _usage, _, rest = text.partition("\n\n")
     assert rest.strip() and not rest.startswith("options:"), "a summary follows the usage"
     assert "\n\noptions:\n" in text
     assert any(
