@@ -499,7 +499,9 @@ class Running:
         """
         if self._reaped:
             return  # its pids may belong to other processes by now
-        for top in self._command_pids(top_only=True):
+        init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
+        tops = _children_of(init) if init > 0 else self._command_pids(top_only=True)
+        for top in tops:
             try:
                 group = os.getpgid(top)
                 if group == top:  # it leads its group (a session of its own): all in it
@@ -509,9 +511,9 @@ class Running:
                 continue
             # a group led by the sandbox's init (bubblewrap's --new-session): its members
             members = {top}
-            for pid in self._command_pids(top_only=False):
+            for pid in _pids_in_pidns_of(init) if init > 0 else ():
                 try:
-                    if pid != self.sandbox_pid and os.getpgid(pid) == group:
+                    if pid != init and os.getpgid(pid) == group:
                         members.add(pid)
                 except ProcessLookupError:
                     pass
@@ -520,6 +522,28 @@ class Running:
                     os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+    def _unreported_init(self) -> int:
+        """The sandbox's pid-namespace init when bubblewrap did not report it (no info fd), or -1.
+
+        That is the spawned process's only child living in another pid
+        namespace. The init must never get the signal: sent from outside its
+        namespace, a SIGINT it has no handler for kills it, and the sandbox with it.
+        """
+        if self.pid <= 0 or self.plan.backend != "bubblewrap":
+            return -1
+        try:
+            own = os.readlink(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            return -1
+        children = _children_of(self.pid)
+        if len(children) != 1:
+            return -1
+        try:
+            inner = os.readlink(f"/proc/{children[0]}/ns/pid")
+        except OSError:
+            return -1
+        return children[0] if inner != own else -1
 
     def cancel(self) -> None:
         """Stop the command now: SIGTERM, then SIGKILL after the grace period."""

@@ -190,3 +190,32 @@ def test_the_pty_keeps_the_output_cap_and_the_audit_digests(served: World, clien
         assert code == 0, (name, out)
         assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
         assert b"output limit (resources.output) reached" in out, (name, out[-300:])
+
+
+def test_ctrl_c_as_an_unprivileged_user(world: World) -> None:
+    # no writable cgroup and no bubblewrap info fd: the sandbox's init is found another way
+    import pytest
+
+    import corral
+    from tests.conftest import corral_command, unreadable_for
+
+    if os.geteuid() != 0:
+        prefix: list[str] = []
+    else:
+        problem = unreadable_for(65534, corral_command()[0], os.path.dirname(corral.__file__))
+        if problem is not None:
+            pytest.skip(problem)
+        for directory, dirs, files in os.walk(world.root):
+            for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+                os.lchown(name, 65534, 65534)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    options = ["run", "--memory", "none", "--pids", "none", "-c"]
+    for script in SCRIPTS:
+        bare = on_pty(["/bin/sh", "-c", script], world.environ, world.workspace, b"\x03")
+        started = time.monotonic()
+        code, out = on_pty(
+            [*prefix, *corral_command(), *options, script], world.environ, world.workspace, b"\x03"
+        )
+        assert time.monotonic() - started < 30, out
+        assert code == _as_exit_status(bare[0]), (script, code, bare, out)
+        assert out.replace(b"^C", b"").split() == bare[1].replace(b"^C", b"").split()
