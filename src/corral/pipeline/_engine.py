@@ -108,6 +108,7 @@ class Running:
     ) -> None:
         self.plan = plan
         self._output_tty = output_tty
+        self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
@@ -292,6 +293,7 @@ class Running:
                 continue
             if self._output_tty and not self._capture and os.isatty(sink):
                 r, w = _output_pty(sink)
+                self._ptys.append((r, sink))
             else:
                 r, w = os.pipe2(os.O_CLOEXEC)
             close_later.append(w)
@@ -499,6 +501,8 @@ class Running:
         """
         if self._reaped:
             return  # its pids may belong to other processes by now
+        if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
+            self._sync_window_sizes()
         init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
         tops = _children_of(init) if init > 0 else self._command_pids(top_only=True)
         for top in tops:
@@ -522,6 +526,18 @@ class Running:
                     os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+    def _sync_window_sizes(self) -> None:
+        """Give each output pty the window size of the terminal it is relayed to."""
+        import fcntl
+        import termios
+
+        for master, terminal in self._ptys:
+            try:
+                size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+                fcntl.ioctl(master, termios.TIOCSWINSZ, size)
+            except OSError:
+                pass  # closed meanwhile, or no terminal any more
 
     def _unreported_init(self) -> int:
         """The sandbox's pid-namespace init when bubblewrap did not report it (no info fd), or -1.
@@ -866,6 +882,7 @@ class Running:
         self._release()
 
     def _release(self) -> None:
+        self._ptys = []  # before their masters close: a late SIGWINCH must not resize a reused fd
         if self._prestaged is not None:
             self._prestaged.remove()
             self._prestaged = None

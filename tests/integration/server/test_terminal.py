@@ -219,3 +219,52 @@ def test_ctrl_c_as_an_unprivileged_user(world: World) -> None:
         assert time.monotonic() - started < 30, out
         assert code == _as_exit_status(bare[0]), (script, code, bare, out)
         assert out.replace(b"^C", b"").split() == bare[1].replace(b"^C", b"").split()
+
+
+def test_ctrl_backslash_and_a_resize_reach_the_command(served: World, client: str) -> None:
+    import fcntl
+    import struct
+    import termios
+
+    quit_script = "trap 'echo quit; exit 3' QUIT; echo ready; sleep 100; echo after"
+    winch_script = (
+        "trap 'echo size $(stty size <&2); exit 0' WINCH; echo ready; "
+        "i=0; while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; echo timeout"
+    )
+    bare = on_pty(["/bin/sh", "-c", quit_script], served.environ, served.workspace, b"\x1c")
+    assert bare[0] == 3 and b"quit" in bare[1]
+    for name, (argv, env) in _runs(served, client).items():
+        code, out = on_pty([*argv, "run", "-c", quit_script], env, served.workspace, b"\x1c")
+        # dash reports its child's "Quit" on stderr: in any order with stdout's lines
+        expected = (3, sorted(bare[1].replace(b"^\\", b"").split()))
+        assert (code, sorted(out.replace(b"^\\", b"").split())) == expected, (name, out, bare)
+
+        pid, fd = pty.fork()
+        if pid == 0:
+            try:
+                os.chdir(served.workspace)
+                os.execvpe(argv[0], [*argv, "run", "-c", winch_script], env)
+            finally:
+                os._exit(127)
+        out = b""
+        resized = False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not resized and READY in out:
+                time.sleep(0.3)
+                # the test's own terminal (the pty master it reads) gets a new size
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("hhhh", 33, 77, 0, 0))
+                resized = True
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        assert os.waitstatus_to_exitcode(status) == 0, (name, out)
+        assert out.split() == [b"ready", b"size", b"33", b"77"], (name, out)

@@ -43,7 +43,7 @@ __all__ = [
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
 _MAX_VIOLATION_LINES = 20
-_FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH: a terminal's
 
 
 class Caller:
@@ -91,7 +91,7 @@ class Caller:
 def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
     """``corral run [OPTIONS] -- COMMAND...`` in this process.
 
-    SIGHUP, SIGINT and SIGTERM sent to corral are forwarded to the command;
+    SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGWINCH sent to corral are forwarded to the command;
     *pending* are signals that arrived before (the client tried the server first).
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
