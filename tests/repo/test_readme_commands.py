@@ -43,6 +43,9 @@ TOOL_PACKAGES = {
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    # npm packages (installed globally with the apt package npm)
+    "claude": "npm:@anthropic-ai/claude-code",
+    "mcp-inspector": "npm:@modelcontextprotocol/inspector",
 }
 ESSENTIAL = {"tar", "util-linux", "dash", "bash"}  # on every Debian system (Essential: yes)
 
@@ -69,15 +72,18 @@ def sh_scripts() -> list[str]:
 
 
 def apt_packages(script: str) -> set[str]:
-    """The packages *script* passes to ``apt-get install``."""
+    """The packages *script* installs: ``apt-get install`` names, ``npm install -g`` ones as npm:NAME."""
     with open(os.path.join(ROOT, script), encoding="utf-8") as f:
         text = f.read().replace("\\\n", " ")
     found: set[str] = set()
     for line in text.splitlines():
         words = line.split()
-        if "apt-get" in words and "install" in words:
+        if ("apt-get" in words or "npm" in words) and "install" in words:
             rest = words[words.index("install") + 1 :]
-            found |= {w for w in rest if not w.startswith("-") and not w.startswith(">")}
+            names = {w for w in rest if not w.startswith("-") and not w.startswith(">")}
+            if "npm" in words:  # npm:NAME without its version (@scope/name@1.2.3)
+                names = {"npm:" + n[:1] + n[1:].partition("@")[0] for n in names}
+            found |= names
     return found
 
 

@@ -29,7 +29,14 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFail
 from ..pipeline._request import redact
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    checked_workspace,
+    disk_limit,
+    is_under,
+    paths_of_policy,
+)
 from .bubblewrap import SANDBOX_HELPER, command_env
 
 TYPE_CHECKING = False
@@ -160,9 +167,10 @@ class ContainerBackend(Backend):
             return "--network=host"
         return "--network=none"
 
-    def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:
-        """Options mounting an empty tmpfs at *path*."""
-        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev"]
+    def tmpfs(self, path: str, *, read_only: bool = False, size: int | None = None) -> list[str]:
+        """Options mounting an empty tmpfs at *path* (of *size* bytes when given)."""
+        extra = f",size={size}" if size else ""
+        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev{extra}"]
 
     def cache_volume(self, name: str, path: str) -> list[str]:
         """Options mounting the named cache volume at *path*."""
@@ -350,10 +358,11 @@ class ContainerBackend(Backend):
             ]
             if detached:
                 args.append("--init")
+            volumes = [f"the cache volume corral-cache-{name}" for name, _path in policy.caches]
+            disk = disk_limit(policy, [*writable, *volumes], degrade, self.name)
             for tmp in PRIVATE_TMP:
-                args += self.tmpfs(
-                    tmp
-                )  # before the binds: a workspace under /tmp is mounted over it
+                # before the binds: a workspace under /tmp is mounted over it
+                args += self.tmpfs(tmp, size=disk)
             if res.memory is not None:
                 args += ["--memory", str(res.memory), "--memory-swap", str(res.memory)]
             if res.pids is not None:

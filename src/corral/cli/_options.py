@@ -34,6 +34,12 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "project directory (default: git top-level, else cwd)",
     ),
     ("--read-only", "flag", "filesystem.readOnly", "mount the workspace read-only too"),
+    (
+        "--allow-home-workspace",
+        "flag",
+        "filesystem.allowHomeWorkspace",
+        "accept the home directory (or a parent) as the workspace",
+    ),
     ("--allow-write", "append", "filesystem.allowWrite", "also writable: PATH (repeatable)"),
     ("--deny-write", "append", "filesystem.denyWrite", "never writable: PATH or glob (repeatable)"),
     (
