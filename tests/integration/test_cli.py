@@ -277,3 +277,9 @@ def test_policy_explain_gives_each_built_in_rows_reason(world: World) -> None:
         line for line in out.splitlines() if line.strip().startswith('"' + world.home + '/.ssh"')
     )
     assert ssh.endswith("(defaults: SSH private keys, agent sockets and known hosts)")
+
+
+def test_shell_refuses_no_tty(world: World) -> None:
+    result = world.corral("shell", "--no-tty", "-c", "echo ran")
+    assert result.returncode == 125 and b"ran" not in result.stdout
+    assert b"--no-tty does not apply to corral shell" in result.stderr
