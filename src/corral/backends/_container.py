@@ -112,12 +112,13 @@ class ContainerBackend(Backend):
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]
     ) -> dict[str, object]:
-        from ._image_ref import resolve_image
+        from ._image_ref import DEFAULT_CONTAINER_IMAGE, resolve_image
 
         engine = find_program(self.program, environ)
         details: dict[str, object] = {
             "engine": engine,
-            "image": resolve_image(policy.image, environ),
+            "image": resolve_image(policy.image or DEFAULT_CONTAINER_IMAGE, environ),
+            "image_is_default": policy.image is None,
         }
         details["engine_problem"] = self.engine_problem(environ) if engine is not None else None
         return details
@@ -228,12 +229,14 @@ class ContainerBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         workspace = checked_workspace(fs, facts)
-        if image.kind == "host":
+        if image.problem is not None and facts.detail("image_is_default"):
             # not caller misuse when `auto` merely considered this backend: it cannot run here as
             # configured, so the next candidate is tried
             raise BackendUnavailable(
-                f"Failed to choose an image for the {self.name} backend: the 'image' setting is empty",
-                hint='run \'corral image build python\' and set "image": "corral:python" (or --settings)',
+                f"Failed to choose an image for the {self.name} backend: the 'image' setting is "
+                f"empty and the default image {image.value} is not built yet",
+                hint=f"run 'corral image build {str(image.value).partition(':')[2]}' once (a few "
+                "minutes, from apt); then this command runs as it is",
             )
         if image.problem is not None:
             raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")

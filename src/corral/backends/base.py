@@ -284,6 +284,7 @@ class Backend:
             stdin_mode=request.stdin_mode,
             stdin_data=request.stdin,
             capture=request.capture,
+            output_tty=request.output_tty,
             cgroup_layout=cgroup_layout,
             stdio=stdio,
             cgroup=cgroup,

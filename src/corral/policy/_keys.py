@@ -573,9 +573,11 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="image",
         description=(
             "For container and VM backends: an OCI image reference, an OCI layout "
-            "directory or a root filesystem directory. Backends that run the host's root "
-            "filesystem (bubblewrap, Landlock, Seatbelt) refuse it (exit 125), so `auto` "
-            "picks one that runs images."
+            "directory, a root filesystem directory or corral:NAME (built by 'corral "
+            "image build NAME'). Unset: podman and docker run corral:python, gVisor "
+            "the host's / read-only. Backends that run the host's root filesystem "
+            "(bubblewrap, Landlock, Seatbelt) refuse it (exit 125), so `auto` picks one "
+            "that runs images."
         ),
     ),
     Key(
