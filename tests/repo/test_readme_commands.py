@@ -77,11 +77,11 @@ def apt_packages(script: str) -> set[str]:
         text = f.read().replace("\\\n", " ")
     found: set[str] = set()
     for line in text.splitlines():
-        words = line.split()
-        if ("apt-get" in words or "npm" in words) and "install" in words:
+        words = [w for w in line.split() if w != "sudo" and not w.startswith("$")]  # $SUDO apt-get
+        if words[:1] in (["apt-get"], ["npm"]) and "install" in words:
             rest = words[words.index("install") + 1 :]
             names = {w for w in rest if not w.startswith("-") and not w.startswith(">")}
-            if "npm" in words:  # npm:NAME without its version (@scope/name@1.2.3)
+            if words[0] == "npm":  # npm:NAME without its version (@scope/name@1.2.3)
                 names = {"npm:" + n[:1] + n[1:].partition("@")[0] for n in names}
             found |= names
     return found
