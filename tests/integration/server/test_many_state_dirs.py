@@ -11,7 +11,8 @@ waits until no process of the test is left.
 The driver runs in a network namespace of its own: slots are abstract unix
 sockets, per network namespace, so the test neither takes the slots of other
 corral users of this machine nor is disturbed by them. It runs once as root
-and once as uid 65534.
+and once as uid 65534 (or, in an unprivileged test run, as that user in the
+host's network namespace).
 """
 
 from __future__ import annotations
@@ -167,6 +168,9 @@ def test_two_hundred_state_dirs_as_root(world: World) -> None:
 
 
 def test_two_hundred_state_dirs_as_an_unprivileged_user(world: World) -> None:
+    if os.geteuid() != 0:  # CI's unprivileged pass: this user's own slots
+        _check(_drive(world, []))
+        return
     _needs_unshare()
     problem = unreadable_for(65534, sys.executable, os.path.dirname(corral_command()[0]))
     if problem is not None:
