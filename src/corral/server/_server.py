@@ -69,7 +69,7 @@ from ._requests import (
     _run_request,
     _tell,
 )
-from ._slots import MAX_SERVERS, mark_busy, take_slot
+from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
@@ -757,12 +757,5 @@ def _mark_unavailable(directory: str, problem: str | None) -> None:
 
     The record names the kernel release: after an upgrade clients try again.
     """
-    path = os.path.join(directory, UNAVAILABLE)
-    try:
-        if problem is None:
-            os.unlink(path)
-        else:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(f"{os.uname().release}\n{problem}\n")
-    except OSError:
-        pass
+    text = None if problem is None else f"{os.uname().release}\n{problem}\n"
+    write_record(os.path.join(directory, UNAVAILABLE), text)

@@ -27,7 +27,15 @@ import time
 
 from .._exceptions import ServerError
 
-__all__ = ["BUSY", "BUSY_RETRY", "MAX_SERVERS", "busy_reason", "mark_busy", "take_slot"]
+__all__ = [
+    "BUSY",
+    "BUSY_RETRY",
+    "MAX_SERVERS",
+    "busy_reason",
+    "mark_busy",
+    "take_slot",
+    "write_record",
+]
 
 #: servers one user may run at once (over all state directories)
 MAX_SERVERS = 16
@@ -62,13 +70,18 @@ def take_slot() -> tuple[_socket.socket, int]:
 
 def mark_busy(directory: str, problem: str | None) -> None:
     """Record in *directory* (``<state>/server``) why no server could start now; None: clear it."""
-    path = os.path.join(directory, BUSY)
+    text = None if problem is None else f"{time.time() + BUSY_RETRY:.3f}\n{problem}\n"
+    write_record(os.path.join(directory, BUSY), text)
+
+
+def write_record(path: str, text: str | None) -> None:
+    """Write *text* to the record *path*, or remove it (None); best effort: errors are ignored."""
     try:
-        if problem is None:
+        if text is None:
             os.unlink(path)
         else:
             with open(path, "w", encoding="utf-8") as f:
-                f.write(f"{time.time() + BUSY_RETRY:.3f}\n{problem}\n")
+                f.write(text)
     except OSError:
         pass
 
