@@ -330,3 +330,43 @@ def test_a_subagents_commands_run_sandboxed(world: World, claude: str) -> None:
     ]
     assert any("from-subagent" in text for text in texts), texts  # the subagent ran it...
     assert not os.path.exists(probe)  # ...in the sandbox
+
+
+def test_claude_codes_own_cwd_tracking_is_what_the_docs_say(world: World, claude: str) -> None:
+    """Claude Code alone (no hook): what a sandboxed ``cd`` would have to match (issue 11 item 6).
+
+    Claude Code runs ``eval '<command>' < /dev/null && pwd -P >| /tmp/claude-...-cwd`` in a
+    fresh bash per call: a ``cd`` carries to the next call only when the command exits 0,
+    exported variables never carry, and a directory outside the session's allowed working
+    directories is reset to the directory the session started in. docs/integrations.md
+    ("Limits") relies on these facts; a Claude Code that changes them fails here.
+    """
+    workspace = os.path.realpath(world.workspace)
+    results = session(
+        world,
+        [
+            ("Bash", {"command": "mkdir -p sub other && cd sub && export CORRAL_PROBE=1"}),
+            ("Bash", {"command": 'pwd; echo "probe=${CORRAL_PROBE-}"'}),
+            ("Bash", {"command": "cd ../other; false"}),
+            ("Bash", {"command": "pwd"}),
+            ("Bash", {"command": "cd /"}),
+            ("Bash", {"command": "pwd"}),
+        ],
+        args=("--permission-mode", "bypassPermissions"),
+    )
+    assert results[1] == (f"{workspace}/sub\nprobe=", False)
+    assert results[2][1] is True  # the exit status of false reached Claude Code...
+    assert results[3] == (f"{workspace}/sub", False)  # ...and its cd did not carry
+    assert results[5] == (workspace, False)  # outside the allowed directories: reset
+
+
+def test_a_sandboxed_cd_does_not_carry_to_the_next_call(world: World, claude: str) -> None:
+    """The documented limit (issue 11 item 6, not done): each call starts where Claude Code's
+    own shell is, and a ``cd`` inside the sandbox cannot move that shell."""
+    install(world)
+    workspace = os.path.realpath(world.workspace)
+    results = session(
+        world,
+        [("Bash", {"command": "mkdir -p sub && cd sub && pwd"}), ("Bash", {"command": "pwd"})],
+    )
+    assert results == [(f"{workspace}/sub", False), (workspace, False)]
