@@ -61,6 +61,29 @@ FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 
 #: installed path may be hidden, e.g. a virtualenv under /tmp).
 SANDBOX_HELPER = "/dev/.corral-exec"
 
+#: /proc entries bound read-only onto themselves in every sandbox: (name, reason).
+PROC_READ_ONLY: tuple[tuple[str, str], ...] = (
+    ("sys", "sysctls are host-wide and writable by the global uid 0 (core_pattern runs a helper)"),
+    ("sysrq-trigger", "reboots or crashes the host for the global uid 0"),
+    ("irq", "interrupt affinity of the host"),
+    ("bus", "PCI/USB device configuration space"),
+    ("fs", "host-wide filesystem knobs (nfsd exports and the like)"),
+)
+
+#: /proc entries hidden in every sandbox (an empty read-only dir, or /dev/null): (name, reason).
+PROC_HIDDEN: tuple[tuple[str, str], ...] = (
+    ("kcore", "the host's physical memory image"),
+    ("keys", "every key the kernel holds for this uid, across namespaces"),
+    ("key-users", "key quotas of every host user"),
+    ("timer_list", "host timers and the tasks that armed them"),
+    ("sched_debug", "every host task's name and pid"),
+    ("kallsyms", "kernel symbol addresses (defeats KASLR for root)"),
+    ("kmsg", "the kernel log, readable and writable by the global uid 0"),
+    ("acpi", "ACPI tables and controls"),
+    ("scsi", "SCSI host controls (writable rescans)"),
+    ("latency_stats", "host-wide latency records"),
+)
+
 #: Directories that get a private, empty tmpfs in every sandbox.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
 
@@ -153,6 +176,7 @@ class BubblewrapBackend(Backend):
         paths = paths_of_policy(request, policy)
         if request.tmp_dir:
             paths.add(request.tmp_dir)
+        paths.update(f"/proc/{name}" for name, _reason in (*PROC_READ_ONLY, *PROC_HIDDEN))
         for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
             literal = pattern.removeprefix("**/").removesuffix("/**")
             if not any(c in literal for c in "*?["):
@@ -229,8 +253,11 @@ class BubblewrapBackend(Backend):
             args.append("--unshare-net")
         if facts.bwrap_version >= (0, 8, 0):
             args.append("--disable-userns")
-        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
-        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        # corral's exec helper is the sandbox's pid 1 (--init): no process inside runs
+        # without corral's filters (bubblewrap's own init would have none)
+        args += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        args += ["--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args += proc_masks(facts)
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
         for tmp in PRIVATE_TMP:
             if tmp == "/tmp" and request.tmp_dir is not None:
@@ -301,7 +328,8 @@ class BubblewrapBackend(Backend):
                 data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
             ),
         ]
-        helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
+        helper = [SANDBOX_HELPER, "--init", "--status-fd", str(FD_STATUS)]
+        helper += ["--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
             broker = BrokerSpec(
@@ -369,6 +397,28 @@ class BubblewrapBackend(Backend):
             display_argv=redact(request.argv, [value for _name, value in credentials]),
             credentials=tuple(name for name, _value in credentials),
         )
+
+
+def proc_masks(facts: HostFacts) -> list[str]:
+    """bwrap arguments that make /proc's host-wide kernel interfaces unusable.
+
+    A fresh proc mount still shows the kernel's global knobs. Their permission
+    checks ask for the *global* uid 0 (``proc_sys_permission``, sysrq), which a
+    root caller's sandbox holds, so each is either bound read-only onto itself
+    or hidden (see :data:`PROC_READ_ONLY`, :data:`PROC_HIDDEN`). Entries this
+    kernel does not have are skipped.
+    """
+    args: list[str] = []
+    for name, _reason in PROC_READ_ONLY:
+        if facts.kind(f"/proc/{name}") in ("dir", "file"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    for name, _reason in PROC_HIDDEN:
+        kind = facts.kind(f"/proc/{name}")
+        if kind == "dir":
+            args += ["--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+        elif kind == "file":
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return args
 
 
 def facts_env(facts: HostFacts) -> tuple[tuple[str, str], ...]:

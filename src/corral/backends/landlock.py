@@ -23,6 +23,11 @@ Guarantees (with the default policy):
   * memory, pids and CPU through a cgroup; CPU time, wall clock and output
     as with every backend; the tree is stopped through the cgroup's freezer.
 
+Refused for a root caller (exit 125; ``--allow-degraded isolation`` accepts it):
+  * without a user namespace the command would hold the host's uid 0 - no
+    capabilities, but the owner of every root-only file (``/etc/shadow``).
+    ``auto`` picks bubblewrap instead.
+
 Not expressible here (refused, exit 125, where the policy asks for it):
   * ``network.mode = "allowlist"``: Landlock filters TCP by port, not by
     host, and without a network namespace the proxy could be bypassed;
@@ -220,6 +225,15 @@ class LandlockBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        if facts.uid == 0:
+            # no user namespace: the command would be the host's uid 0 (without
+            # capabilities), the owner of /etc/shadow and every other root-only file
+            degrade.cannot(
+                "isolation",
+                "a root caller's command would keep the host's root identity on the landlock "
+                "backend (root-only files such as /etc/shadow stay readable)",
+                fix="use --backend bubblewrap, or run corral as a non-root user",
+            )
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace

@@ -17,6 +17,8 @@
  *   6. seccomp deny filter(s)                           (when asked)
  *   7. seccomp user-notification filter, whose listener fd is sent to corral's
  *      write broker over a unix socket                  (when asked)
+ *   7b. with --init (bubblewrap's --as-pid-1): fork; this process stays the
+ *       sandbox's pid 1 and reaper, the child goes on (see run_as_init)
  *   8. mark every fd >= 3 close-on-exec, except --keep-fd ones
  *   9. execvp(command)
  *
@@ -31,6 +33,7 @@
  *   E<step>\t<errno>\t<text> setup failed at <step>; the command did not run
  *   X<errno>\t<program>    execvp failed (the command was not found or not
  *                          executable); the helper exits 127 or 126
+ *   S<signal>              (--init only) the command was killed by <signal>
  * A successful exec closes the fd with no further record.
  *
  * A second mode, ``corral-exec --mount-overlay``, runs *before* bubblewrap for
@@ -91,6 +94,8 @@
 #define MAX_PROGRAM (64 * 1024)
 
 static int status_fd = -1;
+static int want_init = 0;       /* --init: stay pid 1, the command is our child */
+static int want_ctty_global = 0; /* --ctty, for the init's child */
 
 static void usage(void);
 
@@ -551,10 +556,79 @@ static void drop_capabilities(void) {
     }
 }
 
+/*
+ * --init: stay the sandbox's pid 1 and run the command as our child.
+ *
+ * bubblewrap's own init (and a container engine's) would be a process inside
+ * the sandbox that holds none of corral's filters: the command could write
+ * into its memory (/proc/1/mem) and run code there without the seccomp
+ * filter. As init, this helper is started by ``bwrap --as-pid-1`` and forks
+ * the command only *after* every filter is installed, so every process of the
+ * sandbox - this one included - runs under them. On top of that it makes
+ * itself non-dumpable, so the command (which holds no capability) cannot open
+ * /proc/1/mem or ptrace it at all.
+ *
+ * The child becomes a session leader (and takes the pty with --ctty), marks
+ * fds close-on-exec and execs the command; an exec failure is its "X" record.
+ * The init keeps only the status fd: it reaps every process that ends up as
+ * its child and, when the command itself ends, reports a terminating signal
+ * as "S<signal>" (pid 1 cannot die of most signals, so its own exit status
+ * cannot carry it) and exits with the command's status (128 + signal when
+ * killed). The pid namespace - and everything left in it - ends with it.
+ * Signals from inside the sandbox cannot reach it: pid 1 of a namespace gets
+ * only the signals it handles, and it handles none.
+ *
+ * Growing point: a resident session's init will keep a control fd here and
+ * fork one child per request instead of exiting after the first.
+ */
+static void run_as_init(void) {
+    if (getpid() != 1)
+        fail("init", EINVAL, "--init needs to be pid 1 of a new pid namespace (bwrap --as-pid-1)");
+    pid_t child = fork();
+    if (child < 0)
+        fail("init", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        if (setsid() < 0)
+            fail("setsid", errno, "%s", strerror(errno));
+        if (want_ctty_global && ioctl(0, TIOCSCTTY, 0) < 0)
+            fail("set-controlling-terminal", errno, "%s", strerror(errno));
+        return; /* the caller marks fds close-on-exec and execs the command */
+    }
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        fail("init", errno, "PR_SET_DUMPABLE: %s", strerror(errno));
+    /* hold nothing of the command's: stdio, the pty, kept fds, pipes */
+    for (int fd = 0; fd < 3; fd++)
+        close(fd);
+    if (status_fd >= 0 && status_fd != 3) {
+        if (dup2(status_fd, 3) < 0)
+            _exit(125);
+        status_fd = 3;
+    }
+    syscall(__NR_close_range, status_fd >= 0 ? 4U : 3U, ~0U, 0U);
+    for (;;) {
+        int wstatus;
+        pid_t pid = wait(&wstatus);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            _exit(125); /* ECHILD: cannot happen before the command was reaped */
+        }
+        if (pid != child)
+            continue; /* an orphan the command left behind */
+        if (WIFSIGNALED(wstatus)) {
+            char line[16];
+            int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
+            status_write(line, (size_t)n);
+            _exit(128 + WTERMSIG(wstatus));
+        }
+        _exit(WEXITSTATUS(wstatus));
+    }
+}
+
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
-          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--die-with-parent PPID]\n"
+          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--die-with-parent PPID]\n"
           "                   -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
@@ -594,7 +668,7 @@ int main(int argc, char **argv) {
             break;
         }
         if (i + 1 >= argc && strcmp(a, "--setsid") != 0 && strcmp(a, "--ctty") != 0 &&
-            strcmp(a, "--drop-caps") != 0)
+            strcmp(a, "--drop-caps") != 0 && strcmp(a, "--init") != 0)
             usage();
         if (strcmp(a, "--status-fd") == 0) {
             i++;
@@ -619,9 +693,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--setsid") == 0) {
             want_setsid = 1;
         } else if (strcmp(a, "--ctty") == 0) {
-            want_ctty = 1;
+            want_ctty = want_ctty_global = 1;
         } else if (strcmp(a, "--drop-caps") == 0) {
             want_drop_caps = 1;
+        } else if (strcmp(a, "--init") == 0) {
+            want_init = 1;
         } else if (strcmp(a, "--die-with-parent") == 0) {
             parent_pid = parse_long(argv[++i], a);
         } else if (strcmp(a, "--rlimit") == 0) {
@@ -658,10 +734,10 @@ int main(int argc, char **argv) {
         close(wait_fd);
     }
 
-    /* 2. session, lifetime, directory */
-    if (want_setsid && setsid() < 0)
+    /* 2. session, lifetime, directory (as init, the session is the child's: 7b) */
+    if (want_setsid && !want_init && setsid() < 0)
         fail("setsid", errno, "%s", strerror(errno));
-    if (want_ctty) {
+    if (want_ctty && !want_init) {
         /* An interactive shell on corral's private pty: become a session leader
          * (bubblewrap's init leads the sandbox's first session) and take the
          * pty on stdin as controlling terminal. TIOCSTI on it can only inject
@@ -715,6 +791,10 @@ int main(int argc, char **argv) {
         close(listener);
         close(notify_sock);
     }
+
+    /* 7b. as the sandbox's init: the command runs in a child; we stay pid 1 */
+    if (want_init)
+        run_as_init();
 
     /* 8. nothing but stdio and kept fds crosses into the command */
     cloexec_all(keep, nkeep);

@@ -722,6 +722,9 @@ class Running:
             exit_code = os.waitstatus_to_exitcode(wait_status)
         status_text = bytes(self._status).decode("utf-8", "replace")
         for line in status_text.splitlines():
+            if line.startswith("S") and line[1:].isdigit():
+                # the sandbox's init reports how the command died (it cannot die of it itself)
+                signal, exit_code = int(line[1:]), None
             if line.startswith("E"):
                 step, _, rest = line[1:].partition("\t")
                 _err, _, text = rest.partition("\t")

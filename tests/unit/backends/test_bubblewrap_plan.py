@@ -81,6 +81,7 @@ COMMON = [
     "--unshare-cgroup-try",
     "--unshare-net",
     "--disable-userns",
+    "--as-pid-1",
     "--die-with-parent",
     "--new-session",
     "--cap-drop",
@@ -131,6 +132,7 @@ def test_default_plan_in_full() -> None:
             "8",
             "--",
             "/dev/.corral-exec",
+            "--init",
             "--status-fd",
             "3",
             "--seccomp-fd",
@@ -186,6 +188,25 @@ def test_default_plan_in_full() -> None:
         display_argv=("pytest", "-q"),
     )
     assert plan == expected
+
+
+def test_host_kernel_interfaces_in_proc_are_read_only_or_hidden() -> None:
+    kinds = (
+        *facts().path_kinds,
+        ("/proc/sys", "dir"),
+        ("/proc/sysrq-trigger", "file"),
+        ("/proc/kcore", "file"),
+        ("/proc/acpi", "dir"),
+    )
+    argv = BubblewrapBackend().plan(request(), policy(), facts(path_kinds=kinds)).argv
+    text = " ".join(argv)
+    assert "--ro-bind /proc/sys /proc/sys" in text
+    assert "--ro-bind /proc/sysrq-trigger /proc/sysrq-trigger" in text
+    assert "--ro-bind /dev/null /proc/kcore" in text
+    assert "--tmpfs /proc/acpi --remount-ro /proc/acpi" in text
+    # after the fresh /proc is mounted, and nothing for what this kernel lacks
+    assert argv.index("/proc/sys") > argv.index("--proc")
+    assert "/proc/irq" not in argv
 
 
 def test_plan_is_pure_and_repeatable() -> None:
