@@ -108,8 +108,9 @@ class World:
             "PYTHONDONTWRITEBYTECODE": "1",
             "CORRAL_SERVER": "off",
         }
-        if "CORRAL_BWRAP" in os.environ:
-            self.environ["CORRAL_BWRAP"] = os.environ["CORRAL_BWRAP"]
+        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS"):  # the latter: the unprivileged pass
+            if name in os.environ:
+                self.environ[name] = os.environ[name]
 
     def seed_persistence_points(self) -> None:
         """Existing persistence points in the workspace: .git/config, a hook, .bashrc."""

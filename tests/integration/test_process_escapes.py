@@ -15,9 +15,12 @@ import os
 
 import pytest
 
-from tests.conftest import PROBE_PYTHON, World, needs_bwrap, needs_root
+from tests.conftest import PROBE_PYTHON, World, is_root, needs_bwrap
 
 pytestmark = [needs_bwrap, pytest.mark.backend("bubblewrap")]
+
+#: Tests of what a *root* caller's command can do (the unprivileged pass skips them).
+root_caller = pytest.mark.skipif(not is_root(), reason="tests a root caller")
 
 #: Looks at every process it can see and attacks each one; prints one JSON line.
 _ATTACK_EVERY_PROCESS = r"""
@@ -152,7 +155,7 @@ def _read(path: str) -> str:
         return f.read()
 
 
-@needs_root
+@root_caller
 def test_root_caller_cannot_write_host_sysctls_or_sysrq(world: World) -> None:
     before = {path: _read(path) for path in _KNOBS}
     payload = world.ws("helper.sh")
@@ -193,3 +196,20 @@ def test_every_kernel_interface_mount_is_read_only(world: World) -> None:
     assert not writable
     expected = {p for p in ("/sys", "/proc/sys", "/proc/sysrq-trigger") if os.path.exists(p)}
     assert expected <= seen
+
+
+# ------------------------------------------------------------ root identity
+@root_caller
+def test_landlock_refuses_a_root_caller_and_auto_picks_bubblewrap(world: World) -> None:
+    shadow = World.write(os.path.join(world.outside, "root-only"), "ROOT-ONLY-5e1\n")
+    os.chmod(shadow, 0o600)
+    refused = world.run(f"cat {shadow}", "--isolation", "process", "--backend", "landlock")
+    assert refused.returncode == 125
+    assert b"Failed to enforce isolation" in refused.stderr
+    assert b"--backend bubblewrap" in refused.stderr  # the fix is named
+    assert b"ROOT-ONLY" not in refused.stdout
+    # auto does not stop at landlock: its pid 1 is corral's init under bubblewrap
+    picked = world.run("grep -c Seccomp:.2 /proc/1/status", "--isolation", "process")
+    assert picked.returncode == 0, picked.stderr
+    assert picked.stdout == b"1\n"
+    assert any(r.get("backend") == "bubblewrap" for r in world.audit_records())
