@@ -213,3 +213,33 @@ def test_landlock_refuses_a_root_caller_and_auto_picks_bubblewrap(world: World) 
     assert picked.returncode == 0, picked.stderr
     assert picked.stdout == b"1\n"
     assert any(r.get("backend") == "bubblewrap" for r in world.audit_records())
+
+
+@root_caller
+def test_root_callers_command_does_not_hold_the_hosts_root_identity(world: World) -> None:
+    secret = World.write(os.path.join(world.outside, "root-only"), "ROOT-ONLY-5e1\n")
+    os.chmod(secret, 0o600)
+    mine = World.write(world.ws("mine"), "MINE-0600\n")
+    os.chmod(mine, 0o600)
+    result = world.run(
+        f"id -u; cat {secret}; head -c 40 /etc/shadow; cat mine; "
+        "echo made > made.txt; mkdir -p sub/dir && echo deep > sub/dir/f; chown 0:0 made.txt; "
+        "echo done"
+    )
+    out = result.stdout.decode()
+    assert out.split() == ["0", "MINE-0600", "done"], (out, result.stderr)
+    assert "ROOT-ONLY" not in out and "root:" not in out
+    # what the command made belongs to the caller (root) on disk
+    for path in (world.ws("made.txt"), world.ws("sub"), world.ws("sub", "dir", "f")):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+
+
+def test_the_root_sandbox_id_belongs_to_nobody_on_this_host() -> None:
+    from corral.backends.bubblewrap import ROOT_SANDBOX_ID
+
+    with open("/etc/passwd", encoding="utf-8") as f:
+        uids = {int(line.split(":")[2]) for line in f if line.count(":") >= 6}
+    with open("/etc/group", encoding="utf-8") as f:
+        gids = {int(line.split(":")[2]) for line in f if line.count(":") >= 3}
+    assert ROOT_SANDBOX_ID not in uids and ROOT_SANDBOX_ID not in gids

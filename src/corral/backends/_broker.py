@@ -58,6 +58,10 @@ from ._plan import BrokerSpec
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import ctypes
+    from collections.abc import Callable
+    from typing import TypeVar
+
+    _T = TypeVar("_T")
 
 __all__ = ["Broker"]
 
@@ -97,6 +101,8 @@ _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437}
 _SYS_RENAMEAT2 = {"x86_64": 316, "aarch64": 276}
 _SYS_CAPGET = {"x86_64": 125, "aarch64": 90}
 _SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+#: CAP_DAC_OVERRIDE | CAP_DAC_READ_SEARCH | CAP_SYS_PTRACE (see Broker._as_tracer)
+_TRACER_CAPS = (1 << 1) | (1 << 2) | (1 << 19)
 _SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
 _SYS_UTIMENSAT = {"x86_64": 280, "aarch64": 88}
 _SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}
@@ -206,6 +212,7 @@ class Broker:
         self.handled = 0
         self._arch = os.uname().machine
         self._libc: ctypes.CDLL | None = None
+        self._caps: ctypes.Array[ctypes.c_uint32] | None = None  # this thread's, effective 0
         self._stopping = False
 
     # ------------------------------------------------------------ lifecycle
@@ -383,6 +390,7 @@ class Broker:
         if libc.syscall(_SYS_CAPGET[self._arch], header, data) != 0:
             raise OSError(ctypes.get_errno(), "capget")
         data[0] = data[3] = 0  # effective, both 32-bit words
+        self._caps = data
         if libc.syscall(_SYS_CAPSET[self._arch], header, data) != 0:
             raise OSError(ctypes.get_errno(), "capset (drop effective capabilities)")
 
@@ -484,7 +492,7 @@ class Broker:
                 for old in self._mem_fds.values():
                     os.close(old)
                 self._mem_fds.clear()
-            fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            fd = self._as_tracer(lambda: os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC))
             self._mem_fds[pid] = fd
         # The pid might have been reused between the notification and open():
         # only trust what we read if the notification is still pending.
@@ -581,7 +589,44 @@ class Broker:
             raise _Continue
         return base
 
+    def _as_tracer(self, fn: Callable[[], _T]) -> _T:
+        """Call *fn* with the capabilities that reach into a sandbox of another uid.
+
+        A root caller's sandbox runs as ``BrokerSpec.idmapped_id``: its
+        ``/proc/<pid>/{mem,root,cwd,fd}`` are that uid's, and in its idmapped
+        view root's directories are that uid's too. For looking (never for the
+        operation itself, which runs with no capabilities) this thread raises
+        CAP_SYS_PTRACE, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, then drops them.
+        """
+        if self._spec.idmapped_id is None:
+            return fn()
+        import ctypes
+
+        libc, caps = self._libc, self._caps
+        assert libc is not None
+        assert caps is not None
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+        caps[0] = _TRACER_CAPS
+        if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
+            raise OSError(ctypes.get_errno(), "capset (raise the tracer's capabilities)")
+        try:
+            return fn()
+        finally:
+            caps[0] = 0
+            header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+            if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
+                # never go on with capabilities raised: fail the broker (closed)
+                raise RuntimeError("capset (drop the tracer's capabilities) failed")
+
     def _resolve(
+        self, pid: int, notif_id: int, dirfd: int, path: str, *, follow: bool
+    ) -> _Resolved:
+        """:meth:`_resolve_as_target`, with :meth:`_as_tracer`'s capabilities."""
+        return self._as_tracer(
+            lambda: self._resolve_as_target(pid, notif_id, dirfd, path, follow=follow)
+        )
+
+    def _resolve_as_target(
         self, pid: int, notif_id: int, dirfd: int, path: str, *, follow: bool
     ) -> _Resolved:
         """Resolve (dirfd, path) as the target would, down to a supervised root.
@@ -733,7 +778,7 @@ class Broker:
         """Best-effort text of what a refused metadata call aimed at (for the violation)."""
         try:
             if name in _FD_METADATA_CALLS:
-                return os.readlink(f"/proc/{pid}/fd/{_signed_fd(a[0])}")
+                return self._as_tracer(lambda: os.readlink(f"/proc/{pid}/fd/{_signed_fd(a[0])}"))
             index = (
                 0
                 if name
@@ -1000,9 +1045,10 @@ class Broker:
             pass
         return 0o022
 
-    @staticmethod
-    def _map_id(pid: int, map_name: str, value: int) -> int:
-        """Map a uid/gid from the target's user namespace to ours (-1 stays -1)."""
+    def _map_id(self, pid: int, map_name: str, value: int) -> int:
+        """Map a uid/gid from the target's user namespace to the owner stored on disk
+        (-1 stays -1): through the namespace's map, then back through the idmapped
+        mounts of a root caller's sandbox (``BrokerSpec.idmapped_id`` is root's there)."""
         value &= 0xFFFFFFFF
         if value == 0xFFFFFFFF:
             return -1
@@ -1010,7 +1056,8 @@ class Broker:
             for line in f:
                 inside, outside, count = (int(x) for x in line.split())
                 if inside <= value < inside + count:
-                    return outside + (value - inside)
+                    host = outside + (value - inside)
+                    return 0 if host == self._spec.idmapped_id else host
         raise OSError(errno.EINVAL, "id not mapped in the sandbox")
 
     def _open(
@@ -1090,7 +1137,9 @@ class Broker:
             self._check(dst)
             if flags & _AT_EMPTY_PATH and not old:
                 # Linking an open file (O_TMPFILE): the classic /proc/self/fd route.
-                src_fd = os.open(f"/proc/{pid}/fd/{olddir}", os.O_PATH | os.O_CLOEXEC)
+                src_fd = self._as_tracer(
+                    lambda: os.open(f"/proc/{pid}/fd/{olddir}", os.O_PATH | os.O_CLOEXEC)
+                )
                 try:
                     os.link(
                         f"/proc/self/fd/{src_fd}",

@@ -56,10 +56,29 @@ __all__ = ["BubblewrapBackend", "command_env", "sandbox_env"]
 
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
+#: Where the ``--as-user`` stage clones bind sources (its own tmpfs, in its own
+#: mount namespace; bubblewrap gives the sandbox a fresh /dev). Mirrors STAGE_DIR
+#: in corral-exec.c.
+STAGE_DIR = "/dev/shm"
 
 #: Where the exec helper appears inside the sandbox (bound read-only; the
 #: installed path may be hidden, e.g. a virtualenv under /tmp).
 SANDBOX_HELPER = "/dev/.corral-exec"
+
+#: The host uid and gid a root caller's sandbox runs as (never the host's uid 0).
+#: Debian reserves 65000-65533 and allocates none of it; nothing on a host owns
+#: it, and corral checks that no process runs as it (``HostFacts.root_id_problem``).
+#: Through idmapped mounts the sandbox owns what root owns in the workspace,
+#: the allowWrite directories, the session's /tmp and the caller's home.
+ROOT_SANDBOX_ID = 65533
+
+#: root's home in the password database on Linux: idmapped too, so the tools a root
+#: user keeps there (pyenv, nvm, cargo) stay usable when $HOME points elsewhere.
+ROOT_HOME = "/root"
+
+#: Directories never idmapped as a root caller's home ($HOME pointing there would
+#: hand the sandbox root's files in them, /etc/shadow included).
+SYSTEM_DIRS = ("/", "/etc", "/usr", "/var", "/boot", "/dev", "/proc", "/sys", "/run", "/opt")
 
 #: /proc entries bound read-only onto themselves in every sandbox: (name, reason).
 PROC_READ_ONLY: tuple[tuple[str, str], ...] = (
@@ -177,6 +196,7 @@ class BubblewrapBackend(Backend):
         if request.tmp_dir:
             paths.add(request.tmp_dir)
         paths.update(f"/proc/{name}" for name, _reason in (*PROC_READ_ONLY, *PROC_HIDDEN))
+        paths.add(ROOT_HOME)
         for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
             literal = pattern.removeprefix("**/").removesuffix("/**")
             if not any(c in literal for c in "*?["):
@@ -241,7 +261,11 @@ class BubblewrapBackend(Backend):
         cgroup = cgroup_limits(res, facts, degrade)
 
         # --- bwrap arguments
+        # --- identity: a root caller's command runs as an unprivileged host uid
+        as_user = facts.uid == 0 and (preview is None or copy)
         args: list[str] = [facts.bwrap]
+        if as_user:
+            args += ["--uid", "0", "--gid", "0"]  # root inside, ROOT_SANDBOX_ID outside
         args += [
             "--unshare-user",
             "--unshare-ipc",
@@ -337,6 +361,7 @@ class BubblewrapBackend(Backend):
                 patterns=tuple(patterns),
                 syscall_names=broker_syscalls(facts.arch),
                 launcher_ns=preview is not None and not copy,
+                idmapped_id=ROOT_SANDBOX_ID if as_user else None,
             )
             fds += [
                 FdSpec(
@@ -380,6 +405,8 @@ class BubblewrapBackend(Backend):
             if kind == "fuse":
                 prefix += ["--fuse-binary", preview.fuse_binary]
             prefix.append("--")
+        if as_user:
+            prefix, args = _as_user(facts, request, [source(w) for w in writable], args)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
@@ -397,6 +424,48 @@ class BubblewrapBackend(Backend):
             display_argv=redact(request.argv, [value for _name, value in credentials]),
             credentials=tuple(name for name, _value in credentials),
         )
+
+
+def _as_user(
+    facts: HostFacts, request: ExecRequest, writable: list[str], args: list[str]
+) -> tuple[list[str], list[str]]:
+    """The exec helper's ``--as-user`` stage for a root caller, and *args* rewritten for it.
+
+    The helper idmaps what the sandbox must own (the writable roots, the session's
+    /tmp, the caller's home), drops to :data:`ROOT_SANDBOX_ID` and execs bwrap.
+    Every bind source is staged by the helper (cloned as root onto
+    ``STAGE_DIR/<k>``, a tmpfs private to that stage's mount namespace): the
+    unprivileged bwrap may be unable to walk to it (a 0700 parent).
+    """
+    assert facts.helper is not None
+    prefix = [facts.helper, "--as-user", str(ROOT_SANDBOX_ID), "--status-fd", str(FD_STATUS)]
+    owned = list(writable)
+    if request.tmp_dir is not None:
+        owned.append(request.tmp_dir)
+    for home in (facts.home, ROOT_HOME):  # read-only inside, but root's 0700 homes stay usable
+        if facts.kind(home) == "dir" and home not in SYSTEM_DIRS:
+            owned.append(home)
+    mapped: list[str] = []
+    for path in sorted(set(owned), key=len):
+        if not any(is_under(path, p) for p in mapped):
+            mapped.append(path)
+            prefix += ["--idmap", path]
+    rewritten: list[str] = []
+    staged = 0
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--bind", "--ro-bind") and args[i + 1] not in ("/", "/dev/null"):
+            # a clone keeps the idmapping of what it clones: under a mapped path, it is mapped
+            prefix += ["--stage", args[i + 1]]
+            rewritten += [arg, f"{STAGE_DIR}/{staged}", args[i + 2]]
+            staged += 1
+            i += 3
+            continue
+        rewritten.append(arg)
+        i += 1
+    prefix.append("--")
+    return prefix, rewritten
 
 
 def proc_masks(facts: HostFacts) -> list[str]:

@@ -73,6 +73,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <time.h>
 
 #ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
@@ -92,6 +93,8 @@
 #define MAX_KEEP 16
 #define MAX_RLIMITS 16
 #define MAX_PROGRAM (64 * 1024)
+#define MAX_STAGES 128
+#define STAGE_DIR "/dev/shm"
 
 static int status_fd = -1;
 static int want_init = 0;       /* --init: stay pid 1, the command is our child */
@@ -496,6 +499,173 @@ static int mount_overlay_main(int argc, char **argv) {
     return 125;
 }
 
+/* ------------------------------------------------------------- identity
+ *
+ * corral-exec --as-user UID [--idmap PATH]... [--stage PATH]... [--status-fd N]
+ *             -- PROGRAM [ARG...]
+ *
+ * Runs before bubblewrap for a *root* caller, as corral's direct child (and
+ * after --mount-overlay when both are used), never inside a sandbox:
+ *
+ *   1. a private mount namespace, every mount private;
+ *   2. each PATH (the workspace, allowWrite directories, the session's /tmp,
+ *      the caller's home) is replaced by an *idmapped* clone of itself in which
+ *      the host's uid/gid 0 appear as UID: the sandbox, running as UID, owns
+ *      what root owns there, and what it creates is stored as root's;
+ *   2b. the k-th --stage PATH is cloned onto STAGE_DIR/k (a private tmpfs; a
+ *      clone keeps the idmapping of step 2): bubblewrap binds it from there,
+ *      as UID may be unable to walk to PATH itself;
+ *   3. drop to UID/UID with no supplementary groups (all capabilities go with
+ *      the uid change) and exec PROGRAM (bubblewrap, which then runs
+ *      unprivileged and maps the sandbox's uid 0 to UID).
+ *
+ * SAFETY: the command never holds the host's uid 0: the kernel interfaces that
+ * trust the global root uid (sysctls, sysrq) and root-only host files
+ * (/etc/shadow, ssh host keys) see an unprivileged user. Only the listed paths
+ * are remapped, in a mount namespace nobody else uses. UID must be a uid no
+ * host process or file uses (corral's Python side picks and documents it).
+ */
+static int idmap_userns(unsigned uid) {
+    int sync[2];
+    if (pipe2(sync, O_CLOEXEC) < 0)
+        fail("idmap", errno, "pipe: %s", strerror(errno));
+    pid_t child = fork();
+    if (child < 0)
+        fail("idmap", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        /* a throw-away process whose user namespace carries the mapping */
+        close(sync[1]);
+        if (unshare(CLONE_NEWUSER) < 0)
+            _exit(1);
+        char byte;
+        while (read(sync[0], &byte, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(sync[0]);
+    char path[64], map[64];
+    int fd = -1;
+    /* wait until the child is in its own user namespace */
+    for (int tries = 0; tries < 10000 && fd < 0; tries++) {
+        char mine[64], theirs[64];
+        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+        ssize_t a = readlink("/proc/self/ns/user", mine, sizeof mine - 1);
+        ssize_t b = readlink(path, theirs, sizeof theirs - 1);
+        if (a > 0 && b > 0 && (a != b || memcmp(mine, theirs, (size_t)a) != 0))
+            fd = open(path, O_RDONLY | O_CLOEXEC);
+        else {
+            struct timespec us = {0, 100000};
+            nanosleep(&us, NULL);
+        }
+    }
+    if (fd < 0)
+        fail("idmap", ETIMEDOUT, "the idmap helper did not enter a user namespace");
+    snprintf(map, sizeof map, "0 %u 1\n", uid);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+    write_file(path, map);
+    close(sync[1]);
+    waitpid(child, NULL, 0);
+    return fd;
+}
+
+/* Clone the mount tree at PATH onto AT (idmapped with USERNS unless it is -1). */
+static void clone_tree(const char *path, const char *at, int userns) {
+    int tree = (int)syscall(__NR_open_tree, AT_FDCWD, path,
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (tree < 0)
+        fail("idmap", errno, "open_tree %s: %s", path, strerror(errno));
+    if (userns < 0)
+        goto move;
+    struct mount_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = MOUNT_ATTR_IDMAP;
+    attr.userns_fd = (uint64_t)userns;
+    if (syscall(__NR_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
+        fail("idmap", errno, "idmapped mount of %s (the filesystem must support idmapped mounts): %s",
+             path, strerror(errno));
+move:
+    if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        fail("idmap", errno, "move_mount %s: %s", at, strerror(errno));
+    close(tree);
+}
+
+static int as_user_main(int argc, char **argv) {
+    if (argc < 3)
+        usage();
+    unsigned uid = (unsigned)parse_long(argv[2], "--as-user");
+    const char *paths[MAX_KEEP];
+    int npaths = 0;
+    const char *stages[MAX_STAGES];
+    int nstages = 0;
+    int i = 3;
+    for (; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            i++;
+            break;
+        }
+        if (i + 1 >= argc)
+            usage();
+        if (strcmp(argv[i], "--status-fd") == 0)
+            status_fd = (int)parse_long(argv[++i], "--status-fd");
+        else if (strcmp(argv[i], "--idmap") == 0) {
+            if (npaths == MAX_KEEP)
+                fail("parse-arguments", E2BIG, "too many --idmap");
+            paths[npaths++] = argv[++i];
+        } else if (strcmp(argv[i], "--stage") == 0) {
+            if (nstages == MAX_STAGES)
+                fail("parse-arguments", E2BIG, "too many --stage");
+            stages[nstages++] = argv[++i];
+        } else
+            fail("parse-arguments", EINVAL, "unknown option %s", argv[i]);
+    }
+    if (i >= argc || argv[i][0] != '/')
+        fail("parse-arguments", EINVAL, "--as-user needs an absolute program path after --");
+    if (uid == 0)
+        fail("parse-arguments", EINVAL, "--as-user needs a uid other than 0");
+    if (geteuid() != 0)
+        fail("as-user", EPERM, "--as-user is for a root caller");
+    if (npaths > 0 || nstages > 0) {
+        if (unshare(CLONE_NEWNS) < 0)
+            fail("enter-mount-namespace", errno, "unshare: %s", strerror(errno));
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            fail("make-mounts-private", errno, "%s", strerror(errno));
+        int userns = idmap_userns(uid);
+        for (int k = 0; k < npaths; k++) {
+            if (paths[k][0] != '/')
+                fail("parse-arguments", EINVAL, "--idmap needs an absolute path: %s", paths[k]);
+            clone_tree(paths[k], paths[k], userns);
+        }
+        /* bubblewrap, as UID, may be unable to walk to a bind source (root's
+         * 0700 home, /tmp/pytest-of-root): each is cloned to STAGE_DIR/<k>, a
+         * private tmpfs of this mount namespace only (the sandbox gets its own
+         * /dev from bubblewrap and never sees it). */
+        if (nstages > 0 && mount("tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                 "mode=0755") < 0)
+            fail("stage", errno, "tmpfs on %s: %s", STAGE_DIR, strerror(errno));
+        for (int k = 0; k < nstages; k++) {
+            char at[64];
+            struct stat st;
+            snprintf(at, sizeof at, STAGE_DIR "/%d", k);
+            if (stages[k][0] != '/' || stat(stages[k], &st) < 0)
+                fail("stage", errno ? errno : EINVAL, "%s: %s", stages[k], strerror(errno));
+            int made = S_ISDIR(st.st_mode) ? mkdir(at, 0755) : mknod(at, S_IFREG | 0644, 0);
+            if (made < 0)
+                fail("stage", errno, "%s: %s", at, strerror(errno));
+            clone_tree(stages[k], at, -1); /* keeps the idmapping of a mapped path */
+        }
+        close(userns);
+    }
+    if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+        fail("as-user", errno, "switch to uid %u: %s", uid, strerror(errno));
+    if (geteuid() == 0 || getegid() == 0)
+        fail("as-user", EPERM, "still root after the switch to uid %u", uid);
+    execv(argv[i], argv + i);
+    fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
+    return 125;
+}
+
 /* Mark every fd >= 3 close-on-exec, then clear the flag on the kept ones. */
 static void cloexec_all(const int *keep, int nkeep) {
     if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_FLAG) < 0) {
@@ -575,19 +745,48 @@ static void drop_capabilities(void) {
  * as "S<signal>" (pid 1 cannot die of most signals, so its own exit status
  * cannot carry it) and exits with the command's status (128 + signal when
  * killed). The pid namespace - and everything left in it - ends with it.
- * Signals from inside the sandbox cannot reach it: pid 1 of a namespace gets
- * only the signals it handles, and it handles none.
+ * It handles (blocked, taken by sigwaitinfo) the signals corral forwards -
+ * HUP, INT, QUIT, TERM, USR1, USR2, WINCH, CONT, ALRM - and passes each on to
+ * the command, also one that arrived before the command existed; every other
+ * signal cannot reach it (pid 1 of a namespace gets only what it handles).
  *
  * Growing point: a resident session's init will keep a control fd here and
  * fork one child per request instead of exiting after the first.
  */
+static const int forwarded_signals[] = {SIGHUP,  SIGINT,   SIGQUIT, SIGTERM, SIGUSR1,
+                                         SIGUSR2, SIGWINCH, SIGCONT, SIGALRM};
+
+static void note_signal(int sig) {
+    (void)sig; /* never runs: the signals are blocked and taken by sigwaitinfo */
+}
+
 static void run_as_init(void) {
     if (getpid() != 1)
         fail("init", EINVAL, "--init needs to be pid 1 of a new pid namespace (bwrap --as-pid-1)");
+    /* pid 1 gets only signals it handles: handle (and block) the ones corral
+     * forwards, so that one sent before the command exists waits for it */
+    sigset_t set, old;
+    sigemptyset(&set);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal;
+    for (size_t k = 0; k < sizeof forwarded_signals / sizeof forwarded_signals[0]; k++) {
+        sigaddset(&set, forwarded_signals[k]);
+        sigaction(forwarded_signals[k], &sa, NULL);
+    }
+    sigaddset(&set, SIGCHLD);
+    sigaction(SIGCHLD, &sa, NULL);
+    if (sigprocmask(SIG_BLOCK, &set, &old) < 0)
+        fail("init", errno, "sigprocmask: %s", strerror(errno));
     pid_t child = fork();
     if (child < 0)
         fail("init", errno, "fork: %s", strerror(errno));
     if (child == 0) {
+        sa.sa_handler = SIG_DFL;
+        for (size_t k = 0; k < sizeof forwarded_signals / sizeof forwarded_signals[0]; k++)
+            sigaction(forwarded_signals[k], &sa, NULL);
+        sigaction(SIGCHLD, &sa, NULL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
         if (setsid() < 0)
             fail("setsid", errno, "%s", strerror(errno));
         if (want_ctty_global && ioctl(0, TIOCSCTTY, 0) < 0)
@@ -606,22 +805,28 @@ static void run_as_init(void) {
     }
     syscall(__NR_close_range, status_fd >= 0 ? 4U : 3U, ~0U, 0U);
     for (;;) {
-        int wstatus;
-        pid_t pid = wait(&wstatus);
-        if (pid < 0) {
-            if (errno == EINTR)
-                continue;
-            _exit(125); /* ECHILD: cannot happen before the command was reaped */
+        int sig = sigwaitinfo(&set, NULL);
+        if (sig < 0)
+            continue; /* EINTR */
+        if (sig != SIGCHLD) {
+            kill(child, sig); /* corral's signal for the command */
+            continue;
         }
-        if (pid != child)
-            continue; /* an orphan the command left behind */
-        if (WIFSIGNALED(wstatus)) {
-            char line[16];
-            int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
-            status_write(line, (size_t)n);
-            _exit(128 + WTERMSIG(wstatus));
+        for (;;) {
+            int wstatus;
+            pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+            if (pid <= 0)
+                break;
+            if (pid != child)
+                continue; /* an orphan the command left behind */
+            if (WIFSIGNALED(wstatus)) {
+                char line[16];
+                int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
+                status_write(line, (size_t)n);
+                _exit(128 + WTERMSIG(wstatus));
+            }
+            _exit(WEXITSTATUS(wstatus));
         }
-        _exit(WEXITSTATUS(wstatus));
     }
 }
 
@@ -637,6 +842,8 @@ static void usage(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mount-overlay") == 0)
         return mount_overlay_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--as-user") == 0)
+        return as_user_main(argc, argv);
     int seccomp_fds[MAX_FILTERS];
     int nseccomp = 0;
     int notify_fd = -1, notify_sock = -1, landlock_fd = -1, wait_fd = -1;

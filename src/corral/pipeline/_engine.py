@@ -482,7 +482,12 @@ class Running:
         """Deliver *signum* to the command (not to the sandbox's init); a no-op once it was reaped."""
         if self._reaped:
             return  # its pids may belong to other processes by now
-        for pid in self._command_pids(top_only=True):
+        pids = self._command_pids(top_only=True)
+        if not pids and self.sandbox_pid > 0:
+            # the sandbox's init (corral's helper) has not forked the command yet:
+            # it holds the signal and passes it on
+            pids = [self.sandbox_pid]
+        for pid in pids:
             try:
                 os.kill(pid, signum)
             except ProcessLookupError:

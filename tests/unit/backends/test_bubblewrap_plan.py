@@ -329,3 +329,37 @@ def test_allow_read_re_exposes_a_path_under_the_private_tmp() -> None:
     i = plan.argv.index("/tmp/venv")
     assert plan.argv[i - 1 : i + 2] == ("--ro-bind", "/tmp/venv", "/tmp/venv")
     assert plan.argv.index("--tmpfs") < i  # bound after the private /tmp is mounted
+
+
+def test_a_root_caller_runs_as_the_unprivileged_sandbox_id() -> None:
+    from corral.backends.bubblewrap import ROOT_SANDBOX_ID, STAGE_DIR
+
+    kinds = (*facts().path_kinds, (HOME, "dir"), ("/root", "dir"))
+    plan = BubblewrapBackend().plan(request(), policy(), facts(uid=0, gid=0, path_kinds=kinds))
+    argv = list(plan.argv)
+    bwrap = argv.index("/usr/bin/bwrap")
+    prefix = argv[:bwrap]
+    assert prefix[:5] == [
+        "/opt/corral/_bin/corral-exec",
+        "--as-user",
+        str(ROOT_SANDBOX_ID),
+        "--status-fd",
+        "3",
+    ]
+    # what the sandbox must own is idmapped; nested paths ride on their parent's clone
+    idmapped = [prefix[i + 1] for i, a in enumerate(prefix) if a == "--idmap"]
+    assert sorted(idmapped) == ["/home/me", "/root", "/src/app"]
+    # every bind source is staged; bwrap (unprivileged) binds the staged clones
+    staged = [prefix[i + 1] for i, a in enumerate(prefix) if a == "--stage"]
+    assert WS in staged and "/opt/corral/_bin/corral-exec" in staged
+    sandbox = argv[bwrap:]
+    assert sandbox[1:5] == ["--uid", "0", "--gid", "0"]
+    k = staged.index(WS)
+    assert f"--ro-bind {STAGE_DIR}/{k} {WS}" in " ".join(sandbox)
+    assert plan.broker is not None and plan.broker.idmapped_id == ROOT_SANDBOX_ID
+
+
+def test_a_non_root_caller_keeps_its_own_uid() -> None:
+    plan = BubblewrapBackend().plan(request(), policy(), facts())
+    assert "--as-user" not in plan.argv and "--uid" not in plan.argv
+    assert plan.broker is not None and plan.broker.idmapped_id is None
