@@ -345,8 +345,8 @@ class ContainerBackend(Backend):
                 "--env-file",
                 f"/dev/fd/{FD_ENV}",
             ]
-            if detached:
-                args.append("--init")
+            if detached and not self.passes_fds:
+                args.append("--init")  # docker: its own init (no corral filter anywhere there)
             for tmp in PRIVATE_TMP:
                 args += self.tmpfs(
                     tmp
@@ -439,6 +439,9 @@ class ContainerBackend(Backend):
             if not detached:
                 args += ["--preserve-fds", str(preserved)]
                 command = [*helper, "--", *request.argv]
+            else:
+                # the session's pid 1: corral's helper, not dumpable (see --hold in corral-exec.c)
+                command = [SANDBOX_HELPER, "--hold"]
         if session is not None:
             args.append(cname)
         else:
@@ -605,10 +608,13 @@ class ContainerSession:
         return outcome.replace(sandbox_id=self.sandbox_id)
 
     def _stop_commands(self) -> None:
-        """SIGKILL every process of the session except its init and the init's first child."""
+        """SIGKILL every process of the session except its init (and, with docker's init,
+        the init's first child, ``sleep infinity``)."""
         from ..pipeline._engine import _children_of, _pids_in_pidns_of
 
-        keep = {self.init_pid, *_children_of(self.init_pid)}
+        keep = {self.init_pid}
+        if not self.backend.passes_fds:
+            keep.update(_children_of(self.init_pid))
         for pid in _pids_in_pidns_of(self.init_pid):
             if pid not in keep:
                 try:

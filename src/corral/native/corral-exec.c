@@ -830,6 +830,42 @@ static void run_as_init(void) {
     }
 }
 
+/*
+ * --hold: the pid 1 of a session container (podman), in place of catatonit
+ * and ``sleep infinity``. Each command of the session is started by the engine
+ * (``podman exec``) under this helper's main mode, with corral's filters; this
+ * process only reaps the orphans they leave, and it is not dumpable, so no
+ * command can write into its memory or trace it. SIGTERM or SIGINT end it (and
+ * with it the container).
+ */
+static int hold_main(void) {
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        return 125;
+    sigset_t set;
+    sigemptyset(&set);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal;
+    const int taken[] = {SIGTERM, SIGINT, SIGCHLD};
+    for (size_t k = 0; k < sizeof taken / sizeof taken[0]; k++) {
+        sigaddset(&set, taken[k]);
+        sigaction(taken[k], &sa, NULL);
+    }
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return 125;
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd < 3 && null >= 0; fd++)
+        dup2(null, fd);
+    syscall(__NR_close_range, 3U, ~0U, 0U);
+    for (;;) {
+        int sig = sigwaitinfo(&set, NULL);
+        if (sig == SIGTERM || sig == SIGINT)
+            _exit(0);
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
+}
+
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
@@ -844,6 +880,8 @@ int main(int argc, char **argv) {
         return mount_overlay_main(argc, argv);
     if (argc > 1 && strcmp(argv[1], "--as-user") == 0)
         return as_user_main(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--hold") == 0)
+        return hold_main();
     int seccomp_fds[MAX_FILTERS];
     int nseccomp = 0;
     int notify_fd = -1, notify_sock = -1, landlock_fd = -1, wait_fd = -1;
