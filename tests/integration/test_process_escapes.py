@@ -243,3 +243,38 @@ def test_the_root_sandbox_id_belongs_to_nobody_on_this_host() -> None:
     with open("/etc/group", encoding="utf-8") as f:
         gids = {int(line.split(":")[2]) for line in f if line.count(":") >= 3}
     assert ROOT_SANDBOX_ID not in uids and ROOT_SANDBOX_ID not in gids
+
+
+_LANDLOCK = ("--isolation", "process", "--backend", "landlock")
+_LANDLOCK_AS_ROOT = ("--allow-degraded", "isolation") if is_root() else ()
+
+
+def test_landlock_keeps_host_processes_unwritable(world: World) -> None:
+    """No pid namespace there: Landlock's ptrace scoping and the filter must hold."""
+    import subprocess
+    import sys
+
+    host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        code = (
+            "import ctypes, os, sys\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "for pid in (int(sys.argv[1]), os.getppid()):\n"
+            "    try:\n"
+            "        os.close(os.open(f'/proc/{pid}/mem', os.O_RDWR)); print(pid, 'OPENED')\n"
+            "    except OSError as e:\n"
+            "        print(pid, 'mem', e.errno)\n"
+            "    r = libc.ptrace(16, pid, None, None)\n"
+            "    print(pid, 'ptrace', 'ATTACHED' if r == 0 else ctypes.get_errno())\n"
+        )
+        result = world.run(
+            f"{PROBE_PYTHON} -c {_quote(code)} {host.pid}", *_LANDLOCK, *_LANDLOCK_AS_ROOT
+        )
+        assert result.returncode == 0, result.stderr
+        out = result.stdout.decode()
+        assert "OPENED" not in out and "ATTACHED" not in out, out
+        assert out.count(" mem ") == 2 and out.count(" ptrace ") == 2, out
+        assert host.poll() is None  # the host process is untouched
+    finally:
+        host.kill()
+        host.wait()
