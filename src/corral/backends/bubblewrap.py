@@ -263,6 +263,14 @@ class BubblewrapBackend(Backend):
         # --- bwrap arguments
         # --- identity: a root caller's command runs as an unprivileged host uid
         as_user = facts.uid == 0 and (preview is None or copy)
+        if as_user and ({"isolation", "*"} & policy.allow_degraded):
+            # the caller's explicit way out where idmapped mounts do not work (NFS, FUSE)
+            degrade.cannot(
+                "isolation",
+                "kept the host's root identity for a root caller",
+                fix="(not refused: allowed by allowDegraded)",
+            )
+            as_user = False
         args: list[str] = [facts.bwrap]
         if as_user:
             args += ["--uid", "0", "--gid", "0"]  # root inside, ROOT_SANDBOX_ID outside

@@ -583,7 +583,9 @@ static void clone_tree(const char *path, const char *at, int userns) {
     attr.attr_set = MOUNT_ATTR_IDMAP;
     attr.userns_fd = (uint64_t)userns;
     if (syscall(__NR_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
-        fail("idmap", errno, "idmapped mount of %s (the filesystem must support idmapped mounts): %s",
+        fail("idmap", errno,
+             "idmapped mount of %s: %s (the filesystem must support idmapped mounts; "
+             "--allow-degraded isolation keeps the host's root identity instead)",
              path, strerror(errno));
 move:
     if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)

@@ -363,3 +363,10 @@ def test_a_non_root_caller_keeps_its_own_uid() -> None:
     plan = BubblewrapBackend().plan(request(), policy(), facts())
     assert "--as-user" not in plan.argv and "--uid" not in plan.argv
     assert plan.broker is not None and plan.broker.idmapped_id is None
+
+
+def test_a_root_caller_may_keep_root_only_by_degrading_isolation() -> None:
+    p = policy().replace(allow_degraded=frozenset({"isolation"}))
+    plan = BubblewrapBackend().plan(request(), p, facts(uid=0, gid=0))
+    assert "--as-user" not in plan.argv
+    assert plan.degraded == ("isolation",)
