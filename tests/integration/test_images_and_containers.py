@@ -308,5 +308,7 @@ def test_auto_picks_the_cheapest_backend_meeting_the_isolation_minimum(tmp_path:
             facts, _ = inspect_host(
                 other, ExecRequest.from_argv(["true"], cwd=ws), base, dict(os.environ)
             )
-            assert other.problem(facts) is not None, (level, other.name)
+            # unusable, or (landlock for a root caller) refusing the policy
+            refuses_root = other.name == "landlock" and os.geteuid() == 0
+            assert other.problem(facts) is not None or refuses_root, (level, other.name)
     assert picked["namespace"] in ("bubblewrap", "podman", "docker")

@@ -278,3 +278,18 @@ def test_landlock_keeps_host_processes_unwritable(world: World) -> None:
     finally:
         host.kill()
         host.wait()
+
+
+@root_caller
+def test_a_root_callers_command_changes_metadata_of_its_own_files(world: World) -> None:
+    """The broker creates root's files; fd-based chmod/utime by the sandbox's uid still work."""
+    code = (
+        "import os\n"
+        "fd = os.open('made', os.O_WRONLY | os.O_CREAT, 0o644)\n"
+        "os.fchmod(fd, 0o600); os.utime(fd, (1, 1)); os.close(fd)\n"
+        "os.utime('made'); os.chmod('made', 0o640); print('ok')\n"
+    )
+    result = world.run(f"umask 077; touch t && touch t && {PROBE_PYTHON} -c {_quote(code)}")
+    assert result.returncode == 0 and result.stdout == b"ok\n", result.stderr
+    st = os.stat(world.ws("made"))
+    assert (st.st_uid, st.st_mode & 0o777) == (0, 0o640)

@@ -805,8 +805,10 @@ class Broker:
         """Run *act(fd)* on the target's open file *fd_arg* if it lies in a supervised root.
 
         Used for fchmod/fchown/fsetxattr/fremovexattr/futimens and the
-        ``AT_EMPTY_PATH`` forms, only with ``confine_metadata`` (otherwise the
-        kernel decides: the read-only mount holds).
+        ``AT_EMPTY_PATH`` forms, only with ``confine_metadata`` or for a sandbox
+        of another uid (``idmapped_id``: the files the broker opened for it are
+        root's on a mount without the idmapping); otherwise the kernel decides
+        and the read-only mount holds.
 
         SAFETY: the broker takes a duplicate of the target's *open file*
         (``pidfd_getfd``), checks where that file lives (its path, verified by
@@ -815,15 +817,17 @@ class Broker:
         """
         import ctypes
 
-        if not self._spec.confine_metadata:
+        if not self._spec.confine_metadata and self._spec.idmapped_id is None:
             raise _Continue
         pidfd = os.pidfd_open(pid)
         try:
-            ours = self._syscall(
-                "pidfd_getfd",
-                ctypes.c_int(pidfd),
-                ctypes.c_int(_signed_fd(fd_arg)),
-                ctypes.c_uint(0),
+            ours = self._as_tracer(
+                lambda: self._syscall(
+                    "pidfd_getfd",
+                    ctypes.c_int(pidfd),
+                    ctypes.c_int(_signed_fd(fd_arg)),
+                    ctypes.c_uint(0),
+                )
             )
         finally:
             os.close(pidfd)
@@ -831,6 +835,8 @@ class Broker:
         try:
             path = os.readlink(f"/proc/self/fd/{ours}")
             root = self._root_for(path) if path.startswith("/") else None
+            if root is None and not self._spec.confine_metadata:
+                raise _Continue  # idmapped sandbox, not a supervised root: the kernel decides
             if root is None:
                 raise _Denied(path, outside)
             rel = path[len(root.sandbox_path) :].strip("/")

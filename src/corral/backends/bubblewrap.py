@@ -367,13 +367,16 @@ class BubblewrapBackend(Backend):
             broker = BrokerSpec(
                 roots=tuple((w, source(w)) for w in writable),
                 patterns=tuple(patterns),
-                syscall_names=broker_syscalls(facts.arch),
+                syscall_names=broker_syscalls(facts.arch, metadata=as_user),
                 launcher_ns=preview is not None and not copy,
                 idmapped_id=ROOT_SANDBOX_ID if as_user else None,
             )
             fds += [
                 FdSpec(
-                    number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)
+                    number=FD_NOTIFY_BPF,
+                    kind="data",
+                    # as another uid, fd-based metadata changes of root's files go via the broker
+                    data=seccomp_program("broker+metadata" if as_user else "broker", facts.arch),
                 ),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]

@@ -762,24 +762,32 @@ static void note_signal(int sig) {
     (void)sig; /* never runs: the signals are blocked and taken by sigwaitinfo */
 }
 
-static void run_as_init(void) {
+static sigset_t init_set, init_old_mask;
+
+/* As early as possible: pid 1 gets only signals it handles, so handle (and
+ * block) the ones corral forwards; one sent before the command exists then
+ * waits for it. */
+static void init_take_signals(void) {
     if (getpid() != 1)
         fail("init", EINVAL, "--init needs to be pid 1 of a new pid namespace (bwrap --as-pid-1)");
-    /* pid 1 gets only signals it handles: handle (and block) the ones corral
-     * forwards, so that one sent before the command exists waits for it */
-    sigset_t set, old;
-    sigemptyset(&set);
+    sigemptyset(&init_set);
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = note_signal;
     for (size_t k = 0; k < sizeof forwarded_signals / sizeof forwarded_signals[0]; k++) {
-        sigaddset(&set, forwarded_signals[k]);
+        sigaddset(&init_set, forwarded_signals[k]);
         sigaction(forwarded_signals[k], &sa, NULL);
     }
-    sigaddset(&set, SIGCHLD);
+    sigaddset(&init_set, SIGCHLD);
     sigaction(SIGCHLD, &sa, NULL);
-    if (sigprocmask(SIG_BLOCK, &set, &old) < 0)
+    if (sigprocmask(SIG_BLOCK, &init_set, &init_old_mask) < 0)
         fail("init", errno, "sigprocmask: %s", strerror(errno));
+}
+
+static void run_as_init(void) {
+    sigset_t set = init_set, old = init_old_mask;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
     pid_t child = fork();
     if (child < 0)
         fail("init", errno, "fork: %s", strerror(errno));
@@ -966,6 +974,8 @@ int main(int argc, char **argv) {
     }
     if (i >= argc)
         fail("parse-arguments", EINVAL, "no command given");
+    if (want_init)
+        init_take_signals();
     if ((notify_fd < 0) != (notify_sock < 0))
         fail("parse-arguments", EINVAL, "--notify-fd and --notify-sock go together");
 
