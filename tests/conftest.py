@@ -240,6 +240,8 @@ def corral_servers() -> dict[int, str]:
         if not pid.isdigit():
             continue
         try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue  # another user's (the unprivileged pass runs beside root's tests)
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
         except OSError:

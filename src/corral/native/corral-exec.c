@@ -704,6 +704,10 @@ static void drop_capabilities(void) {
     struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &header, data) < 0)
+        fail("drop-capabilities", errno, "capget: %s", strerror(errno));
+    int could_drop = (data[0].effective >> CAP_SETPCAP) & 1;
+    memset(data, 0, sizeof data);
     for (int cap = 0; cap < 64; cap++) {
         if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0)
             break; /* past the kernel's last capability */
@@ -719,6 +723,11 @@ static void drop_capabilities(void) {
         fail("drop-capabilities", errno, "capget: %s", strerror(errno));
     if (data[0].effective | data[0].permitted | data[1].effective | data[1].permitted)
         fail("drop-capabilities", EPERM, "capabilities remain after capset");
+    /* A caller that held no capabilities cannot shrink its bounding set, and
+     * needs not: with no_new_privs (always set next) nothing it execs can gain
+     * one. One that could drop them must have dropped them all. */
+    if (!could_drop)
+        return;
     for (int cap = 0; cap < 64; cap++) {
         int r = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
         if (r < 0)
