@@ -526,46 +526,44 @@ static int mount_overlay_main(int argc, char **argv) {
  * host process or file uses (corral's Python side picks and documents it).
  */
 static int idmap_userns(unsigned uid) {
-    int sync[2];
-    if (pipe2(sync, O_CLOEXEC) < 0)
+    int go[2], ready[2];
+    if (pipe2(go, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0)
         fail("idmap", errno, "pipe: %s", strerror(errno));
     pid_t child = fork();
     if (child < 0)
         fail("idmap", errno, "fork: %s", strerror(errno));
     if (child == 0) {
         /* a throw-away process whose user namespace carries the mapping */
-        close(sync[1]);
-        if (unshare(CLONE_NEWUSER) < 0)
+        close(go[1]);
+        close(ready[0]);
+        char byte = unshare(CLONE_NEWUSER) == 0 ? 'u' : 'e';
+        if (write(ready[1], &byte, 1) != 1)
             _exit(1);
-        char byte;
-        while (read(sync[0], &byte, 1) < 0 && errno == EINTR) {
+        while (read(go[0], &byte, 1) < 0 && errno == EINTR) {
         }
         _exit(0);
     }
-    close(sync[0]);
+    close(go[0]);
+    close(ready[1]);
+    char byte = 0;
+    ssize_t n;
+    do {
+        n = read(ready[0], &byte, 1);
+    } while (n < 0 && errno == EINTR);
+    close(ready[0]);
+    if (n != 1 || byte != 'u')
+        fail("idmap", EPERM, "the idmap helper could not enter a user namespace");
     char path[64], map[64];
-    int fd = -1;
-    /* wait until the child is in its own user namespace */
-    for (int tries = 0; tries < 10000 && fd < 0; tries++) {
-        char mine[64], theirs[64];
-        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
-        ssize_t a = readlink("/proc/self/ns/user", mine, sizeof mine - 1);
-        ssize_t b = readlink(path, theirs, sizeof theirs - 1);
-        if (a > 0 && b > 0 && (a != b || memcmp(mine, theirs, (size_t)a) != 0))
-            fd = open(path, O_RDONLY | O_CLOEXEC);
-        else {
-            struct timespec us = {0, 100000};
-            nanosleep(&us, NULL);
-        }
-    }
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        fail("idmap", ETIMEDOUT, "the idmap helper did not enter a user namespace");
+        fail("idmap", errno, "open %s: %s", path, strerror(errno));
     snprintf(map, sizeof map, "0 %u 1\n", uid);
     snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
     write_file(path, map);
     snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
     write_file(path, map);
-    close(sync[1]);
+    close(go[1]);
     waitpid(child, NULL, 0);
     return fd;
 }
