@@ -67,7 +67,16 @@ from ._landlock_rules import (
     split_readable,
 )
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under
+from .base import (
+    Backend,
+    Degradations,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    disk_limit,
+    is_under,
+    refuse_image,
+)
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -234,6 +243,8 @@ class LandlockBackend(Backend):
                 "backend (root-only files such as /etc/shadow stay readable)",
                 fix="use --backend bubblewrap, or run corral as a non-root user",
             )
+        refuse_image(policy, degrade, self.name)
+        disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace
@@ -272,7 +283,7 @@ class LandlockBackend(Backend):
         for carve in fs.allow_read:
             if facts.kind(carve) != "missing":
                 rules.append(LandlockRule("path", FS_READ, "filesystem.allowRead", path=carve))
-        caches = [path for _name, path in policy.caches]
+        caches = cache_dirs(policy, facts, degrade)
         rules.append(LandlockRule("path", read | write, "the private TMPDIR", path=tmp))
         for path in caches:
             rules.append(LandlockRule("path", read | write, "caches", path=path))
