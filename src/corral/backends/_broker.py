@@ -652,6 +652,11 @@ class Broker:
             if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
                 os.close(host_parent_fd)
                 raise _Continue  # a mount inside the root (e.g. a masked path): kernel decides
+            if _other_file(sandbox_parent_fd, host_parent_fd, name):
+                os.close(host_parent_fd)
+                # the sandbox sees another file under this name (a mask mounted over
+                # a secret): never act on the host's file; the kernel acts on the mask
+                raise _Continue
             rel = f"{rel_parent}/{name}" if rel_parent else name
             return _Resolved(root, host_parent_fd, name, rel)
         finally:
@@ -1210,6 +1215,23 @@ class Broker:
             )
 
         return self._with(r, touch, changes_inode=True)
+
+
+def _other_file(sandbox_dir_fd: int, host_dir_fd: int, name: str) -> bool:
+    """Whether *name* is a different file in the sandbox's view than in the host's.
+
+    The two directory fds are the same directory (checked by the caller); a
+    difference below them is a mount on *name* in the sandbox only.
+    """
+    try:
+        seen = os.stat(name, dir_fd=sandbox_dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    try:
+        real = os.stat(name, dir_fd=host_dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return True
+    return (seen.st_dev, seen.st_ino) != (real.st_dev, real.st_ino)
 
 
 def _hung_up(fd: int) -> bool:

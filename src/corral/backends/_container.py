@@ -29,7 +29,14 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFail
 from ..pipeline._request import redact
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    broker_patterns,
+    checked_workspace,
+    is_under,
+    paths_of_policy,
+)
 from .bubblewrap import SANDBOX_HELPER, command_env
 
 TYPE_CHECKING = False
@@ -247,17 +254,15 @@ class ContainerBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable) and self.passes_fds
         if patterns and writable and not self.passes_fds:
-            for rule in sorted({label.partition(":")[0] for _p, label in patterns}):
+            # denyRead rows need no broker here: the mask is a mount the kernel enforces
+            for rule in sorted(
+                {label.partition(":")[0] for _p, label in patterns} - {"filesystem.denyRead"}
+            ):
                 degrade.cannot(
                     rule,
                     f"{self.name} cannot pass corral's write broker into the container",

@@ -44,7 +44,15 @@ from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    broker_patterns,
+    cgroup_limits,
+    checked_workspace,
+    is_under,
+    paths_of_policy,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -196,14 +204,9 @@ class BubblewrapBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- which writable roots the broker supervises
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable)
         if use_broker and facts.broker_problem is not None:
             degrade.cannot(

@@ -62,7 +62,7 @@ from ._landlock_rules import (
     split_readable,
 )
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under
+from .base import Backend, Degradations, broker_patterns, cgroup_limits, checked_workspace
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -278,14 +278,7 @@ class LandlockBackend(Backend):
             )
 
         # --- the write broker: protected paths at any depth, metadata confinement
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write]
-        for secret in fs.deny_read:
-            if any(is_under(secret, area) for area in writable):
-                patterns += [
-                    (secret, f"filesystem.denyRead: {secret}"),
-                    (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}"),
-                ]
+        patterns = broker_patterns(fs, writable)
         column = 0 if facts.arch == "x86_64" else 1
         broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES)
         names = sorted(
