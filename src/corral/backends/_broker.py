@@ -53,6 +53,7 @@ import struct
 
 from ..pipeline._outcome import Violation
 from ..policy._glob import PathPattern
+from ._gitcheck import Journal
 from ._plan import BrokerSpec
 
 TYPE_CHECKING = False
@@ -194,6 +195,15 @@ class Broker:
         self._attached = _thread.allocate_lock()
         self._attached.acquire()
         self._patterns = [(PathPattern(p), label) for p, label in spec.patterns]
+        # protect rows about git's administrative files: a repository the run
+        # created is its own to write (the git check validates it afterwards)
+        self._git_rows = {
+            label
+            for p, label in spec.patterns
+            if label.startswith("filesystem.protect:")
+            and any(part in (".git", ".gitmodules") for part in p.split("/"))
+        }
+        self.journal = Journal()
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
@@ -294,6 +304,7 @@ class Broker:
             pass
         if self._started and self._done.acquire(True, timeout):
             self._done.release()
+            self._check_git()
         for fd in [
             self._listener,
             self._wake_r,
@@ -309,6 +320,36 @@ class Broker:
         self._listener = self._wake_r = self._wake_w = -1
         self._roots = []
         self._mem_fds.clear()
+
+    def _check_git(self) -> None:
+        """Run the git check over what this run touched (all its processes are gone)."""
+        from ._gitcheck import check_root
+
+        others = tuple(r.sandbox_path for r in self._roots) + tuple(self._spec.open_roots)
+        for root in self._roots:
+            if root.sandbox_path in self._spec.open_roots:
+                continue
+            if root.sandbox_path not in self.journal.roots():
+                continue
+            try:
+                findings = check_root(
+                    root.host_fd,
+                    root.sandbox_path,
+                    self.journal,
+                    tuple(o for o in others if o != root.sandbox_path),
+                )
+            except Exception as exc:  # never lose the run's result; report the failure
+                self.error = self.error or exc
+                continue
+            self.violations.extend(
+                Violation(
+                    kind="fs-write",
+                    target=f.path,
+                    rule=f"git: {f.reason}; quarantined as {f.quarantined_as}",
+                    operation="git-check",
+                )
+                for f in findings
+            )
 
     # ------------------------------------------------------------ thread body
     def _run(self) -> None:
@@ -674,15 +715,53 @@ class Broker:
         """Refuse if the resolved name is protected or write-denied."""
         if resolved.root.sandbox_path in self._spec.open_roots:
             return
-        label = self._denied_by(resolved.rel, resolved.sandbox_path)
+        label = self._denied_by(resolved.rel, resolved.sandbox_path, resolved)
         if label is not None:
             raise _Denied(resolved.sandbox_path, label)
 
-    def _denied_by(self, rel: str, sandbox_path: str) -> str | None:
+    def _denied_by(
+        self, rel: str, sandbox_path: str, resolved: _Resolved | None = None
+    ) -> str | None:
+        """The label of the first row that refuses *rel*; with *resolved*, a repository
+        the run created is exempt from the git rows (see :meth:`_own_repository`)."""
         for pattern, label in self._patterns:
             if pattern.matches(sandbox_path if pattern.absolute else rel):
+                if (
+                    resolved is not None
+                    and label in self._git_rows
+                    and self._own_repository(resolved)
+                ):
+                    continue
                 return label
         return None
+
+    def _own_repository(self, r: _Resolved) -> bool:
+        """Whether *r* belongs to a repository this run created (its own to write).
+
+        * the ``.git`` entry itself: when it does not exist yet or was created
+          in this run (deleting or replacing a pre-existing one is refused: that
+          also keeps a later run's workspace root where it was);
+        * a name inside a ``.git`` directory: when its parent directory is new
+          (the ``.git`` directory, or e.g. ``.git/modules/<name>``, was created
+          in this run);
+        * a name beside it (``.gitmodules``): when that ``.git`` is new.
+
+        The git check validates what such a repository holds after the run.
+        """
+        root = r.root.sandbox_path
+        parts = r.rel.split("/")
+        parent = "/".join(parts[:-1])
+        if parts[-1] == ".git":
+            if self.journal.is_new(root, r.rel):
+                return True
+            try:
+                os.stat(r.name, dir_fd=r.parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return True
+            return False
+        if ".git" in parts[:-1]:
+            return self.journal.is_new(root, parent)
+        return self.journal.is_new(root, (parent + "/" if parent else "") + ".git")
 
     def _check_single_link(self, r: _Resolved, st: os.stat_result | None = None) -> None:
         """Refuse to change a file that has other hard links.
@@ -843,6 +922,7 @@ class Broker:
                 lambda: self._as_target(
                     pid, lambda: os.mkdir(r.name, mode & 0o7777, dir_fd=r.parent_fd)
                 ),
+                creates=True,
             )
         if name in ("mknod", "mknodat"):
             dirfd, path, mode, dev = (
@@ -859,12 +939,15 @@ class Broker:
                 lambda: self._as_target(
                     pid, lambda: os.mknod(r.name, kind | (mode & 0o7777), dev, dir_fd=r.parent_fd)
                 ),
+                creates=True,
             )
         if name in ("symlink", "symlinkat"):
             target = s(a[0])
             dirfd, path = (_AT_FDCWD, s(a[1])) if name == "symlink" else (sfd(a[1]), s(a[2]))
             r = self._resolve(pid, nid, dirfd, path, follow=False)
-            return self._with(r, lambda: os.symlink(target, r.name, dir_fd=r.parent_fd))
+            return self._with(
+                r, lambda: os.symlink(target, r.name, dir_fd=r.parent_fd), creates=True
+            )
         if name in ("link", "linkat"):
             return self._link(pid, nid, name, a)
         if name in ("rename", "renameat", "renameat2"):
@@ -970,19 +1053,28 @@ class Broker:
             return self._on_open_file(pid, a[0], lambda fd: os.setxattr(fd, attr, value, flags))
         return self._on_open_file(pid, a[0], lambda fd: os.removexattr(fd, attr))
 
-    def _with(self, r: _Resolved, action: object, *, changes_inode: bool = False) -> int:
+    def _with(
+        self, r: _Resolved, action: object, *, changes_inode: bool = False, creates: bool = False
+    ) -> int:
         """Check *r* against the policy, then run *action* (a callable); return 0.
 
         ``changes_inode``: the operation changes the file itself (mode, owner,
         times, size, attributes), not just a name - refused for hard-linked files.
+        ``creates``: the operation makes the name (journaled as created).
         """
         try:
+            if creates:
+                _refuse_existing(r)
             self._check(r)
             if changes_inode:
                 self._check_single_link(r)
             action()  # type: ignore[operator]
         finally:
             os.close(r.parent_fd)
+        if creates:
+            self.journal.create(r.root.sandbox_path, r.rel)
+        elif changes_inode:
+            self.journal.change(r.root.sandbox_path, r.rel)
         return 0
 
     def _as_target(self, pid: int, action: object) -> None:
@@ -1071,6 +1163,10 @@ class Broker:
                 pid,
                 lambda: holder.append(os.open(name, open_flags, mode & 0o7777, dir_fd=r.parent_fd)),
             )
+            if existing is None and flags & os.O_CREAT:
+                self.journal.create(r.root.sandbox_path, r.rel)
+            elif flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC) and name != ".":
+                self.journal.change(r.root.sandbox_path, r.rel)
             return holder[0]
         finally:
             os.close(r.parent_fd)
@@ -1092,6 +1188,7 @@ class Broker:
             olddir, old, flags = fd_path, "", flags | _AT_EMPTY_PATH
         dst = self._resolve(pid, nid, newdir, new, follow=False)
         try:
+            _refuse_existing(dst)
             self._check(dst)
             if flags & _AT_EMPTY_PATH and not old:
                 # Linking an open file (O_TMPFILE): the classic /proc/self/fd route.
@@ -1105,6 +1202,7 @@ class Broker:
                     )
                 finally:
                     os.close(src_fd)
+                self.journal.create(dst.root.sandbox_path, dst.rel)
                 return 0
             src = self._resolve(pid, nid, olddir, old, follow=bool(flags & _AT_SYMLINK_FOLLOW))
             try:
@@ -1118,6 +1216,7 @@ class Broker:
                     dst_dir_fd=dst.parent_fd,
                     follow_symlinks=False,
                 )
+                self.journal.create(dst.root.sandbox_path, dst.rel)
             finally:
                 os.close(src.parent_fd)
         finally:
@@ -1159,6 +1258,9 @@ class Broker:
                     os.fsencode(dst.name),
                     ctypes.c_uint(flags),
                 )
+                self.journal.move(dst.root.sandbox_path, dst.rel)
+                if flags & _RENAME_EXCHANGE:
+                    self.journal.move(src.root.sandbox_path, src.rel)
             finally:
                 os.close(dst.parent_fd)
         finally:
@@ -1215,6 +1317,16 @@ class Broker:
             )
 
         return self._with(r, touch, changes_inode=True)
+
+
+def _refuse_existing(r: _Resolved) -> None:
+    """EEXIST for a create of a name that exists, as the kernel answers before any
+    permission check (``mkdir -p`` over a protected directory is no violation)."""
+    try:
+        os.stat(r.name, dir_fd=r.parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    raise OSError(errno.EEXIST, "file exists")
 
 
 def _other_file(sandbox_dir_fd: int, host_dir_fd: int, name: str) -> bool:

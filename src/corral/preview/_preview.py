@@ -676,11 +676,29 @@ def _protected(
                 if compiled_pattern.matches(
                     f"{workspace}/{rel}" if compiled_pattern.absolute else rel
                 ):
+                    if _new_repository_dir(change, rel):
+                        continue  # what lands inside it is judged by the rows inside .git
                     found.append((rel, label))
                     break
         if change.new_mode is not None and change.new_mode & _SETID and change.new_type == "file":
             found.append((change.path, "a set-user-ID or set-group-ID bit"))
     return found
+
+
+def _new_repository_dir(change: Change, rel: str) -> bool:
+    """Whether *change* makes (or only touches the metadata of) a ``.git`` directory at *rel*.
+
+    The ``**/.git`` row refuses replacing, renaming or deleting a repository's
+    ``.git``; a new ``.git`` directory is a new repository, whose
+    administrative files the rows for ``.git/config``, ``.git/hooks`` ... judge.
+    """
+    return (
+        rel == change.path
+        and rel.rpartition("/")[2] == ".git"
+        and change.kind in ("added", "modified")
+        and change.new_type == "dir"
+        and change.old_type in (None, "dir")
+    )
 
 
 def _allowed(rel: str, allowed: Iterable[str], workspace: str) -> bool:

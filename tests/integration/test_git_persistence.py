@@ -1,0 +1,242 @@
+"""Git as a persistence path (issue 10, sections 1 and 2).
+
+Every attack plants something git would discover and that would make the
+host's git run code: an fsmonitor that creates a marker file, or a hook. After
+each run, real git runs on the host in every directory of the workspace; the
+marker must not appear. The positive side: git init, clone, worktree add and
+submodule update work under the default policy, and git works on the host
+afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import World, needs_bwrap
+
+pytestmark = [needs_bwrap]
+
+BACKENDS = ("bubblewrap", "landlock")
+
+
+def host_git(world: World, cwd: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+    env = {
+        "HOME": world.home,
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    return subprocess.run(
+        ["git", *args], cwd=cwd, env=env, capture_output=True, check=False, timeout=60
+    )
+
+
+def git_everywhere(world: World) -> None:
+    """The user's next action: ``git status`` (and a commit where it is a repository)."""
+    for directory, dirs, _files in os.walk(world.workspace):
+        dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(directory, d))]
+        host_git(world, directory, "status")
+        host_git(world, directory, "commit", "-q", "--allow-empty", "-m", "host")
+
+
+def marker(world: World) -> str:
+    return os.path.join(world.outside, "PWNED")
+
+
+def run(
+    world: World, script: str, backend: str = "bubblewrap"
+) -> subprocess.CompletedProcess[bytes]:
+    result = world.run(script, "--backend", backend, "--isolation", "process")
+    assert result.returncode != 125, result.stderr
+    return result
+
+
+def payload_config(world: World) -> str:
+    """A git config whose fsmonitor (and an alias, and a hooksPath) would create the marker."""
+    return (
+        "[core]\n\tbare = false\n\trepositoryformatversion = 0\n"
+        f'\tfsmonitor = "touch {marker(world)}; false"\n'
+        "\thooksPath = payload-hooks\n"
+    )
+
+
+def hook_script(world: World) -> str:
+    return f"#!/bin/sh\ntouch {marker(world)}\n"
+
+
+def assert_safe(world: World) -> None:
+    git_everywhere(world)
+    assert not os.path.exists(marker(world)), "the host's git ran planted code"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_dot_git_file_pointing_at_a_planted_repository(world: World, backend: str) -> None:
+    World.write(os.path.join(world.outside, "cfg"), payload_config(world))
+    result = run(
+        world,
+        f"mkdir -p evil/objects evil/refs src && echo 'ref: refs/heads/main' > evil/HEAD"
+        f" && cp {world.outside}/cfg evil/config && printf 'gitdir: ../evil\\n' > src/.git",
+        backend,
+    )
+    assert result.returncode == 0, result.stderr
+    assert b"git check" in result.stderr or b"quarantined" in result.stderr, result.stderr
+    assert_safe(world)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bare_repository_shaped_directory(world: World, backend: str) -> None:
+    World.write(os.path.join(world.outside, "cfg"), payload_config(world) + "\tworktree = ..\n")
+    run(
+        world,
+        f"mkdir -p bare/objects bare/refs && echo 'ref: refs/heads/main' > bare/HEAD"
+        f" && cp {world.outside}/cfg bare/config",
+        backend,
+    )
+    assert_safe(world)
+    assert not os.path.exists(world.ws("bare", "config"))
+    assert os.path.exists(world.ws("bare", "config.corral-quarantined"))
+
+
+def read_if_file(path: str) -> bytes | None:
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def seed_repo(world: World, path: str) -> None:
+    os.makedirs(path, exist_ok=True)
+    assert host_git(world, path, "init", "-q").returncode == 0
+    assert host_git(world, path, "commit", "-q", "--allow-empty", "-m", "seed").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        ".git/commondir",  # the workspace's repository
+        "nested/.git/commondir",  # a nested repository
+        ".git/modules/lib/commondir",  # a submodule's gitdir
+        ".git/worktrees/w/commondir",  # a worktree's gitdir
+        ".git/modules/lib/config",
+        ".git/worktrees/w/config.worktree",
+        "sub/.git",  # a submodule's .git file, rewritten
+        "nested/.git/hooks/post-commit",
+    ],
+)
+def test_redirects_of_existing_repositories_are_refused(world: World, target: str) -> None:
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    seed_repo(world, world.ws("nested"))
+    for gitdir in (".git/modules/lib", ".git/worktrees/w"):
+        os.makedirs(world.ws(gitdir, "refs"))
+        World.write(world.ws(gitdir, "HEAD"), "ref: refs/heads/main\n")
+    World.write(world.ws(".git", "modules", "lib", "config"), "[core]\n\tbare = false\n")
+    World.write(world.ws("sub", ".git"), "gitdir: ../.git/modules/lib\n")
+    World.write(os.path.join(world.outside, "evil", "config"), payload_config(world))
+    os.makedirs(os.path.join(world.outside, "evil", "objects"))
+    os.makedirs(os.path.join(world.outside, "evil", "refs"))
+    World.write(os.path.join(world.outside, "evil", "HEAD"), "ref: refs/heads/main\n")
+    script = (
+        f"mkdir -p evil && cp -r {world.outside}/evil/. evil/;"
+        f" printf '%s\\n' ../../evil > {target}.tmp 2>/dev/null; mv -f {target}.tmp {target};"
+        f" printf '%s\\n' 'gitdir: ../evil' > {target};"
+        f" cp {world.outside}/evil/config {target}; echo '#!/bin/sh' > {target}; true"
+    )
+    before = read_if_file(world.ws(target))
+    result = run(world, script)
+    after = read_if_file(world.ws(target))
+    assert before == after, result.stderr
+    assert b"blocked write to" in result.stderr
+    assert_safe(world)
+
+
+def test_a_repository_made_in_the_sandbox_keeps_git_config_but_loses_code(world: World) -> None:
+    World.write(os.path.join(world.outside, "hook"), hook_script(world))
+    result = run(
+        world,
+        "git init -q made && cd made && git config user.name agent"
+        " && git config core.fsmonitor 'touch " + marker(world) + "'"
+        f" && cp {world.outside}/hook .git/hooks/post-commit && chmod +x .git/hooks/post-commit"
+        " && mkdir -p ../payload && ln -s ../payload .git/hooks2"
+        " && printf '../../evil\\n' > .git/commondir",
+    )
+    assert result.returncode == 0, result.stderr
+    made = world.ws("made", ".git")
+    assert os.path.exists(os.path.join(made, "config.corral-quarantined"))
+    assert os.path.exists(os.path.join(made, "hooks", "post-commit.corral-quarantined"))
+    assert_safe(world)
+
+
+def test_a_symlinked_hooks_directory_in_a_new_repository(world: World) -> None:
+    World.write(os.path.join(world.outside, "hook"), hook_script(world))
+    run(
+        world,
+        f"mkdir -p payload && cp {world.outside}/hook payload/post-commit && chmod +x payload/*"
+        " && git init -q made && rm -rf made/.git/hooks && ln -s ../../payload made/.git/hooks",
+    )
+    assert os.path.lexists(world.ws("made", ".git", "hooks.corral-quarantined"))
+    assert_safe(world)
+
+
+def test_deleting_a_nested_repository_cannot_widen_the_next_workspace(world: World) -> None:
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    World.write(world.ws("inner", ".git"), "gitdir: ../.git\n")
+    result = world.run("rm -f .git; rm -rf .git; mv .git gone; true", cwd=world.ws("inner"))
+    assert os.path.isfile(world.ws("inner", ".git")), result.stderr
+
+
+# ------------------------------------------------------------------ git keeps working
+def make_upstream(world: World) -> tuple[str, str]:
+    """A library repository and an app repository that has it as a submodule."""
+    lib = os.path.join(world.outside, "lib")
+    app = os.path.join(world.outside, "app")
+    seed_repo(world, lib)
+    World.write(os.path.join(lib, "lib.txt"), "lib\n")
+    host_git(world, lib, "add", "lib.txt")
+    host_git(world, lib, "commit", "-q", "-m", "lib")
+    seed_repo(world, app)
+    World.write(os.path.join(app, "app.txt"), "app\n")
+    host_git(world, app, "add", "app.txt")
+    assert (
+        host_git(
+            world, app, "-c", "protocol.file.allow=always", "submodule", "add", "-q", lib, "lib"
+        ).returncode
+        == 0
+    )
+    assert host_git(world, app, "commit", "-q", "-m", "app").returncode == 0
+    return lib, app
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_git_init_clone_worktree_and_submodules_work_in_the_sandbox(
+    world: World, backend: str
+) -> None:
+    _lib, app = make_upstream(world)
+    ident = "-c user.name=a -c user.email=a@example.invalid -c protocol.file.allow=always"
+    script = (
+        "set -e\n"
+        f"git init -q fresh && cd fresh && git {ident} commit -q --allow-empty -m one && cd ..\n"
+        f"git {ident} clone -q {app} app && cd app\n"
+        f"git {ident} submodule update -q --init\n"
+        "test -f lib/lib.txt\n"
+        f"git {ident} worktree add -q ../app-wt\n"
+        "cd ../app-wt && test -f app.txt && git status --short\n"
+        "echo ALL-OK\n"
+    )
+    result = run(world, script, backend)
+    assert b"ALL-OK" in result.stdout, result.stderr
+    assert b"quarantined" not in result.stderr, result.stderr
+    assert b"blocked" not in result.stderr, result.stderr
+    for repo in ("fresh", "app", "app/lib", "app-wt"):
+        status = host_git(world, world.ws(repo), "status", "--short")
+        assert status.returncode == 0, (repo, status.stderr)
+    log = host_git(world, world.ws("app"), "log", "--oneline")
+    assert b"app" in log.stdout
+    assert_safe(world)
