@@ -604,8 +604,18 @@ class Broker:
             "openat2", ctypes.c_int(dirfd), os.fsencode(path), how, ctypes.c_size_t(24)
         )
 
-    def _base_path(self, pid: int, dirfd: int, path: str) -> str:
-        """The target's view of the directory *path* is relative to (or '/')."""
+    def _base_path(self, pid: int, dirfd: int, path: str, root_fd: int) -> str:
+        """The target's view of the directory *path* is relative to (or '/').
+
+        A directory fd is known by its path text, so the text is checked
+        against the open file itself: the broker takes a duplicate of the
+        target's fd (``pidfd_getfd``) and requires the text, resolved in the
+        target's root, to be that very directory. An fd the text does not
+        name (received over ``SCM_RIGHTS`` from another mount namespace, or a
+        directory moved meanwhile) is left to the kernel, which acts on the
+        real file under the read-only mount (or Landlock) - never redirected
+        to whatever the text names in a supervised root.
+        """
         if path.startswith("/"):
             return "/"
         if dirfd == _AT_FDCWD or dirfd == (_AT_FDCWD & 0xFFFFFFFF):
@@ -620,7 +630,40 @@ class Broker:
             raise
         if not base.startswith("/") or base.endswith(" (deleted)"):
             raise _Continue
+        if link.endswith("/cwd"):
+            return base
+        theirs = self._dup_target_fd(pid, dirfd)
+        try:
+            try:
+                named = self._openat2(
+                    root_fd,
+                    base.lstrip("/") or ".",
+                    os.O_PATH | os.O_DIRECTORY,
+                    _RESOLVE_IN_ROOT | _RESOLVE_NO_MAGICLINKS,
+                )
+            except OSError:
+                raise _Continue from None
+            try:
+                a, b = os.fstat(theirs), os.fstat(named)
+            finally:
+                os.close(named)
+        finally:
+            os.close(theirs)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            raise _Continue
         return base
+
+    def _dup_target_fd(self, pid: int, fd: int) -> int:
+        """A duplicate of the target's open file *fd* (``pidfd_getfd``)."""
+        import ctypes
+
+        pidfd = os.pidfd_open(pid)
+        try:
+            return self._syscall(
+                "pidfd_getfd", ctypes.c_int(pidfd), ctypes.c_int(fd), ctypes.c_uint(0)
+            )
+        finally:
+            os.close(pidfd)
 
     def _resolve(
         self, pid: int, notif_id: int, dirfd: int, path: str, *, follow: bool
@@ -640,7 +683,7 @@ class Broker:
             current = (
                 path
                 if path.startswith("/")
-                else self._base_path(pid, dirfd, path).rstrip("/") + "/" + path
+                else self._base_path(pid, dirfd, path, root_fd).rstrip("/") + "/" + path
             )
             for _hop in range(_MAX_SYMLINK_HOPS):
                 resolved = self._resolve_once(root_fd, current)
