@@ -240,3 +240,24 @@ def test_git_init_clone_worktree_and_submodules_work_in_the_sandbox(
     log = host_git(world, world.ws("app"), "log", "--oneline")
     assert b"app" in log.stdout
     assert_safe(world)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hook_paths_named_by_the_trusted_config_are_protected(world: World, backend: str) -> None:
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    host_git(world, world.workspace, "config", "core.hooksPath", ".githooks")
+    host_git(world, world.workspace, "config", "core.fsmonitor", "tools/fsmon.sh")
+    World.write(os.path.join(world.outside, "hook"), hook_script(world))
+    result = run(
+        world,
+        f"mkdir -p .githooks tools; cp {world.outside}/hook .githooks/pre-commit;"
+        f" cp {world.outside}/hook tools/fsmon.sh; chmod +x .githooks/* tools/*;"
+        f" mkdir -p p && cp {world.outside}/hook p/pre-commit && ln -s p .githooks; true",
+        backend,
+    )
+    assert b"blocked write to" in result.stderr
+    assert not os.path.lexists(world.ws(".githooks"))
+    assert not os.path.lexists(world.ws("tools", "fsmon.sh"))
+    host_git(world, world.workspace, "config", "--unset", "core.fsmonitor")
+    assert_safe(world)

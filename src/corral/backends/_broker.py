@@ -238,6 +238,46 @@ class Broker:
             self._roots.append(_Root(sandbox_path, fd))
         # Longest sandbox path first, so nested roots win.
         self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
+        for root in self._roots:
+            if root.sandbox_path not in self._spec.open_roots:
+                self._protect_trusted_hook_paths(root)
+
+    def _protect_trusted_hook_paths(self, root: _Root) -> None:
+        """Protect what the root's own repository config names as code (``core.hooksPath``,
+        a ``core.fsmonitor`` program) when it lies inside the root (``.githooks``, husky's
+        directory): the user's trusted config runs whatever is planted there.
+
+        Only the repository at the root is read (its ``.git/config``, never through a
+        symlink); git parses it only when one of the two keys is spelled in it.
+        """
+        from ._gitcheck import trusted_code_paths
+
+        try:
+            git_fd = os.open(
+                ".git",
+                os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=root.host_fd,
+            )
+        except OSError:
+            return
+        try:
+            fd = os.open(
+                "config", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=git_fd
+            )
+        except OSError:
+            return
+        finally:
+            os.close(git_fd)
+        try:
+            data = os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        for rel in trusted_code_paths(data, root.sandbox_path):
+            label = f"git: a path the repository's config runs code from: {rel}"
+            try:
+                self._patterns += [(PathPattern(rel), label), (PathPattern(rel + "/**"), label)]
+            except ValueError:
+                continue
 
     def attach(self, listener_fd: int, *, launcher_pid: int = -1) -> None:
         """Hand over the seccomp listener; the thread starts serving it.

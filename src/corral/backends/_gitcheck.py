@@ -41,7 +41,15 @@ import errno
 import os
 import stat
 
-__all__ = ["QUARANTINE_SUFFIX", "SAFE_KEYS", "Finding", "Journal", "check_root"]
+__all__ = [
+    "QUARANTINE_SUFFIX",
+    "SAFE_KEYS",
+    "Finding",
+    "Journal",
+    "check_root",
+    "config_problem",
+    "trusted_code_paths",
+]
 
 QUARANTINE_SUFFIX = ".corral-quarantined"
 
@@ -220,6 +228,53 @@ def _value_ok(kind: str, value: str) -> bool:
         transport_helper = bool(sep) and all(c.isalnum() or c in "+-." for c in scheme)
         return not (transport_helper or value.startswith("-") or "\n" in value)
     return True
+
+
+def trusted_code_paths(data: bytes, root: str) -> list[str]:
+    """Root-relative paths a trusted repository config at *root* runs code from.
+
+    ``core.hooksPath`` and a ``core.fsmonitor`` program, when they lie inside
+    *root* (relative values are relative to the work tree, *root*). Git parses
+    *data* only when one of the keys is spelled in it (case-insensitively).
+    """
+    low = data.lower()
+    if b"hookspath" not in low and b"fsmonitor" not in low:
+        return []
+    import shutil
+    import subprocess
+
+    git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
+    if git is None:
+        return []
+    env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [
+            git,
+            "config",
+            "--file",
+            "-",
+            "--no-includes",
+            "--null",
+            "--get-regexp",
+            r"^core\.(hookspath|fsmonitor)$",
+        ],
+        input=data,
+        capture_output=True,
+        env=env,
+        check=False,
+        timeout=30,
+    )
+    found: list[str] = []
+    base = root.rstrip("/")
+    for entry in proc.stdout.split(b"\0"):
+        _name, _, value_b = entry.partition(b"\n")
+        value = os.fsdecode(value_b).strip()
+        if not value or value.lower() in _BOOLS:
+            continue
+        path = os.path.normpath(value if value.startswith("/") else f"{base}/{value}")
+        if path.startswith(base + "/"):
+            found.append(path[len(base) + 1 :])
+    return found
 
 
 class _Checker:
