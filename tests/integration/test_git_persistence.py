@@ -261,3 +261,18 @@ def test_hook_paths_named_by_the_trusted_config_are_protected(world: World, back
     assert not os.path.lexists(world.ws("tools", "fsmon.sh"))
     host_git(world, world.workspace, "config", "--unset", "core.fsmonitor")
     assert_safe(world)
+
+
+def test_a_repository_moved_into_place_is_checked(world: World) -> None:
+    # a pre-existing bare-shaped directory (e.g. a test fixture) moved under a new name:
+    # the moved tree was never journaled entry by entry, so the check walks it
+    fixture = world.ws("fixtures", "deep", "evil")
+    os.makedirs(os.path.join(fixture, "objects"))
+    os.makedirs(os.path.join(fixture, "refs"))
+    World.write(os.path.join(fixture, "HEAD"), "ref: refs/heads/main\n")
+    World.write(os.path.join(fixture, "config"), payload_config(world))
+    result = run(world, "mv fixtures/deep landed")
+    assert result.returncode == 0, result.stderr
+    assert os.path.exists(world.ws("landed", "evil", "config.corral-quarantined"))
+    os.rename(world.ws("fixtures"), os.path.join(world.outside, "fixtures"))  # not the run's
+    assert_safe(world)

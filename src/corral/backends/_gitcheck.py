@@ -522,21 +522,24 @@ def check_root(
     checker = _Checker(root_fd, root, journal, (*writable, *_SCRATCH))
     dirs: set[str] = set()
     touched = journal.created.get(checker.root, set()) | journal.changed.get(checker.root, set())
+    # the parents of what the run touched, up to the root (a touched directory
+    # that is nobody's parent holds nothing the run made: nothing to discover)
     for rel in touched:
-        while True:
-            dirs.add(rel)
-            if not rel:
-                break
+        while rel:
             rel = rel.rpartition("/")[0]
+            if rel in dirs:
+                break
+            dirs.add(rel)
     for moved in journal.moved.get(checker.root, ()):
         fd = checker.open_dir(moved)
         if fd is None:
             continue
+        dirs.add(moved)
         try:
             for top, subdirs, _files, _dfd in os.fwalk(".", dir_fd=fd):
-                sub = top[2:] if top.startswith("./") else ""
+                here = _join(moved, top[2:]) if top.startswith("./") else moved
                 for d in subdirs:
-                    dirs.add(_join(_join(moved, sub), d))
+                    dirs.add(_join(here, d))
         finally:
             os.close(fd)
     for rel in sorted(dirs, key=lambda r: (r.count("/"), r)):
