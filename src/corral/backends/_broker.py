@@ -34,6 +34,11 @@ Design (docs/design.md, "The write broker"):
 4. One broker thread serves one sandbox and handles notifications one at a
    time, so no name operation of the sandbox can interleave between a check
    and the operation it approved.
+5. Every operation it performs is journaled (:class:`~._gitcheck.Journal`):
+   a repository the run created is exempt from the ``protect`` rows about
+   git, and when the run is over (:meth:`Broker.stop`) the git check
+   validates what git would discover where the run wrote (see
+   :mod:`corral.backends._gitcheck`).
 
 SAFETY: the broker thread runs with the same uid as the sandboxed processes
 and with its effective capabilities dropped (``capset`` is per thread), and
