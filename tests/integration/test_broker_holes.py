@@ -189,3 +189,37 @@ except OSError as exc:
     result = py(world, code, backend)
     assert b"planted" not in result.stdout, result.stdout
     assert not os.path.lexists(world.ws(".git", "hooks"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("how", ["home-workspace", "allow-write-config"])
+def test_corral_own_settings_and_state_cannot_be_planted(
+    world: World, backend: str, how: str
+) -> None:
+    # ~/.config/corral and ~/.local/state/corral: as a symlink, a directory or a file
+    config = os.path.join(world.home, ".config")
+    os.makedirs(config, exist_ok=True)
+    payload = World.write(os.path.join(world.home, "x", "settings.json"), '{"backend": "none"}')
+    code = f"""
+import os
+attempts = [
+    lambda: os.symlink({os.path.dirname(payload)!r}, {config!r} + "/corral"),
+    lambda: os.mkdir({config!r} + "/corral"),
+    lambda: open({config!r} + "/corral", "w").write("x"),
+    lambda: os.rename({os.path.dirname(payload)!r}, {config!r} + "/corral"),
+    lambda: os.makedirs({world.home!r} + "/.local/state", exist_ok=True)
+    or os.symlink("/tmp", {world.home!r} + "/.local/state/corral"),
+]
+for attempt in attempts:
+    try:
+        attempt(); print("planted")
+    except OSError as exc:
+        print("refused", exc.errno)
+"""
+    if how == "home-workspace":
+        result = py(world, code, backend, "--workspace", world.home, cwd=world.home)
+    else:
+        result = py(world, code, backend, "--allow-write", config)
+    assert b"planted" not in result.stdout, result.stdout
+    assert not os.path.lexists(os.path.join(config, "corral"))
+    assert not os.path.lexists(os.path.join(world.home, ".local", "state", "corral", "x"))
