@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         UsageError,
     )
     from ._sandbox import AsyncSandbox, FileInfo, Sandbox
+    from ._streaming import AsyncProcess, Process
     from .pipeline._outcome import NetworkAttempt, Outcome, Violation
     from .pipeline._request import ExecRequest
     from .policy import (
@@ -69,8 +70,10 @@ _LAZY = {
     "Violation": ".pipeline._outcome",
     "ExecRequest": ".pipeline._request",
     "AsyncSandbox": "._sandbox",
-    "FileInfo": "._sandbox",
+    "FileInfo": "._files",
     "Sandbox": "._sandbox",
+    "Process": "._streaming",
+    "AsyncProcess": "._streaming",
     "arun": "._api",
     "run": "._api",
     "Credential": ".policy",
@@ -83,6 +86,7 @@ _LAZY = {
 
 __all__ = [
     "ApplyConflict",
+    "AsyncProcess",
     "AsyncSandbox",
     "BackendUnavailable",
     "BrokerFailed",
@@ -102,6 +106,7 @@ __all__ = [
     "Policy",
     "PolicyDenied",
     "PreviewError",
+    "Process",
     "ProxyStartFailed",
     "ResourceLimits",
     "Sandbox",

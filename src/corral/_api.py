@@ -19,8 +19,9 @@ from ._sandbox import AsyncSandbox, Sandbox
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
-    from typing import Any
+    from typing import Unpack
 
+    from ._options import SandboxOptions
     from .pipeline._outcome import Outcome
 
 __all__ = ["arun", "run"]
@@ -29,17 +30,18 @@ __all__ = ["arun", "run"]
 def run(
     command: str | Sequence[str],
     *,
-    timeout: float | None = None,
+    timeout: float | str | None = None,
     env: Mapping[str, str] | None = None,
     stdin: bytes | str | None = None,
     cwd: str | None = None,
-    **options: Any,
+    **options: Unpack[SandboxOptions],
 ) -> Outcome:
     """Run *command* in a fresh sandbox and return its Outcome.
 
     *timeout*, *env*, *stdin* and *cwd* apply to the command (see
     :meth:`Sandbox.exec <corral.Sandbox.exec>`); every other keyword is a
-    sandbox option (see :class:`~corral.AsyncSandbox`), e.g. ``workspace=``,
+    sandbox option (see :class:`~corral.AsyncSandbox` and
+    :class:`~corral._options.SandboxOptions`), e.g. ``workspace=``,
     ``network=``, ``memory=``, or ``policy=`` for a complete Policy.
 
     Raises:
@@ -53,11 +55,11 @@ def run(
 async def arun(
     command: str | Sequence[str],
     *,
-    timeout: float | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
+    timeout: float | str | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
     env: Mapping[str, str] | None = None,
     stdin: bytes | str | None = None,
     cwd: str | None = None,
-    **options: Any,
+    **options: Unpack[SandboxOptions],
 ) -> Outcome:
     """The async twin of :func:`run`; cancelling it stops the command."""
     async with AsyncSandbox(**options) as sandbox:

@@ -38,27 +38,33 @@ from __future__ import annotations
 import os
 
 from ._exceptions import (
-    CommandFailed,
     InvalidRequest,
-    PolicyDenied,
+    LaunchFailed,
     SessionClosed,
 )
-from ._frozen import Record
+from ._files import FileInfo, FileRequests
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
-    from typing import Any, Self
+    import asyncio
+    from collections.abc import Callable, Mapping, Sequence
+    from typing import Any, Literal, Self
 
+    from ._streaming import AsyncProcess, Process, Pump
     from .pipeline._engine import Running
     from .pipeline._outcome import Outcome
     from .pipeline._request import ExecRequest
     from .policy import Policy
+    from .preview import ApplyResult, ChangeSet, Preview
 
 __all__ = ["AsyncSandbox", "BaseSandbox", "FileInfo", "Sandbox"]
 
-#: Interpreters of :meth:`AsyncSandbox.run_code`: language -> argv prefix (the
-#: code follows as one argument).
+if TYPE_CHECKING:
+    #: the languages of :meth:`AsyncSandbox.run_code`
+    Language = Literal["python", "node", "bash"]
+
+#: Interpreters of :meth:`AsyncSandbox.run_code`: language (a ``Language``) -> argv
+#: prefix (the code follows as one argument).
 LANGUAGES: dict[str, tuple[str, ...]] = {
     "python": ("python3", "-c"),
     "node": ("node", "-e"),
@@ -67,126 +73,6 @@ LANGUAGES: dict[str, tuple[str, ...]] = {
 
 #: The kernel's limit on one argument (MAX_ARG_STRLEN): longer code must be a file.
 _MAX_CODE = 128 * 1024 - 1
-
-#: ``find -printf`` type letters -> FileInfo.kind
-_KINDS = {"f": "file", "d": "dir", "l": "symlink"}
-
-#: Keyword options that map one-to-one to a settings key.
-_SCALAR_OPTIONS: dict[str, str] = {
-    "backend": "backend",
-    "isolation": "isolation",
-    "read_only": "filesystem.readOnly",
-    "network": "network.mode",
-    "allow_unix_sockets": "network.allowUnixSockets",
-    "memory": "resources.memory",
-    "pids": "resources.pids",
-    "cpus": "resources.cpus",
-    "cpu_time": "resources.cpuTime",
-    "timeout": "resources.timeout",
-    "max_output": "resources.output",
-}
-_LIST_OPTIONS: dict[str, str] = {
-    "allow_write": "filesystem.allowWrite",
-    "deny_write": "filesystem.denyWrite",
-    "allow_read": "filesystem.allowRead",
-    "deny_read": "filesystem.denyRead",
-    "allow_hosts": "network.allow",
-    "pass_env": "env.pass",
-    "allow_degraded": "allowDegraded",
-}
-
-
-class FileInfo(Record):
-    """One entry of :meth:`AsyncSandbox.list_files`.
-
-    Attributes:
-        name: the entry's name.
-        path: its path as the sandbox sees it.
-        kind: ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"``.
-        size: size in bytes (of the link itself for symlinks).
-    """
-
-    name: str
-    path: str
-    kind: str
-    size: int
-
-
-def _set(flags: dict[str, Any], dotted: str, value: Any) -> None:
-    node = flags
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
-
-
-def _merge(into: dict[str, Any], extra: Mapping[str, Any]) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        elif isinstance(value, list) and isinstance(into.get(key), list):
-            into[key] = [*into[key], *value]
-        else:
-            into[key] = value
-
-
-def options_to_flags(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Turn SDK keyword options into a flags dict in the settings-JSON shape.
-
-    ``None`` means "not given"; the string ``"none"`` removes a resource limit
-    (as on the command line). ``env`` (a mapping) becomes ``env.set``;
-    ``allow_hosts`` implies ``network.mode = "allowlist"`` unless ``network``
-    is given; ``settings`` (a settings-shaped dict) is merged last.
-
-    Raises:
-        InvalidRequest: an unknown option or a value of the wrong shape.
-    """
-    flags: dict[str, Any] = {}
-    for name, value in options.items():
-        if value is None or name == "settings":
-            continue
-        if name in _SCALAR_OPTIONS:
-            key = _SCALAR_OPTIONS[name]
-            if key.startswith("resources.") and isinstance(value, str) and value.lower() == "none":
-                value = None  # explicitly no limit
-            _set(flags, key, value)
-        elif name in _LIST_OPTIONS:
-            if isinstance(value, str) or not hasattr(value, "__iter__"):
-                raise InvalidRequest(
-                    f"Failed to build the sandbox: {name} must be a list of strings, "
-                    f"not {type(value).__name__}"
-                )
-            _set(flags, _LIST_OPTIONS[name], list(value))
-        elif name == "env":
-            if not hasattr(value, "items"):
-                raise InvalidRequest(
-                    "Failed to build the sandbox: env must be a mapping of names to values"
-                )
-            _set(flags, "env.set", {str(k): str(v) for k, v in value.items()})
-        else:
-            import difflib
-
-            known = [*_SCALAR_OPTIONS, *_LIST_OPTIONS, "env", "settings"]
-            close = difflib.get_close_matches(name, known, n=1)
-            raise InvalidRequest(
-                f"Failed to build the sandbox: unknown option {name!r}"
-                + (f" (did you mean {close[0]!r}?)" if close else "")
-            )
-    if "allow_hosts" in options and options["allow_hosts"] and options.get("network") is None:
-        _set(flags, "network.mode", "allowlist")
-    settings = options.get("settings")
-    if settings is not None:
-        if not isinstance(settings, dict):
-            raise InvalidRequest(
-                "Failed to build the sandbox: settings must be a dict shaped like a settings file"
-            )
-        _merge(flags, settings)
-    return flags
-
-
-def _last_line(data: bytes) -> str:
-    lines = data.decode("utf-8", "replace").strip().splitlines()
-    return lines[-1] if lines else ""
 
 
 def _sweep_sessions(directory: str) -> None:
@@ -214,7 +100,7 @@ def _remove_tree(path: str) -> None:
 class _Cancellation:
     """Links a worker thread's run to the task that awaits it (thread-safe)."""
 
-    __slots__ = ("_lock", "cancelled", "running")
+    __slots__ = ("_lock", "cancelled", "reason", "running")
 
     def __init__(self) -> None:
         import _thread
@@ -222,6 +108,7 @@ class _Cancellation:
         self._lock = _thread.allocate_lock()
         self.running: Running | None = None
         self.cancelled = False
+        self.reason = ""
 
     def started(self, running: Running) -> None:
         """``on_start`` of the run: remember the handle; cancel at once if asked already."""
@@ -231,16 +118,17 @@ class _Cancellation:
         if cancel:
             running.cancel()
 
-    def cancel(self) -> None:
-        """Stop the run (TERM, grace, KILL), now or as soon as it starts."""
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the run (TERM, grace, KILL), now or as soon as it starts; *reason* says why."""
         with self._lock:
             self.cancelled = True
+            self.reason = self.reason or reason
             running = self.running
         if running is not None:
             running.cancel()
 
 
-class BaseSandbox:
+class BaseSandbox(FileRequests):
     """State and I/O-free logic shared by :class:`AsyncSandbox` and :class:`Sandbox`.
 
     Not instantiated directly; see :class:`AsyncSandbox` for the options.
@@ -258,8 +146,50 @@ class BaseSandbox:
         environ: Mapping[str, str] | None = None,
         state_dir: str | None = None,
         cwd: str | None = None,
-        **options: Any,
+        backend: str | None = None,
+        isolation: Literal["process", "namespace", "kernel", "vm"] | None = None,
+        read_only: bool | None = None,
+        network: Literal["none", "allowlist", "open"] | None = None,
+        allow_unix_sockets: bool | None = None,
+        memory: int | str | None = None,
+        pids: int | str | None = None,
+        cpus: float | str | None = None,
+        cpu_time: float | str | None = None,
+        timeout: float | str | None = None,
+        max_output: int | str | None = None,
+        allow_write: Sequence[str] | None = None,
+        deny_write: Sequence[str] | None = None,
+        allow_read: Sequence[str] | None = None,
+        deny_read: Sequence[str] | None = None,
+        allow_hosts: Sequence[str] | None = None,
+        pass_env: Sequence[str] | None = None,
+        allow_degraded: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        settings: Mapping[str, Any] | None = None,
     ) -> None:
+        options: dict[str, Any] = {
+            "backend": backend,
+            "isolation": isolation,
+            "read_only": read_only,
+            "network": network,
+            "allow_unix_sockets": allow_unix_sockets,
+            "memory": memory,
+            "pids": pids,
+            "cpus": cpus,
+            "cpu_time": cpu_time,
+            "timeout": timeout,
+            "max_output": max_output,
+            "allow_write": allow_write,
+            "deny_write": deny_write,
+            "allow_read": allow_read,
+            "deny_read": deny_read,
+            "allow_hosts": allow_hosts,
+            "pass_env": pass_env,
+            "allow_degraded": allow_degraded,
+            "env": env,
+            "settings": settings,
+        }
+        options = {name: value for name, value in options.items() if value is not None}
         from . import _state
         from .pipeline._request import new_sandbox_id
         from .policy import load_settings
@@ -284,6 +214,8 @@ class BaseSandbox:
             self._policy = policy
             self._workspace = policy.filesystem.workspace
         else:
+            from ._options import options_to_flags
+
             self._flags = options_to_flags(options)
             resolved = load_settings(
                 cwd=cwd,
@@ -299,8 +231,9 @@ class BaseSandbox:
             self.warnings = resolved.warnings
         self.id = new_sandbox_id()
         self._closed = False
-        self._preview: Any = None
+        self._preview: Preview | None = None
         self._active: dict[_Cancellation, Any] = {}  # running commands (async twin)
+        self._processes: list[Process] = []  # background processes (sync twin)
         # the session's private TMPDIR (mounted as /tmp in the sandbox)
         sessions = _state.ensure_dir(os.path.join(self._state_dir, "sessions"))
         _sweep_sessions(sessions)
@@ -336,7 +269,7 @@ class BaseSandbox:
         return self._closed
 
     @property
-    def preview(self) -> Any:
+    def preview(self) -> Preview | None:
         """The :class:`corral.preview.Preview` the commands run against, or ``None``."""
         return self._preview
 
@@ -351,7 +284,7 @@ class BaseSandbox:
         self,
         command: str | Sequence[str],
         *,
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         cwd: str | None = None,
@@ -360,6 +293,13 @@ class BaseSandbox:
         from .pipeline._request import ExecRequest
 
         self._check_open()
+        if isinstance(timeout, str):
+            from .policy._units import parse_duration
+
+            try:
+                timeout = parse_duration(timeout)
+            except ValueError as exc:
+                raise InvalidRequest(f"Failed to build the request: timeout: {exc}") from None
         where = (
             self._workspace if cwd is None else os.path.normpath(os.path.join(self._workspace, cwd))
         )
@@ -400,9 +340,30 @@ class BaseSandbox:
         return resolved.policy
 
     def _run_blocking(
-        self, request: ExecRequest, cancellation: _Cancellation | None = None
+        self,
+        request: ExecRequest,
+        cancellation: _Cancellation | None = None,
+        pump: Pump | None = None,
     ) -> Outcome:
-        """Plan, launch and audit *request* in this thread."""
+        """Plan, launch and audit *request* in this thread; with a *pump*, stream its output."""
+        if pump is not None:
+            try:
+                outcome = self._launch(
+                    request.replace(capture=False), cancellation, streams=pump.streams
+                )
+            except BaseException:
+                pump.abandon()
+                raise
+            stdout, stderr = pump.finish()  # raises what an output callback raised
+            return outcome.replace(stdout=stdout, stderr=stderr)
+        return self._launch(request, cancellation)
+
+    def _launch(
+        self,
+        request: ExecRequest,
+        cancellation: _Cancellation | None = None,
+        streams: tuple[int, int, int] | None = None,
+    ) -> Outcome:
         from .pipeline._runner import execute
         from .policy import policy_digest
 
@@ -414,16 +375,31 @@ class BaseSandbox:
             if cancellation.cancelled:
                 raise _Cancelled
             extra["on_start"] = cancellation.started
-        return execute(
-            request,
-            policy,
-            environ=self._environ,
-            state_dir=self._state_dir,
-            policy_digest=policy_digest(policy),
-            **extra,
-        )
+        if streams is not None:
+            extra["streams"] = streams
+        try:
+            outcome = execute(
+                request,
+                policy,
+                environ=self._environ,
+                state_dir=self._state_dir,
+                policy_digest=policy_digest(policy),
+                **extra,
+            )
+        except LaunchFailed as exc:
+            # the sandbox could not enter the working directory: the caller's mistake
+            if request.cwd and "chdir" in exc.message.lower():
+                raise InvalidRequest(
+                    f"Failed to run the command: its working directory {request.cwd} "
+                    "does not exist (or is not a directory) in the sandbox",
+                    hint="give an existing directory as cwd, absolute or relative to the workspace",
+                ) from None
+            raise
+        if cancellation is not None and cancellation.cancelled:
+            outcome = outcome.replace(stopped=cancellation.reason)
+        return outcome
 
-    def _code_request(self, code: str, language: str, **kwargs: Any) -> ExecRequest:
+    def _code_request(self, code: str, language: Language, **kwargs: Any) -> ExecRequest:
         prefix = LANGUAGES.get(language)
         if prefix is None:
             raise InvalidRequest(
@@ -436,59 +412,7 @@ class BaseSandbox:
             )
         return self._request([*prefix, code], **kwargs)
 
-    # ------------------------------------------------------------ file operations
-    def _write_request(self, path: str, data: bytes | str, *, parents: bool) -> ExecRequest:
-        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"' if parents else 'cat > "$1"'
-        return self._request(
-            ["/bin/sh", "-c", script, "corral-write", path], stdin=data, env={"LC_ALL": "C"}
-        )
-
-    def _read_request(self, path: str) -> ExecRequest:
-        return self._request(["cat", "--", path], env={"LC_ALL": "C"})
-
-    def _list_request(self, path: str) -> ExecRequest:
-        return self._request(
-            ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y\\t%s\\t%p\\0"],
-            env={"LC_ALL": "C"},
-        )
-
-    @staticmethod
-    def _check_file(action: str, outcome: Outcome) -> Outcome:
-        """Raise when a file operation was blocked or failed (see AsyncSandbox.write_file)."""
-        if outcome.violations:
-            raise PolicyDenied(
-                f"Failed to {action}: the policy {outcome.violations[0].describe()}",
-                outcome=outcome,
-            )
-        if not outcome.ok:
-            why = _last_line(outcome.stderr) or f"exit status {outcome.returncode}"
-            raise CommandFailed(f"Failed to {action}: {why}", outcome=outcome)
-        if outcome.truncated:
-            raise InvalidRequest(
-                f"Failed to {action}: the output went over the sandbox's output "
-                "limit (resources.output)",
-                hint="raise it with max_output=...",
-            )
-        return outcome
-
-    @staticmethod
-    def _parse_listing(outcome: Outcome) -> list[FileInfo]:
-        entries = []
-        for record in outcome.stdout.split(b"\0"):
-            if not record:
-                continue
-            kind, size, path = record.decode("utf-8", "surrogateescape").split("\t", 2)
-            entries.append(
-                FileInfo(
-                    name=os.path.basename(path),
-                    path=path,
-                    kind=_KINDS.get(kind, "other"),
-                    size=int(size),
-                )
-            )
-        return sorted(entries, key=lambda e: e.name)
-
-    def _require_preview(self, action: str) -> Any:
+    def _require_preview(self, action: str) -> Preview:
         self._check_open()
         if self._preview is None:
             raise InvalidRequest(
@@ -504,6 +428,34 @@ class BaseSandbox:
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<{type(self).__name__} {self.id} {self._workspace} {state}>"
+
+
+def _in_thread(function: Callable[..., Outcome], *args: Any) -> asyncio.Future[Outcome]:
+    """Run *function* in a new thread; its result as a future of the running loop."""
+    import _thread
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[Outcome] = loop.create_future()
+
+    def settle(result: Outcome | None, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)  # type: ignore[arg-type]
+
+    def work() -> None:
+        try:
+            result = function(*args)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(settle, None, exc)
+        else:
+            loop.call_soon_threadsafe(settle, result, None)
+
+    _thread.start_new_thread(work, ())
+    return future
 
 
 class _Cancelled(Exception):
@@ -565,13 +517,19 @@ class AsyncSandbox(BaseSandbox):
     async def __aexit__(self, *_exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, request: ExecRequest) -> Outcome:
+    async def _run(
+        self,
+        request: ExecRequest,
+        pump: Pump | None = None,
+        cancellation: _Cancellation | None = None,
+    ) -> Outcome:
         import asyncio
         import time
 
-        cancellation = _Cancellation()
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(None, self._run_blocking, request, cancellation)
+        cancellation = cancellation or _Cancellation()
+        # a thread of its own (not the loop's executor: background processes would
+        # hold its few workers for as long as they run)
+        future = _in_thread(self._run_blocking, request, cancellation, pump)
         self._active[cancellation] = future
         try:
             try:
@@ -594,42 +552,115 @@ class AsyncSandbox(BaseSandbox):
         finally:
             self._active.pop(cancellation, None)
 
+    async def _run_streamed(
+        self,
+        request: ExecRequest,
+        on_stdout: Callable[[bytes], object] | None,
+        on_stderr: Callable[[bytes], object] | None,
+    ) -> Outcome:
+        """Run *request*, calling the callbacks on this event loop as output arrives."""
+        import asyncio
+
+        from ._streaming import Pump, callbacks
+
+        loop = asyncio.get_running_loop()
+        cancellation = _Cancellation()
+        call = callbacks(on_stdout, on_stderr)
+        failed: list[BaseException] = []
+
+        def dispatch(name: str, chunk: bytes) -> None:
+            if failed:
+                return
+            try:
+                call(name, chunk)
+            except Exception as exc:
+                failed.append(exc)
+                cancellation.cancel("an output callback raised")
+
+        pump = Pump(lambda name, chunk: loop.call_soon_threadsafe(dispatch, name, chunk))
+        outcome = await self._run(request, pump, cancellation)
+        if failed:
+            raise failed[0]
+        return outcome
+
     async def exec(
         self,
         command: str | Sequence[str],
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
+        timeout: float | str | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         cwd: str | None = None,
+        on_stdout: Callable[[bytes], object] | None = None,
+        on_stderr: Callable[[bytes], object] | None = None,
     ) -> Outcome:
         """Run *command* in the sandbox and return its :class:`~corral.Outcome`.
 
         Args:
             command: an argv list (run as is), or a string (run with ``/bin/sh -c``).
-            timeout: wall-clock seconds for this command (default: the policy's).
+            timeout: wall-clock seconds (or a duration such as ``"5m"``) for this
+                command (default: the policy's ``resources.timeout``).
             env: extra variables for this command only.
             stdin: bytes or text fed to the command (default: ``/dev/null``).
             cwd: working directory, absolute or relative to the workspace.
+            on_stdout, on_stderr: called with each chunk of output as it arrives
+                (on the event loop; the async twin); the Outcome still has all of it.
+                If one raises, the command is stopped and the error propagates.
 
         A policy denial is data on the Outcome (``violations``); a failing
         command is not an error (``outcome.check()`` raises on request).
 
         Raises:
             SessionClosed: the sandbox was closed.
-            InvalidRequest: an empty command, a bad timeout or cwd.
+            InvalidRequest: an empty command, a bad timeout, a cwd that does not exist.
             SandboxError: the sandbox could not be provided; nothing ran.
         """
-        return await self._run(
-            self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        if on_stdout is None and on_stderr is None:
+            return await self._run(request)
+        return await self._run_streamed(request, on_stdout, on_stderr)
+
+    async def spawn(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | str | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        cwd: str | None = None,
+    ) -> AsyncProcess:
+        """Start *command* in the background; return its handle at once.
+
+        It runs in a sandbox of its own with this session's policy, private
+        ``/tmp`` and preview (see docs/sdk.md, "Background processes").
+        ``async for stream, chunk in proc`` reads its output live;
+        ``await proc.wait()`` returns its Outcome; ``await proc.kill()`` stops
+        it. :meth:`aclose` stops it too.
+
+        Raises:
+            SessionClosed: the sandbox was closed.
+            InvalidRequest: an empty command or a bad timeout.
+        """
+        import asyncio
+
+        from ._streaming import AsyncProcess
+
+        request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        process = AsyncProcess(
+            lambda pump, cancellation: self._run(request, pump, cancellation),
+            request.command_line(),
+            asyncio.get_running_loop(),
         )
+        # known to aclose() from now on, not only once its task has started
+        self._active[process._cancellation] = process._task
+        return process
 
     async def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Language = "python",
         *,
-        timeout: float | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
+        timeout: float | str | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit, not an await timeout
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
     ) -> Outcome:
@@ -658,14 +689,20 @@ class AsyncSandbox(BaseSandbox):
         outcome = await self._run(self._write_request(path, data, parents=parents))
         self._check_file(f"write {path}", outcome)
 
-    async def read_file(self, path: str) -> bytes:
+    async def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
         """Return the contents of *path* as the sandbox sees it (secrets are hidden).
 
+        Only regular files are read (a device such as ``/dev/zero`` or a FIFO
+        would never end or never answer). *offset* skips that many bytes;
+        *limit* returns at most that many (default: to the end of the file).
+
         Raises:
-            CommandFailed: the file cannot be read in the sandbox.
-            InvalidRequest: it is larger than the sandbox's output limit.
+            CommandFailed: the file cannot be read in the sandbox, or is not a
+                regular file.
+            InvalidRequest: a bad offset or limit, or what would be returned is
+                larger than the sandbox's output limit (read it in parts).
         """
-        outcome = await self._run(self._read_request(path))
+        outcome = await self._run(self._read_request(path, offset, limit))
         return self._check_file(f"read {path}", outcome).stdout
 
     async def list_files(self, path: str = ".") -> list[FileInfo]:
@@ -677,7 +714,62 @@ class AsyncSandbox(BaseSandbox):
         outcome = await self._run(self._list_request(path))
         return self._parse_listing(self._check_file(f"list {path}", outcome))
 
-    async def diff(self) -> Any:
+    async def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Remove the file, link or empty directory *path* inside the sandbox (*recursive*: a tree).
+
+        Raises:
+            PolicyDenied: the policy blocked it.
+            CommandFailed: it failed (missing, read-only, a directory that is not empty).
+        """
+        outcome = await self._run(self._remove_request(path, recursive=recursive))
+        self._check_file(f"remove {path}", outcome)
+
+    async def make_dir(self, path: str, *, parents: bool = False) -> None:
+        """Create directory *path* inside the sandbox (*parents*: and missing parents, no error
+        if it exists).
+
+        Raises:
+            PolicyDenied: the policy blocked it.
+            CommandFailed: it failed (exists, read-only, missing parent).
+        """
+        outcome = await self._run(self._mkdir_request(path, parents=parents))
+        self._check_file(f"create {path}", outcome)
+
+    async def upload_dir(self, local_dir: str, path: str) -> None:
+        """Copy the host directory *local_dir* into *path* (created if missing) in the sandbox.
+
+        The copy is unpacked by ``tar`` inside the sandbox, so the policy's write
+        rules apply to every file of it.
+
+        Raises:
+            InvalidRequest: *local_dir* is not a directory.
+            PolicyDenied: the policy blocked a write.
+            CommandFailed: the copy failed.
+        """
+        outcome = await self._run(self._upload_request(local_dir, path))
+        self._check_file(f"upload {local_dir} to {path}", outcome)
+
+    async def download_dir(self, path: str, local_dir: str) -> None:
+        """Copy directory *path*, as the sandbox sees it, to the new or empty host *local_dir*.
+
+        What comes out of the sandbox is untrusted: no absolute names, ``..``,
+        links leaving *local_dir*, devices or set-id bits are unpacked.
+
+        Raises:
+            InvalidRequest: *local_dir* exists and is not empty, or the copy is
+                larger than the sandbox's output limit.
+            CommandFailed: *path* cannot be read, or the copy is unsafe.
+        """
+        import asyncio
+
+        from ._files import check_download_target, extract_download
+
+        check_download_target(local_dir, path)
+        outcome = await self._run(self._download_request(path))
+        self._check_file(f"download {path}", outcome)
+        await asyncio.to_thread(extract_download, outcome, local_dir, path)
+
+    async def diff(self) -> ChangeSet:
         """The preview's change set (``ChangeSet``; ``.to_json()`` for JSON).
 
         Raises:
@@ -687,7 +779,8 @@ class AsyncSandbox(BaseSandbox):
         import asyncio
 
         preview = self._require_preview("compute the diff")
-        return await asyncio.to_thread(preview.changes)
+        changes: ChangeSet = await asyncio.to_thread(preview.changes)
+        return changes
 
     async def apply(
         self,
@@ -695,7 +788,7 @@ class AsyncSandbox(BaseSandbox):
         allow_protected: tuple[str, ...] = (),
         force: bool = False,
         skip_conflicts: bool = False,
-    ) -> Any:
+    ) -> ApplyResult:
         """Land the preview's changes in the real workspace (see ``Preview.apply``).
 
         Raises:
@@ -706,12 +799,13 @@ class AsyncSandbox(BaseSandbox):
         import asyncio
 
         preview = self._require_preview("apply the changes")
-        return await asyncio.to_thread(
+        result: ApplyResult = await asyncio.to_thread(
             preview.apply,
             allow_protected=allow_protected,
             force=force,
             skip_conflicts=skip_conflicts,
         )
+        return result
 
     async def discard(self) -> None:
         """Drop the preview's changes.
@@ -727,8 +821,14 @@ class AsyncSandbox(BaseSandbox):
     async def aclose(self) -> None:
         """Stop running commands, remove the private ``/tmp``; idempotent.
 
-        A preview is kept (it persists until applied or discarded).
+        Each running command is stopped (SIGTERM to every process, SIGKILL after
+        ``resources.killGrace``) and its ``Outcome.stopped`` says so. A preview is
+        kept (it persists until applied or discarded).
         """
+        await self._close("the sandbox was closed")
+
+    async def _close(self, reason: str) -> None:
+        """:meth:`aclose`, with *reason* as the running commands' ``Outcome.stopped``."""
         import asyncio
 
         if self._closed:
@@ -736,7 +836,7 @@ class AsyncSandbox(BaseSandbox):
         self._closed = True
         running = list(self._active.items())
         for cancellation, _future in running:
-            cancellation.cancel()
+            cancellation.cancel(reason)
         try:
             if running:
                 waiting = asyncio.gather(*(f for _, f in running), return_exceptions=True)
@@ -764,22 +864,53 @@ class Sandbox(BaseSandbox):
         self,
         command: str | Sequence[str],
         *,
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         cwd: str | None = None,
+        on_stdout: Callable[[bytes], object] | None = None,
+        on_stderr: Callable[[bytes], object] | None = None,
     ) -> Outcome:
-        """See :meth:`AsyncSandbox.exec`."""
-        return self._run_blocking(
-            self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        """See :meth:`AsyncSandbox.exec` (the callbacks run in a thread of corral's, in order)."""
+        request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        if on_stdout is None and on_stderr is None:
+            return self._run_blocking(request)
+        from ._streaming import Pump, callbacks
+
+        cancellation = _Cancellation()
+        pump = Pump(
+            callbacks(on_stdout, on_stderr),
+            on_error=lambda: cancellation.cancel("an output callback raised"),
         )
+        return self._run_blocking(request, cancellation, pump)
+
+    def spawn(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        cwd: str | None = None,
+    ) -> Process:
+        """See :meth:`AsyncSandbox.spawn` (iterate the handle for live output)."""
+        from ._streaming import Process
+
+        request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
+        process = Process(
+            lambda pump, cancellation: self._run_blocking(request, cancellation, pump),
+            request.command_line(),
+        )
+        self._processes = [p for p in self._processes if p.running]
+        self._processes.append(process)
+        return process
 
     def run_code(
         self,
         code: str,
-        language: str = "python",
+        language: Language = "python",
         *,
-        timeout: float | None = None,
+        timeout: float | str | None = None,
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
     ) -> Outcome:
@@ -794,16 +925,40 @@ class Sandbox(BaseSandbox):
             f"write {path}", self._run_blocking(self._write_request(path, data, parents=parents))
         )
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, offset: int = 0, limit: int | None = None) -> bytes:
         """See :meth:`AsyncSandbox.read_file`."""
-        return self._check_file(f"read {path}", self._run_blocking(self._read_request(path))).stdout
+        outcome = self._run_blocking(self._read_request(path, offset, limit))
+        return self._check_file(f"read {path}", outcome).stdout
 
     def list_files(self, path: str = ".") -> list[FileInfo]:
         """See :meth:`AsyncSandbox.list_files`."""
         outcome = self._run_blocking(self._list_request(path))
         return self._parse_listing(self._check_file(f"list {path}", outcome))
 
-    def diff(self) -> Any:
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """See :meth:`AsyncSandbox.remove`."""
+        outcome = self._run_blocking(self._remove_request(path, recursive=recursive))
+        self._check_file(f"remove {path}", outcome)
+
+    def make_dir(self, path: str, *, parents: bool = False) -> None:
+        """See :meth:`AsyncSandbox.make_dir`."""
+        outcome = self._run_blocking(self._mkdir_request(path, parents=parents))
+        self._check_file(f"create {path}", outcome)
+
+    def upload_dir(self, local_dir: str, path: str) -> None:
+        """See :meth:`AsyncSandbox.upload_dir`."""
+        outcome = self._run_blocking(self._upload_request(local_dir, path))
+        self._check_file(f"upload {local_dir} to {path}", outcome)
+
+    def download_dir(self, path: str, local_dir: str) -> None:
+        """See :meth:`AsyncSandbox.download_dir`."""
+        from ._files import check_download_target, extract_download
+
+        check_download_target(local_dir, path)
+        outcome = self._run_blocking(self._download_request(path))
+        extract_download(self._check_file(f"download {path}", outcome), local_dir, path)
+
+    def diff(self) -> ChangeSet:
         """See :meth:`AsyncSandbox.diff`."""
         return self._require_preview("compute the diff").changes()
 
@@ -813,7 +968,7 @@ class Sandbox(BaseSandbox):
         allow_protected: tuple[str, ...] = (),
         force: bool = False,
         skip_conflicts: bool = False,
-    ) -> Any:
+    ) -> ApplyResult:
         """See :meth:`AsyncSandbox.apply`."""
         return self._require_preview("apply the changes").apply(
             allow_protected=allow_protected, force=force, skip_conflicts=skip_conflicts
@@ -824,6 +979,20 @@ class Sandbox(BaseSandbox):
         self._require_preview("discard the changes").discard()
 
     def close(self) -> None:
-        """Remove the private ``/tmp``; idempotent. A preview is kept."""
-        if not self._closed:
+        """Stop background processes, remove the private ``/tmp``; idempotent.
+
+        A preview is kept.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            for process in self._processes:
+                process._cancellation.cancel("the sandbox was closed")
+            import contextlib
+
+            for process in self._processes:
+                with contextlib.suppress(Exception):  # its own error: its wait() reports it
+                    process.wait()
+        finally:
             self._finish_close()

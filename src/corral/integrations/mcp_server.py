@@ -17,7 +17,11 @@ message the model can act on, never crashes):
 ==========================  =====================================================
 
 Each tool is a thin call into :class:`~corral.AsyncSandbox`; there is no
-policy logic here. The server's settings are loaded once, like ``corral run``
+policy logic here. Every tool publishes an output schema (its result is
+structured content) and annotations (read-only, destructive, idempotent);
+arguments a tool does not know (``timout``) are refused, never ignored, and
+every error is one plain sentence naming what to do next in MCP terms. The
+server's settings are loaded once, like ``corral run``
 (defaults, user, project - tighten-only until trusted -, environment), for
 the server's working directory, whose workspace every sandbox shares. Tool
 arguments can only *tighten* that policy: ``read_only`` can only be turned
@@ -26,16 +30,25 @@ on, and a command's ``timeout`` is capped at the policy's.
 Output is capped at ``integrations.mcp.maxOutput`` bytes per stream, with a
 marker saying how much was cut. At most ``integrations.mcp.maxSandboxes``
 sandboxes are open at once. When the client disconnects (stdin closes), every
-running command is stopped and every sandbox closed.
+running command is stopped (SIGKILL after ``resources.killGrace`` at most)
+and every sandbox closed; ``sandbox_destroy`` does the same for one sandbox,
+and a command stopped that way says why in its result (``stopped``). A
+preview left without changes is removed, as ``corral run --preview`` does.
 """
 
 # No ``from __future__ import annotations`` here: the MCP SDK builds each
 # tool's input schema from its annotations, which refer to names local to
 # build_server (pydantic's Field is imported there, as mcp is optional).
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
+
+# pydantic (which builds the output schemas) needs typing_extensions' TypedDict before 3.12
+from typing_extensions import TypedDict
 
 from .._exceptions import CorralError
+
+if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
 
 __all__ = ["TOOL_NAMES", "SandboxRegistry", "build_server", "serve"]
 
@@ -61,6 +74,122 @@ INSTRUCTIONS = (
 )
 
 
+class SandboxInfo(TypedDict):
+    """One open sandbox."""
+
+    sandbox_id: str
+    workspace: str
+    preview_id: str | None
+    read_only: bool
+    network: str
+
+
+class SandboxList(TypedDict):
+    """``sandbox_list``'s result."""
+
+    sandboxes: list[SandboxInfo]
+
+
+class ExecResult(TypedDict):
+    """``sandbox_exec``'s result: the command's status, output and blocked operations."""
+
+    returncode: int
+    exit_code: int | None
+    signal: int | None
+    timed_out: bool
+    oom_killed: bool
+    stopped: str
+    stdout: str
+    stderr: str
+    stdout_truncated: bool
+    stderr_truncated: bool
+    duration: float
+    violations: list[str]
+    exec_error: str | None
+
+
+class WriteResult(TypedDict):
+    """``sandbox_write_file``'s result."""
+
+    path: str
+    bytes: int
+
+
+class ReadResult(TypedDict):
+    """``sandbox_read_file``'s result: one part of a file."""
+
+    path: str
+    encoding: Literal["text", "base64"]
+    content: str
+    offset: int
+    bytes: int
+    truncated: bool
+    next_offset: int | None
+
+
+class FileEntry(TypedDict):
+    """One entry of a directory listing."""
+
+    name: str
+    path: str
+    kind: str
+    size: int
+
+
+class ListResult(TypedDict):
+    """``sandbox_list_files``'s result."""
+
+    path: str
+    entries: list[FileEntry]
+
+
+class ChangeEntry(TypedDict):
+    """One changed path of a preview, with its unified diff (or a binary/size summary)."""
+
+    path: str
+    kind: str
+    old_path: NotRequired[str]
+    old_type: NotRequired[str]
+    new_type: NotRequired[str]
+    old_size: NotRequired[int]
+    new_size: NotRequired[int]
+    old_target: NotRequired[str]
+    new_target: NotRequired[str]
+    old_mode: NotRequired[str]
+    new_mode: NotRequired[str]
+    content_changed: bool
+    diff: str
+
+
+class DiffResult(TypedDict):
+    """``sandbox_diff``'s result."""
+
+    preview: str
+    workspace: str
+    summary: dict[str, int]
+    changes: list[ChangeEntry]
+    diff_truncated: bool
+
+
+class ApplyResult(TypedDict):
+    """``sandbox_apply``'s result."""
+
+    sandbox_id: str
+    preview: str
+    applied: list[str]
+    skipped_conflicts: list[str]
+    skipped_unsupported: list[str]
+    failed: list[list[str]]
+    preview_removed: bool
+
+
+class DestroyResult(TypedDict):
+    """``sandbox_destroy``'s result."""
+
+    destroyed: str
+    preview_removed: bool
+
+
 def _cut(data: bytes, limit: int) -> tuple[str, bool]:
     """Decode *data*, keeping at most *limit* bytes and saying how many were cut."""
     if len(data) <= limit:
@@ -69,11 +198,25 @@ def _cut(data: bytes, limit: int) -> tuple[str, bool]:
     return f"{kept}\n[corral: output truncated, {len(data) - limit} more bytes not shown]", True
 
 
+#: the SDK's hints that name Python arguments -> what an MCP client can do instead
+_MCP_HINTS = {
+    "raise it with max_output=..., or read in parts (offset=, limit=)": (
+        "list a subdirectory, or read the file in parts with offset and limit"
+    ),
+    "create a new sandbox": "create one with sandbox_create",
+    "give an existing directory as cwd, absolute or relative to the workspace": (
+        "give an existing directory as cwd (relative to the workspace), or create it "
+        "first with sandbox_exec"
+    ),
+}
+
+
 class SandboxRegistry:
     """The sandboxes of one MCP server, with the server's settings.
 
     Raises :class:`ToolError <mcp.server.mcpserver.exceptions.ToolError>` for
-    everything the client got wrong or the policy refused.
+    everything the client got wrong or the policy refused; its text is shown
+    to the model as is.
     """
 
     def __init__(self, *, cwd: str | None = None, environ: dict[str, str] | None = None) -> None:
@@ -103,16 +246,28 @@ class SandboxRegistry:
         if sandbox is None:
             known = ", ".join(self.sandboxes) or "none"
             raise self.error(
-                f"no sandbox {sandbox_id!r} is open (open sandboxes: {known}); "
-                "create one with sandbox_create"
+                f"No sandbox {sandbox_id!r} is open (open sandboxes: {known}); "
+                "create one with sandbox_create."
             )
         return sandbox
 
-    def _failure(self, action: str, exc: CorralError) -> Exception:
-        hint = f" Hint: {exc.hint}" if exc.hint else ""
-        return self.error(f"Failed to {action}: {exc.message}{hint}")
+    def _with_preview(self, sandbox_id: str, what: str) -> Any:
+        sandbox = self.get(sandbox_id)
+        if sandbox.preview is None:
+            raise self.error(
+                f"Sandbox {sandbox_id} {what}: it has no preview, its commands write to the "
+                "workspace directly; create one with sandbox_create (preview: true) to review "
+                "changes before they land."
+            )
+        return sandbox
 
-    def describe(self, sandbox: Any) -> dict[str, Any]:
+    def _failure(self, exc: CorralError) -> Exception:
+        """The tool error for *exc*: its message (which says what failed) and hint, in MCP terms."""
+        message = exc.message.rstrip(".")
+        hint = _MCP_HINTS.get(exc.hint or "", exc.hint)
+        return self.error(f"{message}." + (f" Hint: {hint}." if hint else ""))
+
+    def describe(self, sandbox: Any) -> SandboxInfo:
         preview = sandbox.preview
         return {
             "sandbox_id": sandbox.id,
@@ -122,14 +277,34 @@ class SandboxRegistry:
             "network": sandbox.policy.network.mode,
         }
 
+    async def _close(self, sandbox: Any, reason: str, *, discard: bool = False) -> bool:
+        """Stop *sandbox*'s commands, close it; drop its preview if asked or left empty.
+
+        Returns whether the preview was removed.
+        """
+        import asyncio
+
+        await sandbox._close(reason)
+        preview = sandbox.preview
+        if preview is None:
+            return False
+        try:
+            if discard or not await asyncio.to_thread(preview.changes):
+                await asyncio.to_thread(preview.discard)
+                return True
+        except CorralError:
+            if discard:
+                raise
+        return False
+
     # ------------------------------------------------------------ tools
-    async def create(self, preview: bool | None, read_only: bool) -> dict[str, Any]:
+    async def create(self, preview: bool | None, read_only: bool) -> SandboxInfo:
         from .._sandbox import AsyncSandbox
 
         if len(self.sandboxes) >= self.max_sandboxes:
             raise self.error(
                 f"{len(self.sandboxes)} sandboxes are open, the limit "
-                f"(integrations.mcp.maxSandboxes); destroy one first"
+                "(integrations.mcp.maxSandboxes); destroy one with sandbox_destroy first."
             )
         use_preview = self.preview_default if preview is None else preview
         try:
@@ -143,7 +318,7 @@ class SandboxRegistry:
                 read_only=True if read_only else None,
             )
         except CorralError as exc:
-            raise self._failure("create the sandbox", exc) from None
+            raise self._failure(exc) from None
         self.sandboxes[sandbox.id] = sandbox
         return self.describe(sandbox)
 
@@ -154,7 +329,7 @@ class SandboxRegistry:
         timeout: float | None,  # noqa: ASYNC109 - the sandbox's limit, not an await timeout
         stdin: str | None,
         cwd: str | None,
-    ) -> dict[str, Any]:
+    ) -> ExecResult:
         sandbox = self.get(sandbox_id)
         limit = self.policy.resources.timeout
         if timeout is not None and limit is not None:
@@ -162,7 +337,7 @@ class SandboxRegistry:
         try:
             outcome = await sandbox.exec(command, timeout=timeout, stdin=stdin, cwd=cwd)
         except CorralError as exc:
-            raise self._failure("run the command", exc) from None
+            raise self._failure(exc) from None
         stdout, out_cut = _cut(outcome.stdout, self.max_output)
         stderr, err_cut = _cut(outcome.stderr, self.max_output)
         return {
@@ -171,6 +346,7 @@ class SandboxRegistry:
             "signal": outcome.signal,
             "timed_out": outcome.timed_out,
             "oom_killed": outcome.oom_killed,
+            "stopped": outcome.stopped,
             "stdout": stdout,
             "stderr": stderr,
             "stdout_truncated": out_cut or outcome.stdout_truncated,
@@ -182,81 +358,234 @@ class SandboxRegistry:
 
     async def write_file(
         self, sandbox_id: str, path: str, content: str, parents: bool
-    ) -> dict[str, Any]:
+    ) -> WriteResult:
         sandbox = self.get(sandbox_id)
         try:
             await sandbox.write_file(path, content, parents=parents)
         except CorralError as exc:
-            raise self._failure(f"write {path}", exc) from None
+            raise self._failure(exc) from None
         return {"path": path, "bytes": len(content.encode())}
 
-    async def read_file(self, sandbox_id: str, path: str) -> dict[str, Any]:
+    async def read_file(
+        self,
+        sandbox_id: str,
+        path: str,
+        offset: int,
+        limit: int | None,
+        encoding: Literal["text", "base64"],
+    ) -> ReadResult:
+        """At most ``min(limit, maxOutput)`` bytes of *path* from *offset*, as text or base64."""
         sandbox = self.get(sandbox_id)
+        cap = self.max_output if limit is None else min(limit, self.max_output)
+        if self.policy.resources.output is not None:  # the sandbox keeps no more than this
+            cap = max(0, min(cap, self.policy.resources.output - 1))
         try:
-            data = await sandbox.read_file(path)
+            # one byte more than the cap tells whether anything follows
+            data = await sandbox.read_file(path, offset=offset, limit=cap + 1)
         except CorralError as exc:
-            raise self._failure(f"read {path}", exc) from None
-        content, cut = _cut(data, self.max_output)
-        return {"path": path, "content": content, "size": len(data), "truncated": cut}
+            raise self._failure(exc) from None
+        more = len(data) > cap
+        data = data[:cap]
+        if encoding == "base64":
+            import base64
 
-    async def list_files(self, sandbox_id: str, path: str) -> dict[str, Any]:
+            content = base64.b64encode(data).decode("ascii")
+        else:
+            try:
+                content = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                if not (
+                    more and exc.start >= len(data) - 3 and exc.reason == "unexpected end of data"
+                ):
+                    raise self.error(
+                        f"{path} is not UTF-8 text (byte {offset + exc.start}); "
+                        'read it with encoding="base64".'
+                    ) from None
+                data = data[: exc.start]  # a character cut by the cap: it starts the next part
+                content = data.decode("utf-8")
+        return {
+            "path": path,
+            "encoding": encoding,
+            "content": content,
+            "offset": offset,
+            "bytes": len(data),
+            "truncated": more,
+            "next_offset": offset + len(data) if more else None,
+        }
+
+    async def list_files(self, sandbox_id: str, path: str) -> ListResult:
         sandbox = self.get(sandbox_id)
         try:
             entries = await sandbox.list_files(path)
         except CorralError as exc:
-            raise self._failure(f"list {path}", exc) from None
+            raise self._failure(exc) from None
         return {"path": path, "entries": [e.fields() for e in entries]}
 
-    async def diff(self, sandbox_id: str) -> dict[str, Any]:
-        sandbox = self.get(sandbox_id)
+    async def diff(self, sandbox_id: str) -> DiffResult:
+        """The change set, each change with its unified diff; all diffs within maxOutput."""
+        import asyncio
+
+        sandbox = self._with_preview(sandbox_id, "has no changes to show")
         try:
             changes = await sandbox.diff()
         except CorralError as exc:
-            raise self._failure("compute the diff", exc) from None
-        data: dict[str, Any] = changes.to_json()
-        return data
+            raise self._failure(exc) from None
+        return await asyncio.to_thread(self._render_changes, changes)
 
-    async def apply(self, sandbox_id: str, force: bool, skip_conflicts: bool) -> dict[str, Any]:
-        sandbox = self.get(sandbox_id)
+    def _render_changes(self, changes: Any) -> DiffResult:
+        from ..preview._render import unified_diff
+
+        budget = self.max_output
+        cut = False
+        entries = []
+        for change in changes:
+            entry = change.to_json()
+            if budget > 0:
+                text = "\n".join(unified_diff(change, changes.workspace))
+                data = text.encode()
+                if len(data) > budget:
+                    text, _ = _cut(data, budget)
+                    cut = True
+                budget -= len(data)
+            else:
+                text = "[corral: diff not shown, integrations.mcp.maxOutput reached]"
+                cut = True
+            entry["diff"] = text
+            entries.append(entry)
+        return {
+            "preview": changes.preview_id,
+            "workspace": changes.workspace,
+            "summary": changes.counts(),
+            "changes": entries,
+            "diff_truncated": cut,
+        }
+
+    async def apply(self, sandbox_id: str, force: bool, skip_conflicts: bool) -> ApplyResult:
+        sandbox = self._with_preview(sandbox_id, "has nothing to apply")
         try:
             result = await sandbox.apply(force=force, skip_conflicts=skip_conflicts)
         except CorralError as exc:
-            raise self._failure("apply the changes", exc) from None
-        data = result.to_json() if hasattr(result, "to_json") else {"applied": True}
-        return {"sandbox_id": sandbox_id, "result": data}
+            raise self._failure(exc) from None
+        return {
+            "sandbox_id": sandbox_id,
+            "preview": result.preview_id,
+            "applied": list(result.applied),
+            "skipped_conflicts": list(result.skipped_conflicts),
+            "skipped_unsupported": list(result.skipped_unsupported),
+            "failed": [list(f) for f in result.failed],
+            "preview_removed": result.preview_removed,
+        }
 
-    async def destroy(self, sandbox_id: str, discard: bool) -> dict[str, Any]:
+    async def destroy(self, sandbox_id: str, discard: bool) -> DestroyResult:
         sandbox = self.get(sandbox_id)
-        if discard and sandbox.preview is not None:
-            try:
-                await sandbox.discard()
-            except CorralError as exc:
-                raise self._failure("discard the preview", exc) from None
         del self.sandboxes[sandbox_id]
-        await sandbox.aclose()
-        return {"destroyed": sandbox_id}
+        try:
+            removed = await self._close(
+                sandbox, f"sandbox_destroy was called for {sandbox_id}", discard=discard
+            )
+        except CorralError as exc:
+            raise self._failure(exc) from None
+        return {"destroyed": sandbox_id, "preview_removed": removed}
 
     async def close_all(self) -> None:
         """Stop every running command and close every sandbox (the client went away)."""
+        import asyncio
+
         sandboxes = list(self.sandboxes.values())
         self.sandboxes.clear()
-        for sandbox in sandboxes:
-            await sandbox.aclose()
+        # together: each may wait up to killGrace for a command that ignores SIGTERM
+        await asyncio.gather(
+            *(self._close(s, "the MCP client disconnected") for s in sandboxes),
+            return_exceptions=True,
+        )
 
 
-def build_server(registry: SandboxRegistry) -> Any:
-    """The :class:`mcp.server.mcpserver.MCPServer` with corral's tools bound to *registry*."""
+def _tool_error(text: str) -> Any:
+    from mcp.types import CallToolResult, TextContent
+
+    return CallToolResult(content=[TextContent(type="text", text=text)], is_error=True)
+
+
+def _strict_server_class() -> "type[MCPServer]":
+    """An :class:`MCPServer` that refuses unknown arguments and words its errors plainly."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
+    from pydantic import ValidationError
+
+    class StrictServer(MCPServer):
+        """Arguments outside a tool's input schema are an error (``timout`` is not ``timeout``)."""
+
+        _schemas: dict[str, dict[str, Any]] | None = None
+
+        async def list_tools(self) -> list[Any]:
+            tools = await super().list_tools()
+            for tool in tools:  # say in the schema what call_tool enforces
+                tool.input_schema = {**tool.input_schema, "additionalProperties": False}
+            return tools
+
+        async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+            import difflib
+
+            if self._schemas is None:
+                self._schemas = {
+                    t.name: t.input_schema.get("properties", {}) for t in await super().list_tools()
+                }
+            known = self._schemas.get(name)
+            if known is not None:
+                for key in arguments:
+                    if key not in known:
+                        close = difflib.get_close_matches(key, list(known), n=1)
+                        return _tool_error(
+                            f"{name} has no argument {key!r}"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f"; its arguments are: {', '.join(known) or 'none'}."
+                        )
+            try:
+                return await super().call_tool(name, arguments, context)
+            except UnexpectedToolError:
+                raise
+            except ToolError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, ValidationError):
+                    problems = "; ".join(
+                        f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}"
+                        for e in cause.errors()
+                    )
+                    return _tool_error(f"Invalid arguments for {name}: {problems}.")
+                text = str(exc)
+                prefix = f"Error executing tool {name}: "
+                return _tool_error(text[len(prefix) :] if text.startswith(prefix) else text)
+
+    return StrictServer
+
+
+def build_server(registry: SandboxRegistry) -> "MCPServer":
+    """The :class:`mcp.server.mcpserver.MCPServer` with corral's tools bound to *registry*."""
+    from mcp.types import ToolAnnotations
     from pydantic import Field
 
     from .._version import __version__
 
-    server = MCPServer(
+    server: MCPServer = _strict_server_class()(
         "corral", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
     )
     SandboxId = Annotated[str, Field(description="the id sandbox_create returned", min_length=1)]
 
-    @server.tool()
+    def hints(
+        *,
+        read_only: bool = False,
+        destructive: bool = False,
+        idempotent: bool = False,
+        open_world: bool = False,
+    ) -> ToolAnnotations:
+        return ToolAnnotations(
+            read_only_hint=read_only,
+            destructive_hint=destructive,
+            idempotent_hint=idempotent,
+            open_world_hint=open_world,
+        )
+
+    @server.tool(annotations=hints())
     async def sandbox_create(
         preview: Annotated[
             bool | None,
@@ -265,11 +594,13 @@ def build_server(registry: SandboxRegistry) -> Any:
             ),
         ] = None,
         read_only: Annotated[bool, Field(description="mount the workspace read-only")] = False,
-    ) -> dict[str, Any]:
+    ) -> SandboxInfo:
         """Open a sandbox session: its id, workspace and private /tmp last until sandbox_destroy."""
         return await registry.create(preview, read_only)
 
-    @server.tool()
+    # destructive: without a preview a command writes to the workspace itself;
+    # open world: the policy may allow hosts on the network
+    @server.tool(annotations=hints(destructive=True, open_world=True))
     async def sandbox_exec(
         sandbox_id: SandboxId,
         command: Annotated[
@@ -286,11 +617,11 @@ def build_server(registry: SandboxRegistry) -> Any:
         cwd: Annotated[
             str | None, Field(description="working directory, relative to the workspace")
         ] = None,
-    ) -> dict[str, Any]:
+    ) -> ExecResult:
         """Run a command in the sandbox; returns its exit status, output and blocked operations."""
         return await registry.exec(sandbox_id, command, timeout, stdin, cwd)
 
-    @server.tool()
+    @server.tool(annotations=hints(destructive=True, idempotent=True))
     async def sandbox_write_file(
         sandbox_id: SandboxId,
         path: Annotated[
@@ -298,41 +629,54 @@ def build_server(registry: SandboxRegistry) -> Any:
         ],
         content: Annotated[str, Field(description="the text to write")],
         parents: Annotated[bool, Field(description="create missing parent directories")] = False,
-    ) -> dict[str, Any]:
+    ) -> WriteResult:
         """Write a file from inside the sandbox (so the policy's write rules apply)."""
         return await registry.write_file(sandbox_id, path, content, parents)
 
-    @server.tool()
+    @server.tool(annotations=hints(read_only=True, idempotent=True))
     async def sandbox_read_file(
         sandbox_id: SandboxId,
         path: Annotated[
             str, Field(description="path, relative to the workspace or absolute", min_length=1)
         ],
-    ) -> dict[str, Any]:
-        """Read a file as the sandbox sees it (secrets are hidden)."""
-        return await registry.read_file(sandbox_id, path)
+        offset: Annotated[int, Field(description="bytes to skip from the start", ge=0)] = 0,
+        limit: Annotated[
+            int | None,
+            Field(description="at most this many bytes (default and cap: the server's)", ge=1),
+        ] = None,
+        encoding: Annotated[
+            Literal["text", "base64"],
+            Field(description='"text" (UTF-8) or "base64" for binary files'),
+        ] = "text",
+    ) -> ReadResult:
+        """Read (part of) a regular file as the sandbox sees it; secrets are hidden.
 
-    @server.tool()
+        A long file comes in parts: when truncated is true, read on from next_offset.
+        """
+        return await registry.read_file(sandbox_id, path, offset, limit, encoding)
+
+    @server.tool(annotations=hints(read_only=True, idempotent=True))
     async def sandbox_list_files(
         sandbox_id: SandboxId,
         path: Annotated[
             str, Field(description="directory, relative to the workspace", min_length=1)
         ] = ".",
-    ) -> dict[str, Any]:
+    ) -> ListResult:
         """List a directory as the sandbox sees it: name, path, kind and size of each entry."""
         return await registry.list_files(sandbox_id, path)
 
-    @server.tool()
-    async def sandbox_list() -> dict[str, Any]:
+    @server.tool(annotations=hints(read_only=True, idempotent=True))
+    async def sandbox_list() -> SandboxList:
         """The open sandboxes."""
         return {"sandboxes": [registry.describe(s) for s in registry.sandboxes.values()]}
 
-    @server.tool()
-    async def sandbox_diff(sandbox_id: SandboxId) -> dict[str, Any]:
-        """The preview's changes against the workspace: added, modified, deleted files, diffs."""
+    @server.tool(annotations=hints(read_only=True, idempotent=True))
+    async def sandbox_diff(sandbox_id: SandboxId) -> DiffResult:
+        """The preview's changes against the workspace: each added, modified, renamed or
+        deleted path with its unified diff (all diffs together are capped in size)."""
         return await registry.diff(sandbox_id)
 
-    @server.tool()
+    @server.tool(annotations=hints(destructive=True))
     async def sandbox_apply(
         sandbox_id: SandboxId,
         force: Annotated[
@@ -341,18 +685,21 @@ def build_server(registry: SandboxRegistry) -> Any:
         skip_conflicts: Annotated[
             bool, Field(description="apply the rest, skip conflicting files")
         ] = False,
-    ) -> dict[str, Any]:
+    ) -> ApplyResult:
         """Land the preview's changes in the real workspace (only when the user asked for it)."""
         return await registry.apply(sandbox_id, force, skip_conflicts)
 
-    @server.tool()
+    @server.tool(annotations=hints(destructive=True))
     async def sandbox_destroy(
         sandbox_id: SandboxId,
         discard: Annotated[
             bool, Field(description="also drop the preview's unapplied changes")
         ] = False,
-    ) -> dict[str, Any]:
-        """Stop the sandbox's commands and remove it (a preview is kept unless discard is true)."""
+    ) -> DestroyResult:
+        """Stop the sandbox's commands (SIGKILL after the grace period) and remove it.
+
+        Its preview is kept for review unless discard is true or it has no changes.
+        """
         return await registry.destroy(sandbox_id, discard)
 
     return server

@@ -29,6 +29,7 @@ command was not found/executable" (127/126).
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
 import sys
@@ -36,7 +37,7 @@ import time
 
 from .._exceptions import BrokerFailed, LaunchFailed, ProxyStartFailed
 from .._hashing import sha256 as _sha256
-from ._outcome import NetworkAttempt, Outcome, Violation
+from ._outcome import NetworkAttempt, Outcome, Violation, command_status
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -131,6 +132,8 @@ class Running:
         self._timed_out = False
         self._cancelled = False
         self._kill_at: float | None = None
+        self._wake_fd = -1  # an eventfd: cancel()/kill() from elsewhere wake wait()'s poll
+        self._wake_lock = _thread.allocate_lock()  # closing it never races a write to it
         self._reached = False
         self._held_stderr = bytearray()
 
@@ -493,6 +496,7 @@ class Running:
         self._cancelled = True
         if self._kill_at is None and not self._reaped:
             self._terminate()
+        self._wake()
 
     def kill(self) -> None:
         """Stop the whole sandbox at once (SIGKILL), as if corral itself had died.
@@ -505,6 +509,19 @@ class Running:
             return
         self._kill_at = time.monotonic()
         self._kill_everything()
+        self._wake()
+
+    def _wake(self) -> None:
+        """Make :meth:`wait` recompute its poll timeout (it may wait on an older deadline)."""
+        # Never blocks (a signal handler may interrupt the holder in this thread):
+        # when the lock is taken, _release() is closing the fd or another wake writes.
+        if not self._wake_lock.acquire(False):
+            return
+        try:
+            if self._wake_fd >= 0:
+                os.eventfd_write(self._wake_fd, 1)
+        finally:
+            self._wake_lock.release()
 
     def _command_pids(self, *, top_only: bool) -> list[int]:
         """Host pids of the command: bwrap's pid 2 (and below), or our child."""
@@ -576,6 +593,11 @@ class Running:
         if self._stdin_fd >= 0:
             poller.register(self._stdin_fd, _POLLOUT)
         poller.register(self._pidfd, _POLLIN)
+        # cancel()/kill() may come from another thread or a signal handler while poll()
+        # sleeps towards a deadline computed before them: they write here to wake it.
+        # (_kill_at is read after this exists, so a cancel before it is seen too.)
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        poller.register(self._wake_fd, _POLLIN)
         exited_at: float | None = None
         wait_status: int | None = None
         try:
@@ -589,7 +611,12 @@ class Running:
                     break
                 events = poller.poll(timeout_ms)
                 for fd, mask in events:
-                    if fd == self._pidfd:
+                    if fd == self._wake_fd:
+                        try:
+                            os.eventfd_read(fd)
+                        except BlockingIOError:
+                            pass
+                    elif fd == self._pidfd:
                         if wait_status is None:
                             _, wait_status = os.waitpid(self.pid, 0)
                             self._reaped = True
@@ -748,6 +775,7 @@ class Running:
         stdout = self._out or _Stream(-1, None)
         stderr = self._err or _Stream(-1, None)
         dropped = sum(s.dropped for s in self._streams)
+        exit_code, signal = command_status(exit_code, signal)
         if oom and signal is None and exit_code is not None and exit_code >= 128:
             signal, exit_code = 9, None
         failure = self.exec_failure()
@@ -825,6 +853,10 @@ class Running:
                     pass
         self._parent_fds.clear()
         self._pidfd = self._stdin_fd = -1
+        with self._wake_lock:
+            if self._wake_fd >= 0:
+                os.close(self._wake_fd)
+                self._wake_fd = -1
         for stream in self._streams:
             stream.fd = -1
 

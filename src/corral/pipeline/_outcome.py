@@ -17,7 +17,10 @@ from __future__ import annotations
 from .._exceptions import CommandFailed, PolicyDenied
 from .._frozen import Record
 
-__all__ = ["NetworkAttempt", "Outcome", "Violation", "status_for"]
+__all__ = ["NetworkAttempt", "Outcome", "Violation", "command_status", "status_for"]
+
+#: the highest signal number (SIGRTMAX on Linux)
+_MAX_SIGNAL = 64
 
 
 class Violation(Record):
@@ -92,6 +95,21 @@ class NetworkAttempt(Record):
         return self.fields()
 
 
+def command_status(exit_code: int | None, signal: int | None) -> tuple[int | None, int | None]:
+    """``(exit_code, signal)`` of the command from what its sandbox reported.
+
+    A sandbox's init (bubblewrap, a container runtime) reports a command killed
+    by signal N as exit status 128+N, as a shell does; so does a shell that
+    ran the command. corral reads every status 129..192 that way, whichever
+    backend ran it, so a segfault is ``signal=11`` everywhere (not
+    ``exit_code=139`` in one backend and ``signal=11`` in another). A command
+    that itself calls ``exit(139)`` cannot be told apart, exactly as in a shell.
+    """
+    if signal is None and exit_code is not None and 128 < exit_code <= 128 + _MAX_SIGNAL:
+        return None, exit_code - 128
+    return exit_code, signal
+
+
 def status_for(exit_code: int | None, signal: int | None, timed_out: bool, oom_killed: bool) -> int:
     """The exit status ``corral run`` reports (DESIGN §5).
 
@@ -114,9 +132,14 @@ class Outcome(Record):
         sandbox_id: the sandbox's id.
         backend: the backend that ran it (``"bubblewrap"`` ...).
         argv: the command as run, with secrets redacted.
-        exit_code: the exit status when the command exited normally.
-        signal: the signal number when it was killed by a signal.
-        timed_out: the wall-clock timeout stopped it.
+        exit_code: the exit status when the command exited normally (0-128),
+            else ``None``.
+        signal: the signal that killed it, else ``None`` (a status of 128+N
+            reported by the sandbox or a shell counts as signal N: see
+            :func:`command_status`). Exactly one of ``exit_code`` and
+            ``signal`` is set.
+        timed_out: the wall-clock timeout stopped it (``signal`` says with
+            which signal; ``returncode`` is 124).
         oom_killed: the memory limit stopped it.
         stdout, stderr: captured output (empty when streamed).
         stdout_truncated, stderr_truncated: output beyond the limit was dropped.
@@ -130,6 +153,9 @@ class Outcome(Record):
         unsandboxed: the ``none`` backend ran it (no isolation at all).
         exec_error: why the command could not be executed (not found: exit
             127; not executable: 126), e.g. ``"foo: No such file or directory"``.
+        stopped: why corral stopped the command before it finished, e.g.
+            ``"cancelled"`` or ``"the sandbox was closed"``; empty when it was
+            not stopped (a timeout is ``timed_out``).
         credentials: names (never values) of the credentials injected.
         policy_digest: sha256 of the effective policy.
         stdout_sha256, stderr_sha256, stdout_size, stderr_size: digests of the
@@ -155,12 +181,35 @@ class Outcome(Record):
     degraded: tuple[str, ...] = ()
     unsandboxed: bool = False
     exec_error: str | None = None
+    stopped: str = ""
     credentials: tuple[str, ...] = ()
     policy_digest: str = ""
     stdout_sha256: str = ""
     stderr_sha256: str = ""
     stdout_size: int = 0
     stderr_size: int = 0
+
+    def __repr__(self) -> str:
+        """One short line: how it ended, how long, how much output, what was blocked."""
+        how = [f"returncode={self.returncode}"]
+        if self.timed_out:
+            how.append("timed out")
+        elif self.oom_killed:
+            how.append("out of memory")
+        elif self.stopped:
+            how.append(f"stopped: {self.stopped}")
+        if self.signal is not None:
+            how.append(f"signal={self.signal}")
+        if self.exec_error:
+            how.append(repr(self.exec_error))
+        sizes = f"stdout={len(self.stdout)}B stderr={len(self.stderr)}B"
+        if self.truncated:
+            sizes += " (truncated)"
+        blocked = f" violations={len(self.violations)}" if self.violations else ""
+        return (
+            f"<Outcome {' '.join(self.argv)[:60]!r} {', '.join(how)} "
+            f"{self.duration:.2f}s {sizes}{blocked} {self.backend}>"
+        )
 
     @property
     def returncode(self) -> int:
@@ -192,6 +241,8 @@ class Outcome(Record):
             return self
         if self.timed_out:
             why = "timed out"
+        elif self.stopped:
+            why = f"was stopped ({self.stopped})"
         elif self.oom_killed:
             why = "was killed by the memory limit"
         elif self.signal is not None:
@@ -229,6 +280,7 @@ class Outcome(Record):
             "degraded": list(self.degraded),
             "unsandboxed": self.unsandboxed,
             "exec_error": self.exec_error,
+            "stopped": self.stopped,
             "credentials": list(self.credentials),
             "policy_digest": self.policy_digest,
             "stdout_sha256": self.stdout_sha256,

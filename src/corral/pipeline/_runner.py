@@ -87,7 +87,15 @@ class SignalRelay:
         self._stop = ""  # "", "stop" (TERM, grace, KILL) or "kill" (KILL now)
 
     def deliver(self, signum: int) -> None:
-        """Send *signum* to the command (held until it has started)."""
+        """Send *signum* to the command (held until it has started).
+
+        SIGTERM is a request to stop, which a command may ignore: it stops the
+        whole sandbox as a timeout would (TERM to every process, SIGKILL after
+        ``resources.killGrace``).
+        """
+        if signum == 15:
+            self.stop()
+            return
         self._pending.append(signum)
         self._drain()
 
@@ -340,19 +348,21 @@ def execute(
     policy_digest: str = "",
     on_start: Callable[[Running], None] | None = None,
     preview: Preview | None = None,
+    streams: tuple[int, int, int] = (0, 1, 2),
 ) -> Outcome:
     """Prepare, launch and audit one request; return its Outcome.
 
     *preview* runs the command against that preview's copy-on-write view of
     the workspace (the real workspace is not written); the audit record
-    names the preview.
+    names the preview. *streams*: where a request with ``capture=False``
+    streams its output (see :func:`launch`; the SDK passes pipes it reads live).
 
     Raises:
         CorralError: the sandbox could not be provided (nothing ran); see
             :mod:`corral._exceptions`.
     """
     prepared = prepare(request, policy, environ=environ, preview=preview)
-    outcome = launch(prepared, request, on_start=on_start)
+    outcome = launch(prepared, request, on_start=on_start, streams=streams)
     if policy_digest:
         outcome = outcome.replace(policy_digest=policy_digest)
     if state_dir is not None:

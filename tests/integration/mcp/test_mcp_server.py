@@ -64,6 +64,22 @@ def test_lists_the_sandbox_tools_with_schemas(world: World) -> None:
         exec_schema = tools["sandbox_exec"].input_schema
         assert set(exec_schema["required"]) == {"sandbox_id", "command"}
         assert all(t.description for t in tools.values())
+        for tool in tools.values():
+            assert tool.input_schema["additionalProperties"] is False, tool.name
+            assert tool.output_schema["type"] == "object", tool.name
+            assert tool.annotations is not None, tool.name
+        assert {"returncode", "stdout", "violations", "stopped"} <= set(
+            tools["sandbox_exec"].output_schema["properties"]
+        )
+        read_only = {n for n, t in tools.items() if t.annotations.read_only_hint}
+        assert read_only == {
+            "sandbox_read_file",
+            "sandbox_list_files",
+            "sandbox_list",
+            "sandbox_diff",
+        }
+        destructive = {n for n, t in tools.items() if t.annotations.destructive_hint}
+        assert {"sandbox_apply", "sandbox_destroy", "sandbox_exec"} <= destructive
 
     with_client(world, body)
 
@@ -99,7 +115,10 @@ def test_create_exec_write_read_list_destroy(world: World) -> None:
         kept = await call(client, "sandbox_exec", sandbox_id=sid, command="cat /tmp/state")
         assert kept["stdout"] == "kept\n"
         assert [s["sandbox_id"] for s in (await call(client, "sandbox_list"))["sandboxes"]] == [sid]
-        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {"destroyed": sid}
+        assert await call(client, "sandbox_destroy", sandbox_id=sid) == {
+            "destroyed": sid,
+            "preview_removed": False,
+        }
         assert (await call(client, "sandbox_list"))["sandboxes"] == []
 
     with_client(world, body)
@@ -145,7 +164,7 @@ def test_the_sandbox_blocks_what_the_policy_forbids(world: World) -> None:
 
 def test_bad_arguments_are_tool_errors_not_crashes(world: World) -> None:
     async def body(client: Any) -> None:
-        assert "no sandbox 'sbx-nope' is open" in await call_error(
+        assert "No sandbox 'sbx-nope' is open" in await call_error(
             client, "sandbox_exec", sandbox_id="sbx-nope", command="true"
         )
         assert "command" in await call_error(client, "sandbox_exec", sandbox_id="x")
@@ -165,6 +184,68 @@ def test_bad_arguments_are_tool_errors_not_crashes(world: World) -> None:
         assert (await call(client, "sandbox_exec", sandbox_id=sid, command="echo ok"))[
             "stdout"
         ] == "ok\n"
+
+    with_client(world, body)
+
+
+def test_unknown_arguments_are_refused_not_ignored(world: World) -> None:
+    async def body(client: Any) -> None:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="sleep 0", timout=1)
+        assert text.startswith("sandbox_exec has no argument 'timout' (did you mean 'timeout'?)")
+        assert "Error executing tool" not in text
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="true", timeout=-1)
+        assert text.startswith("Invalid arguments for sandbox_exec: timeout:"), text
+        text = await call_error(client, "sandbox_read_file", sandbox_id=sid, path="missing.txt")
+        assert text.count("Failed to") == 1 and "Error executing" not in text, text
+        text = await call_error(client, "sandbox_exec", sandbox_id=sid, command="true", cwd="nope")
+        assert "working directory" in text and "create it first with sandbox_exec" in text, text
+        assert "doctor" not in text
+
+    with_client(world, body)
+
+
+def test_read_file_refuses_unbounded_files_and_reads_in_parts(world: World) -> None:
+    settings = os.path.join(world.home, ".config", "corral", "settings.json")
+    os.makedirs(os.path.dirname(settings))
+    with open(settings, "w") as f:
+        json.dump({"integrations": {"mcp": {"maxOutput": 1000}}}, f)
+    os.mkfifo(os.path.join(world.workspace, "pipe"))
+    with open(os.path.join(world.workspace, "text.txt"), "w") as f:
+        f.write("é" * 1500)  # 3000 bytes of two-byte characters
+    binary = bytes(range(256)) * 2
+    with open(os.path.join(world.workspace, "blob.bin"), "wb") as f:
+        f.write(binary)
+
+    async def body(client: Any) -> None:
+        import base64
+
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        for path in ("/dev/zero", "pipe"):
+            text = await call_error(client, "sandbox_read_file", sandbox_id=sid, path=path)
+            assert "not a regular file" in text
+        parts, offset = [], 0
+        while True:
+            part = await call(
+                client, "sandbox_read_file", sandbox_id=sid, path="text.txt", offset=offset
+            )
+            assert part["bytes"] <= 1000
+            parts.append(part["content"])
+            if not part["truncated"]:
+                break
+            offset = part["next_offset"]
+        assert "".join(parts) == "é" * 1500 and len(parts) == 3
+        limited = await call(
+            client, "sandbox_read_file", sandbox_id=sid, path="text.txt", offset=2, limit=4
+        )
+        assert (limited["content"], limited["next_offset"]) == ("éé", 6)
+        assert "base64" in await call_error(
+            client, "sandbox_read_file", sandbox_id=sid, path="blob.bin"
+        )
+        blob = await call(
+            client, "sandbox_read_file", sandbox_id=sid, path="blob.bin", encoding="base64"
+        )
+        assert base64.b64decode(blob["content"]) == binary and blob["truncated"] is False
 
     with_client(world, body)
 
@@ -203,6 +284,31 @@ def test_a_command_timeout_cannot_exceed_the_policy(world: World) -> None:
     with_client(world, body)
 
 
+def test_destroy_during_an_exec_stops_it_and_the_result_says_why(world: World) -> None:
+    marker = f"corral-mcp-destroy-{os.getpid()}-{time.monotonic_ns()}"
+
+    async def body(client: Any) -> tuple[dict[str, Any], float]:
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        ready = os.path.join(world.workspace, "ready")
+        # it ignores SIGTERM and its timeout is far away: only killGrace's SIGKILL ends it
+        command = f"trap '' TERM; : > {ready}; sleep 300 # {marker}"
+        running = asyncio.ensure_future(
+            call(client, "sandbox_exec", sandbox_id=sid, command=command, timeout=600)
+        )
+        while not os.path.exists(ready):  # noqa: ASYNC240 - the command signals through a file
+            assert not running.done(), running.result()
+            await asyncio.sleep(0.05)
+        started = time.monotonic()
+        assert (await call(client, "sandbox_destroy", sandbox_id=sid))["destroyed"] == sid
+        return await running, time.monotonic() - started
+
+    ran, elapsed = with_client(world, body)
+    assert ran["stopped"].startswith("sandbox_destroy was called")
+    assert ran["returncode"] == 137 and ran["timed_out"] is False
+    assert elapsed < 60  # killGrace (2 s) plus slack for a loaded machine; the timeout is 600 s
+    assert processes_with(marker) == []
+
+
 CLIENT = """
 import asyncio, sys
 from mcp import Client, StdioServerParameters
@@ -221,8 +327,8 @@ asyncio.run(main())
 """
 
 
-def mcp_servers() -> list[int]:
-    """Pids of running ``corral mcp`` servers (argv ends with the corral script and ``mcp``)."""
+def mcp_servers(parent: int) -> list[int]:
+    """Pids of the ``corral mcp`` servers *parent* started (argv ends with corral and ``mcp``)."""
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -232,7 +338,12 @@ def mcp_servers() -> list[int]:
                 argv = f.read().split(b"\0")[:-1]
         except OSError:
             continue
-        if argv[-2:] == [corral_executable().encode(), b"mcp"]:
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and argv[-2:] == [corral_executable().encode(), b"mcp"]:
             found.append(int(name))
     return found
 
@@ -248,7 +359,8 @@ def test_killing_the_client_leaves_no_sandbox_process_behind(world: World) -> No
             world.workspace,
             world.home,
             world.environ["PATH"],
-            f"sleep 300 # {marker}"[::-1],
+            # it ignores SIGTERM: only the SIGKILL after killGrace stops it
+            f"trap '' TERM; sleep 300 # {marker}"[::-1],
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -260,11 +372,12 @@ def test_killing_the_client_leaves_no_sandbox_process_behind(world: World) -> No
             assert time.monotonic() < deadline, "the sandboxed command never started"
             assert client.poll() is None, "the client exited early"
             time.sleep(0.05)
-        servers = mcp_servers()
+        servers = mcp_servers(client.pid)
         assert servers, "no corral mcp process found"
         client.send_signal(signal.SIGKILL)  # the client only: the server sees its stdin close
         client.wait(timeout=10)
-        deadline = time.monotonic() + 20
+        killed = time.monotonic()
+        deadline = killed + 20
         while processes_with(marker) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert processes_with(marker) == [], "a sandboxed command outlived its client"

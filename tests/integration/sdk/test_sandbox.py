@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from corral import (
     InvalidRequest,
     Outcome,
     PolicyDenied,
+    Sandbox,
     SessionClosed,
     SettingsError,
 )
@@ -59,12 +61,32 @@ def test_check_raises_command_failed_with_the_outcome(open_sandbox: Open, world:
     assert sbx.exec("true").check().ok
 
 
-def test_timeout_stops_the_command(open_sandbox: Open, world: World) -> None:
+@pytest.mark.parametrize("timeout", [0.5, "500ms"])
+def test_timeout_stops_the_command(open_sandbox: Open, world: World, timeout: object) -> None:
     sbx = sandbox_in(open_sandbox, world)
-    outcome = sbx.exec(["sleep", "30"], timeout=0.5)
+    outcome = sbx.exec(["sleep", "30"], timeout=timeout)
     assert outcome.timed_out
-    assert outcome.returncode == 124
+    # one model: returncode says "timed out", signal says how it was stopped
+    assert (outcome.returncode, outcome.exit_code, outcome.signal) == (124, None, 15)
     assert outcome.duration < 10
+    with pytest.raises(InvalidRequest, match="timeout"):
+        sbx.exec("true", timeout="soon")
+
+
+def test_a_command_killed_by_a_signal_reports_the_signal(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    crashed = sbx.exec("kill -SEGV $$")
+    assert (crashed.returncode, crashed.exit_code, crashed.signal) == (139, None, 11)
+    assert "signal=11" in repr(crashed) and len(repr(crashed)) < 200
+    exited = sbx.exec("exit 3")
+    assert (exited.returncode, exited.exit_code, exited.signal) == (3, 3, None)
+
+
+def test_a_missing_cwd_is_an_invalid_request(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    with pytest.raises(InvalidRequest, match=r"working directory .*nope does not exist") as caught:
+        sbx.exec("true", cwd="nope")
+    assert "doctor" not in (caught.value.hint or "")
 
 
 def test_blocks_write_outside_workspace(open_sandbox: Open, world: World) -> None:
@@ -186,11 +208,21 @@ def test_policy_and_options_are_exclusive(open_sandbox: Open, world: World) -> N
         open_sandbox(policy, memory="1G")
 
 
-def test_unknown_option_suggests_the_right_one(open_sandbox: Open, world: World) -> None:
-    with pytest.raises(
-        InvalidRequest, match="unknown option 'memroy' \\(did you mean 'memory'\\?\\)"
-    ):
+def test_options_are_explicit_keywords(open_sandbox: Open, world: World) -> None:
+    """A misspelt option is Python's own TypeError (and mypy's error), never ignored."""
+    with pytest.raises(TypeError, match="memroy"):
         sandbox_in(open_sandbox, world, memroy="1G")
+
+
+def test_the_options_run_forwards_are_the_constructors() -> None:
+    import inspect
+
+    from corral._options import SandboxOptions
+
+    constructor = inspect.signature(Sandbox.__init__).parameters
+    keywords = {n for n, p in constructor.items() if n != "self"}
+    # timeout, env and cwd are run()'s own: they apply to the command
+    assert set(SandboxOptions.__annotations__) == keywords - {"timeout", "env", "cwd"}
 
 
 def test_invalid_setting_is_a_settings_error(open_sandbox: Open, world: World) -> None:
@@ -270,6 +302,33 @@ def test_read_file_over_the_output_limit_is_refused(open_sandbox: Open, world: W
         sbx.read_file("big")
 
 
+@pytest.mark.parametrize("kind", ["device", "fifo", "directory"])
+def test_read_file_refuses_what_is_not_a_regular_file(
+    open_sandbox: Open, world: World, kind: str
+) -> None:
+    """/dev/zero never ends and a FIFO never answers: both are refused at once."""
+    path = {"device": "/dev/zero", "fifo": "pipe", "directory": "."}[kind]
+    if kind == "fifo":
+        os.mkfifo(os.path.join(world.workspace, "pipe"))
+    sbx = sandbox_in(open_sandbox, world, timeout="60s")
+    started = time.monotonic()
+    with pytest.raises(CommandFailed, match="not a regular file"):
+        sbx.read_file(path)
+    assert time.monotonic() - started < 30  # answered, not stopped by the 60 s timeout
+
+
+def test_read_file_reads_a_part_with_offset_and_limit(open_sandbox: Open, world: World) -> None:
+    data = bytes(range(256)) * 40
+    with open(os.path.join(world.workspace, "data.bin"), "wb") as f:
+        f.write(data)
+    sbx = sandbox_in(open_sandbox, world, max_output=1000)
+    assert sbx.read_file("data.bin", offset=5000, limit=700) == data[5000:5700]
+    assert sbx.read_file("data.bin", offset=len(data) - 10) == data[-10:]
+    assert sbx.read_file("data.bin", offset=len(data) + 5, limit=10) == b""
+    with pytest.raises(InvalidRequest, match="offset"):
+        sbx.read_file("data.bin", offset=-1)
+
+
 def test_list_files_shows_the_sandbox_view(open_sandbox: Open, world: World) -> None:
     sbx = sandbox_in(open_sandbox, world)
     sbx.write_file("src/a.py", "x = 1\n", parents=True)
@@ -317,3 +376,64 @@ def test_diff_without_preview_is_a_usage_error(open_sandbox: Open, world: World)
     sbx = sandbox_in(open_sandbox, world)
     with pytest.raises(InvalidRequest, match="no preview"):
         sbx.diff()
+
+
+# ---------------------------------------------------------------- more file operations
+def test_make_dir_and_remove_act_inside_the_sandbox(open_sandbox: Open, world: World) -> None:
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.make_dir("a/b/c", parents=True)
+    sbx.write_file("a/b/c/f.txt", "x")
+    with pytest.raises(CommandFailed, match="File exists"):
+        sbx.make_dir("a")
+    with pytest.raises(CommandFailed, match="not empty"):
+        sbx.remove("a/b/c")
+    sbx.remove("a/b/c/f.txt")
+    sbx.remove("a/b/c")
+    assert not os.path.exists(os.path.join(world.workspace, "a", "b", "c"))
+    sbx.remove("a", recursive=True)
+    assert not os.path.exists(os.path.join(world.workspace, "a"))
+    with pytest.raises(CommandFailed, match="No such file"):
+        sbx.remove("a")
+    # the policy applies: outside the workspace is read-only, protected names are refused
+    with pytest.raises(CommandFailed, match="Read-only file system"):
+        sbx.remove(world.victim)
+    assert world.read(world.victim) == "original\n"
+    with pytest.raises(PolicyDenied):
+        sbx.make_dir(".git/hooks/pre-commit", parents=True)
+
+
+def test_directories_upload_and_download(open_sandbox: Open, world: World) -> None:
+    local = os.path.join(world.root, "local")
+    os.makedirs(os.path.join(local, "pkg"))
+    World.write(os.path.join(local, "pkg", "mod.py"), "X = 1\n")
+    World.write(os.path.join(local, "top.txt"), "top\n")
+    os.symlink("pkg/mod.py", os.path.join(local, "link"))
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.upload_dir(local, "/tmp/up")
+    assert sbx.exec("cat /tmp/up/pkg/mod.py /tmp/up/top.txt /tmp/up/link").stdout == (
+        b"X = 1\ntop\nX = 1\n"
+    )
+    back = os.path.join(world.root, "back")
+    sbx.download_dir("/tmp/up", back)
+    assert World.read(os.path.join(back, "pkg", "mod.py")) == "X = 1\n"
+    assert os.readlink(os.path.join(back, "link")) == "pkg/mod.py"
+    with pytest.raises(InvalidRequest, match="not an empty directory"):
+        sbx.download_dir("/tmp/up", back)  # nothing of the caller's is overwritten
+
+
+def test_a_download_cannot_plant_files_outside_its_destination(
+    open_sandbox: Open, world: World
+) -> None:
+    """The sandbox controls what it sends: links out and their targets stay out."""
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.exec(
+        f"mkdir -p /tmp/evil && cd /tmp/evil && ln -s {world.outside} out && "
+        "ln -s /etc/passwd passwd && echo ok > plain"
+    ).check()
+    back = os.path.join(world.root, "back")
+    with pytest.raises(CommandFailed):
+        sbx.download_dir("/tmp/evil", back)
+    assert World.read(world.victim) == "original\n"
+    for name in os.listdir(back):
+        target = os.path.realpath(os.path.join(back, name))
+        assert target.startswith(os.path.realpath(back) + os.sep), name
