@@ -276,3 +276,16 @@ def test_a_repository_moved_into_place_is_checked(world: World) -> None:
     assert os.path.exists(world.ws("landed", "evil", "config.corral-quarantined"))
     os.rename(world.ws("fixtures"), os.path.join(world.outside, "fixtures"))  # not the run's
     assert_safe(world)
+
+
+def test_each_session_exec_is_checked(world: World) -> None:
+    from corral import Sandbox
+
+    World.write(os.path.join(world.outside, "cfg"), payload_config(world))
+    with Sandbox(workspace=world.workspace, environ=world.environ) as sbx:
+        first = sbx.exec(["sh", "-c", "mkdir -p evil/objects evil/refs && echo ref > evil/HEAD"])
+        assert first.violations == ()
+        second = sbx.exec(["sh", "-c", f"cp {world.outside}/cfg evil/config"])
+        assert [v.operation for v in second.violations] == ["git-check"], second.violations
+    assert os.path.exists(world.ws("evil", "config.corral-quarantined"))
+    assert_safe(world)
