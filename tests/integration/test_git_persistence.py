@@ -157,19 +157,45 @@ def test_redirects_of_existing_repositories_are_refused(world: World, target: st
 
 
 def test_a_repository_made_in_the_sandbox_keeps_git_config_but_loses_code(world: World) -> None:
+    # refused while the run lasts (a host editor may run git there meanwhile): a config
+    # key git does not write itself, a hook that is not a sample, config as a symlink
     World.write(os.path.join(world.outside, "hook"), hook_script(world))
     result = run(
         world,
-        "git init -q made && cd made && git config user.name agent"
-        " && git config core.fsmonitor 'touch " + marker(world) + "'"
-        f" && cp {world.outside}/hook .git/hooks/post-commit && chmod +x .git/hooks/post-commit"
-        " && mkdir -p ../payload && ln -s ../payload .git/hooks2"
-        " && printf '../../evil\\n' > .git/commondir",
+        "git init -q made && cd made && git config user.name agent;"
+        " git config core.fsmonitor 'touch " + marker(world) + "';"
+        f" cp {world.outside}/hook .git/hooks/post-commit; chmod +x .git/hooks/post-commit;"
+        " printf '[core]\\n\\tfsmonitor = x\\n' > .git/config;"
+        " ln -s ../../payload .git/config.worktree; echo DONE",
     )
-    assert result.returncode == 0, result.stderr
+    assert b"DONE" in result.stdout, result.stderr
+    assert b"blocked write to" in result.stderr
     made = world.ws("made", ".git")
-    assert os.path.exists(os.path.join(made, "config.corral-quarantined"))
-    assert os.path.exists(os.path.join(made, "hooks", "post-commit.corral-quarantined"))
+    with open(os.path.join(made, "config"), encoding="utf-8") as f:
+        config = f.read()
+    assert "agent" in config and "fsmonitor" not in config
+    assert not os.path.lexists(os.path.join(made, "hooks", "post-commit"))
+    assert not os.path.lexists(os.path.join(made, "config.worktree"))
+    assert_safe(world)
+
+
+def test_config_of_an_existing_repository_takes_only_keys_git_writes(world: World) -> None:
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    with open(world.ws(".git", "config"), "a", encoding="utf-8") as f:
+        f.write("[core]\n\thooksPath = .githooks-of-the-user\n")  # the user's own: kept
+    result = run(
+        world,
+        "git config user.email agent@example.invalid && echo OK1;"
+        f" git config core.fsmonitor 'touch {marker(world)}' || echo REFUSED;"
+        " git config alias.st '!touch x' || echo REFUSED2",
+    )
+    assert b"OK1" in result.stdout and b"REFUSED\n" in result.stdout, result.stderr
+    assert b"REFUSED2" in result.stdout
+    with open(world.ws(".git", "config"), encoding="utf-8") as f:
+        config = f.read()
+    assert "agent@example.invalid" in config and "hooksPath" in config
+    assert "fsmonitor" not in config and "alias" not in config
     assert_safe(world)
 
 
@@ -180,7 +206,7 @@ def test_a_symlinked_hooks_directory_in_a_new_repository(world: World) -> None:
         f"mkdir -p payload && cp {world.outside}/hook payload/post-commit && chmod +x payload/*"
         " && git init -q made && rm -rf made/.git/hooks && ln -s ../../payload made/.git/hooks",
     )
-    assert os.path.lexists(world.ws("made", ".git", "hooks.corral-quarantined"))
+    assert not os.path.islink(world.ws("made", ".git", "hooks"))
     assert_safe(world)
 
 
@@ -232,6 +258,16 @@ def test_git_init_clone_worktree_and_submodules_work_in_the_sandbox(
     )
     result = run(world, script, backend)
     assert b"ALL-OK" in result.stdout, result.stderr
+    # a superproject that existed before the run: submodule init adds its own keys
+    app_copy = world.ws("app-existing")
+    assert host_git(world, world.workspace, "clone", "-q", app, app_copy).returncode == 0
+    existing = run(
+        world,
+        f"cd app-existing && git {ident} submodule update -q --init && test -f lib/lib.txt"
+        " && echo SUB-OK",
+        backend,
+    )
+    assert b"SUB-OK" in existing.stdout, existing.stderr
     assert b"quarantined" not in result.stderr, result.stderr
     assert b"blocked" not in result.stderr, result.stderr
     for repo in ("fresh", "app", "app/lib", "app-wt"):
@@ -288,4 +324,29 @@ def test_each_session_exec_is_checked(world: World) -> None:
         second = sbx.exec(["sh", "-c", f"cp {world.outside}/cfg evil/config"])
         assert [v.operation for v in second.violations] == ["git-check"], second.violations
     assert os.path.exists(world.ws("evil", "config.corral-quarantined"))
+    assert_safe(world)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="renameat2 is syscall 316 on x86_64")
+def test_configs_renamed_into_place_are_validated_whatever_the_flags(world: World) -> None:
+    code = r"""
+import ctypes, os, subprocess
+subprocess.run(["git", "init", "-q", "made"], check=True)
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD = -100
+for flags in (0, 1, 2):  # plain, RENAME_NOREPLACE, RENAME_EXCHANGE
+    with open("bad.cfg", "w") as f:
+        f.write("[core]\n\tfsmonitor = touch MARKER\n")
+    if flags == 1:
+        os.rename("made/.git/config", "made/.git/config.keep")
+    rc = libc.syscall(316, AT_FDCWD, b"bad.cfg", AT_FDCWD, b"made/.git/config", flags)
+    print(flags, rc, ctypes.get_errno())
+    if flags == 1 and os.path.exists("made/.git/config.keep"):
+        os.rename("made/.git/config.keep", "made/.git/config")
+""".replace("MARKER", marker(world))
+    path = World.write(os.path.join(world.outside, "probe.py"), code)
+    result = world.corral("run", "--allow-read", path, "--", "/usr/bin/python3", path)
+    assert result.returncode == 0, result.stderr
+    with open(world.ws("made", ".git", "config"), encoding="utf-8") as f:
+        assert "fsmonitor" not in f.read()
     assert_safe(world)

@@ -21,6 +21,7 @@ from ._broker_abi import (
     _MAX_XATTR,
     _O_TMPFILE,
     _RENAME_EXCHANGE,
+    _RENAME_NOREPLACE,
     _RENAME_WHITEOUT,
     _RESOLVE_BENEATH,
     _RESOLVE_NO_MAGICLINKS,
@@ -150,7 +151,10 @@ class _Emulator(_Policy):
             dirfd, path = (_AT_FDCWD, s(a[1])) if name == "symlink" else (sfd(a[1]), s(a[2]))
             r = self._resolve(pid, nid, dirfd, path, follow=False)
             return self._with(
-                r, lambda: os.symlink(target, r.name, dir_fd=r.parent_fd), creates=True
+                r,
+                lambda: os.symlink(target, r.name, dir_fd=r.parent_fd),
+                creates=True,
+                symlink=True,
             )
         if name in ("link", "linkat"):
             return self._link(pid, nid, name, a)
@@ -212,7 +216,7 @@ class _Emulator(_Policy):
                 finally:
                     os.close(fd)
 
-            return self._with(r, truncate, changes_inode=True)
+            return self._with(r, truncate, changes_inode=True, content=True)
         if name in ("utime", "utimes", "futimesat", "utimensat"):
             return self._utimes(pid, nid, name, a)
         if name in ("fchmod", "fchown", "fsetxattr", "fremovexattr"):
@@ -258,18 +262,26 @@ class _Emulator(_Policy):
         return self._on_open_file(pid, a[0], lambda fd: os.removexattr(fd, attr))
 
     def _with(
-        self, r: _Resolved, action: object, *, changes_inode: bool = False, creates: bool = False
+        self,
+        r: _Resolved,
+        action: object,
+        *,
+        changes_inode: bool = False,
+        creates: bool = False,
+        content: bool = False,
+        symlink: bool = False,
     ) -> int:
         """Check *r* against the policy, then run *action* (a callable); return 0.
 
         ``changes_inode``: the operation changes the file itself (mode, owner,
         times, size, attributes), not just a name - refused for hard-linked files.
         ``creates``: the operation makes the name (journaled as created).
+        ``content``/``symlink``: see :meth:`~._broker_policy._Policy._check`.
         """
         try:
             if creates:
                 _refuse_existing(r)
-            self._check(r)
+            self._check(r, content=content, symlink=symlink)
             if changes_inode:
                 self._check_single_link(r)
             action()  # type: ignore[operator]
@@ -348,7 +360,9 @@ class _Emulator(_Policy):
     ) -> int:
         try:
             if check:
-                self._check(r)
+                self._check(
+                    r, content=bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+                )
             try:
                 existing = os.stat(name, dir_fd=r.parent_fd, follow_symlinks=False)
             except FileNotFoundError:
@@ -393,7 +407,7 @@ class _Emulator(_Policy):
         dst = self._resolve(pid, nid, newdir, new, follow=False)
         try:
             _refuse_existing(dst)
-            self._check(dst)
+            self._check(dst, content=True)
             if flags & _AT_EMPTY_PATH and not old:
                 # Linking an open file (O_TMPFILE): the classic /proc/self/fd route.
                 src_fd = os.open(f"/proc/{pid}/fd/{olddir}", os.O_PATH | os.O_CLOEXEC)
@@ -450,6 +464,16 @@ class _Emulator(_Policy):
                 if src.root is not dst.root:
                     raise OSError(errno.EXDEV, "rename across mounts")
                 self._check(src)
+                config_row = self._git_config_row(dst) or (
+                    self._git_config_row(src) if flags & _RENAME_EXCHANGE else None
+                )
+                if config_row is not None:
+                    if flags & _RENAME_EXCHANGE:
+                        raise _Denied(dst.sandbox_path, config_row)
+                    if flags & _RENAME_NOREPLACE and _exists(dst.parent_fd, dst.name):
+                        raise OSError(errno.EEXIST, "file exists")
+                    self._land_git_config(src, dst, config_row)
+                    return 0
                 self._check(dst)
                 self._check_subtree_move(src, dst)
                 if flags & _RENAME_EXCHANGE:
@@ -470,6 +494,53 @@ class _Emulator(_Policy):
         finally:
             os.close(src.parent_fd)
         return 0
+
+    def _land_git_config(self, src: _Resolved, dst: _Resolved, row: str) -> None:
+        """``rename(config.lock, config)``: how git writes a repository's config.
+
+        The new content is validated first - every entry in a repository the
+        run created, the entries it adds to one that existed before - against
+        the keys git writes itself (:func:`~._gitcheck.config_problem`); then
+        the broker lands *its own copy* (a file the sandbox holds no
+        descriptor to, so the content cannot change after the check) and
+        removes the lock file. Anything else is refused with *row*.
+        """
+        from ._gitcheck import config_problem
+
+        data = _read_regular(src.parent_fd, src.name)
+        if data is None:
+            raise _Denied(dst.sandbox_path, f"{row} (the new config is no regular file)")
+        own = self._own_repository(dst)
+        before: bytes | None = None
+        if not own and _exists(dst.parent_fd, dst.name):
+            before = _read_regular(dst.parent_fd, dst.name)
+            if before is None:  # a symlink or special file stands there: not git's
+                raise _Denied(dst.sandbox_path, row)
+        problem = config_problem(data, before=before)
+        if problem is not None:
+            raise _Denied(dst.sandbox_path, f"{row} ({problem})")
+        mode = os.stat(src.name, dir_fd=src.parent_fd, follow_symlinks=False).st_mode & 0o777
+        temp = f".corral-config-{os.getpid()}-{id(data)}"
+        fd = os.open(
+            temp,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dst.parent_fd,
+        )
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            os.unlink(temp, dir_fd=dst.parent_fd)
+            raise
+        os.close(fd)
+        os.rename(temp, dst.name, src_dir_fd=dst.parent_fd, dst_dir_fd=dst.parent_fd)
+        os.unlink(src.name, dir_fd=src.parent_fd)
+        if own:  # checked whole again after the run, with the rest of the repository
+            self.journal.change(dst.root.sandbox_path, dst.rel)
+        # a repository that existed before: what was added is checked; the entries the
+        # user had (a core.hooksPath of their own) are theirs, so it is not journaled
 
     def _utimes(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> int:
         import ctypes
@@ -521,3 +592,28 @@ class _Emulator(_Policy):
             )
 
         return self._with(r, touch, changes_inode=True)
+
+
+def _read_regular(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of the regular file *name* (never through a symlink); None otherwise."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+        return data if len(data) <= limit else None
+    finally:
+        os.close(fd)
+
+
+def _exists(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

@@ -32,24 +32,46 @@ class _Policy(_Resolver):
     error: BaseException | None
 
     # ------------------------------------------------------------ policy
-    def _check(self, resolved: _Resolved) -> None:
-        """Refuse if the resolved name is protected or write-denied."""
+    def _check(self, resolved: _Resolved, *, content: bool = False, symlink: bool = False) -> None:
+        """Refuse if the resolved name is protected or write-denied.
+
+        *content*: the operation writes the file's bytes (open for writing,
+        truncate, a hard link onto the name); *symlink*: it makes a symlink.
+        Both matter inside a repository the run created (see :meth:`_denied_by`).
+        """
         if resolved.root.sandbox_path in self._spec.open_roots:
             return
-        label = self._denied_by(resolved.rel, resolved.sandbox_path, resolved)
+        label = self._denied_by(
+            resolved.rel, resolved.sandbox_path, resolved, content=content, symlink=symlink
+        )
         if label is not None:
             raise _Denied(resolved.sandbox_path, label)
 
     def _denied_by(
-        self, rel: str, sandbox_path: str, resolved: _Resolved | None = None
+        self,
+        rel: str,
+        sandbox_path: str,
+        resolved: _Resolved | None = None,
+        *,
+        content: bool = False,
+        symlink: bool = False,
     ) -> str | None:
-        """The label of the first row that refuses *rel*; with *resolved*, a repository
-        the run created is exempt from the git rows (see :meth:`_own_repository`)."""
+        """The label of the first row that refuses *rel*.
+
+        With *resolved*, a repository the run created is exempt from the git
+        rows (see :meth:`_own_repository`), except for what would be code while
+        the run lasts (a host process may run git there meanwhile): a hook
+        that is not a ``*.sample``, and a ``config``/``config.worktree`` written
+        directly or made a symlink (git writes them through ``config.lock``
+        and a rename, which :meth:`~._broker_emulate._Emulator._rename` lands
+        after validating the content).
+        """
         for pattern, label in self._patterns:
             if pattern.matches(sandbox_path if pattern.absolute else rel):
                 if (
                     resolved is not None
                     and label in self._git_rows
+                    and not _live_code(rel, content=content, symlink=symlink)
                     and self._own_repository(resolved)
                 ):
                     continue
@@ -83,6 +105,16 @@ class _Policy(_Resolver):
         if ".git" in parts[:-1]:
             return self.journal.is_new(root, parent)
         return self.journal.is_new(root, (parent + "/" if parent else "") + ".git")
+
+    def _git_config_row(self, r: _Resolved) -> str | None:
+        """The git row protecting *r* if it is a repository's ``config`` or ``config.worktree``."""
+        parts = r.rel.split("/")
+        if parts[-1] not in _CONFIG_NAMES or ".git" not in parts[:-1]:
+            return None
+        if r.root.sandbox_path in self._spec.open_roots:
+            return None
+        label = self._denied_by(r.rel, r.sandbox_path)
+        return label if label in self._git_rows else None
 
     def _check_single_link(self, r: _Resolved, st: os.stat_result | None = None) -> None:
         """Refuse to change a file that has other hard links.
@@ -226,3 +258,16 @@ class _Policy(_Resolver):
                 )
                 for f in findings
             )
+
+
+_CONFIG_NAMES = ("config", "config.worktree")
+
+
+def _live_code(rel: str, *, content: bool, symlink: bool) -> bool:
+    """Whether the operation on *rel* (inside a ``.git``) would leave code git runs."""
+    parts = rel.split("/")
+    if len(parts) >= 2 and parts[-2] == "hooks" and not parts[-1].endswith(".sample"):
+        return True
+    if parts[-1] == "hooks" and symlink:
+        return True
+    return parts[-1] in _CONFIG_NAMES and (content or symlink)

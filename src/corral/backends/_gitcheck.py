@@ -177,18 +177,40 @@ def _join(a: str, b: str) -> str:
     return f"{a}/{b}" if a else b
 
 
-def config_problem(data: bytes) -> str | None:
+def config_problem(data: bytes, *, before: bytes | None = None) -> str | None:
     """Why the git config *data* could make git run code (None if it cannot).
 
     Parsed by git itself (``git config --file - --list --no-includes``), so
-    what is checked is exactly what git would read.
+    what is checked is exactly what git would read. With *before* (the
+    content it replaces, trusted), only entries it adds are checked.
     """
+    entries = _entries(data)
+    if entries is None:
+        return "git cannot parse it"
+    if before is not None:
+        old = _entries(before) or []
+        for entry in old:
+            if entry in entries:
+                entries.remove(entry)
+    for name, value in entries:
+        section, _, rest = name.partition(".")
+        sub, _, key = rest.rpartition(".")
+        kind = _KEYS.get((section.lower(), bool(sub), key.lower()))
+        if kind is None:
+            return f"the key {name} is not one git writes itself"
+        if not _value_ok(kind, value):
+            return f"the value of {name} could choose a program"
+    return None
+
+
+def _entries(data: bytes) -> list[tuple[str, str]] | None:
+    """``(key, value)`` of every entry of the git config *data*; None if git cannot parse it."""
     import shutil
     import subprocess
 
     git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
     if git is None:
-        return "git is not installed to parse it"
+        return None
     env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
     proc = subprocess.run(
         [git, "config", "--file", "-", "--no-includes", "--null", "--list"],
@@ -199,20 +221,13 @@ def config_problem(data: bytes) -> str | None:
         timeout=30,
     )
     if proc.returncode != 0:
-        return "git cannot parse it"
+        return None
+    found: list[tuple[str, str]] = []
     for entry in proc.stdout.split(b"\0"):
-        if not entry:
-            continue
-        name_b, _, value_b = entry.partition(b"\n")
-        name, value = os.fsdecode(name_b), os.fsdecode(value_b)
-        section, _, rest = name.partition(".")
-        sub, _, key = rest.rpartition(".")
-        kind = _KEYS.get((section.lower(), bool(sub), key.lower()))
-        if kind is None:
-            return f"the key {name} is not one git writes itself"
-        if not _value_ok(kind, value):
-            return f"the value of {name} could choose a program"
-    return None
+        if entry:
+            name_b, _, value_b = entry.partition(b"\n")
+            found.append((os.fsdecode(name_b), os.fsdecode(value_b)))
+    return found
 
 
 def _value_ok(kind: str, value: str) -> bool:
