@@ -26,6 +26,7 @@ check:  ## lint, format, types, generated files
 	$(BIN)/ruff format --check src tests
 	$(BIN)/mypy
 	$(BIN)/python -m corral.policy._schema --check
+	$(BIN)/python -m corral.cli._reference --check
 
 test: native  ## the whole suite (what CI runs)
 	$(BIN)/python -m pytest -q
@@ -39,8 +40,9 @@ test-contract: native
 test-integration: native
 	$(BIN)/python -m pytest -q tests/integration
 
-schema:  ## regenerate the JSON Schema and the policy reference
+schema:  ## regenerate the JSON Schema, the policy reference and the man page
 	$(BIN)/python -m corral.policy._schema --write
+	$(BIN)/python -m corral.cli._reference --write
 
 bench:
 	$(BIN)/corral bench

@@ -8,7 +8,7 @@ SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends bubblewrap gcc libc6-dev python3 python3-venv >/dev/null
+$SUDO apt-get install -y -qq bubblewrap gcc libc6-dev python3 python3-venv >/dev/null
 python3 -m venv .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q .

@@ -8,6 +8,10 @@ budget. CPython's C accelerator :mod:`_json` does the real work for
 * :func:`loads` parses one JSON document strictly: duplicate keys, NaN and
   Infinity and trailing data are errors (settings files and hook payloads
   must mean one thing).
+* :func:`loads` refuses documents nested deeper than :data:`MAX_DEPTH`
+  (arrays and objects) with a :class:`JSONError` naming the depth and the
+  place, instead of the parser's ``RecursionError``: settings files, hook
+  payloads and peers of the corral server are untrusted input.
 * :func:`dumps` writes compact JSON with ASCII escapes, like
   ``json.dumps(obj, separators=(",", ":"))``; ``sort_keys`` is available.
 
@@ -23,7 +27,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["JSONError", "dumps", "loads"]
+__all__ = ["MAX_DEPTH", "JSONError", "check_depth", "dumps", "loads"]
+
+#: The deepest nesting of arrays and objects accepted (corral's own documents use < 10).
+MAX_DEPTH = 200
 
 
 class JSONError(ValueError):
@@ -91,12 +98,41 @@ else:
     _sorted_encoder = _make(True)
 
 
+def check_depth(text: str, *, limit: int | None = None) -> None:
+    """Raise :class:`JSONError` if *text* nests arrays and objects deeper than *limit*.
+
+    *limit* defaults to :data:`MAX_DEPTH`. Cheap for ordinary documents: the
+    character scan runs only when *text* holds more brackets than the limit.
+    """
+    limit = MAX_DEPTH if limit is None else limit
+    if text.count("[") + text.count("{") <= limit:
+        return
+    depth = 0
+    in_string = escaped = False
+    for pos, char in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                raise JSONError(f"nested deeper than {limit} levels", text, pos)
+        elif char in "]}":
+            depth -= 1
+
+
 def loads(text: str | bytes) -> Any:
     """Parse *text* as one strict JSON document.
 
     Raises:
-        JSONError: on malformed JSON, duplicate object keys, NaN/Infinity, or
-            data after the document.
+        JSONError: on malformed JSON, duplicate object keys, NaN/Infinity,
+            data after the document, or nesting deeper than :data:`MAX_DEPTH`.
     """
     if isinstance(text, (bytes, bytearray)):
         try:
@@ -109,6 +145,7 @@ def loads(text: str | bytes) -> Any:
         start += 1
     if start == end:
         raise JSONError("expected a JSON value, found nothing", text, start)
+    check_depth(text)
     if _scanner is None:  # pragma: no cover
         return _loads_stdlib(text)
     try:

@@ -43,6 +43,7 @@ from ._exceptions import (
     SessionClosed,
 )
 from ._files import FileInfo, FileRequests
+from ._streaming import Cancellation, Cancelled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -51,7 +52,6 @@ if TYPE_CHECKING:
     from typing import Any, Literal, Self
 
     from ._streaming import AsyncProcess, Process, Pump
-    from .pipeline._engine import Running
     from .pipeline._outcome import Outcome
     from .pipeline._request import ExecRequest
     from .policy import Policy
@@ -95,37 +95,6 @@ def _remove_tree(path: str) -> None:
     from .preview._mechanism import remove_tree
 
     remove_tree(path)
-
-
-class _Cancellation:
-    """Links a worker thread's run to the task that awaits it (thread-safe)."""
-
-    __slots__ = ("_lock", "cancelled", "reason", "running")
-
-    def __init__(self) -> None:
-        import _thread
-
-        self._lock = _thread.allocate_lock()
-        self.running: Running | None = None
-        self.cancelled = False
-        self.reason = ""
-
-    def started(self, running: Running) -> None:
-        """``on_start`` of the run: remember the handle; cancel at once if asked already."""
-        with self._lock:
-            self.running = running
-            cancel = self.cancelled
-        if cancel:
-            running.cancel()
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Stop the run (TERM, grace, KILL), now or as soon as it starts; *reason* says why."""
-        with self._lock:
-            self.cancelled = True
-            self.reason = self.reason or reason
-            running = self.running
-        if running is not None:
-            running.cancel()
 
 
 class BaseSandbox(FileRequests):
@@ -232,7 +201,7 @@ class BaseSandbox(FileRequests):
         self.id = new_sandbox_id()
         self._closed = False
         self._preview: Preview | None = None
-        self._active: dict[_Cancellation, Any] = {}  # running commands (async twin)
+        self._active: dict[Cancellation, Any] = {}  # running commands (async twin)
         self._processes: list[Process] = []  # background processes (sync twin)
         # the session's private TMPDIR (mounted as /tmp in the sandbox)
         sessions = _state.ensure_dir(os.path.join(self._state_dir, "sessions"))
@@ -342,7 +311,7 @@ class BaseSandbox(FileRequests):
     def _run_blocking(
         self,
         request: ExecRequest,
-        cancellation: _Cancellation | None = None,
+        cancellation: Cancellation | None = None,
         pump: Pump | None = None,
     ) -> Outcome:
         """Plan, launch and audit *request* in this thread; with a *pump*, stream its output."""
@@ -361,7 +330,7 @@ class BaseSandbox(FileRequests):
     def _launch(
         self,
         request: ExecRequest,
-        cancellation: _Cancellation | None = None,
+        cancellation: Cancellation | None = None,
         streams: tuple[int, int, int] | None = None,
     ) -> Outcome:
         from .pipeline._runner import execute
@@ -373,7 +342,7 @@ class BaseSandbox(FileRequests):
             extra["preview"] = self._preview
         if cancellation is not None:
             if cancellation.cancelled:
-                raise _Cancelled
+                raise Cancelled
             extra["on_start"] = cancellation.started
         if streams is not None:
             extra["streams"] = streams
@@ -458,10 +427,6 @@ def _in_thread(function: Callable[..., Outcome], *args: Any) -> asyncio.Future[O
     return future
 
 
-class _Cancelled(Exception):
-    """The run was cancelled before it started (internal)."""
-
-
 def _create_preview(workspace: str, state_dir: str) -> Any:
     """Create a :class:`corral.preview.Preview` of *workspace* (imported on first use).
 
@@ -521,12 +486,12 @@ class AsyncSandbox(BaseSandbox):
         self,
         request: ExecRequest,
         pump: Pump | None = None,
-        cancellation: _Cancellation | None = None,
+        cancellation: Cancellation | None = None,
     ) -> Outcome:
         import asyncio
         import time
 
-        cancellation = cancellation or _Cancellation()
+        cancellation = cancellation or Cancellation()
         # a thread of its own (not the loop's executor: background processes would
         # hold its few workers for as long as they run)
         future = _in_thread(self._run_blocking, request, cancellation, pump)
@@ -547,7 +512,7 @@ class AsyncSandbox(BaseSandbox):
                     except BaseException:
                         break
                 raise
-        except _Cancelled:
+        except Cancelled:
             raise asyncio.CancelledError from None
         finally:
             self._active.pop(cancellation, None)
@@ -564,7 +529,7 @@ class AsyncSandbox(BaseSandbox):
         from ._streaming import Pump, callbacks
 
         loop = asyncio.get_running_loop()
-        cancellation = _Cancellation()
+        cancellation = Cancellation()
         call = callbacks(on_stdout, on_stderr)
         failed: list[BaseException] = []
 
@@ -877,7 +842,7 @@ class Sandbox(BaseSandbox):
             return self._run_blocking(request)
         from ._streaming import Pump, callbacks
 
-        cancellation = _Cancellation()
+        cancellation = Cancellation()
         pump = Pump(
             callbacks(on_stdout, on_stderr),
             on_error=lambda: cancellation.cancel("an output callback raised"),

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterator
     from typing import Any
 
-    from ._sandbox import _Cancellation
+    from .pipeline._engine import Running
     from .pipeline._outcome import Outcome
 
     #: ``("stdout" | "stderr", chunk)``
@@ -35,6 +35,41 @@ __all__ = ["AsyncProcess", "Process", "Pump"]
 
 _POLLIN = 0x001
 _READ = 65536
+
+
+class Cancellation:
+    """Links a worker thread's run to the task that awaits it (thread-safe)."""
+
+    __slots__ = ("_lock", "cancelled", "reason", "running")
+
+    def __init__(self) -> None:
+        import _thread
+
+        self._lock = _thread.allocate_lock()
+        self.running: Running | None = None
+        self.cancelled = False
+        self.reason = ""
+
+    def started(self, running: Running) -> None:
+        """``on_start`` of the run: remember the handle; cancel at once if asked already."""
+        with self._lock:
+            self.running = running
+            cancel = self.cancelled
+        if cancel:
+            running.cancel()
+
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Stop the run (TERM, grace, KILL), now or as soon as it starts; *reason* says why."""
+        with self._lock:
+            self.cancelled = True
+            self.reason = self.reason or reason
+            running = self.running
+        if running is not None:
+            running.cancel()
+
+
+class Cancelled(Exception):
+    """The run was cancelled before it started (internal to the SDK)."""
 
 
 class Pump:
@@ -175,15 +210,13 @@ class Process(_Handle):
         print(proc.wait().stopped)   # "killed"
     """
 
-    def __init__(self, start: Callable[[Pump, _Cancellation], Outcome], command: str) -> None:
+    def __init__(self, start: Callable[[Pump, Cancellation], Outcome], command: str) -> None:
         import _thread
         import queue
 
-        from ._sandbox import _Cancellation
-
         self.command = command
         self._queue: queue.SimpleQueue[Chunk | None] = queue.SimpleQueue()
-        self._cancellation = _Cancellation()
+        self._cancellation = Cancellation()
         self._pump = Pump(
             lambda name, chunk: self._queue.put((name, chunk)),
             on_end=lambda: self._queue.put(None),
@@ -196,11 +229,10 @@ class Process(_Handle):
         _thread.start_new_thread(self._run, ())
 
     def _run(self) -> None:
-        from ._sandbox import _Cancelled
 
         try:
             self._outcome = self._start(self._pump, self._cancellation)
-        except _Cancelled:
+        except Cancelled:
             self._pump.abandon()
             self._error = _never_started(self.command, self._cancellation.reason)
         except BaseException as exc:
@@ -256,17 +288,15 @@ class AsyncProcess(_Handle):
 
     def __init__(
         self,
-        start: Callable[[Pump, _Cancellation], Any],
+        start: Callable[[Pump, Cancellation], Any],
         command: str,
         loop: asyncio.AbstractEventLoop,
     ) -> None:
         import asyncio
 
-        from ._sandbox import _Cancellation
-
         self.command = command
         self._queue: asyncio.Queue[Chunk | None] = asyncio.Queue()
-        self._cancellation = _Cancellation()
+        self._cancellation = Cancellation()
 
         def put(item: Chunk | None) -> None:
             loop.call_soon_threadsafe(self._queue.put_nowait, item)

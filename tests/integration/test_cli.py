@@ -230,3 +230,56 @@ def test_bench_backends_table_has_run_and_session_rows(world: World) -> None:
     assert rows["corral run --backend bubblewrap -- true"]["value"] > 0
     session = rows["bubblewrap session exec true (SDK, in-process)"]
     assert session["value"] > 0 and session["baseline"] == "raw bwrap"
+
+
+def test_doctor_reports_invalid_settings(world: World) -> None:
+    assert b"[ok ] settings: valid" in world.corral("doctor").stdout
+    user = os.path.join(world.home, ".config", "corral", "settings.json")
+    World.write(user, '{"resources": {"memory": "lots"}}')
+    result = world.corral("doctor")
+    assert result.returncode == 1
+    line = next(x for x in result.stdout.decode().splitlines() if "] settings:" in x)
+    assert line.startswith("  [no ] settings:") and user in line and "resources.memory" in line
+    assert b"the settings are invalid" in result.stderr
+    data = json.loads(world.corral("doctor", "--json").stdout)
+    (row,) = [f for f in data["features"] if f["name"] == "settings"]
+    assert row["ok"] is False and "resources.memory" in row["detail"]
+
+
+def test_doctor_matrix_progress_only_when_asked_or_on_a_terminal(world: World) -> None:
+    quiet = world.corral("doctor", "--matrix", "--backend", "none", timeout=300)
+    assert b"doctor --matrix:" not in quiet.stderr  # stderr is a pipe here
+    loud = world.corral("doctor", "--matrix", "--backend", "none", "--progress", timeout=300)
+    steps = [
+        x for x in loud.stderr.decode().splitlines() if x.startswith("corral: doctor --matrix:")
+    ]
+    assert steps[0] == "corral: doctor --matrix: smoke-testing every backend"
+    assert any(x.startswith("corral: doctor --matrix: backend 1/1 none: ") for x in steps)
+    assert loud.stdout == quiet.stdout  # the table itself is unchanged
+
+
+def test_policy_explain_gives_each_built_in_rows_reason(world: World) -> None:
+    from corral.policy._defaults import (
+        DEFAULT_RESOURCES,
+        ENV_PASS,
+        PROTECTED_PATTERNS,
+        SECRET_PATHS,
+    )
+
+    out = world.corral("policy", "--explain").stdout.decode()
+    reasons = {reason for _item, reason in (*SECRET_PATHS, *PROTECTED_PATTERNS, *ENV_PASS)}
+    reasons |= {reason for _name, _value, reason in DEFAULT_RESOURCES}
+    shown = {
+        line.rpartition("(defaults: ")[2][:-1] for line in out.splitlines() if "(defaults: " in line
+    }
+    assert shown == reasons  # every row's reason, and only the tables' own
+    ssh = next(
+        line for line in out.splitlines() if line.strip().startswith('"' + world.home + '/.ssh"')
+    )
+    assert ssh.endswith("(defaults: SSH private keys, agent sockets and known hosts)")
+
+
+def test_shell_refuses_no_tty(world: World) -> None:
+    result = world.corral("shell", "--no-tty", "-c", "echo ran")
+    assert result.returncode == 125 and b"ran" not in result.stdout
+    assert b"--no-tty does not apply to corral shell" in result.stderr

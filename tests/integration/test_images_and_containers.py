@@ -84,6 +84,44 @@ def test_built_image_runs_python_under_podman(built_python: str, tmp_path: objec
 
 @needs_root
 @needs_build
+@needs_podman
+def test_podman_without_an_image_runs_the_default_image(
+    built_python: str, tmp_path: object
+) -> None:
+    # no "image" setting: the default image (corral:python), not the host's files
+    if not os.path.exists("/usr/bin/bwrap"):
+        pytest.skip("the host has no /usr/bin/bwrap to tell its files from the image's")
+    result = _run(
+        "sh",
+        "-c",
+        "test -e /usr/bin/bwrap && echo host || echo image; python3 -c 'print(1)'",
+        cwd=str(tmp_path),
+        settings={"backend": "podman"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["image", "1"]
+
+
+@needs_podman
+def test_podman_without_a_built_image_names_the_one_command(tmp_path: object) -> None:
+    cache = os.path.join(str(tmp_path), "cache")  # nothing built here
+    result = subprocess.run(
+        [*CORRAL, "run", "--workspace", str(tmp_path), "--backend", "podman", "--", "true"],
+        cwd=str(tmp_path),
+        env={**os.environ, "XDG_CACHE_HOME": cache, "CORRAL_SERVER": "off"},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 125
+    assert "the default image corral:python is not built yet" in result.stderr
+    assert "run 'corral image build python' once" in result.stderr
+    assert not os.path.exists(cache), "nothing was built or cached implicitly"
+
+
+@needs_root
+@needs_build
 @needs_runsc
 def test_built_image_runs_python_under_gvisor(built_python: str, tmp_path: object) -> None:
     settings = {
@@ -286,3 +324,98 @@ def test_auto_picks_the_cheapest_backend_meeting_the_isolation_minimum(tmp_path:
             )
             assert other.problem(facts) is not None, (level, other.name)
     assert picked["namespace"] in ("bubblewrap", "podman", "docker")
+
+
+@needs_root
+@needs_podman
+def test_image_rm_and_prune_clear_the_cache_and_the_engine(tmp_path: object) -> None:
+    import io
+    import tarfile
+
+    from corral.backends.podman import podman_config
+
+    cache = os.path.join(str(tmp_path), "cache")
+    root = os.path.join(cache, "corral", "images")
+    env = {**os.environ, "XDG_CACHE_HOME": cache}
+    podman_env = {**os.environ, "CONTAINERS_CONF": podman_config(env)}
+    old, new, other = "a" * 16, "b" * 16, "c" * 16
+    tag = f"t{os.getpid()}"  # a name no other test or user image has
+    layer = os.path.join(str(tmp_path), "layer.tar")
+    with tarfile.open(layer, "w") as tar:
+        info = tarfile.TarInfo("hello")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"hi\n"))
+
+    def build(name: str, key: str, *, imported: bool) -> str:
+        directory = os.path.join(root, f"{name}-{key}")
+        os.makedirs(os.path.join(directory, "rootfs"))
+        ref = f"localhost/corral-{name}:{key}"
+        engines = [["podman", ref]] if imported else []
+        with open(os.path.join(directory, "image.json"), "w") as f:
+            json.dump({"name": name, "key": key, "dir": directory, "engines": engines}, f)
+        if imported:
+            subprocess.run(
+                ["podman", "import", layer, ref], env=podman_env, check=True, capture_output=True
+            )
+        return directory
+
+    def point(name: str, directory: str) -> None:
+        with open(os.path.join(root, f"{name}.json"), "w") as f:
+            json.dump({"dir": directory, "key": directory[-16:]}, f)
+
+    def in_podman(ref: str) -> bool:
+        found = subprocess.run(
+            ["podman", "image", "inspect", ref], env=podman_env, capture_output=True, check=False
+        )
+        return found.returncode == 0
+
+    superseded = build(tag, old, imported=True)
+    current = build(tag, new, imported=True)
+    subprocess.run(
+        ["podman", "tag", f"localhost/corral-{tag}:{new}", f"localhost/corral-{tag}:latest"],
+        env=podman_env,
+        check=True,
+    )
+    point(tag, current)
+    kept = build(f"{tag}x", other, imported=False)
+    point(f"{tag}x", kept)
+    scratch = os.path.join(root, f"{tag}-{'d' * 16}.tmp-999999999")  # its builder is gone
+    os.makedirs(scratch)
+    try:
+
+        def corral(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [*CORRAL, "image", *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=120,
+            )
+
+        pruned = corral("prune")
+        assert pruned.returncode == 0, pruned.stderr
+        assert not os.path.exists(superseded) and not os.path.exists(scratch)
+        assert not in_podman(f"localhost/corral-{tag}:{old}")
+        assert os.path.isdir(current) and os.path.isdir(kept)
+        assert in_podman(f"localhost/corral-{tag}:{new}")
+        assert f"removed {superseded}" in pruned.stdout.splitlines()
+
+        removed = corral("rm", tag)
+        assert removed.returncode == 0, removed.stderr
+        assert not os.path.exists(current) and not os.path.exists(os.path.join(root, f"{tag}.json"))
+        assert not in_podman(f"localhost/corral-{tag}:{new}")
+        assert not in_podman(f"localhost/corral-{tag}:latest")
+        assert os.path.isdir(kept), "another image's build was touched"
+        assert os.path.isfile(os.path.join(root, f"{tag}x.json"))
+
+        missing = corral("rm", tag)
+        assert missing.returncode == 125 and "not in the cache" in missing.stderr
+    finally:
+        for key in (old, new, "latest"):
+            subprocess.run(
+                ["podman", "rmi", "-f", f"localhost/corral-{tag}:{key}"],
+                env=podman_env,
+                capture_output=True,
+                check=False,
+            )

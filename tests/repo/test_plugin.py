@@ -1,7 +1,7 @@
 """The Claude Code plugin and marketplace in the repository are well formed.
 
 Every JSON file parses, every path it references exists, names are kebab-case,
-the hook's matcher covers exactly the tools the hook decides, and the slash
+the hook's matcher covers every tool (the hook judges unknown ones), and the slash
 command only runs corral subcommands that exist.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from corral.cli import COMMANDS
-from corral.integrations.claude_code_hook import TOOLS
+from corral.integrations.claude_code_hook import MATCHER
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEBAB = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
@@ -81,11 +81,11 @@ def test_plugin_files_parse_and_every_name_is_kebab_case(entry: dict[str, Any]) 
                 load(os.path.join(directory, name))  # parses
 
 
-def test_hooks_cover_exactly_the_tools_the_hook_decides_and_fail_closed() -> None:
+def test_hooks_see_every_tool_and_fail_closed() -> None:
     hooks = load("plugins", "corral", "hooks", "hooks.json")["hooks"]
     assert list(hooks) == ["PreToolUse"]
     (group,) = hooks["PreToolUse"]
-    assert group["matcher"].split("|") == list(TOOLS)
+    assert group["matcher"] == MATCHER == "*"
     (hook,) = group["hooks"]
     assert hook["type"] == "command"
     assert hook["command"] == '"${CLAUDE_PLUGIN_ROOT}/hooks/corral-hook" || exit 2'

@@ -34,6 +34,7 @@ from .base import (
     Degradations,
     broker_patterns,
     checked_workspace,
+    disk_limit,
     is_under,
     paths_of_policy,
 )
@@ -112,12 +113,13 @@ class ContainerBackend(Backend):
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]
     ) -> dict[str, object]:
-        from ._image_ref import resolve_image
+        from ._image_ref import DEFAULT_CONTAINER_IMAGE, resolve_image
 
         engine = find_program(self.program, environ)
         details: dict[str, object] = {
             "engine": engine,
-            "image": resolve_image(policy.image, environ),
+            "image": resolve_image(policy.image or DEFAULT_CONTAINER_IMAGE, environ),
+            "image_is_default": policy.image is None,
         }
         details["engine_problem"] = self.engine_problem(environ) if engine is not None else None
         return details
@@ -166,9 +168,10 @@ class ContainerBackend(Backend):
             return "--network=host"
         return "--network=none"
 
-    def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:
-        """Options mounting an empty tmpfs at *path*."""
-        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev"]
+    def tmpfs(self, path: str, *, read_only: bool = False, size: int | None = None) -> list[str]:
+        """Options mounting an empty tmpfs at *path* (of *size* bytes when given)."""
+        extra = f",size={size}" if size else ""
+        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev{extra}"]
 
     def cache_volume(self, name: str, path: str) -> list[str]:
         """Options mounting the named cache volume at *path*."""
@@ -227,12 +230,14 @@ class ContainerBackend(Backend):
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
         workspace = checked_workspace(fs, facts)
-        if image.kind == "host":
+        if image.problem is not None and facts.detail("image_is_default"):
             # not caller misuse when `auto` merely considered this backend: it cannot run here as
             # configured, so the next candidate is tried
             raise BackendUnavailable(
-                f"Failed to choose an image for the {self.name} backend: the 'image' setting is empty",
-                hint='run \'corral image build python\' and set "image": "corral:python" (or --settings)',
+                f"Failed to choose an image for the {self.name} backend: the 'image' setting is "
+                f"empty and the default image {image.value} is not built yet",
+                hint=f"run 'corral image build {str(image.value).partition(':')[2]}' once (a few "
+                "minutes, from apt); then this command runs as it is",
             )
         if image.problem is not None:
             raise UsageError(f"Failed to use the image {image.value!r}: {image.problem}")
@@ -352,10 +357,11 @@ class ContainerBackend(Backend):
             ]
             if detached:
                 args.append("--init")
+            volumes = [f"the cache volume corral-cache-{name}" for name, _path in policy.caches]
+            disk = disk_limit(policy, [*writable, *volumes], degrade, self.name)
             for tmp in PRIVATE_TMP:
-                args += self.tmpfs(
-                    tmp
-                )  # before the binds: a workspace under /tmp is mounted over it
+                # before the binds: a workspace under /tmp is mounted over it
+                args += self.tmpfs(tmp, size=disk)
             if res.memory is not None:
                 args += ["--memory", str(res.memory), "--memory-swap", str(res.memory)]
             if res.pids is not None:

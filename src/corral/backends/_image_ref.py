@@ -22,7 +22,12 @@ import os
 
 from .._frozen import Record
 
-__all__ = ["ImageRef", "image_cache_dir", "resolve_image"]
+__all__ = ["DEFAULT_CONTAINER_IMAGE", "ImageRef", "image_cache_dir", "resolve_image"]
+
+#: What podman and docker run when the ``image`` setting is empty: the image
+#: ``corral image build python`` makes (docs/design.md, "The container image
+#: on first use"). Never built implicitly: a run refuses with that one command.
+DEFAULT_CONTAINER_IMAGE = "corral:python"
 
 
 class ImageRef(Record):

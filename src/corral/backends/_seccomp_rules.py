@@ -172,6 +172,28 @@ Rule = tuple[tuple[str, ...], str, Condition, str]
 _WRITE_OPEN = O_WRONLY | O_RDWR | O_CREAT | O_TRUNC
 _MODE_USED = O_CREAT | O_TMPFILE_BIT
 
+# ------------------------------------------------ the user's terminal (issue 10, engineer C)
+# ``corral run`` on a terminal hands the command the user's tty (docs/threat-model.md,
+# "The terminal"). The sandbox runs in a new session, so the tty is not its
+# controlling terminal; these rows also deny the ioctls that act on the host
+# through a terminal whatever the session: the kernel compares ``cmd`` as an
+# ``unsigned int``, as the "eq" test (low 32 bits) does. TIOCSCTTY stays
+# allowed (pty.fork, tmux and expect need it on ptys they open); the kernel
+# refuses it for the user's terminal, the controlling tty of another session.
+TIOCSTI, TIOCLINUX, TIOCCONS, TIOCSETD = 0x5412, 0x541C, 0x541D, 0x5423
+TERMINAL_RULES: tuple[Rule, ...] = (
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
+    (
+        ("ioctl",),
+        "EPERM",
+        ("eq", 1, TIOCLINUX),
+        "virtual console control: paste the selection (keystrokes), console state",
+    ),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCCONS), "redirecting the host's console output"),
+    (("ioctl",), "EPERM", ("eq", 1, TIOCSETD), "line disciplines (kernel attack surface)"),
+)
+
+
 DENY_RULES: tuple[Rule, ...] = (
     (
         ("ptrace",),
@@ -323,6 +345,7 @@ DENY_RULES: tuple[Rule, ...] = (
         ("any", 2, SETID_BITS),
         "create set-user-ID/set-group-ID files",
     ),
+    *TERMINAL_RULES,
 )
 
 
@@ -387,12 +410,7 @@ BROKER_RULES: tuple[Rule, ...] = (
 
 
 AF_INET, AF_INET6, AF_PACKET = 2, 10, 17
-FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR, TIOCSTI = (
-    0x40086602,
-    0x40046602,
-    0x401C5820,
-    0x5412,
-)
+FS_IOC_SETFLAGS, FS_IOC32_SETFLAGS, FS_IOC_FSSETXATTR = (0x40086602, 0x40046602, 0x401C5820)
 
 #: Rows for ``network.mode = "none"`` where no network namespace exists
 #: (landlock): Landlock governs TCP ports only, so sockets of the IP families
@@ -435,7 +453,6 @@ PROCESS_LEVEL_DENY_RULES: tuple[Rule, ...] = (
         "inode flags of host files (chattr, 32-bit)",
     ),
     (("ioctl",), "EPERM", ("eq", 1, FS_IOC_FSSETXATTR), "extended inode attributes of host files"),
-    (("ioctl",), "EPERM", ("eq", 1, TIOCSTI), "typing into a terminal shared with the host"),
 )
 
 #: Broker rows added where the broker must also confine metadata changes

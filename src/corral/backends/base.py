@@ -21,7 +21,7 @@ from .._exceptions import EnforcementUnavailable, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from typing import ClassVar
 
     from ..pipeline._cgroups import Cgroup, CgroupLayout
@@ -34,10 +34,13 @@ if TYPE_CHECKING:
 __all__ = [
     "Backend",
     "Degradations",
+    "cache_dirs",
     "cgroup_limits",
     "checked_workspace",
+    "disk_limit",
     "is_under",
     "paths_of_policy",
+    "refuse_image",
 ]
 
 
@@ -146,13 +149,74 @@ def paths_of_policy(request: ExecRequest, policy: Policy, *, allow_read: bool = 
     """The host paths a filesystem plan looks at: workspace, cwd, writable, secret, carve-out
     (with *allow_read*) and literal absolute write-denied paths."""
     fs = policy.filesystem
-    paths = {fs.workspace, *fs.allow_write, *fs.deny_read}
+    paths = {fs.workspace, *fs.allow_write, *fs.deny_read, *(p for _n, p in policy.caches)}
     if allow_read:
         paths.update(fs.allow_read)
     paths.update(p for p in fs.deny_write if p.startswith("/") and not any(c in p for c in "*?["))
     if request.cwd:
         paths.add(request.cwd)
     return paths
+
+
+def cache_dirs(policy: Policy, facts: HostFacts, degrade: Degradations) -> list[str]:
+    """The ``caches`` host directories a backend sharing the host filesystem makes writable.
+
+    On bubblewrap, gVisor, Landlock and Seatbelt a cache is its host
+    directory, mounted (or allowed) read-write at the same path, so it
+    persists across runs. A cache whose directory does not exist is refused
+    through *degrade* (exit 125 unless ``--allow-degraded caches``), never
+    silently skipped. (Container backends use named volumes instead.)
+    """
+    dirs: list[str] = []
+    for name, path in policy.caches:
+        if facts.kind(path) == "dir":
+            dirs.append(path.rstrip("/") or "/")
+        else:
+            degrade.cannot(
+                "caches",
+                f"the directory of cache {name!r} ({path}) does not exist",
+                fix=f"create it (mkdir -p {path})",
+            )
+    return dirs
+
+
+def disk_limit(
+    policy: Policy, writable: Sequence[str], degrade: Degradations, backend: str
+) -> int | None:
+    """The size of each private tmpfs under ``resources.disk``, or None when unset.
+
+    The limit holds only where every writable place is a tmpfs corral sizes:
+    with *writable* host places (workspace, ``allowWrite``, ``caches``, a
+    TMPDIR that is a host directory) the rule is refused through *degrade* (or recorded when allowed, and the
+    temporary directories are still capped).
+    """
+    size = policy.resources.disk
+    if size is None:
+        return None
+    if writable:
+        degrade.cannot(
+            "resources.disk",
+            f"on the {backend} backend, writes to {', '.join(sorted(writable))} go to the host "
+            "filesystem, which has no per-sandbox quota",
+            fix="run with --read-only and without allowWrite or caches on bubblewrap, gvisor, "
+            "podman or docker, or unset resources.disk",
+        )
+    return size
+
+
+def refuse_image(policy: Policy, degrade: Degradations, backend: str) -> None:
+    """Refuse ``image`` on a backend that runs the host's own root filesystem.
+
+    An image there would be silently ignored; with ``backend: "auto"`` the
+    refusal moves the choice on to a backend that runs images (podman,
+    docker, gVisor).
+    """
+    if policy.image is not None:
+        degrade.cannot(
+            "image",
+            f"the {backend} backend runs the host's root filesystem, not an image",
+            fix="use --backend podman, docker or gvisor, or unset image",
+        )
 
 
 def cgroup_limits(
@@ -259,6 +323,7 @@ class Backend:
             stdin_mode=request.stdin_mode,
             stdin_data=request.stdin,
             capture=request.capture,
+            output_tty=request.output_tty,
             cgroup_layout=cgroup_layout,
             stdio=stdio,
             cgroup=cgroup,

@@ -40,6 +40,7 @@ from __future__ import annotations
 from .._exceptions import BackendUnavailable, UsageError
 from ..pipeline._request import redact
 from ..policy._credentials import credential_names
+from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
@@ -48,10 +49,13 @@ from .base import (
     Backend,
     Degradations,
     broker_patterns,
+    cache_dirs,
     cgroup_limits,
     checked_workspace,
+    disk_limit,
     is_under,
     paths_of_policy,
+    refuse_image,
 )
 
 TYPE_CHECKING = False
@@ -84,7 +88,9 @@ def sandbox_env(
     """The command's environment: allowlisted host variables, then ``env.set``,
     then the request's variables, then corral's own (``TMPDIR``, ``CORRAL_SANDBOX_ID``).
 
-    Nothing else from the host environment passes. The names of
+    Nothing else from the host environment passes, and a locale variable
+    (``LANG``, ``LANGUAGE``, ``LC_*``) passes only when its value is a locale
+    name (``ENV_VALUE_SHAPES``). The names of
     ``credentials`` never pass this way: a credential exists in the sandbox
     only when injected for the command (see ``injected_credentials``).
     """
@@ -93,7 +99,11 @@ def sandbox_env(
     deny = policy.env.deny
     reserved = credential_names(policy)
     for name, value in host_env:
-        if any(match_word(p, name) for p in allow) and not any(match_word(p, name) for p in deny):
+        if (
+            any(match_word(p, name) for p in allow)
+            and not any(match_word(p, name) for p in deny)
+            and env_value_allowed(name, value)  # LC_* carry locale names only
+        ):
             env[name] = value
     for name, value in policy.env.set:
         env[name] = value
@@ -184,6 +194,7 @@ class BubblewrapBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
         workspace = checked_workspace(fs, facts)
         cwd = request.cwd or workspace
         if preview is not None and (preview.workspace.rstrip("/") or "/") != workspace:
@@ -235,6 +246,14 @@ class BubblewrapBackend(Backend):
         args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
         args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
+        caches = cache_dirs(policy, facts, degrade)
+        host_writable = [*writable, *caches] + ([request.tmp_dir] if request.tmp_dir else [])
+        disk = disk_limit(policy, host_writable, degrade, self.name)
+        if disk and facts.bwrap_version < (0, 5, 0):
+            degrade.cannot(
+                "resources.disk", "this bubblewrap has no --size", fix="install bubblewrap 0.5+"
+            )
+            disk = None
         for tmp in PRIVATE_TMP:
             if tmp == "/tmp" and request.tmp_dir is not None:
                 # a session's private TMPDIR, kept across its commands
@@ -245,7 +264,7 @@ class BubblewrapBackend(Backend):
                     )
                 args += ["--bind", request.tmp_dir, tmp]
             else:
-                args += ["--tmpfs", tmp]
+                args += ["--size", str(disk), "--tmpfs", tmp] if disk else ["--tmpfs", tmp]
         hidden_by_tmp = [
             t for t in PRIVATE_TMP if not any(is_under(w, t) for w in (workspace, *writable))
         ]
@@ -257,6 +276,9 @@ class BubblewrapBackend(Backend):
         args += [ws_bind, source(workspace), workspace]
         for extra in writable[1:] if not fs.read_only else writable:
             args += ["--ro-bind" if use_broker else "--bind", source(extra), extra]
+        # caches: their host directories, read-write (not supervised by the broker)
+        for cache in caches:
+            args += ["--bind", source(cache), cache]
         # write-denied absolute host paths that exist: read-only at the kernel level
         for path in fs.deny_write:
             if path.startswith("/") and facts.kind(path) in ("dir", "file") and visible(path):

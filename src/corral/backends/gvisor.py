@@ -37,7 +37,16 @@ import os
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
 from ._plan import FdSpec, LaunchPlan
-from .base import Backend, Degradations, cgroup_limits, checked_workspace, is_under, paths_of_policy
+from .base import (
+    Backend,
+    Degradations,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    disk_limit,
+    is_under,
+    paths_of_policy,
+)
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -258,13 +267,16 @@ class GvisorBackend(Backend):
                 "options": ["nosuid", "mode=755"],
             },
         ]
+        caches = cache_dirs(policy, facts, degrade)
+        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
         for tmp in PRIVATE_TMP:
             mounts.append(
                 {
                     "destination": tmp,
                     "type": "tmpfs",
                     "source": "tmpfs",
-                    "options": ["nosuid", "nodev", "mode=1777"],
+                    "options": ["nosuid", "nodev", "mode=1777"]
+                    + ([f"size={disk}"] if disk else []),
                 }
             )
         mounts.append(
@@ -285,6 +297,10 @@ class GvisorBackend(Backend):
                         "options": ["rbind", "rw"],
                     }
                 )
+        for cache in caches:
+            mounts.append(
+                {"destination": cache, "type": "bind", "source": cache, "options": ["rbind", "rw"]}
+            )
         visible = [workspace, *writable] if image.kind != "host" else ["/"]
         for path in fs.deny_write:
             if (

@@ -62,7 +62,16 @@ from ._landlock_rules import (
     split_readable,
 )
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, broker_patterns, cgroup_limits, checked_workspace
+from .base import (
+    Backend,
+    Degradations,
+    broker_patterns,
+    cache_dirs,
+    cgroup_limits,
+    checked_workspace,
+    disk_limit,
+    refuse_image,
+)
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -220,6 +229,8 @@ class LandlockBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
+        disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         abi = facts.landlock_abi
         workspace = checked_workspace(fs, facts, allow_write=True)
         cwd = request.cwd or workspace
@@ -258,7 +269,7 @@ class LandlockBackend(Backend):
         for carve in fs.allow_read:
             if facts.kind(carve) != "missing":
                 rules.append(LandlockRule("path", FS_READ, "filesystem.allowRead", path=carve))
-        caches = [path for _name, path in policy.caches]
+        caches = cache_dirs(policy, facts, degrade)
         rules.append(LandlockRule("path", read | write, "the private TMPDIR", path=tmp))
         for path in caches:
             rules.append(LandlockRule("path", read | write, "caches", path=path))

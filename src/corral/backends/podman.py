@@ -146,9 +146,11 @@ class PodmanBackend(ContainerBackend):
             )  # rootless: the user's uid inside is the user's uid outside
         return options
 
-    def tmpfs(self, path: str, *, read_only: bool = False) -> list[str]:
+    def tmpfs(self, path: str, *, read_only: bool = False, size: int | None = None) -> list[str]:
         # notmpcopyup: never copy the image's (or host's) files into the tmpfs
-        return ["--tmpfs", f"{path}:{'ro' if read_only else 'rw'},nosuid,nodev,notmpcopyup"]
+        extra = f",size={size}" if size else ""
+        mode = "ro" if read_only else "rw"
+        return ["--tmpfs", f"{path}:{mode},nosuid,nodev,notmpcopyup{extra}"]
 
     def cache_volume(self, name: str, path: str) -> list[str]:
         return ["-v", f"corral-cache-{name}:{path}:U"]  # U: owned by the container user

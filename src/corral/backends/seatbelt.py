@@ -26,7 +26,7 @@ from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
 from ._plan import LaunchPlan
 from ._sbpl import build_profile
-from .base import Backend, Degradations
+from .base import Backend, Degradations, cache_dirs, disk_limit, refuse_image
 from .bubblewrap import sandbox_env
 
 TYPE_CHECKING = False
@@ -69,6 +69,10 @@ class SeatbeltBackend(Backend):
             return f"{SANDBOX_EXEC} is missing"
         return None
 
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        del request
+        return {path for _name, path in policy.caches}  # cache_dirs needs their kind
+
     def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
         problem = self.problem(facts)
         if problem is not None:
@@ -79,6 +83,8 @@ class SeatbeltBackend(Backend):
         """The plan without the platform check (pure; the unit tests use it on Linux)."""
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        refuse_image(policy, degrade, self.name)
+        disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         if net.mode == "allowlist":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=allowlist on the seatbelt backend: the egress proxy is not "
@@ -104,7 +110,7 @@ class SeatbeltBackend(Backend):
             workspace=fs.workspace,
             tmpdir=tmpdir,
             read_only=fs.read_only,
-            allow_write=fs.allow_write,
+            allow_write=(*fs.allow_write, *cache_dirs(policy, facts, degrade)),
             deny_read=fs.deny_read,
             allow_read=fs.allow_read,
             protect=fs.protect,

@@ -42,6 +42,7 @@ class UnsandboxedBackend(Backend):
         (
             "fs write outside",
             "secret read",
+            "secret glob",
             "protected path",
             "network egress",
             "host processes",

@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "corral.cli.commands.server",
         "the warm per-user process that serves 'corral run' (--status, --stop)",
     ),
+    "completion": ("corral.cli._reference", "print the shell completion script (bash, zsh, fish)"),
 }
 
 USAGE = """usage: corral COMMAND [OPTIONS] ...

@@ -2,7 +2,7 @@
 
 The client connects to the per-user server's socket, sends its argv, cwd,
 whole environment, pid and code stamp with its fds 0, 1, 2 attached
-(``SCM_RIGHTS``), forwards SIGHUP/SIGINT/SIGTERM as messages and exits with
+(``SCM_RIGHTS``), forwards SIGHUP/SIGINT/SIGQUIT/SIGTERM/SIGWINCH as messages and exits with
 the status the server sends back. The command's output goes straight to the
 client's own fds; the server writes every ``corral:`` line there too.
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["HANDOFF", "main", "spawn_server", "start_server_later", "take_handoff"]
 
-_FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH
 _NO_SERVER = "no-server"  # nothing listens: run here, start one afterwards
 _STALE = "stale"  # it runs other code and retires: run here, start a new one
 _REFUSED = "refused"  # it will not serve us: run here
@@ -59,7 +59,7 @@ def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | N
 
     Returns ``(result, signals)``: why the server did not serve the call
     (``"no-server"``, ``"stale"`` or ``"refused"``) and the signals
-    (SIGHUP, SIGINT, SIGTERM) that arrived before, in order.
+    (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH) that arrived before, in order.
     """
     value = environ.pop(HANDOFF, None)
     if value is None:

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 __all__ = ["RUN_OPTIONS", "RunOptions", "option_for_key", "parse_run_options", "run_options_help"]
 
+#: the help line of -h/--help, worded as argparse words it for the other commands
+HELP_TEXT = "show this help message and exit"
+
 # (option, kind, target, help). kind: "flag" | "value" | "append"
 RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--backend", "value", "backend", "backend to use (auto, bubblewrap, none, ...)"),
@@ -31,6 +34,12 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "project directory (default: git top-level, else cwd)",
     ),
     ("--read-only", "flag", "filesystem.readOnly", "mount the workspace read-only too"),
+    (
+        "--allow-home-workspace",
+        "flag",
+        "filesystem.allowHomeWorkspace",
+        "accept the home directory (or a parent) as the workspace",
+    ),
     ("--allow-write", "append", "filesystem.allowWrite", "also writable: PATH (repeatable)"),
     ("--deny-write", "append", "filesystem.denyWrite", "never writable: PATH or glob (repeatable)"),
     (
@@ -72,7 +81,13 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
         "run even if RULE cannot be enforced here (recorded)",
     ),
     ("--settings", "append", "@settings", "an extra settings FILE (trusted; repeatable)"),
-    ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE"),
+    (
+        "--no-tty",
+        "flag",
+        "@no_tty",
+        "no pseudo-terminal for output on a terminal (pipes, as when redirected)",
+    ),
+    ("--json-out", "value", "@json_out", "write the Outcome as JSON to FILE ('-': stdout)"),
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
     ("-c", "value", "@shell", "run STRING with /bin/sh -c"),
     ("--shell", "value", "@shell_program", "run the -c STRING with this shell instead of /bin/sh"),
@@ -91,6 +106,7 @@ class RunOptions:
         "extra",
         "flags",
         "json_out",
+        "no_tty",
         "profile",
         "settings_files",
         "shell",
@@ -105,6 +121,7 @@ class RunOptions:
         self.profile: str | None = None
         self.settings_files: list[str] = []
         self.json_out: str | None = None
+        self.no_tty = False
         self.agent_session: str | None = None
         self.extra: dict[str, Any] = {}
 
@@ -166,7 +183,10 @@ def parse_run_options(
         if kind == "flag":
             if eq:
                 raise UsageError(f"option {name} takes no value")
-            _set(opts.flags, target, True, append=False)
+            if target == "@no_tty":
+                opts.no_tty = True
+            else:
+                _set(opts.flags, target, True, append=False)
             i += 1
             continue
         value, i = _value(args, i, name, inline if eq else None)
@@ -247,7 +267,8 @@ def _number(name: str, value: str, kind: type) -> Any:
 
 def run_options_help(command: str, summary: str, extra: tuple[tuple[str, str], ...] = ()) -> str:
     """Help text for a run-like subcommand."""
-    rows = [(opt + ("" if kind == "flag" else " X"), text) for opt, kind, _, text in RUN_OPTIONS]
+    rows = [("-h, --help", HELP_TEXT)]
+    rows += [(opt + ("" if kind == "flag" else " X"), text) for opt, kind, _, text in RUN_OPTIONS]
     rows += list(extra)
     width = max(len(r[0]) for r in rows)
     body = "\n".join(f"  {left.ljust(width)}  {text}" for left, text in rows)

@@ -18,6 +18,9 @@ same inputs reuse the cached build. Timestamps are clamped to
 ``SOURCE_DATE_EPOCH`` so the layer is byte-for-byte reproducible for the
 same package versions.
 
+``corral image rm NAME`` and ``corral image prune`` (:func:`remove_image`,
+:func:`prune_images`) remove builds from the cache and the engines.
+
 Settings refer to a built image as ``"image": "corral:NAME"``
 (:func:`resolve_image` turns any ``image`` value into a :class:`ImageRef`).
 """
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 from ..backends._image_ref import ImageRef, resolve_image
 from ._build import BuiltImage, ImageBuildFailed, build_image, cache_root, find_built
+from ._manage import prune_images, remove_image
 from ._presets import PRESETS
 
 __all__ = [
@@ -36,5 +40,7 @@ __all__ = [
     "build_image",
     "cache_root",
     "find_built",
+    "prune_images",
+    "remove_image",
     "resolve_image",
 ]

@@ -16,8 +16,13 @@ policy rows the backends enforce:
 
 Symlinks are judged both ways: the path as written and the path it resolves
 to must both pass (a workspace link to ``~/.ssh/id_rsa`` is a secret; a link
-to ``/etc`` is not writable). Every refusal names the rule, so the model can
-act on it.
+to ``/etc`` is not writable). Resolution is the kernel's (:func:`resolve`):
+``link/..`` is the parent of the link's target, not the link's directory.
+Paths through per-process links (``/proc/self/cwd``, ``/proc/<pid>/root``,
+``/dev/fd/N``) are refused: Claude Code opens them in its own process, where
+they name something else than in the hook's. Glob patterns are judged by
+every ``{a,b}`` expansion, and a ``{`` ends a pattern's literal prefix. Every
+refusal names the rule, so the model can act on it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..policy._model import Policy
 
-__all__ = ["PathRules"]
+__all__ = ["MagicPath", "PathRules", "expand_braces", "resolve"]
 
-_GLOB_CHARS = "*?["
+_GLOB_CHARS = "*?[{"
 
 
 def _under(path: str, base: str) -> bool:
@@ -45,11 +50,141 @@ def _has_glob(text: str) -> bool:
     return any(c in text for c in _GLOB_CHARS)
 
 
+#: Paths whose meaning depends on the process that opens them: Claude Code's tools open
+#: them in Claude Code's process, the hook would resolve them in its own (or the server's).
+_MAGIC_DIRS = ("/dev/fd", "/dev/stdin", "/dev/stdout", "/dev/stderr")
+_MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
+
+
+class MagicPath(ValueError):
+    """The path goes through a per-process link (``/proc/self/cwd``, ``/dev/fd/3``, ...)."""
+
+
+def _magic(path: str) -> bool:
+    if path in _MAGIC_DIRS:
+        return True
+    if not path.startswith("/proc/"):
+        return False
+    pid = path.split("/", 3)[2]
+    return pid in ("self", "thread-self") or pid.isdigit()
+
+
+def resolve(path: str) -> str:
+    """The object an absolute *path* names, found as the kernel's lookup finds it.
+
+    Components are taken in order; each symlink is followed before the next
+    component (so ``link/..`` is the parent of the link's *target*), up to
+    40 links. A component that does not exist ends the following: the rest
+    applies lexically (it names something yet to be created).
+
+    Raises:
+        MagicPath: the lookup enters ``/proc/<pid|self|thread-self>`` or
+            ``/dev/fd`` - what those name depends on the opening process.
+        ValueError: too many symlinks (the kernel's ELOOP).
+    """
+    remaining = list(reversed(path.split("/")))
+    current = "/"
+    links = 0
+    exists = True
+    while remaining:
+        name = remaining.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            current = posixpath.dirname(current)
+            continue
+        candidate = posixpath.join(current, name)
+        if _magic(candidate):
+            raise MagicPath(candidate)
+        if exists:
+            try:
+                target = os.readlink(candidate)
+            except FileNotFoundError:
+                exists = False
+            except OSError:
+                pass  # not a symlink
+            else:
+                links += 1
+                if links > _MAX_LINKS:
+                    raise ValueError(f"too many levels of symbolic links in {path}")
+                remaining.extend(reversed(target.split("/")))
+                if target.startswith("/"):
+                    current = "/"
+                continue
+        current = candidate
+    return current
+
+
 def _variants(path: str) -> list[str]:
-    """*path* as written and as resolved (parent directories and a final symlink followed)."""
+    """*path* as written (normalized) and as the kernel resolves it (:func:`resolve`)."""
     written = posixpath.normpath(path)
-    resolved = os.path.realpath(written)
+    resolved = resolve(path)
     return [written] if resolved == written else [written, resolved]
+
+
+def _magic_denial(path: str) -> str | None:
+    try:
+        _variants(path)
+    except MagicPath as exc:
+        return (
+            f"it goes through {exc}, which names a different object in Claude Code's process "
+            "than here; use the plain path"
+        )
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def expand_braces(pattern: str, limit: int = 256) -> list[str]:
+    """*pattern* with its ``{a,b}`` alternatives expanded (nested ones too), as Glob does.
+
+    Raises:
+        ValueError: more than *limit* expansions.
+    """
+    start = -1
+    depth = 0
+    for i, c in enumerate(pattern):
+        if c == "\\":
+            continue
+        if c == "{":
+            if depth == 0:
+                start = i
+            depth += 1
+        elif c == "}" and depth:
+            depth -= 1
+            if depth == 0:
+                body = pattern[start + 1 : i]
+                alternatives = _split_top(body)
+                if len(alternatives) < 2:
+                    continue
+                out: list[str] = []
+                for alternative in alternatives:
+                    for rest in expand_braces(
+                        pattern[:start] + alternative + pattern[i + 1 :], limit
+                    ):
+                        out.append(rest)
+                        if len(out) > limit:
+                            raise ValueError(f"the pattern has more than {limit} brace expansions")
+                return out
+    return [pattern]
+
+
+def _split_top(body: str) -> list[str]:
+    parts: list[str] = []
+    depth = 0
+    current: list[str] = []
+    for c in body:
+        if c == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+        current.append(c)
+    parts.append("".join(current))
+    return parts
 
 
 class PathRules:
@@ -95,6 +230,9 @@ class PathRules:
 
     def read_denial(self, path: str) -> str | None:
         """Why *path* may not be read (``None``: it may)."""
+        magic = _magic_denial(path)
+        if magic is not None:
+            return magic
         for variant in _variants(path):
             secret = self._secret_of(variant)
             if secret is not None:
@@ -108,15 +246,19 @@ class PathRules:
         """Why a recursive search under *root* (with an optional glob *pattern*) may not run."""
         roots = [root]
         if pattern:
-            # an absolute or ../ pattern moves the search: judge its literal prefix too
-            joined = posixpath.normpath(posixpath.join(root, pattern))
-            parts = joined.split("/")
-            literal = []
-            for part in parts:
-                if _has_glob(part):
-                    break
-                literal.append(part)
-            roots.append("/".join(literal) or "/")
+            # an absolute or ../ pattern (or brace alternative) moves the search: judge the
+            # literal prefix of every expansion too
+            try:
+                expansions = expand_braces(pattern)
+            except ValueError as exc:
+                return str(exc)
+            for expansion in expansions:
+                literal = []
+                for part in posixpath.join(root, expansion).split("/"):
+                    if _has_glob(part):
+                        break
+                    literal.append(part)
+                roots.append("/".join(literal) or "/")
         for candidate in roots:
             denial = self.read_denial(candidate)
             if denial is not None:
@@ -138,6 +280,9 @@ class PathRules:
     # ------------------------------------------------------------ writes
     def write_denial(self, path: str) -> str | None:
         """Why *path* may not be created or changed (``None``: a sandboxed command could)."""
+        magic = _magic_denial(path)
+        if magic is not None:
+            return magic
         for variant in _variants(path):
             denial = self._write_denial_of(variant)
             if denial is not None:

@@ -12,12 +12,13 @@ import json
 import os
 
 from .._exceptions import UsageError
+from .._jsonfast import JSONError, check_depth
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["load_object", "save"]
+__all__ = ["load_object", "save", "write_text"]
 
 
 def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
@@ -38,6 +39,12 @@ def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
     if not text.strip():
         return {}
     try:
+        check_depth(text)  # a plugin's file is untrusted: no RecursionError
+    except JSONError as exc:
+        raise UsageError(
+            f"{path}: not valid JSON ({exc})", hint="fix the file first; nothing was changed"
+        ) from None
+    try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise UsageError(
@@ -49,8 +56,18 @@ def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
     return data
 
 
-def save(path: str, data: dict[str, Any]) -> None:
-    """Replace *path* with *data* as indented JSON, atomically, keeping the file's mode."""
+def save(path: str, data: dict[str, Any]) -> str:
+    """Replace *path* with *data* as indented JSON, atomically, keeping the file's mode.
+
+    Returns the text written.
+    """
+    text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    write_text(path, text)
+    return text
+
+
+def write_text(path: str, text: str) -> None:
+    """Replace *path* with *text*, atomically (write, fsync, rename), keeping the file's mode."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     try:
@@ -61,7 +78,7 @@ def save(path: str, data: dict[str, Any]) -> None:
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)

@@ -9,9 +9,10 @@ NUL byte survives exactly. :mod:`shlex` would do the same but imports
 
 from __future__ import annotations
 
-__all__ = ["join", "quote"]
+__all__ = ["SAFE", "join", "quote"]
 
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
+#: Characters a word may hold unquoted (quote() leaves such words alone).
+SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
 
 
 def quote(word: str) -> str:
@@ -26,7 +27,7 @@ def quote(word: str) -> str:
     """
     if "\x00" in word:
         raise ValueError("a shell word cannot contain a NUL byte")
-    if word and all(c in _SAFE for c in word):
+    if word and all(c in SAFE for c in word):
         return word
     return "'" + word.replace("'", "'\\''") + "'"
 

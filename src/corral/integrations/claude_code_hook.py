@@ -11,23 +11,35 @@ Claude Code pipes one JSON object to the hook (``session_id``,
 
 Decisions (:func:`decide`):
 
-* ``Bash``: ``allow`` with ``updatedInput`` = the whole original
-  ``tool_input`` whose ``command`` becomes
-  ``/abs/corral-client run --agent-session ID --shell bash -c '<original>'``
+* ``Bash`` and ``Monitor`` (:data:`SHELL_TOOLS`): the user's own Claude Code
+  ``deny``/``ask`` rules are applied to the original command first
+  (:mod:`._permissions`; Claude Code would apply them only to the rewritten
+  one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
+  with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
+  becomes ``/abs/corral-client run --agent-session ID --shell bash -c ...``
   (the compiled fast client when it is usable, else the Python CLI). The
-  original travels as one single-quoted word (:mod:`._shell`), so quotes,
-  newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged.
+  original travels in a quoted heredoc (:func:`rewrite_command`), so quotes,
+  newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged,
+  with no escaping.
   Commands matching ``integrations.claudeCode.unsandboxedCommands`` get
   ``ask``: the user approves running them *without* corral.
-* ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``: ``deny`` when a
-  sandboxed command could not write the path (:class:`._access.PathRules`),
-  with the reason; otherwise no decision (Claude Code's own permission rules
-  apply - corral never widens them for tools it does not sandbox).
+* ``Write``, ``Edit``, ``MultiEdit``, ``NotebookEdit``, ``EnterWorktree``:
+  ``deny`` when a sandboxed command could not write the path
+  (:class:`._access.PathRules`), with the reason; otherwise no decision
+  (Claude Code's own permission rules apply - corral never widens them for
+  tools it does not sandbox).
 * ``Read``, ``Grep``, ``Glob``: ``deny`` on secret paths, and searches that
   would reach one; otherwise no decision.
+* :data:`UNSANDBOXABLE` tools (code run inside Claude Code's process or in
+  another shell language): ``deny``; a ``Skill`` whose file has shell
+  injections (``!`cmd```, run by Claude Code when the skill loads): ``deny``.
+* Any other tool: blocked when its input carries something to execute
+  (:data:`COMMAND_FIELDS`; corral's own MCP tools excepted); ``deny`` when a
+  field naming a file (:data:`PATH_FIELDS`) names a secret path; else no decision.
+  The hook's matcher is ``*`` so that it sees tools it does not know.
 
 Anything else - malformed JSON, a missing field, another event, an unknown
-tool, bad settings, an internal error - raises :class:`HookError`; the
+tool carrying a command, bad settings, an internal error - raises :class:`HookError`; the
 command then exits 2 with the reason on stderr, which Claude Code treats as
 "block this tool call" (fail closed: a broken hook never lets a command
 through unsandboxed).
@@ -53,9 +65,13 @@ if TYPE_CHECKING:
     from ..policy import ResolvedSettings
 
 __all__ = [
+    "COMMAND_FIELDS",
     "FILE_TOOLS",
+    "MATCHER",
+    "PATH_FIELDS",
     "READ_TOOLS",
-    "TOOLS",
+    "SHELL_TOOLS",
+    "UNSANDBOXABLE",
     "HookError",
     "corral_command",
     "decide",
@@ -63,17 +79,63 @@ __all__ = [
     "rewrite_command",
 ]
 
+#: Tools that run a shell command in ``command``: it runs under ``corral run`` instead.
+SHELL_TOOLS: tuple[str, ...] = ("Bash", "Monitor")
 #: Tools whose target path must be writable, and the tool_input field naming it.
+#: ``MultiEdit`` no longer exists in current Claude Code; it stays for older versions.
+#: ``EnterWorktree`` creates a git worktree at ``path`` (when given) from the agent's process.
 FILE_TOOLS: dict[str, str] = {
     "Write": "file_path",
     "Edit": "file_path",
     "MultiEdit": "file_path",
     "NotebookEdit": "notebook_path",
+    "EnterWorktree": "path",
 }
 #: Tools that read, and how they name what they read.
 READ_TOOLS: dict[str, str] = {"Read": "file_path", "Grep": "path", "Glob": "path"}
-#: Every tool the hook decides (the plugin's matchers list exactly these).
-TOOLS: tuple[str, ...] = ("Bash", *FILE_TOOLS, *READ_TOOLS)
+#: Tools that run code corral cannot sandbox (it runs inside Claude Code's own process or
+#: in another shell language): denied, with the reason.
+UNSANDBOXABLE: dict[str, str] = {
+    "PowerShell": "PowerShell commands cannot run in corral's sandbox; use the Bash tool",
+    "REPL": "the REPL runs JavaScript inside Claude Code's own process, outside the sandbox; "
+    "use the Bash tool (node -e ...) instead",
+    "Workflow": "a workflow script runs inside Claude Code's own process, outside the sandbox",
+}
+#: tool_input fields that carry something to execute: a tool the hook has no rule for
+#: that has one of them is blocked (exit 2) - an unknown tool must not run commands unsandboxed.
+COMMAND_FIELDS: tuple[str, ...] = (
+    "command",
+    "commands",
+    "cmd",
+    "script",
+    "scriptPath",
+    "code",
+    "shell",
+    "exec",
+    "executable",
+)
+#: tool_input fields that name a file: a tool the hook has no rule for (an MCP filesystem
+#: server, say) may not name a secret path in any of them.
+PATH_FIELDS: tuple[str, ...] = (
+    "path",
+    "paths",
+    "file_path",
+    "filePath",
+    "file",
+    "filename",
+    "notebook_path",
+    "directory",
+    "dir",
+    "source",
+    "destination",
+    "target",
+    "cwd",
+)
+#: The matcher of corral's hook: every tool, so that unknown tools are judged too.
+MATCHER = "*"
+#: corral's own MCP servers (``corral mcp`` as a user server and as the plugin's): their
+#: tools run commands inside corral's sandboxes already.
+OWN_MCP_PREFIXES: tuple[str, ...] = ("mcp__corral__", "mcp__plugin_corral_corral__")
 
 #: The shell the rewritten command runs the original with (what Claude Code's Bash tool uses).
 SHELL = "bash"
@@ -95,20 +157,49 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
     return (posixpath.abspath(argv0),)
 
 
+#: The heredoc delimiter of a rewritten command (``_`` is appended until no line equals it).
+DELIMITER = "CORRAL_COMMAND_END"
+#: The shell variable a heredoc hands the original command over in (never exported).
+VARIABLE = "__corral_command"
+
+
 def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> str:
-    """The shell command that runs *command* under ``corral run`` (quoted for any shell).
+    """The shell command that runs *command* under ``corral run`` (for bash, as Claude Code runs it).
+
+    The command goes in a quoted heredoc that bash's ``read`` builtin takes into
+    a shell variable, so its text is not escaped at all - quoting it as a word
+    would cost three bytes per ``'``, multiplied again by Claude Code's own
+    quoting (E2BIG where the original runs) - and no shell word of the
+    rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
+    see nothing to check). The rewritten command is ~120 bytes plus the
+    original::
+
+        IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
+        <original>
+        CORRAL_COMMAND_END
+        /abs/corral-client run --agent-session ID --shell bash -c "${__corral_command%?}"
+
+    ``%?`` drops the newline the heredoc adds; no command runs before corral
+    (``read`` is a builtin), and ``corral run`` gets the original exactly.
 
     Raises:
         HookError: *command* contains a NUL byte (no shell could run it).
     """
     try:
-        words = [quote(word) for word in corral]
-        return (
-            f"{' '.join(words)} run --agent-session {quote(session_id)} --shell {SHELL} "
-            f"-c {quote(command)}"
+        prefix = (
+            f"{' '.join(quote(word) for word in corral)} run --agent-session {quote(session_id)}"
         )
+        quote(command)  # the NUL check
     except ValueError as exc:
         raise HookError(f"cannot sandbox the command: {exc}") from None
+    lines = set(command.split("\n"))
+    delimiter = DELIMITER
+    while delimiter in lines:
+        delimiter += "_"
+    return (
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
+        f'{prefix} --shell {SHELL} -c "${{{VARIABLE}%?}}"'
+    )
 
 
 def _decision(decision: str, reason: str, updated: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -164,14 +255,17 @@ def decide(
     *,
     corral: Sequence[str],
     environ: Mapping[str, str] | None = None,
+    pid: int | None = None,
 ) -> dict[str, Any] | None:
     """The hook's answer for one parsed *payload* (``None``: no decision, Claude Code decides).
 
     *corral* starts corral in a rewritten command; *environ* (default
-    :data:`os.environ`) gives ``$HOME`` for ``~`` in tool paths.
+    :data:`os.environ`) gives ``$HOME`` for ``~`` in tool paths; *pid* is the
+    hook's process, below the Claude Code whose command-line rules apply.
 
     Raises:
-        HookError: an unknown tool, or a tool_input without the needed field.
+        HookError: a tool without a rule whose input carries a command, a
+            tool_input without the needed field, or unreadable permission rules.
     """
     from ._access import PathRules
 
@@ -179,28 +273,17 @@ def decide(
     tool_input: dict[str, Any] = payload["tool_input"]
     cwd: str = payload["cwd"]
     env: Mapping[str, str] = os.environ if environ is None else environ
-    if tool == "Bash":
-        command = _field(tool_input, "command", "tool_input.")
-        from ..policy import match_word
-
-        for pattern in resolved.integrations.get("claudeCode.unsandboxedCommands", ()):
-            if match_word(pattern, command):
-                return _decision(
-                    "ask",
-                    f"corral: this command matches integrations.claudeCode.unsandboxedCommands "
-                    f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
-                    "before you approve it.",
-                )
-        rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
-        return _decision(
-            "allow",
-            "corral: the command runs in corral's sandbox (workspace writable, secrets hidden, "
-            "no network unless allowed); blocked operations are reported on stderr",
-            {**tool_input, "command": rewritten},
-        )
+    if tool in SHELL_TOOLS:
+        if tool == "Monitor" and tool_input.get("command") is None:
+            return None  # a WebSocket monitor runs no command (network tools are Claude Code's)
+        return _shell_decision(tool, tool_input, payload, resolved, corral, env, pid)
     rules = PathRules(resolved.policy)
     if tool in FILE_TOOLS:
-        path = _absolute(_field(tool_input, FILE_TOOLS[tool], "tool_input."), cwd, env)
+        optional = tool == "EnterWorktree"  # without a path: under the project's .claude/
+        given = _field(tool_input, FILE_TOOLS[tool], "tool_input.", optional=optional)
+        if given is None:
+            return None
+        path = _absolute(given, cwd, env)
         denial = rules.write_denial(path)
         if denial is not None:
             return _decision(
@@ -224,14 +307,144 @@ def decide(
         if denial is not None:
             return _decision("deny", f"corral: this {tool} is not allowed: {denial}.")
         return None
-    raise HookError(
-        f"corral's hook does not handle the tool {tool!r}; "
-        f"limit the hook's matcher to {'|'.join(TOOLS)}"
+    if tool in UNSANDBOXABLE:
+        return _decision("deny", f"corral: {tool} is not allowed: {UNSANDBOXABLE[tool]}.")
+    if tool == "Skill":
+        name = _field(tool_input, "skill", "tool_input.")
+        runs = _skill_running_commands(name, cwd, env)
+        if runs is not None:
+            return _decision(
+                "deny",
+                f"corral: the skill {name!r} is not allowed: {runs} runs shell commands "
+                "(!`...`) when it loads, in Claude Code's own process, outside the sandbox. "
+                "Run what it needs with the Bash tool instead.",
+            )
+        return None
+    if tool.startswith(OWN_MCP_PREFIXES):
+        return None
+    carried = [f for f in COMMAND_FIELDS if tool_input.get(f) not in (None, "", [], {})]
+    if carried:
+        raise HookError(
+            f"corral has no rule for the tool {tool!r} and its input carries something to "
+            f"execute ({', '.join(carried)}): it would run outside the sandbox, so the call "
+            "is blocked. Use the Bash tool"
+        )
+    for name in PATH_FIELDS:
+        value = tool_input.get(name)
+        for given in value if isinstance(value, list) else [value]:
+            if not isinstance(given, str) or not given:
+                continue
+            path = _absolute(given, cwd, env)
+            denial = rules.read_denial(path)
+            if denial is not None:
+                return _decision("deny", f"corral: {tool} may not touch {path} ({name}): {denial}.")
+    return None
+
+
+#: How deep :func:`_skill_running_commands` looks for a plugin's skill under the plugins dir.
+_PLUGIN_DEPTH = 6
+
+
+def _skill_running_commands(name: str, cwd: str, environ: Mapping[str, str]) -> str | None:
+    """The file of skill *name* that has shell injections (``!`cmd```), if one has.
+
+    Claude Code runs a skill's (or custom command's) ``!`cmd``` lines when it
+    loads it, in its own process - no PreToolUse hook sees them. The skill's
+    files are looked for where Claude Code finds them: ``.claude/skills/NAME/SKILL.md``
+    and ``.claude/commands/NAME.md`` (``a:b`` is ``a/b.md``) in the session's
+    directory and every one above it, the same under the user's config
+    directory, and ``skills/SKILL/SKILL.md`` / ``commands/SKILL.md`` of
+    installed plugins (``plugin:skill``). Built-in skills have no file.
+    """
+    from ._permissions import ancestors, claude_config_dir
+
+    parts = [p for p in name.split(":") if p and p not in (".", "..")]
+    if not parts or any("/" in p for p in parts):
+        return None
+    config = claude_config_dir(environ)
+    bases = [config, *(posixpath.join(d, ".claude") for d in ancestors(cwd))]
+    candidates = []
+    for base in bases:
+        candidates.append(posixpath.join(base, "skills", name, "SKILL.md"))
+        candidates.append(posixpath.join(base, "commands", *parts[:-1], parts[-1] + ".md"))
+    leaf = parts[-1]
+    for root, dirs, _files in _walk(posixpath.join(config, "plugins"), _PLUGIN_DEPTH):
+        if posixpath.basename(root) == "skills" and leaf in dirs:
+            candidates.append(posixpath.join(root, leaf, "SKILL.md"))
+        if posixpath.basename(root) == "commands":
+            candidates.append(posixpath.join(root, leaf + ".md"))
+    for path in candidates:
+        try:
+            with open(path, "rb") as f:
+                text = f.read(1 << 20)
+        except OSError:
+            continue
+        if b"!`" in text or b"```!" in text:
+            return path
+    return None
+
+
+def _walk(top: str, depth: int) -> list[tuple[str, list[str], list[str]]]:
+    found = []
+    for root, dirs, files in os.walk(top):
+        found.append((root, dirs, files))
+        if root[len(top) :].count("/") >= depth:
+            dirs[:] = []
+    return found
+
+
+def _shell_decision(
+    tool: str,
+    tool_input: dict[str, Any],
+    payload: Mapping[str, Any],
+    resolved: ResolvedSettings,
+    corral: Sequence[str],
+    env: Mapping[str, str],
+    pid: int | None,
+) -> dict[str, Any]:
+    """Bash and Monitor: the user's deny/ask rules on the original command, then the rewrite."""
+    from . import _permissions
+
+    command = _field(tool_input, "command", "tool_input.")
+    try:
+        verdict = _permissions.judge((tool, "Bash"), command, payload["cwd"], env, pid=pid)
+    except _permissions.RulesError as exc:
+        raise HookError(f"cannot read your Claude Code permission rules: {exc}") from None
+    if verdict is not None and verdict[0] == "deny":
+        return _decision(
+            "deny",
+            f"corral: the command matches your Claude Code deny rule {verdict[1]!r} ({verdict[2]})",
+        )
+    from ..policy import match_word
+
+    for pattern in resolved.integrations.get("claudeCode.unsandboxedCommands", ()):
+        if match_word(pattern, command):
+            return _decision(
+                "ask",
+                f"corral: this command matches integrations.claudeCode.unsandboxedCommands "
+                f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
+                "before you approve it.",
+            )
+    rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
+    updated = {**tool_input, "command": rewritten}
+    if verdict is not None:
+        return _decision(
+            "ask",
+            f"corral: the command matches your Claude Code ask rule {verdict[1]!r} "
+            f"({verdict[2]}); if you approve, it runs in corral's sandbox",
+            updated,
+        )
+    return _decision(
+        "allow",
+        "corral: the command runs in corral's sandbox (workspace writable, secrets hidden, "
+        "no network unless allowed); blocked operations are reported on stderr",
+        updated,
     )
 
 
 def _absolute(path: str, cwd: str, environ: Mapping[str, str]) -> str:
-    return posixpath.normpath(posixpath.join(cwd, expand_user(path, environ)))
+    """*path* made absolute, *not* normalized: ``link/..`` must reach the kernel-like resolver."""
+    return posixpath.join(cwd, expand_user(path, environ))
 
 
 def expand_user(path: str, environ: Mapping[str, str]) -> str:

@@ -15,11 +15,19 @@ under ``corral run`` with a restrictive profile:
 What is rewritten: every ``"type": "command"`` hook in ``hooks/hooks.json``
 (or the file or object ``plugin.json`` names under ``hooks``), and every
 server with a ``command`` in ``.mcp.json`` (or ``plugin.json``'s
-``mcpServers``). A hook command becomes ``corral run ... --shell bash -c
+``mcpServers``); a server's ``env`` moves into ``--env NAME=VALUE`` options,
+because Claude Code applies it to the process it starts, which is corral on
+the host. A hook command becomes ``corral run ... --shell bash -c
 '<original>'`` (quoted by :mod:`._shell`), so stdin (the hook JSON), stdout
 (its decision) and the exit status (2 blocks) pass through unchanged. Remote
-servers (``url``) run nothing locally and are left alone. Wrapping twice
-changes nothing; :func:`check_plugin` lists what is not wrapped.
+servers (``url``) run nothing locally and are left alone.
+
+Wrapped means parsed, not guessed (:func:`entry_problem`): this
+installation's own corral (an absolute path), ``run``, and only the options
+of the restrictive profile. A ``corral run --backend none``, ``--net open``,
+a plugin's own ``bin/corral`` or shell syntax around the command are NOT
+wrapped, so :func:`check_plugin` reports them and wrapping wraps them again
+(they then run inside the sandbox). Wrapping twice changes nothing.
 """
 
 from __future__ import annotations
@@ -29,14 +37,23 @@ import posixpath
 
 from .._exceptions import UsageError
 from ._jsonfile import load_object, save
-from ._shell import join, quote
+from ._shell import SAFE, join, quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from typing import Any
 
-__all__ = ["Finding", "WrapOptions", "check_plugin", "is_wrapped", "wrap_plugin"]
+__all__ = [
+    "Finding",
+    "WrapOptions",
+    "check_plugin",
+    "entry_problem",
+    "profile_problem",
+    "split_words",
+    "trusted_launchers",
+    "wrap_plugin",
+]
 
 #: Variables Claude Code sets for plugin hooks and servers, passed into the sandbox.
 PLUGIN_ENV = ("CLAUDE_PLUGIN_ROOT", "CLAUDE_PROJECT_DIR")
@@ -64,8 +81,11 @@ class WrapOptions:
         self.allow_hosts = tuple(allow_hosts)
         self.workspace_writable = workspace_writable
 
-    def run_options(self, plugin_dir: str, env_names: Sequence[str] = ()) -> list[str]:
-        """The ``corral run`` options of the restrictive profile."""
+    def run_options(self, plugin_dir: str, env: Sequence[str] = ()) -> list[str]:
+        """The ``corral run`` options of the restrictive profile.
+
+        *env*: more ``--env`` values (``NAME`` passes the host's value, ``NAME=VALUE`` sets it).
+        """
         options: list[str] = []
         if self.allow_hosts:
             for host in self.allow_hosts:
@@ -75,64 +95,172 @@ class WrapOptions:
         if not self.workspace_writable:
             options.append("--read-only")
         options += ["--deny-write", plugin_dir]
-        for name in (*PLUGIN_ENV, *env_names):
+        for name in (*PLUGIN_ENV, *env):
             options += ["--env", name]
         return options
 
 
 class Finding:
-    """One hook or server of a plugin: where it is and whether it is wrapped."""
+    """One hook or server of a plugin: where it is and whether it is wrapped (and if not, why)."""
 
-    __slots__ = ("command", "kind", "location", "wrapped")
+    __slots__ = ("command", "kind", "location", "reason", "wrapped")
 
-    def __init__(self, kind: str, location: str, command: str, wrapped: bool | None) -> None:
+    def __init__(
+        self, kind: str, location: str, command: str, wrapped: bool | None, reason: str = ""
+    ) -> None:
         self.kind = kind  # "hook" or "mcp-server"
         self.location = location  # e.g. "hooks/hooks.json: PreToolUse[0].hooks[1]"
         self.command = command
         self.wrapped = wrapped  # None: nothing runs locally (remote server)
+        self.reason = reason  # why it is not wrapped
 
     def describe(self) -> str:
         """One line for ``--check``."""
         state = {True: "wrapped", False: "NOT wrapped", None: "remote (nothing runs locally)"}[
             self.wrapped
         ]
-        return f"{state:<29} {self.kind:<10} {self.location}: {self.command}"
+        why = f" ({self.reason})" if self.reason else ""
+        return f"{state:<29} {self.kind:<10} {self.location}: {self.command}{why}"
 
 
-def _first_words(command: str) -> list[str]:
-    """The first two words of a shell command, understanding single quotes (for is_wrapped)."""
+def trusted_launchers(corral: Sequence[str]) -> tuple[tuple[str, ...], ...]:
+    """The ways of starting *this* installation's corral that a wrapped entry may use.
+
+    *corral* is how the running CLI starts itself again (an absolute path);
+    also ``<this interpreter> -m corral`` and this installation's fast client.
+    A ``corral`` found anywhere else (a plugin's own ``bin/corral``) is not
+    trusted: it could be anything.
+    """
+    import sys
+
+    from ..server._fastclient import client_path
+
+    launchers = [tuple(corral), (os.path.abspath(sys.executable), "-m", "corral")]
+    if os.path.exists(client_path()):
+        launchers.append((client_path(),))
+    return tuple(launchers)
+
+
+def split_words(command: str) -> list[str] | None:
+    """The words of a command written by :func:`._shell.join`, or ``None`` for anything else.
+
+    A word is a run of safe characters, ``'...'`` segments and ``\\'``, as
+    :func:`._shell.quote` writes them; words are separated by spaces. Any other
+    shell syntax (``;``, ``&&``, ``$``, redirections, an assignment prefix
+    read as a word) makes the command something this parser does not vouch for.
+    """
     words: list[str] = []
-    i = 0
-    text = command.lstrip()
-    while i < len(text) and len(words) < 2:
-        if text[i] == "'":
-            end = text.find("'", i + 1)
-            if end < 0:
-                return words
-            words.append(text[i + 1 : end])
-            i = end + 1
-        else:
-            end = i
-            while end < len(text) and not text[end].isspace():
-                end += 1
-            words.append(text[i:end])
-            i = end
-        while i < len(text) and text[i].isspace():
+    i, n = 0, len(command)
+    while i < n:
+        if command[i] == " ":
             i += 1
+            continue
+        word: list[str] = []
+        while i < n and command[i] != " ":
+            c = command[i]
+            if c == "'":
+                end = command.find("'", i + 1)
+                if end < 0:
+                    return None
+                word.append(command[i + 1 : end])
+                i = end + 1
+            elif c == "\\" and command[i + 1 : i + 2] == "'":
+                word.append("'")
+                i += 2
+            elif c in SAFE:
+                word.append(c)
+                i += 1
+            else:
+                return None
+        words.append("".join(word))
     return words
 
 
-def is_wrapped(command: str | Sequence[str]) -> bool:
-    """Whether a hook command (string) or server argv already starts ``corral run``."""
-    words = _first_words(command) if isinstance(command, str) else list(command[:2])
-    if len(words) == 2 and words[1] == "run" and posixpath.basename(words[0]) == "corral":
-        return True
-    # python -m corral run ...
-    return (
-        not isinstance(command, str)
-        and len(command) >= 4
-        and list(command[1:4]) == ["-m", "corral", "run"]
+def _env_name_ok(value: str) -> bool:
+    name = value.partition("=")[0]
+    return bool(name) and not name[0].isdigit() and all(c.isalnum() or c == "_" for c in name)
+
+
+def profile_problem(
+    argv: Sequence[str], *, kind: str, plugin_dir: str, launchers: Sequence[Sequence[str]]
+) -> str | None:
+    """Why *argv* does not run under this installation's restrictive profile (``None``: it does).
+
+    Wrapped means exactly: a trusted launcher (:func:`trusted_launchers`),
+    ``run``, only options of the restrictive profile (``--net none`` or
+    ``--allow-host``, ``--read-only``, ``--deny-write``, ``--env``, and for
+    servers ``--timeout none`` / ``--max-output none``), with ``--deny-write
+    PLUGIN_DIR`` present, then ``--shell bash -c COMMAND`` (a hook) or ``--
+    ARGV`` (a server). Any other option (``--backend none``, ``--net open``,
+    ``--allow-write``, ``--allow-degraded``, ``--settings``, ``--profile``...)
+    may weaken the sandbox, so such an entry is not wrapped.
+    """
+    launcher = next(
+        (tuple(t) for t in launchers if tuple(argv[: len(t)]) == tuple(t)),
+        None,
     )
+    if launcher is None:
+        return "not started by this installation's corral"
+    words = list(argv[len(launcher) :])
+    if words[:1] != ["run"]:
+        return "not 'corral run'"
+    i, net_none, hosts, denied = 1, False, 0, []
+    while i < len(words):
+        word, value = words[i], words[i + 1] if i + 1 < len(words) else None
+        if kind == "hook" and word == "--shell" and words[i + 1 : i + 3] == ["bash", "-c"]:
+            if len(words) != i + 4:
+                return "not one command after -c"
+            break
+        if kind == "mcp-server" and word == "--":
+            if len(words) == i + 1:
+                return "no server command after --"
+            break
+        if word == "--read-only":
+            i += 1
+            continue
+        if value is None:
+            return f"{word} ends the command line"
+        if word == "--net" and value == "none":
+            net_none = True
+        elif word == "--allow-host":
+            hosts += 1
+        elif word == "--deny-write":
+            denied.append(value)
+        elif not (
+            (word == "--env" and _env_name_ok(value))
+            or (kind == "mcp-server" and word in ("--timeout", "--max-output") and value == "none")
+        ):
+            return f"{word} is not an option of the restrictive profile"
+        i += 2
+    else:
+        return "no command to run"
+    if plugin_dir not in denied:
+        return "the plugin directory is not read-only"
+    if net_none == bool(hosts):
+        return "the network is neither off nor an allowlist"
+    return None
+
+
+def entry_problem(
+    kind: str, entry: dict[str, Any], *, plugin_dir: str, launchers: Sequence[Sequence[str]]
+) -> str | None:
+    """Why a hook or local server *entry* does not run sandboxed (``None``: it is wrapped).
+
+    A server's ``env`` is applied by Claude Code to the process it starts,
+    that is to corral itself on the host (``CORRAL_BACKEND``, ``PYTHONPATH``,
+    ``LD_PRELOAD`` ...), so a wrapped server has none: wrapping moves it into
+    ``--env NAME=VALUE`` options, which set it inside the sandbox only.
+    """
+    if kind == "hook":
+        words = split_words(entry["command"])
+        if words is None:
+            return "shell syntax around the corral command"
+        argv = words
+    else:
+        argv = [entry["command"], *[str(a) for a in entry.get("args") or []]]
+        if entry.get("env"):
+            return "its env applies to corral itself, outside the sandbox"
+    return profile_problem(argv, kind=kind, plugin_dir=plugin_dir, launchers=launchers)
 
 
 # ---------------------------------------------------------------- locating the parts
@@ -220,8 +348,10 @@ def _load(path: str, key: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 # ---------------------------------------------------------------- check and wrap
-def check_plugin(plugin_dir: str) -> list[Finding]:
+def check_plugin(plugin_dir: str, *, launchers: Sequence[Sequence[str]]) -> list[Finding]:
     """Every hook command and MCP server of the plugin in *plugin_dir*, wrapped or not.
+
+    *launchers*: the trusted ways of starting corral (:func:`trusted_launchers`).
 
     Raises:
         UsageError: *plugin_dir* is not a directory, or a file is malformed.
@@ -231,50 +361,63 @@ def check_plugin(plugin_dir: str) -> list[Finding]:
     for kind, path, key in _parts(plugin_dir):
         _, part = _load(path, key)
         for location, entry in _walk(plugin_dir, part, kind, path):
+            what = "hook" if kind == "hooks" else "mcp-server"
             if kind == "hooks":
-                findings.append(
-                    Finding("hook", location, entry["command"], is_wrapped(entry["command"]))
-                )
+                command = entry["command"]
             elif isinstance(entry.get("command"), str):
-                argv = [entry["command"], *[str(a) for a in entry.get("args") or []]]
-                findings.append(Finding("mcp-server", location, join(argv), is_wrapped(argv)))
+                command = join([entry["command"], *[str(a) for a in entry.get("args") or []]])
             else:
-                findings.append(Finding("mcp-server", location, str(entry.get("url", "?")), None))
+                findings.append(Finding(what, location, str(entry.get("url", "?")), None))
+                continue
+            problem = entry_problem(what, entry, plugin_dir=plugin_dir, launchers=launchers)
+            findings.append(Finding(what, location, command, problem is None, problem or ""))
     return findings
 
 
 def wrap_plugin(plugin_dir: str, options: WrapOptions, *, dry_run: bool = False) -> list[Finding]:
     """Rewrite the plugin's hooks and MCP servers to run under corral; return what was wrapped.
 
-    Already wrapped entries are left alone, so wrapping twice changes nothing.
+    Entries already wrapped by this installation's restrictive profile
+    (:func:`entry_problem`) are left alone, so wrapping twice changes
+    nothing; anything else, including a ``corral run`` with a weakening
+    option or a corral binary from elsewhere, is wrapped (it then runs inside
+    the sandbox, whatever it is).
 
     Raises:
         UsageError: *plugin_dir* is not a directory, or a file is malformed
             (then no file is changed).
     """
     plugin_dir = _plugin_dir(plugin_dir)
+    launchers = trusted_launchers(options.corral)
     changed: list[Finding] = []
     edits: list[tuple[str, dict[str, Any]]] = []
     for kind, path, key in _parts(plugin_dir):
         document, part = _load(path, key)
         touched = False
         for location, entry in _walk(plugin_dir, part, kind, path):
+            what = "hook" if kind == "hooks" else "mcp-server"
+            if kind != "hooks" and not isinstance(entry.get("command"), str):
+                continue  # remote: nothing runs locally
+            if entry_problem(what, entry, plugin_dir=plugin_dir, launchers=launchers) is None:
+                continue
             if kind == "hooks":
                 original = entry["command"]
-                if is_wrapped(original):
-                    continue
                 run = [*options.corral, "run", *options.run_options(plugin_dir)]
                 entry["command"] = f"{join(run)} --shell bash -c {quote(original)}"
                 changed.append(Finding("hook", location, original, True))
-                touched = True
-            elif isinstance(entry.get("command"), str):
+            else:
                 argv = [entry["command"], *[str(a) for a in entry.get("args") or []]]
-                if is_wrapped(argv):
-                    continue
-                env: dict[str, Any] = entry["env"] if isinstance(entry.get("env"), dict) else {}
+                env: dict[str, Any] = entry.pop("env", None) or {}
+                if not isinstance(env, dict):
+                    raise UsageError(
+                        f"{posixpath.relpath(path, plugin_dir)}: {location}: 'env' is not an "
+                        "object",
+                        hint="nothing was changed",
+                    )
+                settings = [f"{name}={value}" for name, value in sorted(env.items())]
                 run = [
                     "run",
-                    *options.run_options(plugin_dir, sorted(env)),
+                    *options.run_options(plugin_dir, settings),
                     "--timeout",
                     "none",
                     "--max-output",
@@ -284,7 +427,7 @@ def wrap_plugin(plugin_dir: str, options: WrapOptions, *, dry_run: bool = False)
                 entry["command"] = options.corral[0]
                 entry["args"] = [*options.corral[1:], *run, *argv]
                 changed.append(Finding("mcp-server", location, join(argv), True))
-                touched = True
+            touched = True
         if touched:
             if key is not None:
                 document[key] = part[key]

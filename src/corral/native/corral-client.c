@@ -15,8 +15,9 @@
  *   run:  connect to $XDG_STATE_HOME/corral/server/server.sock (else
  *         $HOME/.local/state/corral/...), check that the socket belongs to our
  *         uid, send {"op":"run", argv, cwd, whole environment, pid, code stamp}
- *         with fds 0, 1, 2 attached (SCM_RIGHTS), forward SIGHUP, SIGINT and
- *         SIGTERM as {"signal": N} frames, exit with the server's {"exit": N}.
+ *         with fds 0, 1, 2 attached (SCM_RIGHTS), forward SIGHUP, SIGINT, SIGQUIT,
+ *         SIGTERM and SIGWINCH as {"signal": N} frames, exit with the server's
+ *         {"exit": N}.
  *   hook: connect, then read the hook's JSON from stdin (bounded), send
  *         {"op":"hook", "integration":"claude-code", stdin, cwd, environment,
  *         pid, code stamp}; the server decides exactly as `corral hook
@@ -778,7 +779,7 @@ out:
 
 /* ---------------------------------------------------------------- signals (run mode) */
 static int signal_pipe[2] = {-1, -1};
-static const int forwarded[] = {SIGHUP, SIGINT, SIGTERM};
+static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
 #define NFORWARDED ((int)(sizeof forwarded / sizeof forwarded[0]))
 static struct sigaction saved_forwarded[NFORWARDED], saved_pipe;
 static int caught, pipe_ignored;
@@ -791,7 +792,7 @@ static void on_signal(int sig) {
     errno = saved;
 }
 
-/* SIGHUP, SIGINT, SIGTERM go to the self-pipe, to be forwarded to the command. */
+/* SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH go to the self-pipe, to be forwarded to the command. */
 static void catch_signals(void) {
     if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
         die(NULL, "cannot create a pipe: %s", strerror(errno));

@@ -41,7 +41,7 @@ from ._outcome import NetworkAttempt, Outcome, Violation, command_status
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from ..backends._broker import Broker
     from ..backends._plan import LaunchPlan
@@ -85,7 +85,9 @@ class Running:
 
     *streams* are the fds the command's stdin is inherited from
     (``stdin_mode="inherit"``) and its output is relayed to (default: this
-    process's 0, 1, 2; the corral server passes its client's). *stdio*
+    process's 0, 1, 2; the corral server passes its client's); with
+    *output_tty* an output stream whose destination is a terminal is relayed
+    from a pseudo-terminal instead of a pipe (:func:`_output_pty`). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -99,12 +101,15 @@ class Running:
         stdin_mode: str = "null",
         stdin_data: bytes = b"",
         capture: bool = True,
+        output_tty: bool = False,
         cgroup_layout: CgroupLayout | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
+        self._output_tty = output_tty
+        self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
@@ -214,12 +219,14 @@ class Running:
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
+                group = {} if _starts_a_session(argv) else {"setpgroup": 0}
                 self.pid = spawn(
                     argv[0],
                     list(argv),
                     dict(plan.env),
                     file_actions=actions,
                     setsigdef=(13, 25),
+                    **group,
                 )
             except OSError as exc:
                 raise LaunchFailed(
@@ -287,7 +294,11 @@ class Running:
             if not self._capture and self.plan.output_limit is None and os.isatty(sink):
                 outs.append(sink)  # a terminal: hand it over as is (no cap asked)
                 continue
-            r, w = os.pipe2(os.O_CLOEXEC)
+            if self._output_tty and not self._capture and os.isatty(sink):
+                r, w = _output_pty(sink)
+                self._ptys.append((r, sink))
+            else:
+                r, w = os.pipe2(os.O_CLOEXEC)
             close_later.append(w)
             stream = _Stream(r, None if self._capture else sink)
             self._streams.append(stream)
@@ -482,14 +493,76 @@ class Running:
 
     # ------------------------------------------------------------ control
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command (not to the sandbox's init); a no-op once it was reaped."""
+        """Deliver *signum* to the command's process group, as a terminal would (Ctrl-C).
+
+        The command's first process and what it started without job control
+        share a process group (``sh -c 'sleep 100; echo after'``: the shell and
+        the ``sleep``); a terminal signals that whole group, while a shell
+        signalled alone would wait for its child first. Every member in the
+        sandbox gets the signal, never the sandbox's init (with bubblewrap the
+        group is the init's). A no-op once the command was reaped.
+        """
         if self._reaped:
             return  # its pids may belong to other processes by now
-        for pid in self._command_pids(top_only=True):
+        if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
+            self._sync_window_sizes()
+        init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
+        tops = _children_of(init) if init > 0 else self._command_pids(top_only=True)
+        for top in tops:
             try:
-                os.kill(pid, signum)
+                group = os.getpgid(top)
+                if group == top:  # it leads its group (a session of its own): all in it
+                    os.killpg(top, signum)
+                    continue
             except ProcessLookupError:
-                pass
+                continue
+            # a group led by the sandbox's init (bubblewrap's --new-session): its members
+            members = {top}
+            for pid in _pids_in_pidns_of(init) if init > 0 else ():
+                try:
+                    if pid != init and os.getpgid(pid) == group:
+                        members.add(pid)
+                except ProcessLookupError:
+                    pass
+            for pid in sorted(members):
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def _sync_window_sizes(self) -> None:
+        """Give each output pty the window size of the terminal it is relayed to."""
+        import fcntl
+        import termios
+
+        for master, terminal in self._ptys:
+            try:
+                size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+                fcntl.ioctl(master, termios.TIOCSWINSZ, size)
+            except OSError:
+                pass  # closed meanwhile, or no terminal any more
+
+    def _unreported_init(self) -> int:
+        """The sandbox's pid-namespace init when bubblewrap did not report it (no info fd), or -1.
+
+        That is the spawned process's only child living in another pid
+        namespace. The init must never get the signal: sent from outside its
+        namespace, a SIGINT it has no handler for kills it, and the sandbox with it.
+        """
+        if self.pid <= 0 or self.plan.backend != "bubblewrap":
+            return -1
+        try:
+            own = os.readlink(f"/proc/{self.pid}/ns/pid")
+        except OSError:
+            return -1
+        children = _children_of(self.pid)
+        if len(children) != 1:
+            return -1
+        try:
+            inner = os.readlink(f"/proc/{children[0]}/ns/pid")
+        except OSError:
+            return -1
+        return children[0] if inner != own else -1
 
     def cancel(self) -> None:
         """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
@@ -636,6 +709,10 @@ class Running:
                             chunk = os.read(fd, _CHUNK)
                         except BlockingIOError:
                             continue
+                        except OSError as exc:
+                            if exc.errno != errno.EIO:
+                                raise
+                            chunk = b""  # a pty whose every slave fd is closed: its end
                         if not chunk:
                             poller.unregister(fd)
                             del by_fd[fd]
@@ -833,6 +910,7 @@ class Running:
         self._release()
 
     def _release(self) -> None:
+        self._ptys = []  # before their masters close: a late SIGWINCH must not resize a reused fd
         if self._prestaged is not None:
             self._prestaged.remove()
             self._prestaged = None
@@ -887,6 +965,49 @@ def run_plan(
 
 
 # ---------------------------------------------------------------- helpers
+def _output_pty(terminal: int) -> tuple[int, int]:
+    """A pseudo-terminal for output bound for *terminal*: ``(master, slave)``, both close-on-exec.
+
+    The slave gets *terminal*'s window size, and no output processing (no
+    ``\n`` -> ``\r\n``): the bytes read from the master - relayed, capped and
+    digested like a pipe's - are the bytes the command wrote; the user's own
+    terminal does the translation. Nothing is typed into it: the command's
+    stdin stays what it was, so the slave is nobody's controlling terminal.
+    """
+    import fcntl
+    import termios
+
+    master, slave = os.openpty()  # non-inheritable: posix_spawn's dup2 places the slave
+    try:
+        attrs = termios.tcgetattr(slave)
+        attrs[1] &= ~termios.OPOST
+        termios.tcsetattr(slave, termios.TCSANOW, attrs)
+        try:
+            size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
+        except OSError:
+            pass  # no size known: the pty's default
+    except BaseException:
+        os.close(master)
+        os.close(slave)
+        raise
+    return master, slave
+
+
+def _starts_a_session(argv: Sequence[str]) -> bool:
+    """Whether the spawned program makes itself a session leader (the exec helper's ``--setsid``).
+
+    Every other first process (bubblewrap, runsc, podman) gets a process group
+    of its own: Ctrl-C at corral's terminal then signals corral's group only,
+    and corral hands it to the command's group (:meth:`Running.send_signal`);
+    bubblewrap left in the terminal's group would die of it and take the
+    sandbox along, before the command's own handler could run. A process that
+    leads a group can no longer ``setsid``, so the helper is left as it is.
+    """
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return "--setsid" in options
+
+
 def _dup_actions(pairs: list[tuple[int, int]]) -> list[tuple[int, ...]]:
     """posix_spawn file actions placing each parent fd at its child number.
 

@@ -126,11 +126,17 @@ class _Launcher:
         env: dict[str, str],
         file_actions: list[tuple[int, ...]],
         setsigdef: tuple[int, ...],
+        setpgroup: int | None,
     ) -> int:
         for controller in self.group.dirs:  # the run's limits may have added cpu/freezer
             if controller not in self._joined:
                 self._join(controller)
-        pid = os.posix_spawn(path, argv, env, file_actions=file_actions, setsigdef=setsigdef)
+        if setpgroup is None:
+            pid = os.posix_spawn(path, argv, env, file_actions=file_actions, setsigdef=setsigdef)
+        else:
+            pid = os.posix_spawn(
+                path, argv, env, file_actions=file_actions, setsigdef=setsigdef, setpgroup=setpgroup
+            )
         try:
             self._leave_all()
         except OSError:
@@ -159,9 +165,10 @@ class _Launcher:
         *,
         file_actions: list[tuple[int, ...]],
         setsigdef: tuple[int, ...] = (),
+        setpgroup: int | None = None,
     ) -> int:
         """``os.posix_spawn`` from inside the group; the pid, or the error re-raised here."""
-        self._job = (path, argv, env, file_actions, setsigdef)
+        self._job = (path, argv, env, file_actions, setsigdef, setpgroup)
         self._go.release()
         self._done.acquire()
         result = self._result

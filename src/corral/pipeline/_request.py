@@ -99,6 +99,10 @@ class ExecRequest(Record):
         shell_command: the original string when the request came from ``-c``.
         tty: the command runs on a terminal corral provides (``corral shell``):
             it gets a private pseudo-terminal as controlling terminal.
+        output_tty: stdout/stderr streamed to a terminal go through a private
+            pseudo-terminal of corral's instead of a pipe (``corral run`` at a
+            terminal): the command sees a terminal (colours, line buffering)
+            while corral still relays, caps and digests every byte.
         sandbox_id: the id of the sandbox this runs in.
         agent_session: the agent's session id (e.g. Claude Code's), for audit.
         tmp_dir: a host directory mounted as the sandbox's ``/tmp`` (an SDK
@@ -115,6 +119,7 @@ class ExecRequest(Record):
     capture: bool = True
     shell_command: str | None = None
     tty: bool = False
+    output_tty: bool = False
     sandbox_id: str = ""
     agent_session: str | None = None
     tmp_dir: str | None = None

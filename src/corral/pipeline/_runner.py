@@ -189,7 +189,7 @@ def prepare(
 
     Raises:
         UsageError: bad backend name or a policy/backend mismatch (or a
-            preview of another workspace).
+            preview of another workspace, or a ``denyRead`` glob too broad to expand).
         BackendUnavailable: nothing suitable works here.
         EnforcementUnavailable: a rule cannot be enforced (and was not allowed to degrade).
     """
@@ -201,6 +201,10 @@ def prepare(
     if preview is not None:
         spec = preview.spec()
         policy = _policy_for_preview(policy, spec, preview.state_dir)
+    if policy.backend != "none":
+        from ..policy._expand import expand_deny_read
+
+        policy = expand_deny_read(policy)  # globs -> the paths they match now (bounded walk)
     if policy.backend != "auto":
         from ..backends import select_backend
 

@@ -139,6 +139,64 @@ ENV_PASS: tuple[tuple[str, str], ...] = (
     ("TZ", "time zone"),
 )
 
+# ------------------------------------------------ value shapes of passed variables
+# (engineer C, issue 10: kept apart from the protect/secret rows above)
+
+#: Host variables that pass only when their value has a shape: the locale
+#: variables are in the default pass-through list for their meaning, not to
+#: carry arbitrary data (``ssh`` forwards the client's ``LC_*``, so they are a
+#: known channel). ``(name glob, shape, reason)``; shapes: see
+#: :func:`env_value_allowed`.
+ENV_VALUE_SHAPES: tuple[tuple[str, str, str], ...] = (
+    ("LANG", "locale", "a locale name: C.UTF-8, en_US.UTF-8@euro"),
+    ("LC_*", "locale", "a locale name: C.UTF-8, en_US.UTF-8@euro"),
+    ("LANGUAGE", "locale-list", "locale names separated by colons: en_US:en"),
+)
+
+
+def _is_locale(value: str) -> bool:
+    """``language[_TERRITORY][.codeset][@modifier]``, or ``C``/``POSIX`` with a codeset."""
+    if not value:
+        return True  # empty: the category falls back to LANG
+    rest, at, modifier = value.partition("@")
+    base, dot, codeset = rest.partition(".")
+    language, underscore, territory = base.partition("_")
+    if language in ("C", "POSIX"):
+        if underscore:
+            return False
+    elif not (2 <= len(language) <= 3 and language.isascii() and language.isalpha()) or (
+        not language.islower()
+    ):
+        return False
+    if underscore and not (
+        (
+            len(territory) == 2
+            and territory.isascii()
+            and territory.isalpha()
+            and territory.isupper()
+        )
+        or (len(territory) == 3 and territory.isdigit())
+    ):
+        return False
+    if dot and not (
+        0 < len(codeset) <= 20 and all(c.isascii() and (c.isalnum() or c == "-") for c in codeset)
+    ):
+        return False
+    return not at or (0 < len(modifier) <= 20 and modifier.isascii() and modifier.isalnum())
+
+
+def env_value_allowed(name: str, value: str) -> bool:
+    """Whether the host's *value* of *name* may pass (see :data:`ENV_VALUE_SHAPES`)."""
+    from ._glob import match_word
+
+    for pattern, shape, _reason in ENV_VALUE_SHAPES:
+        if match_word(pattern, name):
+            if shape == "locale-list":
+                return len(value) <= 256 and all(_is_locale(part) for part in value.split(":"))
+            return _is_locale(value)
+    return True
+
+
 #: Default bounds (see ResourceLimits); null in settings removes one.
 DEFAULT_RESOURCES: tuple[tuple[str, object, str], ...] = (
     ("memory", 8 << 30, "a runaway allocation cannot take the machine; large builds still fit"),

@@ -1,13 +1,14 @@
 """``corral policy --explain`` and ``corral policy --json``: the effective settings.
 
 :func:`explain` renders every key with the layer it came from (list entries
-and map entries each with their own), then the warnings, the layers that were
-considered (trusted or not) and the policy digest::
+and map entries each with their own; a built-in row of :mod:`._defaults` with
+its reason), then the warnings, the layers that were considered (trusted or
+not) and the policy digest::
 
-    resources.memory = 8G                  (defaults)
+    resources.memory = 8G                  (defaults: a runaway allocation cannot take ...)
     filesystem.allowWrite = ["/data"]      (project /p/.corral/settings.json)
     filesystem.denyRead =
-        "/home/me/.ssh"                    (defaults)
+        "/home/me/.ssh"                    (defaults: SSH private keys, agent sockets ...)
         "/data/secrets"                    (user /home/me/.config/corral/settings.json)
 
 :func:`effective_settings_json` returns the same values in the settings-JSON
@@ -124,6 +125,47 @@ def format_scalar(row: k.Key, value: Any) -> str:
     return to_json(value)
 
 
+def _default_reasons() -> dict[str, list[tuple[str, str]]]:
+    """Key path -> ``(item, reason)`` rows of the built-in tables (:mod:`._defaults`)."""
+    from ._defaults import DEFAULT_RESOURCES, ENV_PASS, PROTECTED_PATTERNS, SECRET_PATHS
+
+    reasons: dict[str, list[tuple[str, str]]] = {
+        "filesystem.denyRead": list(SECRET_PATHS),
+        "filesystem.protect": list(PROTECTED_PATTERNS),
+        "env.pass": list(ENV_PASS),
+    }
+    for name, _value, reason in DEFAULT_RESOURCES:
+        reasons[f"resources.{name}"] = [("", reason)]
+    return reasons
+
+
+def _with_reason(source: str, path: str, item: object) -> str:
+    """*source*, with the built-in row's reason when the value is corral's default.
+
+    A home-relative row (``~/.ssh``) matches the expanded entry by its suffix:
+    only entries that came from the defaults are looked up, and those are the
+    table's own rows with the home put in front.
+    """
+    if source != "defaults":
+        return source
+    best = ""
+    found = None
+    for raw, reason in _default_reasons().get(path, ()):
+        if item is None:
+            found = reason
+            break
+        if not isinstance(item, str):
+            continue
+        if raw.startswith("~/"):
+            suffix = raw[1:]
+            if item.endswith(suffix) and len(suffix) > len(best):
+                best, found = suffix, reason
+        elif item == raw:
+            found = reason
+            break
+    return source if found is None else f"{source}: {found}"
+
+
 def explain(resolved: ResolvedSettings) -> str:
     """Return the effective settings with the source of every value, as text.
 
@@ -140,7 +182,10 @@ def explain(resolved: ResolvedSettings) -> str:
         source = provenance[row.path]
         if row.merge == k.CONCAT:
             entries = [to_json(entry_json(row, item, table)) for item in value]
-            sources = [provenance[f"{row.path}[{i}]"] for i in range(len(value))]
+            sources = [
+                _with_reason(provenance[f"{row.path}[{i}]"], row.path, item)
+                for i, item in enumerate(value)
+            ]
             inline = f"{row.path} = [{', '.join(entries)}]"
             if not entries:
                 lines.append((f"{row.path} = []", source))
@@ -160,6 +205,7 @@ def explain(resolved: ResolvedSettings) -> str:
                     (f"{row.path}.{name} = {to_json(shown)}", provenance[f"{row.path}.{name}"])
                 )
         else:
+            source = _with_reason(source, row.path, None)
             lines.append((f"{row.path} = {format_scalar(row, value)}", source))
     width = min(_MAX_KEY_COLUMN, max(len(text) for text, source in lines if source is not None))
     out = [

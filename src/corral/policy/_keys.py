@@ -324,6 +324,17 @@ CORE_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="filesystem.allowHomeWorkspace",
+        kind=BOOL,
+        tighten=LOOSENS,
+        attr="filesystem.allow_home_workspace",
+        description=(
+            "Accept the home directory (or a directory above it) as the workspace. Refused "
+            "by default: it would make the shell rc files, the editor and agent configs and "
+            "corral's own settings writable to the command. Project files cannot set it."
+        ),
+    ),
+    Key(
         path="filesystem.readOnly",
         kind=BOOL,
         tighten=TRUE_TIGHTENS,
@@ -352,7 +363,14 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=PATHS,
         tighten=ADDITIONS,
         attr="filesystem.deny_read",
-        description="Paths that are unreadable (hidden) inside the sandbox.",
+        description=(
+            "Paths that are unreadable (hidden) inside the sandbox. A glob "
+            "(`/srv/certs/**/*.pem`, `**/.env`) hides every path it matches when the command "
+            "starts, on every backend; the walk does not follow links and is bounded (a glob "
+            "that looks at more than 50000 entries or matches more than 512 paths is refused, "
+            "exit 125). Paths the host creates under a matching name during the run are not "
+            "hidden."
+        ),
     ),
     Key(
         path="filesystem.allowRead",
@@ -474,6 +492,21 @@ CORE_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="resources.disk",
+        kind=SIZE,
+        nullable=True,
+        tighten=LOWER,
+        attr="resources.disk",
+        description=(
+            "Disk space the command may fill: each private temporary directory (/tmp, "
+            "/var/tmp) is a tmpfs of this size (bubblewrap, gVisor, podman, docker). Writes to "
+            "the workspace, `allowWrite` paths and `caches` go to the host filesystem, which "
+            "has no per-sandbox quota: with any of them writable the run is refused (exit 125) "
+            "unless `allowDegraded` lists resources.disk. Landlock and Seatbelt (host "
+            "directories as TMPDIR) refuse it. null: no limit."
+        ),
+    ),
+    Key(
         path="resources.killGrace",
         kind=DURATION,
         tighten=LOWER,
@@ -487,7 +520,8 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="env.pass_through",
         description=(
             "Host environment variables (names or globs such as LC_*) passed into the "
-            "sandbox. Nothing else from the host environment is."
+            "sandbox. Nothing else from the host environment is. The locale variables (LANG, "
+            "LANGUAGE, LC_*) pass only when their value is a locale name (en_US.UTF-8@euro)."
         ),
     ),
     Key(
@@ -524,7 +558,12 @@ CORE_KEYS: tuple[Key, ...] = (
         kind=PATH_MAP,
         tighten=LOOSENS,
         attr="caches",
-        description="Persistent cache volumes, {name: host path}. null removes a name.",
+        description=(
+            "Persistent cache volumes, {name: path}. null removes a name. On bubblewrap, "
+            "Landlock, gVisor and Seatbelt the path is an existing host directory made writable "
+            "at the same path (a missing one is refused, exit 125); podman and docker mount "
+            "the named volume `corral-cache-NAME` at the path instead."
+        ),
     ),
     Key(
         path="image",
@@ -534,7 +573,11 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="image",
         description=(
             "For container and VM backends: an OCI image reference, an OCI layout "
-            "directory or a root filesystem directory."
+            "directory, a root filesystem directory or corral:NAME (built by 'corral "
+            "image build NAME'). Unset: podman and docker run corral:python, gVisor "
+            "the host's / read-only. Backends that run the host's root filesystem "
+            "(bubblewrap, Landlock, Seatbelt) refuse it (exit 125), so `auto` picks one "
+            "that runs images."
         ),
     ),
     Key(

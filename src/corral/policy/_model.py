@@ -56,6 +56,8 @@ class FilesystemPolicy(Record):
             ``read_only``. Everything else outside the sandbox's private
             TMPDIR is read-only.
         read_only: mount the workspace read-only as well.
+        allow_home_workspace: the workspace may be the home directory or a
+            directory above it (refused otherwise, when the settings load).
         allow_write: absolute paths writable in addition to the workspace.
         deny_write: path patterns that stay read-only even inside writable
             areas. Absolute patterns name host paths; relative ones are
@@ -72,6 +74,7 @@ class FilesystemPolicy(Record):
 
     workspace: str
     read_only: bool = False
+    allow_home_workspace: bool = False
     allow_write: tuple[str, ...] = ()
     deny_write: tuple[str, ...] = ()
     deny_read: tuple[str, ...] = ()
@@ -112,6 +115,10 @@ class ResourceLimits(Record):
         output: bytes of stdout plus stderr kept; the rest is dropped and
             reported.
         kill_grace: seconds between SIGTERM and SIGKILL when stopping the tree.
+        disk: bytes the command may store in each private temporary directory
+            (``/tmp``, ``/var/tmp``); with a writable workspace, ``allowWrite``
+            or ``caches`` it cannot be enforced there and the run is refused
+            (see docs/policy-reference.md).
     """
 
     memory: int | None = None
@@ -121,6 +128,7 @@ class ResourceLimits(Record):
     timeout: float | None = None
     output: int | None = None
     kill_grace: float = 2.0
+    disk: int | None = None
 
 
 class EnvPolicy(Record):

@@ -153,8 +153,10 @@ class _FileLayer:
 
     __slots__ = ("document", "info")
 
-    def __init__(self, name: str, label: str, path: str, *, required: bool) -> None:
-        data = read_settings_file(path, required=required)
+    def __init__(
+        self, name: str, label: str, path: str, *, required: bool, below: str | None = None
+    ) -> None:
+        data = read_settings_file(path, required=required, below=below)
         self.document = None if data is None else parse_settings(data, source=path)
         self.info = LayerInfo(name=name, label=label, path=path, found=data is not None)
 
@@ -224,10 +226,10 @@ def _settle_workspace(
 
 
 def _check_detected_workspace(workspace: str, home: str) -> list[str]:
-    """Refuse ``/`` as an implicit workspace; warn about the home directory.
+    """Refuse ``/`` as an implicit workspace (corral started outside any project).
 
-    Either means corral was started outside any project. An explicit
-    ``--workspace`` or ``filesystem.workspace`` is taken as given.
+    The home directory, detected or explicit, is judged later by
+    :func:`_check_home_workspace`.
     """
     if workspace == "/":
         raise SettingsError(
@@ -236,13 +238,78 @@ def _check_detected_workspace(workspace: str, home: str) -> list[str]:
             key="filesystem.workspace",
             hint="run corral inside a project, or pass --workspace DIR",
         )
-    if workspace == home:
-        return [
-            f"the workspace is your home directory {home} (no git repository above the "
-            "current directory): everything in it except protected paths is writable; "
-            "pass --workspace DIR to narrow it"
-        ]
     return []
+
+
+def _homes(home: str) -> set[str]:
+    """*home* and the user database's home of this uid (they differ under sudo, ``HOME=``)."""
+    homes = {home}
+    try:
+        import pwd
+
+        homes.add(posixpath.normpath(pwd.getpwuid(os.getuid()).pw_dir))
+    except (KeyError, ImportError):
+        pass
+    return {h for h in homes if h.startswith("/")}
+
+
+def _add_secret_paths_of_other_homes(state: MergeState, home: str, env: Mapping[str, str]) -> None:
+    """Hide the secret paths under every home the command could read them in.
+
+    The defaults name them under *home* (``$HOME``). The user database's home
+    may differ (``sudo``, ``HOME=/tmp/x corral run``), and the XDG variables
+    move ``~/.config`` and ``~/.local/share``; the secrets are hidden at each
+    of those places too, as defaults (so a ``"!path"`` entry can still remove
+    one).
+    """
+    from ._defaults import SECRET_PATHS
+
+    label = "defaults (secret paths of other homes)"
+    for other in sorted(_homes(home) - {home}):
+        for path, _reason in SECRET_PATHS:
+            state.add_entry("filesystem.denyRead", expand_home(path, other), label)
+    for variable, default in (
+        ("XDG_CONFIG_HOME", "~/.config/"),
+        ("XDG_DATA_HOME", "~/.local/share/"),
+    ):
+        base = env.get(variable, "")
+        if not base.startswith("/"):
+            continue
+        for path, _reason in SECRET_PATHS:
+            if path.startswith(default):
+                moved = posixpath.join(posixpath.normpath(base), path[len(default) :])
+                state.add_entry("filesystem.denyRead", moved, f"defaults ({variable})")
+
+
+def _check_home_workspace(state: MergeState, home: str) -> None:
+    """Refuse a workspace that is a home directory or above one, unless allowed.
+
+    Such a workspace makes the shell rc files, editor and agent configs and
+    corral's own settings writable; one planted ``~/.config/corral`` would
+    unsandbox every later run. ``filesystem.allowHomeWorkspace`` (a flag or a
+    trusted layer; project files cannot set it) accepts it with a warning.
+    """
+    ws = state.values["filesystem.workspace"]
+    covered = sorted(h for h in _homes(home) if h == ws or h.startswith(ws.rstrip("/") + "/"))
+    if not covered:
+        return
+    what = "your home directory" if covered[0] == ws else f"a directory above {covered[0]}"
+    if not state.values["filesystem.allowHomeWorkspace"]:
+        raise SettingsError(
+            f"refusing the workspace {ws}: it is {what}, so the command could change your "
+            "shell rc files, editor and agent configs and corral's own settings",
+            source=state.sources.get("filesystem.workspace"),
+            key="filesystem.workspace",
+            hint=(
+                "run corral inside a project (or pass --workspace DIR); to accept it anyway "
+                "pass --allow-home-workspace or set filesystem.allowHomeWorkspace in your "
+                "user settings"
+            ),
+        )
+    state.warnings.append(
+        f"the workspace {ws} is {what} (filesystem.allowHomeWorkspace): everything in it "
+        "except protected paths is writable; pass --workspace DIR to narrow it"
+    )
 
 
 def _absolute(path: str, cwd: str, home: str) -> str:
@@ -296,13 +363,15 @@ def _build_policy(table: k.KeyTable, values: dict[str, Any]) -> Policy:
     return Policy(**top)
 
 
-def _protect_own_files(state: MergeState, dirs: tuple[str, ...]) -> None:
+def _protect_own_files(state: MergeState, dirs: tuple[str, ...], files: Sequence[str] = ()) -> None:
     """Keep corral's config and state dirs unreadable and, if writable, read-only.
 
     The defaults hide ``~/.config/corral`` and ``~/.local/state/corral``; with
     other XDG directories those are added here. When one lies inside (or
     contains) a writable area, it is also made read-only, so a sandboxed
-    command can never edit the user settings or trust records.
+    command can never edit the user settings or trust records. The settings
+    *files* named by ``CORRAL_SETTINGS`` and ``--settings`` are made read-only
+    too when they lie in a writable area (they are followed as named).
     """
     label = "defaults (corral's own files)"
     writable = [state.values["filesystem.workspace"], *state.values["filesystem.allowWrite"]]
@@ -311,6 +380,9 @@ def _protect_own_files(state: MergeState, dirs: tuple[str, ...]) -> None:
         if any(_overlaps(directory, area) for area in writable):
             state.add_entry("filesystem.denyWrite", directory, label)
             state.add_entry("filesystem.denyWrite", directory + "/**", label)
+    for path in files:
+        if any(_overlaps(path, area) for area in writable):
+            state.add_entry("filesystem.denyWrite", path, "defaults (settings files in use)")
 
 
 def _overlaps(a: str, b: str) -> bool:
@@ -368,7 +440,15 @@ def load_settings(
 
     # 1. Files that do not depend on the workspace.
     user_path = user_settings_file(home=home, environ=env)
-    user = _FileLayer("user", f"user {user_path}", user_path, required=False)
+    # No link is followed below the XDG base directory: ~/.config/corral as a
+    # link to a directory a sandboxed command wrote is refused, not read.
+    user = _FileLayer(
+        "user",
+        f"user {user_path}",
+        user_path,
+        required=False,
+        below=posixpath.dirname(config_dir(home=home, environ=env)),
+    )
     env_file = None
     if env.get("CORRAL_SETTINGS"):
         path = _absolute(env["CORRAL_SETTINGS"], cwd, home)
@@ -424,6 +504,7 @@ def load_settings(
     state = MergeState(keys, _default_values(keys, defaults))
     state.sources["filesystem.workspace"] = ws_label
     state.warnings.extend(notes)
+    _add_secret_paths_of_other_homes(state, home, env)
     for values, label, untrusted in plan:
         state.apply(values, label, untrusted=untrusted)
 
@@ -460,8 +541,11 @@ def load_settings(
         state.apply({"filesystem.workspace": ws}, "flags")
 
     # 6. The result.
+    _check_home_workspace(state, home)
     _protect_own_files(
-        state, (config_dir(home=home, environ=env), state_dir(home=home, environ=env))
+        state,
+        (config_dir(home=home, environ=env), state_dir(home=home, environ=env)),
+        [layer.info.path for layer in (env_file, *extra) if layer is not None and layer.info.path],
     )
     integrations = {
         row.path.partition(".")[2]: _frozen(state.values[row.path])
@@ -509,7 +593,7 @@ def _add_project_layers(
     problems: list[str] = []
     for name, path in project_settings_files(ws):
         label = f"{name} {path}"
-        data = read_settings_file(path)
+        data = read_settings_file(path, below=ws)
         if data is None:
             layers.append(LayerInfo(name=name, label=label, path=path, found=False, trusted=False))
             continue

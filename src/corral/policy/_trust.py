@@ -27,7 +27,13 @@ from .._exceptions import SettingsError
 from .._frozen import Record
 from .._jsonfast import dumps, loads
 from ._digest import sha256_hex
-from ._files import error_reason, read_settings_file, read_small_file, write_file_atomically
+from ._files import (
+    check_confined_dirs,
+    error_reason,
+    read_settings_file,
+    read_small_file,
+    write_file_atomically,
+)
 from ._locations import default_home, project_settings_files, trust_file
 
 TYPE_CHECKING = False
@@ -79,7 +85,7 @@ def read_trust_records(path: str) -> tuple[dict[str, str], str | None]:
     message saying why, for a warning.
     """
     try:
-        data = read_small_file(path)
+        data = read_small_file(path, below=_records_base(path))
     except (OSError, ValueError) as exc:
         return {}, f"cannot read trust records {path}: {error_reason(exc)}; {_UNTRUSTED}"
     if data is None:
@@ -89,6 +95,11 @@ def read_trust_records(path: str) -> tuple[dict[str, str], str | None]:
     except ValueError as exc:  # JSONError is a ValueError
         return {}, f"ignoring malformed trust records {path}: {exc}; {_UNTRUSTED}"
     return records, None
+
+
+def _records_base(path: str) -> str:
+    """The XDG base directory above ``corral/trust.json``: no link is followed below it."""
+    return posixpath.dirname(posixpath.dirname(path))
 
 
 def _parse_records(data: bytes) -> dict[str, str]:
@@ -145,7 +156,7 @@ def trust_status(
     records, _ = read_trust_records(trust_file(home=home, environ=env))
     statuses = []
     for _, path in project_settings_files(workspace):
-        data = read_settings_file(path)
+        data = read_settings_file(path, below=workspace)
         if data is None:
             statuses.append(TrustStatus(path=path, state=TRUST_MISSING))
             continue
@@ -198,7 +209,7 @@ def trust_project(
     ctx = Context(workspace=workspace, home=home, cwd=workspace)
     digests: dict[str, str] = {}
     for _, path in project_settings_files(workspace):
-        data = read_settings_file(path)
+        data = read_settings_file(path, below=workspace)
         if data is None:
             continue
         document = parse_settings(data, source=path)
@@ -217,16 +228,17 @@ def _record(path: str, digests: dict[str, str]) -> None:
 
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
+        check_confined_dirs(path, _records_base(path))
         os.makedirs(posixpath.dirname(path), mode=0o700, exist_ok=True)
         lock = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # LinkError is a ValueError
         raise SettingsError(
             f"cannot write trust records: {error_reason(exc)}", source=path
         ) from exc
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            data = read_small_file(path)
+            data = read_small_file(path, below=_records_base(path))
             document: dict[str, Any] = (
                 loads(data) if data is not None else {"version": _VERSION, "files": {}}
             )

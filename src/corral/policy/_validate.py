@@ -381,7 +381,17 @@ class _Checker:
         if kind == k.PATHS:
             return self.path(raw, key, self.ctx.workspace)
         if kind == k.PATH_PATTERNS:
-            return self.path_pattern(raw, key)
+            pattern = self.path_pattern(raw, key)
+            if row.path == "filesystem.protect" and pattern.startswith("/") and not removal:
+                # the broker matches protect patterns against workspace-relative names:
+                # an absolute one would never match (a rule accepted and not enforced)
+                self.fail(
+                    key,
+                    f"{describe(pattern)}: protect patterns are relative to the workspace "
+                    "and hold at any depth (**/name)",
+                    hint="use filesystem.denyWrite for a path outside the workspace",
+                )
+            return pattern
         if kind == k.ENV_PATTERNS:
             return self.env_name(raw, key, glob=True)
         if kind == k.COMMAND_PATTERNS:

@@ -79,7 +79,7 @@ __all__ = ["DEFAULT_IDLE", "Server"]
 
 DEFAULT_IDLE = 300.0
 _REQUEST_TIMEOUT = 30.0
-_FORWARDED = frozenset({1, 2, 15})  # what corral run forwards: SIGHUP, SIGINT, SIGTERM
+_FORWARDED = frozenset({1, 2, 3, 15, 28})  # what corral run forwards: HUP, INT, QUIT, TERM, WINCH
 _LOG_LIMIT = 1 << 20
 
 

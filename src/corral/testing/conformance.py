@@ -41,7 +41,16 @@ if TYPE_CHECKING:
     from ..pipeline._outcome import Outcome
     from ..policy._model import Policy
 
-__all__ = ["GUARANTEES", "Guarantee", "Probe", "Verdict", "check", "expected", "probe_dir"]
+__all__ = [
+    "GUARANTEES",
+    "Guarantee",
+    "Probe",
+    "Verdict",
+    "check",
+    "expected",
+    "probe_dir",
+    "tcp_server",
+]
 
 ENFORCED, REFUSED, NOT_EXPRESSIBLE, VIOLATED, ERROR = (
     "enforced",
@@ -203,6 +212,32 @@ def _secret(p: Probe) -> tuple[bool, bool, str]:
     return ("hello" in _text(ok), "TOPSECRET" not in _text(bad), f"secret read: {_text(bad)[:120]}")
 
 
+def _secret_glob(p: Probe) -> tuple[bool, bool, str]:
+    """``denyRead`` globs hide what they match at start-up, at any depth."""
+    deep = os.path.join(p.workspace, "certs", "a", "b")
+    os.makedirs(deep)
+    os.makedirs(os.path.join(p.workspace, "sub"))
+    for path, text in (
+        (os.path.join(deep, "server.pem"), "TOPSECRET-pem-71\n"),
+        (os.path.join(deep, "server.txt"), "hello\n"),
+        (os.path.join(p.workspace, "sub", ".env"), "TOPSECRET-env-72\n"),
+    ):
+        with open(path, "w") as f:
+            f.write(text)
+    policy = p.policy()
+    globs = (f"{p.workspace}/certs/**/*.pem", f"{p.workspace}/**/.env")
+    policy = policy.replace(
+        filesystem=policy.filesystem.replace(deny_read=(*policy.filesystem.deny_read, *globs))
+    )
+    ok = p.run(policy, "read_file.py", os.path.join(deep, "server.txt"))
+    bad = [
+        p.run(policy, "read_file.py", os.path.join(deep, "server.pem")),
+        p.run(policy, "read_file.py", os.path.join(p.workspace, "sub", ".env")),
+    ]
+    leaked = " ".join(_text(b) for b in bad)
+    return "hello" in _text(ok), "TOPSECRET" not in leaked, f"secret read: {leaked[:120]}"
+
+
 def _protected(p: Probe) -> tuple[bool, bool, str]:
     policy = p.policy()
     ok = p.run(policy, "write_file.py", os.path.join(p.workspace, "a", "b", "src.txt"))
@@ -221,7 +256,8 @@ def _env(p: Probe) -> tuple[bool, bool, str]:
 
 
 @contextlib.contextmanager
-def _tcp_server() -> Iterator[tuple[int, list[bytes]]]:
+def tcp_server() -> Iterator[tuple[int, list[bytes]]]:
+    """A TCP listener on 127.0.0.1: yields ``(port, what each connection sent)``."""
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.bind(("127.0.0.1", 0))
     server.listen(8)
@@ -253,7 +289,7 @@ def _tcp_server() -> Iterator[tuple[int, list[bytes]]]:
 
 
 def _network(p: Probe) -> tuple[bool, bool, str]:
-    with _tcp_server() as (port, received):
+    with tcp_server() as (port, received):
         policy = p.policy()
         bad = p.run(policy, "connect_tcp.py", "127.0.0.1", str(port))
         escaped = bool(received)
@@ -328,6 +364,9 @@ def _timeout(p: Probe) -> tuple[bool, bool, str]:
 GUARANTEES: tuple[Guarantee, ...] = (
     Guarantee("fs write outside", _fs_write, "nothing outside the workspace is writable"),
     Guarantee("secret read", _secret, "filesystem.denyRead paths are unreadable"),
+    Guarantee(
+        "secret glob", _secret_glob, "filesystem.denyRead globs hide what they match at start"
+    ),
     Guarantee("protected path", _protected, "persistence points are write-protected at any depth"),
     Guarantee("env leak", _env, "only allowlisted environment variables reach the command"),
     Guarantee("network egress", _network, "network.mode none: no connection leaves the sandbox"),

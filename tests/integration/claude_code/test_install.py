@@ -77,7 +77,7 @@ def test_install_keeps_every_existing_key_and_hook(world: World) -> None:
     assert data["hooks"]["PostToolUse"] == EXISTING["hooks"]["PostToolUse"]
     assert data["hooks"]["PreToolUse"][0] == EXISTING["hooks"]["PreToolUse"][0]
     (ours,) = corral_groups(data)
-    assert ours["matcher"] == "Bash|Write|Edit|MultiEdit|NotebookEdit|Read|Grep|Glob"
+    assert ours["matcher"] == "*"
     assert ours["hooks"] == [
         {
             "type": "command",
@@ -111,12 +111,76 @@ def test_uninstall_restores_the_original_settings(world: World) -> None:
     assert "is not in" in install(world, "--uninstall").stdout
 
 
-def test_install_into_a_missing_file_and_uninstall_leaves_an_empty_object(world: World) -> None:
+def test_install_into_a_missing_file_and_uninstall_removes_it(world: World) -> None:
     path = user_settings(world)
     install(world)
     assert len(corral_groups(load(path))) == 1
     install(world, "--uninstall")
-    assert load(path) == {}
+    assert not os.path.exists(path)
+
+
+ODD_FORMAT = (
+    '{\n    "model":"opus" ,\n\t"hooks": {"PreToolUse": [ ]},\n'
+    '    "env": {"Z": "1", "A": "ünïcødé"}   }'
+)
+
+
+def test_uninstall_restores_the_file_byte_for_byte(world: World) -> None:
+    path = user_settings(world)
+    World.write(path, ODD_FORMAT)
+    install(world)
+    assert corral_groups(load(path))
+    install(world)  # a re-install in between keeps the original
+    assert "removed corral's hook" in install(world, "--uninstall").stdout
+    with open(path, "rb") as f:
+        assert f.read() == ODD_FORMAT.encode()
+
+
+def test_uninstall_after_the_user_edited_the_file_keeps_their_edit(world: World) -> None:
+    path = user_settings(world)
+    World.write(path, ODD_FORMAT)
+    install(world)
+    data = load(path)
+    data["model"] = "sonnet"
+    write(path, data)
+    install(world, "--uninstall")
+    after = load(path)
+    assert after["model"] == "sonnet" and "hooks" not in after
+    assert after["env"] == {"Z": "1", "A": "ünïcødé"}
+
+
+def test_a_users_hook_sharing_corrals_group_survives_reinstall_and_uninstall(
+    world: World,
+) -> None:
+    path = user_settings(world)
+    install(world)
+    data = load(path)
+    (ours,) = corral_groups(data)
+    mine = {"type": "command", "command": "~/bin/audit-every-tool.sh"}
+    ours["hooks"].append(mine)
+    write(path, data)
+    for _ in range(2):
+        install(world)
+        data = load(path)
+        assert [mine] in [g["hooks"] for g in data["hooks"]["PreToolUse"]], data
+        (ours,) = corral_groups(data)  # corral's hook has a group of its own again
+        assert ours["hooks"][0]["command"].startswith(hook_corral())
+    install(world, "--uninstall")
+    assert load(path)["hooks"]["PreToolUse"] == [{"matcher": "*", "hooks": [mine]}]
+
+
+def test_a_symlinked_settings_file_is_written_through_the_link(world: World) -> None:
+    real = os.path.join(world.root, "dotfiles", "claude-settings.json")
+    World.write(real, ODD_FORMAT)
+    os.makedirs(os.path.join(world.home, ".claude"))
+    os.symlink(real, user_settings(world))
+    install(world)
+    assert os.path.islink(user_settings(world))
+    assert corral_groups(load(real))
+    install(world, "--uninstall")
+    assert os.path.islink(user_settings(world))
+    with open(real, "rb") as f:
+        assert f.read() == ODD_FORMAT.encode()
 
 
 def test_the_installed_hook_blocks_when_corral_cannot_start(world: World) -> None:

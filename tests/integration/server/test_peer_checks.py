@@ -341,7 +341,11 @@ def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
     answer = json.loads(result.stdout.decode().removeprefix("reply: "))["hook"]
     decision = json.loads(answer["stdout"])["hookSpecificOutput"]
     assert answer["exit"] == 0 and decision["permissionDecision"] == "allow"
-    assert decision["updatedInput"]["command"].endswith(f"-c 'echo pwned > {served.victim}'")
+    # the original travels in the rewritten command's heredoc (claude_code_hook.rewrite_command)
+    assert (
+        f"\necho pwned > {served.victim}\nCORRAL_COMMAND_END\n"
+        in decision["updatedInput"]["command"]
+    )
     assert " run --agent-session s --shell bash " in decision["updatedInput"]["command"]
     assert World.read(served.victim) == "original\n"
     after = status(served)

@@ -134,8 +134,10 @@ def test_stdin_is_the_clients(served: World) -> None:
     [
         # no output cap: the terminal itself is handed to the command (colours, isatty)
         (("--max-output", "none"), [b"in-tty", b"out-tty", b"err-tty"]),
-        # with the default cap, output is relayed through pipes; stdin stays the terminal
-        ((), [b"in-tty"]),
+        # with the default cap, output is relayed from corral's own ptys (capped, digested)
+        ((), [b"in-tty", b"out-tty", b"err-tty"]),
+        # --no-tty: through pipes; stdin stays the terminal
+        (("--no-tty",), [b"in-tty"]),
     ],
 )
 def test_a_terminal_stays_a_terminal(

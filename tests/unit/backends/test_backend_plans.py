@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from corral._exceptions import BackendUnavailable, EnforcementUnavailable
+from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from corral.backends import HostFacts, get_backend
 from corral.backends._image_ref import ImageRef
 from corral.pipeline._request import ExecRequest
@@ -118,9 +118,19 @@ def test_podman_plan_keeps_secrets_off_the_command_line() -> None:
     assert dict(plan.env)["CONTAINERS_CONF"] == "/c.conf"
 
 
-def test_container_backends_need_an_image() -> None:
-    facts = _facts(engine="/usr/bin/podman", engine_problem=None, image=ImageRef(kind="host"))
-    with pytest.raises(BackendUnavailable, match="'image' setting is empty"):
+def test_container_backends_without_an_image_name_the_default_images_build() -> None:
+    unbuilt = ImageRef(kind="corral", value="corral:python", problem="not built yet")
+    facts = _facts(
+        engine="/usr/bin/podman", engine_problem=None, image=unbuilt, image_is_default=True
+    )
+    with pytest.raises(BackendUnavailable, match="'image' setting is empty") as info:
+        get_backend("podman").plan(_request(), _policy(), facts)
+    assert info.value.hint is not None and "'corral image build python'" in info.value.hint
+    # an image the user named is misuse, not a backend that cannot run here
+    facts = _facts(
+        engine="/usr/bin/podman", engine_problem=None, image=unbuilt, image_is_default=False
+    )
+    with pytest.raises(UsageError, match="not built yet"):
         get_backend("podman").plan(_request(), _policy(), facts)
 
 

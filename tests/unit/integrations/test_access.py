@@ -126,3 +126,73 @@ def test_searches_may_not_reach_existing_secrets(tree: dict[str, str]) -> None:
     assert rules.search_denial(tree["ws"], "src/**/*.py") is None
     # ~/.aws does not exist here: searching next to where it would be is fine
     assert rules.search_denial(f"{tree['home']}/.ssh/../notes") is None
+
+
+# ------------------------------------------------- paths as the kernel resolves them
+def test_link_dotdot_is_the_parent_of_the_links_target(tree: dict[str, str]) -> None:
+    # ws/link -> home/.ssh/public: "link/.." is home/.ssh for the kernel, ws for normpath
+    os.symlink(f"{tree['home']}/.ssh/public", f"{tree['ws']}/link")
+    with open(f"{tree['home']}/.ssh/id_rsa", "w") as f:
+        f.write("SECRET\n")
+    rules = rules_for(tree)
+    read = rules.read_denial(f"{tree['ws']}/link/../id_rsa")
+    assert read is not None and "secret path" in read
+    write = rules.write_denial(f"{tree['ws']}/link/../authorized_keys")
+    assert write is not None and "secret path" in write
+    search = rules.search_denial(f"{tree['ws']}/link/..")
+    assert search is not None
+    # a plain directory's .. stays lexical
+    os.makedirs(f"{tree['ws']}/sub")
+    assert rules.write_denial(f"{tree['ws']}/sub/../file") is None
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/proc/self/cwd/../home/.ssh/id_rsa",
+        "/proc/thread-self/root/etc/shadow",
+        "/proc/1/root/etc/passwd",
+        "/dev/fd/3",
+        "/dev/stdin",
+    ],
+)
+def test_per_process_links_are_refused(tree: dict[str, str], path: str) -> None:
+    rules = rules_for(tree)
+    for denial in (rules.read_denial(path), rules.write_denial(path), rules.search_denial(path)):
+        assert denial is not None and "names a different object" in denial
+
+
+def test_a_link_into_proc_self_is_refused(tree: dict[str, str]) -> None:
+    os.symlink("/proc/self/cwd", f"{tree['ws']}/here")
+    rules = rules_for(tree)
+    denial = rules.read_denial(f"{tree['ws']}/here/../x")
+    assert denial is not None and "goes through /proc/self" in denial
+
+
+def test_symlink_loops_are_refused(tree: dict[str, str]) -> None:
+    os.symlink("loop", f"{tree['ws']}/loop")
+    denial = rules_for(tree).read_denial(f"{tree['ws']}/loop/x")
+    assert denial is not None and "symbolic links" in denial
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        "{../home/.ssh,src}/*",
+        "../{home,x}/.ssh/id_rsa",
+        "{x,{y,../home/.ssh}}/**",
+        "../hom{e,x}/.ssh/*",
+    ],
+)
+def test_glob_braces_cannot_smuggle_a_secret_past_the_check(
+    tree: dict[str, str], pattern: str
+) -> None:
+    with open(f"{tree['home']}/.ssh/id_rsa", "w") as f:
+        f.write("SECRET\n")
+    denial = rules_for(tree).search_denial(tree["ws"], pattern)
+    assert denial is not None and ".ssh" in denial, pattern
+
+
+def test_glob_braces_inside_the_workspace_are_fine(tree: dict[str, str]) -> None:
+    assert rules_for(tree).search_denial(tree["ws"], "src/**/*.{py,pyi}") is None
+    assert rules_for(tree).search_denial(tree["ws"], "{a,b,c}/{d,e}") is None

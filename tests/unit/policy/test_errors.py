@@ -326,10 +326,13 @@ def test_an_unreadable_file_is_an_error(
     world.user({})
     real_open = os.open
 
-    def deny(path: str, flags: int, mode: int = 0o777) -> int:
-        if path == world.user_file:
+    def deny(path: str, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        full = (
+            path if dir_fd is None else os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), path)
+        )
+        if full == world.user_file:
             raise PermissionError(13, "Permission denied", path)
-        return real_open(path, flags, mode)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr("corral.policy._files.os.open", deny)
     with pytest.raises(SettingsError) as info:

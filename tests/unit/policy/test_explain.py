@@ -25,7 +25,8 @@ def test_explain_names_the_source_of_every_value(world: SettingsWorld) -> None:
         f'filesystem.allowWrite = ["/data"] {project}'
     )
     assert " ".join(line_for(text, "resources.timeout =").split()) == (
-        "resources.timeout = 1h (defaults)"
+        "resources.timeout = 1h (defaults: nothing an agent starts runs unbounded; long test suites "
+        "still fit)"
     )
     assert " ".join(line_for(text, "resources.cpus =").split()) == (
         "resources.cpus = null (no limit) (defaults)"
@@ -38,7 +39,9 @@ def test_explain_lists_each_entry_of_a_mixed_array(world: SettingsWorld) -> None
     text = explain(world.load())
     lines = text.splitlines()
     start = lines.index("filesystem.denyRead =")
-    assert " ".join(lines[start + 1].split()) == f'"{world.home}/.ssh" (defaults)'
+    assert " ".join(lines[start + 1].split()) == (
+        f'"{world.home}/.ssh" (defaults: SSH private keys, agent sockets and known hosts)'
+    )
     assert any(
         " ".join(line.split()) == f'"/srv/secrets" (user {world.user_file})'
         for line in lines[start:]

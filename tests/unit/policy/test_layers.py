@@ -12,13 +12,32 @@ from corral.policy import Credential, default_policy
 from .conftest import SettingsWorld
 
 
+def built_in(world: SettingsWorld) -> object:
+    """The default policy, plus the secret paths under the user database's home.
+
+    The fixture's ``$HOME`` is not the passwd home, as under ``sudo``: the
+    secrets are hidden under both.
+    """
+    import pwd
+
+    from corral.policy import SECRET_PATHS
+    from corral.policy._defaults import expand_home
+
+    policy = default_policy(world.workspace, home=world.home)
+    other = pwd.getpwuid(os.getuid()).pw_dir
+    extra = tuple(expand_home(path, other) for path, _ in SECRET_PATHS)
+    fs = policy.filesystem
+    return policy.replace(filesystem=fs.replace(deny_read=(*fs.deny_read, *extra)))
+
+
 def test_with_no_settings_the_policy_is_the_built_in_default(world: SettingsWorld) -> None:
     resolved = world.load()
-    assert resolved.policy == default_policy(world.workspace, home=world.home)
+    assert resolved.policy == built_in(world)
     assert resolved.warnings == ()
-    assert {
+    sources = {
         source for key, source in resolved.provenance.items() if key != "filesystem.workspace"
-    } == {"defaults"}
+    }
+    assert sources == {"defaults", "defaults (secret paths of other homes)"}
 
 
 def test_later_layers_win_in_the_documented_order(world: SettingsWorld) -> None:
@@ -82,7 +101,7 @@ def test_environment_variables_override_the_settings_file(world: SettingsWorld) 
 
 def test_empty_environment_variables_count_as_unset(world: SettingsWorld) -> None:
     world.environ.update(CORRAL_BACKEND="", CORRAL_SETTINGS="", CORRAL_PROFILE="")
-    assert world.load().policy == default_policy(world.workspace, home=world.home)
+    assert world.load().policy == built_in(world)
 
 
 def test_arrays_concatenate_without_duplicates_and_remember_each_source(

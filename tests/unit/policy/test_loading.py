@@ -57,14 +57,48 @@ def test_root_is_never_an_implicit_workspace(world: SettingsWorld) -> None:
 
     with pytest.raises(SettingsError, match="refusing to use / as the workspace"):
         world.load(cwd="/")
-    assert world.load(cwd="/", workspace="/").workspace == "/"  # explicit is taken as given
+    with pytest.raises(SettingsError, match="it is a directory above"):
+        world.load(cwd="/", workspace="/")  # explicit: still above every home directory
+    forced = world.load(cwd="/", workspace="/", flags={"filesystem": {"allowHomeWorkspace": True}})
+    assert forced.workspace == "/"
 
 
-def test_an_implicit_home_workspace_is_reported(world: SettingsWorld) -> None:
-    resolved = world.load(cwd=world.home)
-    assert resolved.workspace == world.home
-    assert resolved.warnings[0].startswith(f"the workspace is your home directory {world.home}")
-    assert world.load(cwd=world.home, workspace="~").warnings == ()
+@pytest.mark.parametrize("workspace", [None, "~", "~/.."])
+def test_a_home_workspace_is_refused_unless_allowed(
+    world: SettingsWorld, workspace: str | None
+) -> None:
+    from corral._exceptions import SettingsError
+
+    with pytest.raises(SettingsError, match="refusing the workspace") as info:
+        world.load(cwd=world.home, workspace=workspace)
+    assert "--allow-home-workspace" in (info.value.hint or "")
+    resolved = world.load(
+        cwd=world.home, workspace=workspace, flags={"filesystem": {"allowHomeWorkspace": True}}
+    )
+    relative = (workspace or ".").replace("~", ".")
+    assert resolved.workspace == os.path.normpath(os.path.join(world.home, relative))
+    assert any("allowHomeWorkspace" in warning for warning in resolved.warnings)
+
+
+def test_the_passwd_home_is_a_home_too(world: SettingsWorld) -> None:
+    import pwd
+
+    from corral._exceptions import SettingsError
+
+    passwd_home = pwd.getpwuid(os.getuid()).pw_dir
+    assert passwd_home != world.home  # the fixture's $HOME is elsewhere, as under sudo
+    with pytest.raises(SettingsError, match="refusing the workspace"):
+        world.load(cwd=world.home, workspace=passwd_home)
+
+
+def test_a_project_file_cannot_allow_a_home_workspace(world: SettingsWorld) -> None:
+    from corral._exceptions import SettingsError
+
+    os.makedirs(os.path.join(world.home, ".corral"))
+    with open(os.path.join(world.home, ".corral", "settings.json"), "w") as f:
+        f.write('{"filesystem": {"allowHomeWorkspace": true}}')
+    with pytest.raises(SettingsError, match="refusing the workspace"):
+        world.load(cwd=world.home)
 
 
 def test_the_workspace_can_come_from_a_settings_file(world: SettingsWorld) -> None:
@@ -305,3 +339,32 @@ def test_the_effective_settings_load_back(world: SettingsWorld) -> None:
     exported = world.write("exported.json", json.dumps(effective_settings_json(resolved)))
     os.remove(world.user_file)
     assert world.load(settings_files=[exported]).policy == resolved.policy
+
+
+def test_secret_paths_are_hidden_under_the_passwd_home_and_the_xdg_directories(
+    world: SettingsWorld,
+) -> None:
+    import pwd
+
+    passwd_home = pwd.getpwuid(os.getuid()).pw_dir
+    world.environ.update(XDG_CONFIG_HOME="/xdg/config", XDG_DATA_HOME="/xdg/data")
+    deny_read = world.load().policy.filesystem.deny_read
+    assert f"{world.home}/.ssh" in deny_read
+    assert f"{passwd_home}/.ssh" in deny_read  # HOME=... corral run, or sudo
+    assert f"{passwd_home}/.config/gh" in deny_read
+    assert "/xdg/config/gh" in deny_read
+    assert "/xdg/config/gcloud" in deny_read
+    assert "/xdg/data/keyrings" in deny_read
+
+
+def test_settings_files_in_use_are_read_only_inside_writable_areas(world: SettingsWorld) -> None:
+    inside = os.path.join(world.workspace, "corral.json")
+    with open(inside, "w") as f:
+        f.write("{}")
+    world.environ["CORRAL_SETTINGS"] = inside
+    assert inside in world.load().policy.filesystem.deny_write
+    outside = os.path.join(world.root, "elsewhere.json")
+    with open(outside, "w") as f:
+        f.write("{}")
+    world.environ["CORRAL_SETTINGS"] = outside
+    assert outside not in world.load().policy.filesystem.deny_write

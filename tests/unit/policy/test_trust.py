@@ -177,3 +177,35 @@ def test_trust_defaults_to_the_process_environment(
     world.project({})
     assert trust_project(world.workspace) == [world.project_file]
     assert trust_status(world.workspace)[0].state == "trusted"
+
+
+def test_trust_records_are_never_read_or_written_through_a_link(world: SettingsWorld) -> None:
+    """A linked state directory (planted by a sandboxed command) is refused, not followed."""
+    world.project({"network": {"mode": "open"}})
+    state = os.path.dirname(world.trust_file)
+    forged = os.path.join(os.path.dirname(world.home), "forged")
+    os.makedirs(forged)
+    os.makedirs(os.path.dirname(state), exist_ok=True)
+    os.symlink(forged, state)
+    with pytest.raises(SettingsError, match="is a symbolic link to"):
+        world.trust()
+    assert os.listdir(forged) == []  # nothing written through the link
+    with open(world.project_file, "rb") as file:
+        digest = sha256_hex(file.read())
+    with open(os.path.join(forged, "trust.json"), "w") as file:
+        json.dump({"version": 1, "files": {world.project_file: {"sha256": digest}}}, file)
+    resolved = world.load()
+    assert resolved.policy.network.mode == "none"  # the forged record trusts nothing
+    assert any("is a symbolic link" in warning for warning in resolved.warnings)
+
+
+def test_project_settings_are_not_read_through_a_link_leaving_the_workspace(
+    world: SettingsWorld,
+) -> None:
+    elsewhere = os.path.join(os.path.dirname(world.home), "elsewhere")
+    os.makedirs(elsewhere)
+    with open(os.path.join(elsewhere, "settings.json"), "w") as file:
+        file.write('{"resources": {"pids": 7}}')
+    os.symlink(elsewhere, os.path.join(world.workspace, ".corral"))
+    with pytest.raises(SettingsError, match=r"\.corral is a symbolic link to"):
+        world.load()

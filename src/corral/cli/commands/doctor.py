@@ -1,6 +1,8 @@
 """``corral doctor``: what works on this machine, and how to fix what doesn't.
 
-For every registered backend: whether it can run here, and if not the exact
+First whether the settings layers of the current directory load and validate
+(exit status 1 when they do not: every run would be refused). For every
+registered backend: whether it can run here, and if not the exact
 reason and the fix; for the ones that can, a real smoke run of ``true`` in a
 throw-away workspace (a probe that only looks for binaries can be wrong).
 Then the host features corral's guarantees rest on: seccomp user
@@ -19,6 +21,10 @@ import tempfile
 
 from ..._exceptions import CorralError
 from .. import EXIT_USAGE
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["check_backends", "main", "matrix", "render_matrix"]
 
@@ -85,7 +91,7 @@ def _features() -> list[tuple[str, bool, str]]:
     from ...backends._kernel import broker_supported
     from ...pipeline._cgroups import probe
 
-    rows: list[tuple[str, bool, str]] = []
+    rows: list[tuple[str, bool, str]] = [_settings_feature()]
     helper = helper_path()
     rows.append(
         (
@@ -118,6 +124,27 @@ def _features() -> list[tuple[str, bool, str]]:
     return rows
 
 
+def _settings_feature() -> tuple[str, bool, str]:
+    """The settings layers of this directory load and validate (what every run would meet)."""
+    from ..._exceptions import SettingsError
+    from ...policy import load_settings
+
+    name = "settings"
+    try:
+        resolved = load_settings(environ=os.environ)
+    except SettingsError as exc:
+        return name, False, exc.message + (f" (fix: {exc.hint})" if exc.hint else "")
+    files = [
+        layer.label + ("" if layer.trusted else " (untrusted: tightening only)")
+        for layer in resolved.layers
+        if layer.path is not None and layer.found
+    ]
+    detail = "valid: " + ("; ".join(files) if files else "built-in defaults only")
+    for warning in resolved.warnings:
+        detail += f"; warning: {warning}"
+    return name, True, detail
+
+
 def _fast_client_feature() -> tuple[str, bool, str]:
     """Whether the hook and the commands it rewrites can use corral-client (and record its sidecar)."""
     from ...server._fastclient import SIDECAR_SUFFIX, client_path, usable_client
@@ -137,18 +164,27 @@ def _fast_client_feature() -> tuple[str, bool, str]:
     )
 
 
-def matrix(names: list[str] | None = None) -> list[dict[str, object]]:
+def matrix(
+    names: list[str] | None = None, progress: Callable[[str], None] | None = None
+) -> list[dict[str, object]]:
     """Run the conformance probes on every backend that works here.
 
     One row per backend: ``{"backend", "available", "reason", "cells": {guarantee: (status, detail)}}``;
-    see :mod:`corral.testing.conformance` for the statuses.
+    see :mod:`corral.testing.conformance` for the statuses. *progress* is told
+    what is being probed, before each step.
     """
     from ...backends import BACKENDS, UNREGISTERED, get_backend
     from ...testing.conformance import GUARANTEES, check
 
+    def tell(text: str) -> None:
+        if progress is not None:
+            progress(text)
+
     rows: list[dict[str, object]] = []
+    tell("smoke-testing every backend")
     by_name = {e["backend"]: e for e in check_backends()}
-    for name in names or sorted(BACKENDS):
+    todo = names or sorted(BACKENDS)
+    for index, name in enumerate(todo, 1):
         entry = by_name.get(name, {})
         if not entry.get("works"):
             rows.append(
@@ -163,6 +199,7 @@ def matrix(names: list[str] | None = None) -> list[dict[str, object]]:
             continue
         cells = {}
         for guarantee in GUARANTEES:
+            tell(f"backend {index}/{len(todo)} {name}: {guarantee.name}")
             verdict = check(name, guarantee)
             cells[guarantee.name] = (verdict.status, verdict.detail)
         rows.append(
@@ -319,12 +356,20 @@ def main(args: list[str]) -> int:
     parser.add_argument(
         "--backend", action="append", help="with --matrix: only this backend (repeatable)"
     )
+    parser.add_argument(
+        "--progress",
+        action="store_true",
+        help="with --matrix: report each probe on stderr (default: only when stderr is a terminal)",
+    )
     try:
         ns = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
     if ns.matrix:
-        rows = matrix(ns.backend)
+        progress = _progress_line() if ns.progress else _progress_tty()
+        rows = matrix(ns.backend, progress=progress)
+        if progress is not None and not ns.progress:
+            sys.stderr.write("\r\x1b[K")  # clear the progress line
         if ns.json:
             from ..._jsonfast import dumps
 
@@ -354,7 +399,7 @@ def main(args: list[str]) -> int:
             )
             + "\n"
         )
-        return 0
+        return _status(features)
     uname = os.uname()
     sys.stdout.write(
         f"corral doctor: Linux {uname.release} {uname.machine}, uid {os.getuid()}\n\nbackends:\n"
@@ -379,4 +424,34 @@ def main(args: list[str]) -> int:
     sys.stdout.write("\nfeatures:\n")
     for name, ok, detail in features:
         sys.stdout.write(f"  [{'ok ' if ok else 'no '}] {name}: {detail}\n")
-    return 0
+    return _status(features)
+
+
+def _progress_tty() -> Callable[[str], None] | None:
+    """A progress line that rewrites itself on a terminal stderr; None when it is not one."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"\r\x1b[Kcorral: doctor --matrix: {text}")
+        sys.stderr.flush()
+
+    return show
+
+
+def _progress_line() -> Callable[[str], None]:
+    """``--progress``: one stderr line per step (a log, for pipes and CI)."""
+
+    def show(text: str) -> None:
+        sys.stderr.write(f"corral: doctor --matrix: {text}\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _status(features: list[tuple[str, bool, str]]) -> int:
+    """1 when the settings are invalid (every run would be refused), else 0."""
+    settings_ok = all(ok for name, ok, _ in features if name == "settings")
+    if not settings_ok:
+        sys.stderr.write("corral: the settings are invalid: every run would be refused\n")
+    return 0 if settings_ok else 1

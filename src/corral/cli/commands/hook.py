@@ -28,10 +28,12 @@ EXIT_BLOCK = 2
 _MAX_INPUT = 16 << 20  # a PreToolUse payload carries one tool call; Write content can be large
 USAGE = """usage: corral hook claude-code < PRE_TOOL_USE_JSON
 
-The Claude Code PreToolUse hook: Bash commands are rewritten to run under
-'corral run'; Write/Edit/MultiEdit/NotebookEdit outside what the sandbox may
-write, and Read/Grep/Glob of secret paths, are denied. Install it with
-'corral install claude-code'. Any error exits 2 (Claude Code blocks the call).
+The Claude Code PreToolUse hook: Bash and Monitor commands are rewritten to
+run under 'corral run', after your Claude Code deny/ask rules are applied to
+the original command; Write/Edit/NotebookEdit outside what the sandbox may
+write, Read/Grep/Glob of secret paths, and tools that would run code outside
+the sandbox are denied. Install it with 'corral install claude-code'. Any
+error exits 2 (Claude Code blocks the call).
 """
 
 
@@ -68,6 +70,7 @@ def answer(
     *,
     environ: Mapping[str, str],
     python_cli: Sequence[str],
+    pid: int | None = None,
 ) -> HookAnswer:
     """The answer of ``corral hook INTEGRATION`` to the input *data*.
 
@@ -77,6 +80,8 @@ def answer(
         environ: the hook's environment (settings layers, ``~`` in paths).
         python_cli: how a rewritten Bash command starts corral when the
             fast client (:func:`corral.server._fastclient.usable_client`) is not usable.
+        pid: the hook's process (this one, or the fast client the server
+            answers): the Claude Code above it gives its command line's rules.
 
     Never raises: any error is an answer that blocks the call.
     """
@@ -94,7 +99,11 @@ def answer(
             payload = parse_payload(data)
             resolved = load_settings(cwd=payload["cwd"], environ=environ)
             decision = decide(
-                payload, resolved, corral=_corral_for_commands(python_cli), environ=environ
+                payload,
+                resolved,
+                corral=_corral_for_commands(python_cli),
+                environ=environ,
+                pid=pid,
             )
         except HookError as exc:
             return _blocked(str(exc))
@@ -154,7 +163,13 @@ def main(args: list[str]) -> int:
             from ...integrations.claude_code_hook import corral_command
 
             python_cli = corral_command(sys.argv[0], sys.executable)
-            result = answer("claude-code", _read_stdin(), environ=os.environ, python_cli=python_cli)
+            result = answer(
+                "claude-code",
+                _read_stdin(),
+                environ=os.environ,
+                python_cli=python_cli,
+                pid=os.getpid(),
+            )
     except BaseException as exc:  # fail closed: whatever broke (^C too), block the call
         result = _failed(exc)
     _note_for_plugin(python_cli)

@@ -1,6 +1,8 @@
 """``corral image build NAME``: a reproducible Debian image from apt, without a registry.
 
-Also ``corral image list`` (the builds in the cache). See :mod:`corral.images`.
+Also ``corral image list`` (the builds in the cache), ``corral image rm NAME``
+(a name's builds and engine images) and ``corral image prune`` (builds no name
+points to any more). See :mod:`corral.images`.
 """
 
 from __future__ import annotations
@@ -59,11 +61,16 @@ def main(args: list[str]) -> int:
         help="an extra settings file (e.g. with integrations.image.packages)",
     )
     sub.add_parser("list", help="list the builds in the cache")
+    rm = sub.add_parser("rm", help="remove images: every build and the podman/docker images")
+    rm.add_argument("names", nargs="+", metavar="NAME", help="an image name ('corral image list')")
+    sub.add_parser("prune", help="remove builds that no image name points to any more")
     try:
         ns = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
     environ = dict(os.environ)
+    if ns.action in ("rm", "prune"):
+        return _remove(ns, environ)
     if ns.action == "list":
         from ...images import cache_root, find_built
 
@@ -116,3 +123,26 @@ def main(args: list[str]) -> int:
     for engine, ref in image.engines:
         sys.stdout.write(f"{engine}:  {ref}\n")
     return 0
+
+
+def _remove(ns: argparse.Namespace, environ: dict[str, str]) -> int:
+    """``rm`` / ``prune``: one line per removed item on stdout; 125 if anything could not go."""
+    from ...images import prune_images, remove_image
+
+    engines = _engines(environ)
+    status = 0
+    targets = ns.names if ns.action == "rm" else [None]
+    for name in targets:
+        try:
+            removed = (
+                prune_images(engines, environ)
+                if name is None
+                else remove_image(name, engines, environ)
+            )
+        except CorralError as exc:
+            print_error(exc.message, exc.hint)
+            status = EXIT_USAGE
+            continue
+        for item in removed:
+            sys.stdout.write(f"removed {item}\n")
+    return status

@@ -3,7 +3,8 @@
 Writes corral's ``PreToolUse`` hook into ``~/.claude/settings.json``
 (``--user``, the default) or ``<project>/.claude/settings.json``
 (``--project``; the project is the git top-level above the current
-directory) by merging JSON: every existing key and hook stays; installing
+directory - which covers only sessions started *at* that directory, so the
+command says so and recommends ``--user``) by merging JSON: every existing key and hook stays; installing
 twice changes nothing; ``--uninstall`` removes the hook again. The hook
 command is the compiled fast client (``corral-client hook claude-code``) when
 it is usable here, else this corral script. See
@@ -55,13 +56,17 @@ def main(args: list[str]) -> int:
         dest="scope",
         action="store_const",
         const="project",
-        help="<project>/.claude/settings.json (the git top-level above the current directory)",
+        help=(
+            "<project>/.claude/settings.json (the git top-level above the current directory); "
+            "covers only sessions started at that directory - prefer --user"
+        ),
     )
     parser.add_argument("--uninstall", action="store_true", help="remove corral's hook again")
     try:
         opts = parser.parse_args(args)
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
+    from ..._state import state_dir
     from ...integrations.claude_code_hook import corral_command
     from ...integrations.claude_settings import hook_command, install_hook, uninstall_hook
     from ...policy._locations import default_home
@@ -69,14 +74,15 @@ def main(args: list[str]) -> int:
 
     home = default_home(os.environ)
     path = settings_path(opts.scope or "user", home=home, cwd=os.getcwd())
+    records = os.path.join(state_dir(os.environ), "claude-code-install")
     try:
         if opts.uninstall:
-            changed = uninstall_hook(path)
+            changed = uninstall_hook(path, records=records)
             what = "removed corral's hook from" if changed else "corral's hook is not in"
         else:
             fast = usable_client()
             corral = (fast,) if fast else corral_command(sys.argv[0], sys.executable)
-            changed = install_hook(path, hook_command(corral))
+            changed = install_hook(path, hook_command(corral), records=records)
             what = (
                 "installed corral's PreToolUse hook in"
                 if changed
@@ -89,4 +95,16 @@ def main(args: list[str]) -> int:
         print_error(f"{path}: cannot write it: {exc.strerror}")
         return EXIT_USAGE
     sys.stdout.write(f"corral: {what} {path}{'' if changed else '; nothing changed'}\n")
+    if opts.scope == "project" and not opts.uninstall:
+        sys.stdout.write(PROJECT_SCOPE_NOTE.format(project=os.path.dirname(os.path.dirname(path))))
     return 0
+
+
+#: What ``--project`` covers, verified with the real Claude Code (2.1.197): a session
+#: reads ``.claude/settings.json`` only in the directory it was started in.
+PROJECT_SCOPE_NOTE = """\
+corral: this protects Claude Code sessions started in {project} itself. Claude Code
+  reads a project's .claude/settings.json only in the directory a session starts
+  in: a session started in a subdirectory runs its commands WITHOUT corral.
+  To cover every session, install for your user: corral install claude-code --user
+"""

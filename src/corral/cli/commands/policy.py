@@ -20,21 +20,20 @@ from .._options import parse_run_options, run_options_help
 __all__ = ["main"]
 
 SUMMARY = __doc__.split("\n\n")[1].replace("\n", " ")
+EXTRA_HELP = (
+    ("--explain", "show the layer each value came from (a built-in one with its reason)"),
+    ("--json", "print the effective settings as JSON"),
+    ("--plan", "print the launch plan for COMMAND"),
+)
 
 
 def main(args: list[str]) -> int:
     """Entry point."""
     if args[:1] in (["-h"], ["--help"]):
         sys.stdout.write(
-            run_options_help(
-                "policy",
-                SUMMARY,
-                (
-                    ("--explain", "show the layer each value came from"),
-                    ("--json", "print the effective settings as JSON"),
-                    ("--plan", "print the launch plan for COMMAND"),
-                ),
-            ).replace("-- COMMAND [ARG...]", "[--explain|--json|--plan] [-- COMMAND...]")
+            run_options_help("policy", SUMMARY, EXTRA_HELP).replace(
+                "-- COMMAND [ARG...]", "[--explain|--json|--plan] [-- COMMAND...]"
+            )
         )
         return 0
     try:

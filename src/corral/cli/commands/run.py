@@ -43,7 +43,7 @@ __all__ = [
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
 _MAX_VIOLATION_LINES = 20
-_FORWARDED_SIGNALS = (1, 2, 15)  # SIGHUP, SIGINT, SIGTERM
+_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH: a terminal's
 
 
 class Caller:
@@ -91,7 +91,7 @@ class Caller:
 def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
     """``corral run [OPTIONS] -- COMMAND...`` in this process.
 
-    SIGHUP, SIGINT and SIGTERM sent to corral are forwarded to the command;
+    SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGWINCH sent to corral are forwarded to the command;
     *pending* are signals that arrived before (the client tried the server first).
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
@@ -214,6 +214,8 @@ def build_request(
         )
     if stdin_inherit:
         request = request.replace(stdin_mode="inherit")
+    if not opts.no_tty:
+        request = request.replace(output_tty=True)  # used only where output goes to a terminal
     return request
 
 
@@ -348,12 +350,25 @@ def _seconds(value: float | None) -> str:
     return f"{value:g}s"
 
 
+_CALLER_STREAMS = {"-": "stdout", "/dev/stdout": "stdout", "/dev/stderr": "stderr"}
+
+
 def _write_json(caller: Caller, path: str, outcome: Outcome) -> None:
+    """Write the Outcome to *path*; ``-``/``/dev/stdout``/``/dev/stderr`` are the caller's.
+
+    Those names mean the caller's own streams, also in the corral server,
+    whose ``/dev/stdout`` is not the client's.
+    """
     from ..._jsonfast import dumps
 
+    text = dumps(outcome.to_json()) + "\n"
+    stream = _CALLER_STREAMS.get(path)
+    if stream is not None:
+        _write_fd(caller.stdout if stream == "stdout" else caller.stderr, text)
+        return
     try:
         with open(caller.path(path), "w", encoding="utf-8") as f:
-            f.write(dumps(outcome.to_json()) + "\n")
+            f.write(text)
     except OSError as exc:
         caller.error(f"could not write --json-out {path}: {exc.strerror}")
 

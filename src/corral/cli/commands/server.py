@@ -54,6 +54,7 @@ def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
         request.stdin,
         environ=request.environ,
         python_cli=(sys.executable, "-m", "corral"),
+        pid=request.pid,
     )
     return result.stdout, result.stderr, result.status
 

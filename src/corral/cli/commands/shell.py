@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..._exceptions import CorralError
+from ..._exceptions import CorralError, UsageError
 from .. import EXIT_USAGE, print_error
 from .._options import parse_run_options, run_options_help
 
@@ -31,6 +31,11 @@ def main(args: list[str]) -> int:
         return 0
     try:
         opts = parse_run_options(args, command_required=False)
+        if opts.no_tty:
+            raise UsageError(
+                "--no-tty does not apply to corral shell: it always runs on a private pty",
+                hint="corral run --no-tty ... runs a command without one",
+            )
         if opts.shell is None and not opts.argv:
             opts.argv = [os.environ.get("SHELL") or "/bin/bash", "-i"]
         if "timeout" not in opts.flags.get("resources", {}):

@@ -49,11 +49,17 @@ def main(args: list[str]) -> int:
     except SystemExit as exc:
         return 0 if exc.code == 0 else EXIT_USAGE
     from ...integrations.claude_code_hook import corral_command
-    from ...integrations.plugin_wrap import WrapOptions, check_plugin, wrap_plugin
+    from ...integrations.plugin_wrap import (
+        WrapOptions,
+        check_plugin,
+        trusted_launchers,
+        wrap_plugin,
+    )
 
+    corral = corral_command(sys.argv[0], sys.executable)
     try:
         if opts.check:
-            findings = check_plugin(opts.plugin_dir)
+            findings = check_plugin(opts.plugin_dir, launchers=trusted_launchers(corral))
             for finding in findings:
                 sys.stdout.write(finding.describe() + "\n")
             unwrapped = [f for f in findings if f.wrapped is False]
@@ -66,7 +72,7 @@ def main(args: list[str]) -> int:
                 )
             return 1 if unwrapped else 0
         options = WrapOptions(
-            corral=corral_command(sys.argv[0], sys.executable),
+            corral=corral,
             allow_hosts=opts.allow_host,
             workspace_writable=opts.allow_workspace_write,
         )

@@ -1,0 +1,151 @@
+"""Expand ``filesystem.denyRead`` globs into the host paths they match, at start-up.
+
+Every backend hides literal paths (bubblewrap masks, Landlock's read split,
+container and gVisor mounts, Seatbelt rules). A glob entry
+(``/srv/certs/**/*.pem``, ``**/.env``) is turned into the paths that match it
+*when the command starts*, before the host is inspected, so every backend
+enforces it with the mechanism it already has and ``plan()`` stays pure.
+
+The walk is bounded and never follows links:
+
+* it starts at the glob's longest literal directory prefix and descends only
+  into directories below which the glob could still match;
+* a matching directory is hidden whole (nothing below it is visited);
+* a matching link hides the link's target as well, when it exists (reading
+  through the link would read the target);
+* more than :data:`MAX_VISITED` directory entries looked at, or more than
+  :data:`MAX_MATCHES` matches, refuses the run (exit 125) with the glob named:
+  a glob that cannot be expanded cannot be enforced.
+
+Links among the hidden paths are resolved the same way: a ``denyRead`` (or
+``allowRead``) entry reached through a symbolic link (``~/.aws`` managed by a
+dotfiles tool as a link to ``~/dotfiles/aws``) is replaced by the path it
+resolves to. Hiding the link's own name would leave the target readable under
+its real path, and a mount cannot be placed on a link at all.
+
+What the glob matches is fixed at start-up: a file the *host* creates under a
+matching name while the command runs is not hidden (docs/threat-model.md).
+A file the command itself creates it wrote, so it has nothing to learn.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+
+from .._exceptions import UsageError
+from ._glob import PathPattern
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._model import Policy
+
+__all__ = ["MAX_MATCHES", "MAX_VISITED", "expand_deny_read", "expand_glob", "is_glob"]
+
+#: Directory entries one glob may look at before the run is refused.
+MAX_VISITED = 50_000
+#: Paths one glob may match before the run is refused (each becomes a mount or a rule).
+MAX_MATCHES = 512
+
+
+def is_glob(path: str) -> bool:
+    """Whether *path* holds glob syntax (``*``, ``?``, ``[``)."""
+    return any(c in path for c in "*?[")
+
+
+def _literal_prefix(pattern: str) -> str:
+    """The longest directory of *pattern* (absolute) that holds no glob syntax."""
+    parts = pattern.split("/")
+    literal: list[str] = []
+    for part in parts[:-1]:
+        if is_glob(part):
+            break
+        literal.append(part)
+    return "/".join(literal) or "/"
+
+
+def _refuse(pattern: str, why: str) -> UsageError:
+    return UsageError(
+        f"Failed to enforce filesystem.denyRead {pattern}: {why}",
+        hint="narrow the glob (a longer literal directory before the first *), or list the "
+        "paths themselves",
+    )
+
+
+def expand_glob(pattern: str) -> list[str]:
+    """The existing host paths the absolute glob *pattern* matches (see the module docstring).
+
+    Raises:
+        UsageError: the walk or the matches exceed their bounds.
+    """
+    glob = PathPattern(pattern)
+    start = _literal_prefix(pattern)
+    matches: list[str] = []
+    visited = 0
+    stack = [start]
+    while stack:
+        directory = stack.pop()
+        try:
+            entries = os.scandir(directory)
+        except OSError:
+            continue  # unreadable or gone: the sandbox cannot read it either
+        with entries:
+            for entry in entries:
+                visited += 1
+                if visited > MAX_VISITED:
+                    raise _refuse(
+                        pattern, f"it looks at more than {MAX_VISITED} entries under {start}"
+                    )
+                path = entry.path if directory != "/" else "/" + entry.name
+                try:
+                    mode = entry.stat(follow_symlinks=False).st_mode
+                except OSError:
+                    continue
+                if glob.matches(path):
+                    matches.append(path)
+                    if stat.S_ISLNK(mode):
+                        target = os.path.realpath(path)
+                        if os.path.lexists(target):
+                            matches.append(target)
+                    if len(matches) > MAX_MATCHES:
+                        raise _refuse(pattern, f"it matches more than {MAX_MATCHES} paths")
+                    continue  # a hidden directory hides everything below it
+                if stat.S_ISDIR(mode) and glob.could_match_below(path):
+                    stack.append(path)
+    return sorted(set(matches))
+
+
+def _resolved(path: str) -> str:
+    """*path* with its links resolved, when it exists; else *path* itself."""
+    if not os.path.lexists(path):
+        return path
+    real = os.path.realpath(path)
+    return real if os.path.lexists(real) else path
+
+
+def expand_deny_read(policy: Policy) -> Policy:
+    """*policy* with each ``denyRead`` glob replaced by the host paths it matches now.
+
+    Literal entries are kept; a glob that matches nothing adds nothing. Every
+    ``denyRead`` and ``allowRead`` entry that exists is replaced by its path
+    with links resolved (see the module docstring). Returns *policy* itself
+    when nothing changes.
+
+    Raises:
+        UsageError: a glob cannot be expanded within the bounds (exit 125).
+    """
+    fs = policy.filesystem
+    expanded: list[str] = []
+    for entry in fs.deny_read:
+        if not is_glob(entry):
+            expanded.append(entry)
+            continue
+        if not entry.startswith("/"):
+            raise _refuse(entry, "a glob must be absolute once the settings are resolved")
+        expanded += [posixpath.normpath(p) for p in expand_glob(entry)]
+    deny_read = tuple(dict.fromkeys(_resolved(p) for p in expanded))
+    allow_read = tuple(dict.fromkeys(_resolved(p) for p in fs.allow_read))
+    if deny_read == fs.deny_read and allow_read == fs.allow_read:
+        return policy
+    return policy.replace(filesystem=fs.replace(deny_read=deny_read, allow_read=allow_read))

@@ -1,0 +1,270 @@
+"""``corral run`` at a terminal behaves as the command would there without corral.
+
+A real pty is the terminal: the test writes Ctrl-C (byte 0x03) to it, as a
+user's keyboard does, and compares with the same shell command run directly on
+a pty in the same test - in-process, through the corral server with the Python
+client, and with the compiled ``corral-client``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import select
+import time
+from collections.abc import Callable
+
+from tests.conftest import World, client_command
+
+READY = b"ready"
+
+
+def on_pty(
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str,
+    keys: bytes = b"",
+    *,
+    wait_for: bytes = READY,
+    then: Callable[[], None] | None = None,
+) -> tuple[int, bytes]:
+    """Run *argv* with a new pty as its controlling terminal; once *wait_for* shows, type *keys*
+    and call *then*.
+
+    Returns the exit status (negative: killed by that signal) and all it wrote.
+    """
+    pid, fd = pty.fork()
+    if pid == 0:  # the child is a session leader; the pty is its terminal
+        try:
+            os.chdir(cwd)
+            os.execvpe(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    out = b""
+    typed = False
+    deadline = time.monotonic() + 35
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # EIO: every process holding the pty is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not typed and wait_for in out:
+            if keys:
+                time.sleep(0.3)  # let the shell reach its wait for sleep
+                os.write(fd, keys)
+            if then is not None:
+                then()
+            typed = True
+    else:
+        os.kill(pid, 9)
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    return os.waitstatus_to_exitcode(status), out
+
+
+def landlock_works(world: World) -> bool:
+    """Whether the landlock backend runs a command on this machine."""
+    result = world.corral(
+        "run",
+        "--backend",
+        "landlock",
+        "--isolation",
+        "process",
+        "--",
+        "true",
+        env={"CORRAL_SERVER": "off"},
+    )
+    return result.returncode == 0
+
+
+def _as_exit_status(code: int) -> int:
+    """A shell's view of a child's end: killed by signal N is 128 + N."""
+    return 128 - code if code < 0 else code
+
+
+SCRIPTS = [
+    "echo ready; sleep 100; echo after",
+    "trap 'echo trapped; exit 7' INT; echo ready; sleep 100; echo after",
+]
+
+
+def test_ctrl_c_interrupts_the_foreground_command(served: World, client: str) -> None:
+    for script in SCRIPTS:
+        started = time.monotonic()
+        bare = on_pty(["/bin/sh", "-c", script], served.environ, served.workspace, b"\x03")
+        assert time.monotonic() - started < 30
+        in_process = {**served.environ, "CORRAL_SERVER": "off"}
+        runs = {
+            "in-process": (client_command("corral"), in_process, ()),
+            client: (client_command(client), dict(served.environ), ()),
+        }
+        if landlock_works(served):  # the exec helper starts the session (no pid namespace)
+            landlock = ("--backend", "landlock", "--isolation", "process")
+            runs["landlock"] = (client_command("corral"), in_process, landlock)
+        for name, (argv, env, options) in runs.items():
+            started = time.monotonic()
+            command = [*argv, "run", *options, "-c", script]
+            code, out = on_pty(command, env, served.workspace, b"\x03")
+            elapsed = time.monotonic() - started
+            assert elapsed < 30, f"{name}: Ctrl-C did not stop sleep ({out!r})"
+            assert b"after" not in out, (name, out)
+            assert code == _as_exit_status(bare[0]), (name, script, code, bare, out)
+            assert out.replace(b"^C", b"").split() == bare[1].replace(b"^C", b"").split(), (
+                name,
+                out,
+                bare,
+            )
+
+
+def _runs(served: World, client: str) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """How to start ``corral``: in-process, and through the server with *client*."""
+    return {
+        "in-process": (client_command("corral"), {**served.environ, "CORRAL_SERVER": "off"}),
+        client: (client_command(client), dict(served.environ)),
+    }
+
+
+def test_output_is_live_on_a_terminal(served: World, client: str) -> None:
+    # Python block-buffers a pipe: 'ready' shows before the command ends only on a terminal
+    script = (
+        "import os, sys, time\n"
+        "print('ready')\n"
+        "while not os.path.exists('go'): time.sleep(0.05)\n"
+        "print('done')\n"
+    )
+    World.write(served.ws("live.py"), script)
+    for name, (argv, env) in _runs(served, client).items():
+        go = served.ws("go")
+        code, out = on_pty(
+            [*argv, "run", "--timeout", "20s", "--", "/usr/bin/python3", "live.py"],
+            env,
+            served.workspace,
+            then=lambda go=go: World.write(go, ""),
+        )
+        os.unlink(go)
+        assert code == 0, (name, out)
+        assert out.split() == [b"ready", b"done"], (name, out)
+
+
+def test_the_command_sees_a_terminal_and_colours_unless_no_tty(served: World, client: str) -> None:
+    script = (
+        "echo ready; test -t 0 && echo in-tty; test -t 1 && echo out-tty; "
+        "test -t 2 && echo err-tty >&2; ls --color=auto -d /"
+    )
+    for name, (argv, env) in _runs(served, client).items():
+        env = {**env, "TERM": "xterm"}  # ls colours only a terminal type it knows
+        code, out = on_pty([*argv, "run", "-c", script], env, served.workspace)
+        assert code == 0, (name, out)
+        # stdout and stderr are two streams (each digested): their order may vary
+        assert {b"ready", b"in-tty", b"out-tty", b"err-tty"} <= set(out.split()), (name, out)
+        assert b"\x1b[" in out, f"{name}: ls printed no colour ({out!r})"
+        # --no-tty: as before, pipes (the terminal stays only stdin)
+        code, out = on_pty([*argv, "run", "--no-tty", "-c", script], env, served.workspace)
+        assert code == 0, (name, out)
+        assert out.split() == [b"ready", b"in-tty", b"/"], (name, out)
+
+
+def test_the_pty_keeps_the_output_cap_and_the_audit_digests(served: World, client: str) -> None:
+    for name, (argv, env) in _runs(served, client).items():
+        code, out = on_pty(
+            [*argv, "run", "-c", "echo ready; printf 'a\\nb\\n'"],
+            env,
+            served.workspace,
+        )
+        assert code == 0, (name, out)
+        record = json.loads(served.corral("audit", "--json", "-n", "1").stdout)
+        # the bytes the command wrote, not the terminal's \r\n
+        assert record["stdout"]["sha256"] == hashlib.sha256(b"ready\na\nb\n").hexdigest(), name
+        code, out = on_pty(
+            [*argv, "run", "--max-output", "1K", "-c", "echo ready; head -c 100000 /dev/zero"],
+            env,
+            served.workspace,
+        )
+        assert code == 0, (name, out)
+        assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
+        assert b"output limit (resources.output) reached" in out, (name, out[-300:])
+
+
+def test_ctrl_c_as_an_unprivileged_user(world: World) -> None:
+    # no writable cgroup and no bubblewrap info fd: the sandbox's init is found another way
+    import pytest
+
+    import corral
+    from tests.conftest import corral_command, unreadable_for
+
+    if os.geteuid() != 0:
+        prefix: list[str] = []
+    else:
+        problem = unreadable_for(65534, corral_command()[0], os.path.dirname(corral.__file__))
+        if problem is not None:
+            pytest.skip(problem)
+        for directory, dirs, files in os.walk(world.root):
+            for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+                os.lchown(name, 65534, 65534)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    options = ["run", "--memory", "none", "--pids", "none", "-c"]
+    for script in SCRIPTS:
+        bare = on_pty(["/bin/sh", "-c", script], world.environ, world.workspace, b"\x03")
+        started = time.monotonic()
+        code, out = on_pty(
+            [*prefix, *corral_command(), *options, script], world.environ, world.workspace, b"\x03"
+        )
+        assert time.monotonic() - started < 30, out
+        assert code == _as_exit_status(bare[0]), (script, code, bare, out)
+        assert out.replace(b"^C", b"").split() == bare[1].replace(b"^C", b"").split()
+
+
+def test_ctrl_backslash_and_a_resize_reach_the_command(served: World, client: str) -> None:
+    import fcntl
+    import struct
+    import termios
+
+    quit_script = "trap 'echo quit; exit 3' QUIT; echo ready; sleep 100; echo after"
+    winch_script = (
+        "trap 'echo size $(stty size <&2); exit 0' WINCH; echo ready; "
+        "i=0; while [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; echo timeout"
+    )
+    bare = on_pty(["/bin/sh", "-c", quit_script], served.environ, served.workspace, b"\x1c")
+    assert bare[0] == 3 and b"quit" in bare[1]
+    for name, (argv, env) in _runs(served, client).items():
+        code, out = on_pty([*argv, "run", "-c", quit_script], env, served.workspace, b"\x1c")
+        # dash reports its child's "Quit" on stderr: in any order with stdout's lines
+        expected = (3, sorted(bare[1].replace(b"^\\", b"").split()))
+        assert (code, sorted(out.replace(b"^\\", b"").split())) == expected, (name, out, bare)
+
+        pid, fd = pty.fork()
+        if pid == 0:
+            try:
+                os.chdir(served.workspace)
+                os.execvpe(argv[0], [*argv, "run", "-c", winch_script], env)
+            finally:
+                os._exit(127)
+        out = b""
+        resized = False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([fd], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            if not resized and READY in out:
+                time.sleep(0.3)
+                # the test's own terminal (the pty master it reads) gets a new size
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("hhhh", 33, 77, 0, 0))
+                resized = True
+        _, status = os.waitpid(pid, 0)
+        os.close(fd)
+        assert os.waitstatus_to_exitcode(status) == 0, (name, out)
+        assert out.split() == [b"ready", b"size", b"33", b"77"], (name, out)
