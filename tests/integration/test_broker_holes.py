@@ -82,7 +82,7 @@ try:
 except OSError as exc:
     print("refused", exc.errno)
 """
-    result = py(world, code, backend, "--workspace", home_ws, cwd=home_ws)
+    result = py(world, code, backend, "--workspace", home_ws, "--allow-home-workspace", cwd=home_ws)
     assert b"moved" not in result.stdout, result.stdout + result.stderr
     assert os.path.exists(world.secret)
     assert os.path.exists(os.path.join(world.home, ".aws", "credentials"))
@@ -217,7 +217,15 @@ for attempt in attempts:
         print("refused", exc.errno)
 """
     if how == "home-workspace":
-        result = py(world, code, backend, "--workspace", world.home, cwd=world.home)
+        result = py(
+            world,
+            code,
+            backend,
+            "--workspace",
+            world.home,
+            "--allow-home-workspace",
+            cwd=world.home,
+        )
     else:
         result = py(world, code, backend, "--allow-write", config)
     assert b"planted" not in result.stdout, result.stdout

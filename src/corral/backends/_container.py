@@ -264,9 +264,22 @@ class ContainerBackend(Backend):
         patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable) and self.passes_fds
         if patterns and writable and not self.passes_fds:
-            # denyRead rows need no broker here: the mask is a mount the kernel enforces
+            # without the broker, mounts still enforce the denyRead masks and the
+            # write-denied paths that exist (read-only volumes below); the rest is refused
+            denied_mounts = {
+                p.rstrip("/") or "/"
+                for p in fs.deny_write
+                if p.startswith("/")
+                and not any(c in p for c in "*?[")
+                and facts.kind(p) in ("dir", "file")
+            }
             for rule in sorted(
-                {label.partition(":")[0] for _p, label in patterns} - {"filesystem.denyRead"}
+                {
+                    label.partition(":")[0]
+                    for p, label in patterns
+                    if not label.startswith("filesystem.denyRead")
+                    and p.removesuffix("/**") not in denied_mounts
+                }
             ):
                 degrade.cannot(
                     rule,
