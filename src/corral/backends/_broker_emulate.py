@@ -520,7 +520,7 @@ class _Emulator(_Policy):
         if problem is not None:
             raise _Denied(dst.sandbox_path, f"{row} ({problem})")
         mode = os.stat(src.name, dir_fd=src.parent_fd, follow_symlinks=False).st_mode & 0o777
-        temp = f".corral-config-{os.getpid()}-{id(data)}"
+        temp = f".corral-config-{os.urandom(6).hex()}"
         fd = os.open(
             temp,
             os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
