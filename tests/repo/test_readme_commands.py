@@ -30,6 +30,7 @@ TOOL_PACKAGES = {
     "strace": "strace",
     "socat": "socat",
     "setpriv": "util-linux",
+    "unshare": "util-linux",
     "tar": "tar",
     "dash": "dash",
     "bash": "bash",

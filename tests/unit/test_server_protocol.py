@@ -141,3 +141,26 @@ def test_clients_stop_starting_servers_a_kernel_cannot_host(tmp_path: object) ->
     with open(marker, "w") as f:
         f.write("4.19.0-old\nno SO_PEERPIDFD\n")
     assert _may_start_server(state, {})  # another kernel now: try again
+
+
+def test_clients_start_no_server_while_the_last_start_failed_for_a_while(tmp_path: object) -> None:
+    import time
+
+    from corral.cli._client import _busy, _may_start_server
+    from corral.server._slots import BUSY, mark_busy
+
+    state = str(tmp_path)
+    directory = os.path.join(state, "server")
+    os.makedirs(directory)
+    assert _busy(state) is None
+    mark_busy(directory, "16 corral servers already run for uid 0")
+    assert _busy(state) == "16 corral servers already run for uid 0"
+    assert not _may_start_server(state, {})
+    with open(os.path.join(directory, BUSY), "w") as f:
+        f.write(f"{time.time() - 1}\nno slot\n")  # the retry time has passed
+    assert _busy(state) is None
+    assert _may_start_server(state, {})
+    mark_busy(directory, "no slot")
+    mark_busy(directory, None)  # a server started: cleared
+    assert not os.path.exists(os.path.join(directory, BUSY))
+    assert _may_start_server(state, {})

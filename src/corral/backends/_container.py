@@ -32,6 +32,7 @@ from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     checked_workspace,
     disk_limit,
     is_under,
@@ -258,17 +259,28 @@ class ContainerBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable) and self.passes_fds
         if patterns and writable and not self.passes_fds:
-            for rule in sorted({label.partition(":")[0] for _p, label in patterns}):
+            # without the broker, mounts still enforce the denyRead masks and the
+            # write-denied paths that exist (read-only volumes below); the rest is refused
+            denied_mounts = {
+                p.rstrip("/") or "/"
+                for p in fs.deny_write
+                if p.startswith("/")
+                and not any(c in p for c in "*?[")
+                and facts.kind(p) in ("dir", "file")
+            }
+            for rule in sorted(
+                {
+                    label.partition(":")[0]
+                    for p, label in patterns
+                    if not label.startswith("filesystem.denyRead")
+                    and p.removesuffix("/**") not in denied_mounts
+                }
+            ):
                 degrade.cannot(
                     rule,
                     f"{self.name} cannot pass corral's write broker into the container",

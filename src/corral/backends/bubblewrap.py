@@ -48,6 +48,7 @@ from ._proxy_env import proxy_environment
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     cache_dirs,
     cgroup_limits,
     checked_workspace,
@@ -258,14 +259,9 @@ class BubblewrapBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- which writable roots the broker supervises
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable)
         if use_broker and facts.broker_problem is not None:
             degrade.cannot(

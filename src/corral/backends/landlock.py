@@ -70,11 +70,11 @@ from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     cache_dirs,
     cgroup_limits,
     checked_workspace,
     disk_limit,
-    is_under,
     refuse_image,
 )
 from .bubblewrap import sandbox_env
@@ -303,14 +303,7 @@ class LandlockBackend(Backend):
             )
 
         # --- the write broker: protected paths at any depth, metadata confinement
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write]
-        for secret in fs.deny_read:
-            if any(is_under(secret, area) for area in writable):
-                patterns += [
-                    (secret, f"filesystem.denyRead: {secret}"),
-                    (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}"),
-                ]
+        patterns = broker_patterns(fs, writable)
         column = 0 if facts.arch == "x86_64" else 1
         broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES)
         names = sorted(

@@ -17,7 +17,11 @@ before:
 * the server runs other corral code (stale): it refuses and retires; run
   here, then start a new one;
 * the server refuses this client (its process context differs, see
-  :mod:`corral.server._server`): run here.
+  :mod:`corral.server._server`): run here;
+* the last server start for this state directory failed (``server/busy``,
+  e.g. the user's :data:`~corral.server._slots.MAX_SERVERS` servers already
+  run, see :mod:`corral.server._slots`): run here with one warning on
+  stderr, and start no server until the record expires.
 
 Once the server has accepted, a broken connection means corral failed
 (exit 125); the command is never run twice.
@@ -113,27 +117,50 @@ def main(args: list[str], *, console: bool = False) -> int:
             if console:
                 _exit_now(result)
             return result
+        busy = _busy(state) if result in (_NO_SERVER, _STALE) else None
+        if busy is not None:
+            os.write(
+                2,
+                f"corral: warning: no corral server could start ({busy}); "
+                "running the command in this process\n".encode(errors="replace"),
+            )
         status = _in_process(args, pending)
     finally:
         for sig, handler in previous.items():
             _signal.signal(sig, handler)
-    if result in (_NO_SERVER, _STALE):
+    if result in (_NO_SERVER, _STALE) and busy is None:
         start_server_later(state, environ)
     return status
 
 
+def _busy(state: str) -> str | None:
+    """Why the last server start for *state* failed, while it is too soon to try again."""
+    from ..server._slots import busy_reason
+
+    return busy_reason(os.path.join(state, "server"))
+
+
 def start_server_later(state: str, environ: Mapping[str, str]) -> None:
-    """Start a server for the next client (best effort), unless :func:`_may_start_server` says no."""
+    """Start a server for the next client (best effort), unless :func:`_may_start_server` says no.
+
+    A server that cannot be started at all (e.g. ``EAGAIN``: no process left
+    for this user) is recorded like one that failed to start
+    (:func:`corral.server._slots.mark_busy`): the next clients warn and do
+    not try again for a while.
+    """
     if _may_start_server(state, environ):
         try:
             spawn_server(state, environ)
-        except OSError:
-            pass  # next time, maybe
+        except OSError as exc:
+            from ..server._slots import mark_busy
+
+            mark_busy(os.path.join(state, "server"), f"cannot start a process: {exc}")
 
 
 def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:
-    """Not inside a corral sandbox, and no server found this kernel unfit (``server/unavailable``)."""
-    if environ.get("CORRAL_SANDBOX_ID"):
+    """Not inside a corral sandbox, no server found this kernel unfit (``server/unavailable``),
+    and no server failed to start just now (``server/busy``)."""
+    if environ.get("CORRAL_SANDBOX_ID") or _busy(state) is not None:
         return False
     try:
         with open(os.path.join(state, "server", "unavailable"), "rb") as f:

@@ -38,9 +38,12 @@ refused, closed and logged:
 without a client (``CORRAL_SERVER_IDLE``, default 300), on SIGTERM or
 ``corral server --stop`` (running commands are stopped as on a timeout),
 and retires - gives up the socket path, finishes what runs, exits - as soon
-as the corral code it was started from changes on disk (inotify on its
-package directories) or a client with another code stamp connects. It logs
-to ``server/server.log`` and keeps ``/`` as its working directory.
+as the corral code it was started from changes on disk (:mod:`._codewatch`:
+inotify on its package directories, else a stat check before every request)
+or a client with another code stamp connects. It holds one of its user's
+:data:`~._slots.MAX_SERVERS` slots (:mod:`._slots`); with none free it does not
+start and records why in ``server/busy``. It logs to ``server/server.log`` and
+keeps ``/`` as its working directory.
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import time
 
 from .._exceptions import ServerError
 from ..pipeline._runner import SignalRelay
-from ._codewatch import CodeWatch
+from ._codewatch import POLL_INTERVAL, CodeWatch
 from ._fastclient import client_stamp
 from ._peers import _SO_PEERPIDFD, PeerRefused, check_peer, process_context
 from ._requests import (
@@ -66,6 +69,7 @@ from ._requests import (
     _run_request,
     _tell,
 )
+from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
@@ -155,6 +159,7 @@ class Server:
         self._watch: CodeWatch | None = None
         self._own = process_context()
         self._socket_ino = 0
+        self._slot: tuple[_socket.socket, int] | None = None
 
     # ------------------------------------------------------------ start
     def start(self) -> None:
@@ -205,17 +210,25 @@ class Server:
             raise ServerError(f"Failed to start: {problem}")
         _mark_unavailable(self.directory, None)
         try:
+            self._slot = take_slot()
+        except ServerError as exc:
+            self._release_lock()
+            mark_busy(self.directory, exc.message)
+            raise
+        try:
             self._watch = CodeWatch(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         except OSError as exc:
             self._release_lock()
-            raise ServerError(
-                f"Failed to watch corral's code for changes: {exc}",
-                hint="raise fs.inotify.max_user_instances / max_user_watches",
-            ) from exc
+            mark_busy(self.directory, f"cannot watch corral's code: {exc}")
+            raise ServerError(f"Failed to watch corral's code for changes: {exc}") from exc
+        mark_busy(self.directory, None)
         self._listen()
         self.log(
-            f"listening on {self.path} (pid {os.getpid()}, idle {self.idle:g}s, code {self.stamp})"
+            f"listening on {self.path} (pid {os.getpid()}, idle {self.idle:g}s, code {self.stamp}, "
+            f"server slot {self._slot[1]} of {MAX_SERVERS})"
         )
+        if self._watch.fallback:
+            self.log(self._watch.fallback)
         if self._want_pool:
             self._start_pool()
         self._warm_up()
@@ -315,7 +328,10 @@ class Server:
         poller.register(self._listener.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         assert self._watch is not None
-        poller.register(self._watch.fd, select.POLLIN)
+        watch = self._watch
+        if watch.fd is not None:
+            poller.register(watch.fd, select.POLLIN)
+        next_check = time.monotonic() + POLL_INTERVAL  # stat checks, without inotify
         listening = True
         try:
             while True:
@@ -345,6 +361,16 @@ class Server:
                         self._retire()
                         break
                     timeout = left * 1000
+                if watch.fd is None and not self._retired:
+                    if now >= next_check:
+                        next_check = now + POLL_INTERVAL
+                        changed = watch.poll()
+                        if changed:
+                            self.log(f"corral's code changed on disk ({changed}): retiring")
+                            self._retire()
+                            continue
+                    wait = (next_check - now) * 1000
+                    timeout = wait if timeout is None else min(timeout, wait)
                 for fd, _mask in poller.poll(timeout):
                     if listening and fd == self._listener.fileno():
                         self._accept()
@@ -353,10 +379,10 @@ class Server:
                             os.read(self._wake_r, 4096)
                         except BlockingIOError:
                             pass
-                    elif fd == self._watch.fd:
-                        changed = self._watch.poll()
+                    elif fd == watch.fd:
+                        changed = watch.poll()
                         if changed:
-                            poller.unregister(self._watch.fd)
+                            poller.unregister(watch.fd)
                             self.log(f"corral's code changed on disk ({changed}): retiring")
                             self._retire()
         finally:
@@ -423,6 +449,8 @@ class Server:
                 self.log(f"launcher pool: {problem}")
         if self._watch is not None:
             self._watch.close()
+        if self._slot is not None:
+            self._slot[0].close()
         self.log(f"exiting: served {self._served}, refused {self._refused}")
         with self._log_lock:
             if self._log is not None:
@@ -729,12 +757,5 @@ def _mark_unavailable(directory: str, problem: str | None) -> None:
 
     The record names the kernel release: after an upgrade clients try again.
     """
-    path = os.path.join(directory, UNAVAILABLE)
-    try:
-        if problem is None:
-            os.unlink(path)
-        else:
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(f"{os.uname().release}\n{problem}\n")
-    except OSError:
-        pass
+    text = None if problem is None else f"{os.uname().release}\n{problem}\n"
+    write_record(os.path.join(directory, UNAVAILABLE), text)

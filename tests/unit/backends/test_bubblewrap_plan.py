@@ -177,6 +177,8 @@ def test_default_plan_in_full() -> None:
             roots=((WS, WS),),
             patterns=(
                 ("**/.git/hooks/**", "filesystem.protect: **/.git/hooks/**"),
+                # a row dir/** also covers the name dir (a symlink to a payload dir)
+                ("**/.git/hooks", "filesystem.protect: **/.git/hooks/**"),
                 ("**/.bashrc", "filesystem.protect: **/.bashrc"),
             ),
             syscall_names=broker_names(),

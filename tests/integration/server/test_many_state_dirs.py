@@ -1,0 +1,182 @@
+"""Two hundred state directories at once: every run succeeds, the servers stay bounded.
+
+Each state directory would start its own corral server; a user holds at most
+``MAX_SERVERS`` of them (:mod:`corral.server._slots`), and a client whose
+server cannot start runs the command in its own process with one warning.
+A driver process runs ``corral run -- true`` in 200 state directories at once
+(the Python client, then the compiled client), counts the corral server
+processes of its directories the whole time, then stops every server and
+waits until no process of the test is left.
+
+The driver runs in a network namespace of its own: slots are abstract unix
+sockets, per network namespace, so the test neither takes the slots of other
+corral users of this machine nor is disturbed by them. It runs once as root
+and once as uid 65534 (or, in an unprivileged test run, as that user in the
+host's network namespace).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from corral.server._slots import MAX_SERVERS
+from tests.conftest import World, corral_command, fast_client_path, unreadable_for
+
+STATE_DIRS = 200
+PARALLEL = 16  # clients at once; each starts at most one server
+
+DRIVER = r"""
+import json, os, subprocess, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+
+config = json.loads(sys.argv[1])
+root, base, clients = config["root"], config["env"], config["clients"]
+corral = config["corral"]
+states = [os.path.join(root, "states", str(n)) for n in range(config["count"])]
+
+def env_of(state):
+    return {**base, "XDG_STATE_HOME": state}
+
+def servers():
+    found = set()
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"server" in words and any(w.startswith(root.encode()) for w in words):
+            found.add(int(pid))
+    return found
+
+most, done = [0], threading.Event()
+def count():
+    while not done.is_set():
+        most[0] = max(most[0], len(servers()))
+        time.sleep(0.02)
+counter = threading.Thread(target=count)
+counter.start()
+
+def run(client, state):
+    r = subprocess.run([*client, "run", "--", "true"], env=env_of(state), cwd=config["cwd"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=300)
+    return r.returncode, r.stderr.decode(errors="replace")
+
+def listening():
+    return [s for s in states if os.path.exists(os.path.join(s, "corral", "server", "server.sock"))]
+
+def settle():
+    # the servers the clients started come up, or find no slot and exit
+    deadline = time.monotonic() + 60
+    while len(servers()) != len(listening()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return len(servers())
+
+results, settled = {}, []
+with ThreadPoolExecutor(config["parallel"]) as pool:
+    for name, client in clients.items():
+        results[name] = list(pool.map(lambda s: run(client, s), states))
+        settled.append(settle())
+done.set()
+counter.join()
+live = listening()
+
+served = 0
+for state in states:
+    if state in live:
+        status = subprocess.run([*corral, "server", "--status", "--json"], env=env_of(state),
+                                capture_output=True)
+        served += (json.loads(status.stdout or b"null") or {}).get("served", 0)
+        subprocess.run([*corral, "server", "--stop"], env=env_of(state), capture_output=True)
+deadline = time.monotonic() + 60
+while servers() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(json.dumps({"results": results, "most": most[0], "settled": settled, "served": served,
+                  "left": sorted(servers())}))
+"""
+
+
+def _drive(world: World, prefix: list[str]) -> dict[str, object]:
+    # two rounds: the first starts the servers, the second meets the ones that could not start
+    fast = fast_client_path()
+    second = ("fast-client", [fast]) if fast is not None else ("python-client-2", corral_command())
+    clients = {"python-client": corral_command(), second[0]: second[1]}
+    env = {k: v for k, v in world.environ.items() if k != "CORRAL_SERVER"}
+    config = {
+        "root": world.root,
+        "env": env,
+        "clients": clients,
+        "corral": corral_command(),
+        "count": STATE_DIRS,
+        "cwd": world.workspace,
+        "parallel": PARALLEL,
+    }
+    driver = world.write(os.path.join(world.root, "driver.py"), DRIVER)
+    result = subprocess.run(
+        [*prefix, sys.executable, driver, json.dumps(config)],
+        capture_output=True,
+        timeout=900,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr.decode(errors="replace")
+    data: dict[str, object] = json.loads(result.stdout)
+    return data
+
+
+def _check(data: dict[str, object]) -> None:
+    results = data["results"]
+    assert isinstance(results, dict)
+    for name, runs in results.items():
+        assert len(runs) == STATE_DIRS
+        for status, stderr in runs:
+            assert status == 0, f"{name}: exit {status}: {stderr}"
+            lines = stderr.splitlines()
+            # nothing, or the one warning of a run whose server could not start
+            assert len(lines) <= 1, f"{name}: {stderr}"
+            if lines:
+                assert lines[0].startswith("corral: warning: no corral server could start ("), (
+                    f"{name}: {stderr}"
+                )
+                assert "corral servers already run for uid" in lines[0]
+    # servers that found no slot live only until they look for one
+    assert 0 < int(data["most"]) <= MAX_SERVERS + PARALLEL  # type: ignore[call-overload]
+    settled = data["settled"]
+    assert isinstance(settled, list) and 0 < settled[0] == settled[1] <= MAX_SERVERS
+    # the second round: a directory has a server, or its server found no slot and
+    # the run says so
+    second = list(results.values())[1]
+    warned = sum(1 for _status, stderr in second if stderr)
+    assert warned == STATE_DIRS - settled[0], f"{warned} warnings, {settled[0]} servers"
+    assert int(data["served"]) > 0, "no run went through a server"  # type: ignore[call-overload]
+    assert data["left"] == []
+
+
+def _needs_unshare() -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare (util-linux) for a network namespace of its own")
+
+
+def test_two_hundred_state_dirs_as_root(world: World) -> None:
+    _needs_unshare()
+    _check(_drive(world, ["unshare", "--net"]))
+
+
+def test_two_hundred_state_dirs_as_an_unprivileged_user(world: World) -> None:
+    if os.geteuid() != 0:  # CI's unprivileged pass: this user's own slots
+        _check(_drive(world, []))
+        return
+    _needs_unshare()
+    problem = unreadable_for(65534, sys.executable, os.path.dirname(corral_command()[0]))
+    if problem is not None:
+        pytest.skip(problem)
+    for directory, dirs, files in os.walk(world.root):
+        for name in [directory, *(os.path.join(directory, n) for n in dirs + files)]:
+            os.lchown(name, 65534, 65534)
+    prefix = ["unshare", "--net", "setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    _check(_drive(world, prefix))
