@@ -442,7 +442,9 @@ class BubblewrapBackend(Backend):
                 prefix += ["--fuse-binary", preview.fuse_binary]
             prefix.append("--")
         if as_user:
-            prefix, args = _as_user(facts, request, [source(w) for w in writable], args)
+            # caches are read-write host directories the sandbox must own too
+            owned = [*(source(w) for w in writable), *caches]
+            prefix, args = _as_user(facts, request, owned, args)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
