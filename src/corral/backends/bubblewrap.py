@@ -276,7 +276,7 @@ class BubblewrapBackend(Backend):
 
         # --- bwrap arguments
         # --- identity: a root caller's command runs as an unprivileged host uid
-        as_user = facts.uid == 0 and (preview is None or copy)
+        as_user = facts.uid == 0 and preview is None  # previews: see docs/threat-model.md
         if as_user and ({"isolation", "*"} & policy.allow_degraded):
             # the caller's explicit way out where idmapped mounts do not work (NFS, FUSE)
             degrade.cannot(
