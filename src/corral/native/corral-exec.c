@@ -626,12 +626,29 @@ static int as_user_main(int argc, char **argv) {
         fail("parse-arguments", EINVAL, "--as-user needs a uid other than 0");
     if (geteuid() != 0)
         fail("as-user", EPERM, "--as-user is for a root caller");
+    /* uid 0 of a user namespace (unshare --map-root-user) is not the host's
+     * root: there is no identity to shed, and UID may not be mapped. Only the
+     * staging is done then (bubblewrap's arguments name the staged paths). */
+    int host_root = 0;
+    {
+        char buf[128] = {0};
+        int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            unsigned a, b, c;
+            host_root = n > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 0 &&
+                        c == 4294967295U;
+        }
+    }
+    if (!host_root)
+        npaths = 0;
     if (npaths > 0 || nstages > 0) {
         if (unshare(CLONE_NEWNS) < 0)
             fail("enter-mount-namespace", errno, "unshare: %s", strerror(errno));
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             fail("make-mounts-private", errno, "%s", strerror(errno));
-        int userns = idmap_userns(uid);
+        int userns = npaths > 0 ? idmap_userns(uid) : -1;
         for (int k = 0; k < npaths; k++) {
             if (paths[k][0] != '/')
                 fail("parse-arguments", EINVAL, "--idmap needs an absolute path: %s", paths[k]);
@@ -655,7 +672,12 @@ static int as_user_main(int argc, char **argv) {
                 fail("stage", errno, "%s: %s", at, strerror(errno));
             clone_tree(stages[k], at, -1); /* keeps the idmapping of a mapped path */
         }
-        close(userns);
+        if (userns >= 0)
+            close(userns);
+    }
+    if (!host_root) {
+        execv(argv[i], argv + i);
+        fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
     }
     if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
         fail("as-user", errno, "switch to uid %u: %s", uid, strerror(errno));
