@@ -77,6 +77,11 @@ STAGE_DIR = "/dev/shm"
 #: installed path may be hidden, e.g. a virtualenv under /tmp).
 SANDBOX_HELPER = "/dev/.corral-exec"
 
+#: git's system configuration in a root caller's sandbox (``GIT_CONFIG_SYSTEM``):
+#: the host's, plus ``safe.directory = *`` (see the file for why), bound here.
+SANDBOX_GITCONFIG = "/dev/.corral-gitconfig"
+GITCONFIG_SOURCE = __file__.rsplit("/", 2)[0] + "/data/sandbox-gitconfig"
+
 #: The host uid and gid a root caller's sandbox runs as (never the host's uid 0).
 #: Debian reserves 65000-65533 and allocates none of it; nothing on a host owns
 #: it, and corral checks that no process runs as it (``HostFacts.root_id_problem``).
@@ -419,6 +424,11 @@ class BubblewrapBackend(Backend):
         if request.timeout is not None:
             timeout = request.timeout
         env = command_env(request, policy, facts_env(facts), egress, credentials)
+        if as_user and not any(name == "GIT_CONFIG_SYSTEM" for name, _value in env):
+            # git would refuse the repositories the command only reads as "dubious
+            # ownership" (they are not its uid's); the sandbox is the boundary here
+            args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
+            env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
         prefix: list[str] = []
         if preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap

@@ -8,7 +8,7 @@ from corral._exceptions import BackendUnavailable, EnforcementUnavailable, Usage
 from corral.backends._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
 from corral.backends._seccomp import compile_filter
 from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
-from corral.backends.bubblewrap import BubblewrapBackend
+from corral.backends.bubblewrap import GITCONFIG_SOURCE, SANDBOX_GITCONFIG, BubblewrapBackend
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy, ResourceLimits
 
@@ -359,11 +359,23 @@ def test_a_root_caller_runs_as_the_unprivileged_sandbox_id() -> None:
     k = staged.index(WS)
     assert f"--ro-bind {STAGE_DIR}/{k} {WS}" in " ".join(sandbox)
     assert plan.broker is not None and plan.broker.idmapped_id == ROOT_SANDBOX_ID
+    # git reads the repositories the command does not own (root's, read-only)
+    assert ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG) in plan.env
+    assert GITCONFIG_SOURCE in staged
+    assert f"{STAGE_DIR}/{staged.index(GITCONFIG_SOURCE)} {SANDBOX_GITCONFIG}" in " ".join(sandbox)
+
+
+def test_a_root_callers_own_git_system_config_is_kept() -> None:
+    p = policy().replace(env=policy().env.replace(set=(("GIT_CONFIG_SYSTEM", "/etc/mine"),)))
+    plan = BubblewrapBackend().plan(request(), p, facts(uid=0, gid=0))
+    assert dict(plan.env)["GIT_CONFIG_SYSTEM"] == "/etc/mine"
+    assert SANDBOX_GITCONFIG not in plan.argv
 
 
 def test_a_non_root_caller_keeps_its_own_uid() -> None:
     plan = BubblewrapBackend().plan(request(), policy(), facts())
     assert "--as-user" not in plan.argv and "--uid" not in plan.argv
+    assert "GIT_CONFIG_SYSTEM" not in dict(plan.env)
     assert plan.broker is not None and plan.broker.idmapped_id is None
 
 
