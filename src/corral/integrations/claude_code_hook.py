@@ -16,7 +16,7 @@ Decisions (:func:`decide`):
   (:mod:`._permissions`; Claude Code would apply them only to the rewritten
   one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
   with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
-  becomes ``/abs/corral-client run --agent-session ID --shell bash -c ...``
+  becomes ``/abs/corral-client run --agent-session ID --allow-write TMP --shell bash -c ...``
   (the compiled fast client when it is usable, else the Python CLI). The
   original travels in a quoted heredoc (:func:`rewrite_command`), so quotes,
   newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged,
@@ -159,12 +159,16 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
 
 #: The heredoc delimiter of a rewritten command (``_`` is appended until no line equals it).
 DELIMITER = "CORRAL_COMMAND_END"
+#: The delimiter of the heredoc inside the sandboxed script (when the cwd carries).
+INNER_DELIMITER = "CORRAL_INNER_END"
 #: The shell variable a heredoc hands the original command over in (never exported).
 VARIABLE = "__corral_command"
 
 
-def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> str:
-    """The shell command that runs *command* under ``corral run`` (for bash, as Claude Code runs it).
+def rewrite_command(
+    command: str, *, session_id: str, corral: Sequence[str], workspace: str | None = None
+) -> str:
+    r"""The shell command that runs *command* under ``corral run`` (for bash, as Claude Code runs it).
 
     The command goes in a quoted heredoc that bash's ``read`` builtin takes into
     a shell variable, so its text is not escaped at all - quoting it as a word
@@ -182,6 +186,15 @@ def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> 
     ``%?`` drops the newline the heredoc adds; no command runs before corral
     (``read`` is a builtin), and ``corral run`` gets the original exactly.
 
+    With *workspace* (an absolute, symlink-free path) a ``cd`` carries to the
+    next call as it does without corral (:func:`_cwd_carrying`): the sandboxed
+    bash ``eval``\ s the original (as Claude Code's own shell does) and, when it
+    exits 0, writes ``pwd -P`` into a fresh ``mktemp -d`` directory made
+    writable for this run only; afterwards the outer shell ``cd``\ s there if
+    and only if that names, after resolving links, a directory at or under
+    *workspace* (the claim is untrusted: one line, no newline, a regular file
+    of at most 4 KiB). The exit status is the command's, exactly.
+
     Raises:
         HookError: *command* contains a NUL byte (no shell could run it).
     """
@@ -193,12 +206,55 @@ def rewrite_command(command: str, *, session_id: str, corral: Sequence[str]) -> 
     except ValueError as exc:
         raise HookError(f"cannot sandbox the command: {exc}") from None
     lines = set(command.split("\n"))
-    delimiter = DELIMITER
-    while delimiter in lines:
-        delimiter += "_"
+    inner = _delimiter(INNER_DELIMITER, lines)
+    delimiter = _delimiter(DELIMITER, lines | {inner})
+    if workspace is None:
+        return (
+            f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
+            f'{prefix} --shell {SHELL} -c "${{{VARIABLE}%?}}"'
+        )
+    return _cwd_carrying(command, delimiter, inner, prefix, workspace)
+
+
+def _delimiter(base: str, lines: set[str]) -> str:
+    while base in lines:
+        base += "_"
+    return base
+
+
+def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspace: str) -> str:
+    """The rewritten command that also carries the sandboxed shell's final directory.
+
+    The inner script (the heredoc's text, given to ``bash -c``) is the original
+    in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
+    equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$D/cwd`` on exit status
+    0 - ``$D`` is spliced in by the outer shell as ``'/tmp/tmp.XXXXXXXXXX'``
+    (``mktemp`` names have no quote). The outer shell checks the claim and
+    removes ``$D`` (``rm -rf`` follows no link the sandbox planted there).
+    """
+    report = "cwd"
+    script = (
+        f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
+        'eval "${__corral_c%?}" && pwd -P >"$__corral_d"/' + report
+    )
     return (
-        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
-        f'{prefix} --shell {SHELL} -c "${{{VARIABLE}%?}}"'
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{script}\n{delimiter}\n"
+        "__corral_d=$(mktemp -d) || exit 125\n"
+        f'{prefix} --allow-write "$__corral_d" --shell {SHELL} '
+        f"-c \"__corral_d='$__corral_d'\n${{{VARIABLE}%?}}\"\n"
+        "__corral_s=$?\n"
+        f'if [ "$__corral_s" = 0 ] && [ -f "$__corral_d/{report}" ] '
+        f'&& [ ! -L "$__corral_d/{report}" ]; then\n'
+        f'  __corral_w=$(head -c 4097 -- "$__corral_d/{report}")\n'
+        "  case $__corral_w in\n"
+        "    *$'\\n'*) ;;\n"
+        '    /*) __corral_w=$(cd -P -- "$__corral_w" 2>/dev/null && pwd -P) &&\n'
+        f"        case $__corral_w in {quote(workspace)}|{quote(workspace)}/*) "
+        'cd -- "$__corral_w" ;; esac ;;\n'
+        "  esac\n"
+        "fi\n"
+        'rm -rf -- "$__corral_d"\n'
+        "(exit $__corral_s)"
     )
 
 
@@ -425,7 +481,12 @@ def _shell_decision(
                 f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
                 "before you approve it.",
             )
-    rewritten = rewrite_command(command, session_id=payload["session_id"], corral=corral)
+    rewritten = rewrite_command(
+        command,
+        session_id=payload["session_id"],
+        corral=corral,
+        workspace=posixpath.realpath(resolved.workspace),
+    )
     updated = {**tool_input, "command": rewritten}
     if verdict is not None:
         return _decision(

@@ -147,11 +147,14 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
     assert {k: v for k, v in updated.items() if k != "command"} == {
         k: v for k, v in tool_input.items() if k != "command"
     }
-    assert updated["command"] == (
-        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\nls -la\n"
-        f"CORRAL_COMMAND_END\n{hook_corral()} run --agent-session "
-        '3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f --shell bash -c "${__corral_command%?}"'
+    assert updated["command"].startswith(
+        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\n"
+        "IFS= read -r -d '' __corral_c <<'CORRAL_INNER_END' ||:\nls -la\nCORRAL_INNER_END\n"
     )
+    assert (
+        f"\n{hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
+        '--allow-write "$__corral_d" --shell bash -c'
+    ) in updated["command"]
 
 
 @pytest.mark.parametrize(
@@ -165,7 +168,8 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
 )
 def test_the_rewritten_command_has_no_escaping_cost(world: World, command: str) -> None:
     new = rewritten(world, command)
-    assert len(new) <= len(command) + 200 + len(hook_corral())  # + the session id
+    # a constant overhead (the cwd report, issue 11 item 6), nothing per byte of the command
+    assert len(new) <= len(command) + 1000 + len(hook_corral())  # + the session id
     original, sandboxed = bash(world, command), bash(world, new)
     assert (sandboxed.returncode, sandboxed.stdout) == (original.returncode, original.stdout)
 
@@ -220,7 +224,8 @@ def test_the_session_id_reaches_the_audit_log(world: World) -> None:
     bash(world, rewritten(world, "echo audited"))
     records = world.audit_records()
     assert records[-1]["agent_session"] == "3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f"
-    assert records[-1]["argv"] == ["bash", "-c", "echo audited"]
+    argv = records[-1]["argv"]  # the script that evals the original and reports its cwd
+    assert argv[:2] == ["bash", "-c"] and "\necho audited\n" in argv[2]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -234,10 +239,17 @@ def test_rewrite_passes_any_command_to_corral_exactly(command: str, session: str
     # "corral" is replaced by bash's printf, which prints each argument it
     # receives followed by a NUL: the rewritten line, run by bash, must hand
     # over the original words exactly.
-    line = rewrite_command(command, session_id=session, corral=("printf", "%s\\0"))
+    line = rewrite_command(
+        command, session_id=session, corral=("printf", "%s\\0"), workspace="/nonexistent"
+    )
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]
-    assert words == ["run", "--agent-session", session, "--shell", "bash", "-c", command]
+    assert words[:3] + words[5:8] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
+    assert words[3] == "--allow-write" and len(words) == 9
+    # the sandboxed script hands the original to eval exactly (eval shadowed to print it)
+    script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[8]
+    inner = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, check=False)
+    assert inner.stdout.decode() == command
 
 
 _TEXT = st.text(

@@ -360,13 +360,56 @@ def test_claude_codes_own_cwd_tracking_is_what_the_docs_say(world: World, claude
     assert results[5] == (workspace, False)  # outside the allowed directories: reset
 
 
-def test_a_sandboxed_cd_does_not_carry_to_the_next_call(world: World, claude: str) -> None:
-    """The documented limit (issue 11 item 6, not done): each call starts where Claude Code's
-    own shell is, and a ``cd`` inside the sandbox cannot move that shell."""
+def test_a_sandboxed_cd_carries_to_the_next_call_as_without_corral(
+    world: World, claude: str
+) -> None:
+    """Issue 11 item 6: ``cd`` inside the sandbox moves Claude Code's shell like Claude Code's own
+    tracking (exit 0 only; exports never carry); the exit status still reaches Claude Code."""
     install(world)
     workspace = os.path.realpath(world.workspace)
     results = session(
         world,
-        [("Bash", {"command": "mkdir -p sub && cd sub && pwd"}), ("Bash", {"command": "pwd"})],
+        [
+            ("Bash", {"command": "mkdir -p sub other && cd sub && export CORRAL_PROBE=1"}),
+            ("Bash", {"command": 'pwd; echo "probe=${CORRAL_PROBE-}"'}),
+            ("Bash", {"command": "cd ../other; false"}),
+            ("Bash", {"command": "pwd"}),
+            ("Bash", {"command": "exit 7"}),
+        ],
     )
-    assert results == [(f"{workspace}/sub", False), (workspace, False)]
+    assert results[0] == ("(Bash completed with no output)", False)
+    assert results[1] == (f"{workspace}/sub\nprobe=", False)
+    assert results[2] == ("Exit code 1", True)
+    assert results[3] == (f"{workspace}/sub", False)
+    assert results[4] == ("Exit code 7", True)
+
+
+def test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace(
+    world: World, claude: str
+) -> None:
+    """The sandbox's report of its directory is untrusted: a link out of the workspace, a
+    directory outside it, a forged report file and a name with a newline move nothing."""
+    install(world)
+    workspace = os.path.realpath(world.workspace)
+    outside = os.path.realpath(world.home)
+    results = session(
+        world,
+        [
+            ("Bash", {"command": f"ln -s {outside} out && cd out && pwd"}),
+            ("Bash", {"command": "pwd"}),
+            ("Bash", {"command": f"cd {outside}; cd /"}),
+            ("Bash", {"command": "pwd"}),
+            # forge the report: overwrite it with a link, then with a path outside
+            ("Bash", {"command": f'ln -sfn {outside} "$__corral_d/cwd"; exit 0'}),
+            ("Bash", {"command": "pwd"}),
+            ("Bash", {"command": f'printf "%s\\n" {outside} > "$__corral_d/cwd"; exit 0'}),
+            ("Bash", {"command": "pwd"}),
+            ("Bash", {"command": "mkdir -p $'a\\n/' && cd $'a\\n/' && pwd | wc -l"}),
+            ("Bash", {"command": "pwd"}),
+        ],
+    )
+    # no "Shell cwd was reset": Claude Code's own check never had to catch a claim of corral's
+    assert results[0] == (f"{workspace}/out", False)
+    assert [results[i] for i in (2, 4, 6)] == [("(Bash completed with no output)", False)] * 3
+    assert [results[i] for i in (1, 3, 5, 7, 9)] == [(workspace, False)] * 5, results
+    assert results[8] == ("2", False)
