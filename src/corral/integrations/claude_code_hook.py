@@ -161,6 +161,9 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
 DELIMITER = "CORRAL_COMMAND_END"
 #: The delimiter of the heredoc inside the sandboxed script (when the cwd carries).
 INNER_DELIMITER = "CORRAL_INNER_END"
+#: The heredoc that carries the host part of a rewritten command, and its variable.
+HOST_DELIMITER = "CORRAL_HOST_END"
+HOST_VARIABLE = "__corral_host"
 #: The shell variable a heredoc hands the original command over in (never exported).
 VARIABLE = "__corral_command"
 
@@ -228,17 +231,21 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     The inner script (the heredoc's text, given to ``bash -c``) is the original
     in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
     equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$D/cwd`` on exit status
-    0 - ``$D`` is spliced in by the outer shell as ``'/tmp/tmp.XXXXXXXXXX'``
+    0 (a failed report - a policy that denies writes to ``$D`` - changes no
+    status and prints nothing of the shell's) - ``$D`` is spliced in by the outer shell as ``'/tmp/tmp.XXXXXXXXXX'``
     (``mktemp`` names have no quote). The outer shell checks the claim and
-    removes ``$D`` (``rm -rf`` follows no link the sandbox planted there).
+    removes ``$D`` (``rm -rf`` follows no link the sandbox planted there). That
+    host part is itself read from a third heredoc and ``eval``'d, so the only
+    commands Claude Code's own rule matching sees are ``read`` and ``eval``
+    (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
     """
     report = "cwd"
     script = (
         f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
-        'eval "${__corral_c%?}" && pwd -P >"$__corral_d"/' + report
+        'eval "${__corral_c%?}" || exit\n'
+        f'{{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
     )
-    return (
-        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{script}\n{delimiter}\n"
+    host = (
         "__corral_d=$(mktemp -d) || exit 125\n"
         f'{prefix} --allow-write "$__corral_d" --shell {SHELL} '
         f"-c \"__corral_d='$__corral_d'\n${{{VARIABLE}%?}}\"\n"
@@ -255,6 +262,13 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         "fi\n"
         'rm -rf -- "$__corral_d"\n'
         "(exit $__corral_s)"
+    )
+    # the host part travels in a heredoc too, so Claude Code's own rule matching sees only
+    # read and eval (a user's Bash(rm:*) deny rule must not match every sandboxed command)
+    return (
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{script}\n{delimiter}\n"
+        f"IFS= read -r -d '' {HOST_VARIABLE} <<'{HOST_DELIMITER}' ||:\n{host}\n{HOST_DELIMITER}\n"
+        f'eval "${HOST_VARIABLE}"'
     )
 
 

@@ -275,6 +275,26 @@ def test_rewritten_command_runs_exactly_the_original_in_the_sandbox(
     assert sandboxed.returncode == original.returncode == 0
 
 
+def test_a_policy_denying_the_cwd_report_changes_no_status(world: World) -> None:
+    """Where the policy denies writes to the temporary directory the cwd report goes to, the
+    command still runs, its status and stdout are the original's, and the directory is gone."""
+    tmp = os.path.join(world.root, "tmp-denied")
+    os.makedirs(tmp)
+    world.environ["TMPDIR"] = tmp
+    path = os.path.join(world.home, ".config", "corral", "settings.json")
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({"filesystem": {"denyWrite": [tmp]}}, f)
+    cwd = os.path.realpath(world.workspace)
+    for command, expected in (
+        ("mkdir -p sub && cd sub && echo in", "in\nstatus=0"),
+        ("echo out; exit 4", "out\nstatus=4"),
+    ):
+        result = bash(world, rewritten(world, command) + "\necho status=$?; pwd -P")
+        assert result.stdout.decode() == f"{expected}\n{cwd}\n", result.stderr
+    assert os.listdir(tmp) == []
+
+
 def test_unsandboxed_commands_from_user_settings_ask(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
