@@ -139,7 +139,12 @@ def run(ctx: Context) -> list[Row]:
     from ..server._fastclient import usable_client
 
     fast = usable_client()
-    python_rewrite = rewrite_command("true", session_id="bench-session", corral=ctx.corral)
+    python_rewrite = rewrite_command(
+        "true",
+        session_id="bench-session",
+        corral=ctx.corral,
+        workspace=os.path.realpath(ctx.workspace),  # as the hook rewrites: the cwd carries
+    )
     with ctx.warm_server() as server:
         served = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=server.env)
         python_total = _end_to_end_ms(ctx, bash_call, server.env, rewritten=python_rewrite)
