@@ -178,8 +178,8 @@ def rewrite_command(
     would cost three bytes per ``'``, multiplied again by Claude Code's own
     quoting (E2BIG where the original runs) - and no shell word of the
     rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
-    see nothing to check). The rewritten command is ~120 bytes plus the
-    original::
+    see nothing to check). Without *workspace* the rewritten command is ~120
+    bytes plus the original (with it, ~750: see :func:`_cwd_carrying`)::
 
         IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
         <original>
