@@ -108,8 +108,9 @@ class World:
             "PYTHONDONTWRITEBYTECODE": "1",
             "CORRAL_SERVER": "off",
         }
-        if "CORRAL_BWRAP" in os.environ:
-            self.environ["CORRAL_BWRAP"] = os.environ["CORRAL_BWRAP"]
+        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS"):  # the latter: the unprivileged pass
+            if name in os.environ:
+                self.environ[name] = os.environ[name]
 
     def seed_persistence_points(self) -> None:
         """Existing persistence points in the workspace: .git/config, a hook, .bashrc."""
@@ -239,6 +240,8 @@ def corral_servers() -> dict[int, str]:
         if not pid.isdigit():
             continue
         try:
+            if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+                continue  # another user's (the unprivileged pass runs beside root's tests)
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 words = f.read().split(b"\0")
         except OSError:

@@ -88,19 +88,13 @@ def _sweep_sessions(directory: str) -> None:
 
 
 def _remove_tree(path: str) -> None:
-    """Remove a session directory, whatever modes the sandbox left inside it."""
-    import shutil
+    """Remove a session directory, whatever modes the sandbox left inside it.
 
-    def retry(func: Any, target: str, _exc: Any) -> None:
-        try:
-            os.chmod(os.path.dirname(target), 0o700)
-            os.chmod(target, 0o700)
-        except OSError:
-            pass
-        func(target)
+    Never follows a symlink the sandbox planted (see ``remove_tree``).
+    """
+    from .preview._mechanism import remove_tree
 
-    if os.path.lexists(path):
-        shutil.rmtree(path, onerror=retry)
+    remove_tree(path)
 
 
 class BaseSandbox(FileRequests):

@@ -48,6 +48,10 @@ def run(
 ) -> subprocess.CompletedProcess[bytes]:
     """``corral run --settings FILE [options] -c COMMAND`` in the workspace."""
     path = world.write(os.path.join(world.root, f"walk-{next(_count)}.json"), json.dumps(settings))
+    landlock = "landlock" in (settings.get("backend"), world.environ.get("CORRAL_BACKEND"))
+    if landlock and os.geteuid() == 0:
+        # landlock refuses a root caller (it would keep root's identity) unless told
+        options = ("--allow-degraded", "isolation", *options)
     return world.corral("run", "--settings", path, *options, "-c", command, **kw)  # type: ignore[arg-type]
 
 

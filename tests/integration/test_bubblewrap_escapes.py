@@ -352,7 +352,11 @@ def test_memory_limit_kills_with_137(world: World) -> None:
 
 
 def test_timeout_stops_background_children(world: World) -> None:
-    result = world.run("sleep 300 & echo $! > bg.pid; trap '' TERM; sleep 300", "--timeout", "1s")
+    # a duration no other engineer's test uses: the check below scans every host process
+    duration = f"300.{os.getpid()}{time.monotonic_ns() % 1000}"
+    result = world.run(
+        f"sleep {duration} & echo $! > bg.pid; trap '' TERM; sleep {duration}", "--timeout", "1s"
+    )
     assert result.returncode == 124
     assert b"timed out after 1s" in result.stderr
     time.sleep(0.2)
@@ -361,7 +365,7 @@ def test_timeout_stops_background_children(world: World) -> None:
         if pid.isdigit():
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    assert f.read() != b"sleep\x00300\x00"
+                    assert f.read() != f"sleep\x00{duration}\x00".encode()
             except OSError:
                 continue
 

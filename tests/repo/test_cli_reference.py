@@ -117,11 +117,7 @@ def test_completion_refuses_an_unknown_shell() -> None:
     assert result.returncode == 125 and "bash, zsh or fish" in result.stderr
 
 
-#: commands whose --help is not in the common style yet (see the report of issue 11, item 13)
-_OWN_HELP = {"hook", "mcp"}
-
-
-@pytest.mark.parametrize("command", sorted(set(COMMANDS) - _OWN_HELP))
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_has_the_same_help_style(command: str) -> None:
     from corral.cli._options import HELP_TEXT
 

@@ -229,7 +229,7 @@ def inspect_host(
         if value is not None
     )
     layout, cgroup_problem = probe_cgroups(needed) if needed else (None, None)
-    paths = backend.paths_to_inspect(request, policy)
+    paths = backend.paths_to_inspect(request, policy) | {home}
     credential_files: list[tuple[str, str]] = []
     if policy.credentials:
         from ._egress import credentials_for, read_credential_file

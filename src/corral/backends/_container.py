@@ -32,6 +32,7 @@ from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     checked_workspace,
     disk_limit,
     is_under,
@@ -258,17 +259,28 @@ class ContainerBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable) and self.passes_fds
         if patterns and writable and not self.passes_fds:
-            for rule in sorted({label.partition(":")[0] for _p, label in patterns}):
+            # without the broker, mounts still enforce the denyRead masks and the
+            # write-denied paths that exist (read-only volumes below); the rest is refused
+            denied_mounts = {
+                p.rstrip("/") or "/"
+                for p in fs.deny_write
+                if p.startswith("/")
+                and not any(c in p for c in "*?[")
+                and facts.kind(p) in ("dir", "file")
+            }
+            for rule in sorted(
+                {
+                    label.partition(":")[0]
+                    for p, label in patterns
+                    if not label.startswith("filesystem.denyRead")
+                    and p.removesuffix("/**") not in denied_mounts
+                }
+            ):
                 degrade.cannot(
                     rule,
                     f"{self.name} cannot pass corral's write broker into the container",
@@ -356,8 +368,8 @@ class ContainerBackend(Backend):
                 "--env-file",
                 f"/dev/fd/{FD_ENV}",
             ]
-            if detached:
-                args.append("--init")
+            if detached and not self.passes_fds:
+                args.append("--init")  # docker: its own init (no corral filter anywhere there)
             volumes = [f"the cache volume corral-cache-{name}" for name, _path in policy.caches]
             disk = disk_limit(policy, [*writable, *volumes], degrade, self.name)
             for tmp in PRIVATE_TMP:
@@ -451,6 +463,9 @@ class ContainerBackend(Backend):
             if not detached:
                 args += ["--preserve-fds", str(preserved)]
                 command = [*helper, "--", *request.argv]
+            else:
+                # the session's pid 1: corral's helper, not dumpable (see --hold in corral-exec.c)
+                command = [SANDBOX_HELPER, "--hold"]
         if session is not None:
             args.append(cname)
         else:
@@ -617,10 +632,13 @@ class ContainerSession:
         return outcome.replace(sandbox_id=self.sandbox_id)
 
     def _stop_commands(self) -> None:
-        """SIGKILL every process of the session except its init and the init's first child."""
+        """SIGKILL every process of the session except its init (and, with docker's init,
+        the init's first child, ``sleep infinity``)."""
         from ..pipeline._engine import _children_of, _pids_in_pidns_of
 
-        keep = {self.init_pid, *_children_of(self.init_pid)}
+        keep = {self.init_pid}
+        if not self.backend.passes_fds:
+            keep.update(_children_of(self.init_pid))
         for pid in _pids_in_pidns_of(self.init_pid):
             if pid not in keep:
                 try:

@@ -66,6 +66,10 @@ class BrokerSpec(Record):
             namespace of the launched process (``/proc/<pid>/root``), not
             corral's: a preview's overlay is mounted there (see
             :class:`PreviewSpec`).
+        idmapped_id: the unprivileged host uid/gid a root caller's sandbox
+            runs as, whose files are root's on disk (idmapped mounts, see
+            docs/design.md "Never the host's root identity"): the broker
+            stores an owner the sandbox names as that id as 0.
     """
 
     roots: tuple[tuple[str, str], ...]
@@ -74,6 +78,7 @@ class BrokerSpec(Record):
     open_roots: tuple[str, ...] = ()
     confine_metadata: bool = False
     launcher_ns: bool = False
+    idmapped_id: int | None = None
 
 
 class EgressSpec(Record):

@@ -17,7 +17,7 @@ import os
 
 __all__ = ["broker_syscalls", "seccomp_program"]
 
-_VARIANTS = ("deny", "deny+unix", "broker")
+_VARIANTS = ("deny", "deny+unix", "broker", "broker+metadata")
 _memo: dict[str, object] = {}
 
 
@@ -35,20 +35,36 @@ def _sources_key() -> str:
 
 def _compile(arch: str) -> dict[str, object]:
     from ._seccomp import compile_filter
-    from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+    from ._seccomp_rules import (
+        BROKER_RULES,
+        DENY_RULES,
+        METADATA_BROKER_RULES,
+        SYSCALLS,
+        unix_socket_rule,
+    )
 
     column = 0 if arch == "x86_64" else 1
+    metadata = (*BROKER_RULES, *METADATA_BROKER_RULES)
     return {
         "deny": compile_filter(DENY_RULES, arch=arch, deny_unknown=True).hex(),
         "deny+unix": compile_filter(
             (*DENY_RULES, unix_socket_rule()), arch=arch, deny_unknown=True
         ).hex(),
         "broker": compile_filter(BROKER_RULES, arch=arch, deny_unknown=False).hex(),
+        "broker+metadata": compile_filter(metadata, arch=arch, deny_unknown=False).hex(),
         "broker-syscalls": sorted(
             [nr, name]
             for rule in BROKER_RULES
             for name in rule[0]
             if (nr := SYSCALLS[name][column]) is not None
+        ),
+        "broker+metadata-syscalls": sorted(
+            {
+                (nr, name)
+                for rule in metadata
+                for name in rule[0]
+                if (nr := SYSCALLS[name][column]) is not None
+            }
         ),
     }
 
@@ -69,7 +85,8 @@ def _programs(arch: str) -> dict[str, object]:
 
 
 def seccomp_program(variant: str, arch: str) -> bytes:
-    """The compiled BPF program: ``"deny"``, ``"deny+unix"`` (also denies AF_UNIX) or ``"broker"``.
+    """The compiled BPF program: ``"deny"``, ``"deny+unix"`` (also denies AF_UNIX),
+    ``"broker"`` or ``"broker+metadata"`` (also fd-based metadata changes).
 
     Raises:
         ValueError: unknown variant or architecture.
@@ -79,8 +96,9 @@ def seccomp_program(variant: str, arch: str) -> bytes:
     return bytes.fromhex(str(_programs(arch)[variant]))
 
 
-def broker_syscalls(arch: str) -> tuple[tuple[int, str], ...]:
-    """``(number, name)`` of every syscall the broker program traps on *arch*."""
-    rows = _programs(arch)["broker-syscalls"]
+def broker_syscalls(arch: str, *, metadata: bool = False) -> tuple[tuple[int, str], ...]:
+    """``(number, name)`` of every syscall the broker program (``"broker+metadata"``
+    with *metadata*) traps on *arch*."""
+    rows = _programs(arch)["broker+metadata-syscalls" if metadata else "broker-syscalls"]
     assert isinstance(rows, list)
     return tuple((int(nr), str(name)) for nr, name in rows)

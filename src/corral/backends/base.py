@@ -78,6 +78,45 @@ def is_under(path: str, base: str) -> bool:
     return path == base or path.startswith(base.rstrip("/") + "/")
 
 
+def broker_patterns(fs: FilesystemPolicy, writable: list[str]) -> list[tuple[str, str]]:
+    """The write broker's ``(pattern, rule label)`` rows for *fs* over the *writable* roots.
+
+    Every backend with a broker uses these rows, so a rule means the same
+    everywhere:
+
+    * ``filesystem.protect`` rows; a row ``dir/**`` also covers the name
+      ``dir`` itself (a file, a directory or a symlink to a payload directory
+      would otherwise stand in for the protected directory);
+    * ``filesystem.denyWrite``: patterns as they are; an absolute path covers
+      itself and everything below it, existing or not;
+    * ``filesystem.denyRead`` paths inside a writable root: creating,
+      opening for writing (which also reads), renaming or deleting them is
+      refused, so the broker never acts on the host file a mask hides.
+    """
+    rows: list[tuple[str, str]] = []
+
+    def add(pattern: str, label: str) -> None:
+        rows.append((pattern, label))
+        if pattern.endswith("/**") and len(pattern) > 3:
+            rows.append((pattern[:-3], label))
+
+    for p in fs.protect:
+        add(p, f"filesystem.protect: {p}")
+    for p in fs.deny_write:
+        if p.startswith("/") and not any(c in p for c in "*?["):
+            base = p.rstrip("/") or "/"
+            rows.append((base, f"filesystem.denyWrite: {p}"))
+            rows.append(((base if base != "/" else "") + "/**", f"filesystem.denyWrite: {p}"))
+        else:
+            add(p, f"filesystem.denyWrite: {p}")
+    for secret in fs.deny_read:
+        if any(is_under(secret, area) for area in writable):
+            base = secret.rstrip("/") or "/"
+            rows.append((base, f"filesystem.denyRead: {secret}"))
+            rows.append((base + "/**", f"filesystem.denyRead: {secret}"))
+    return rows
+
+
 def checked_workspace(fs: FilesystemPolicy, facts: HostFacts, *, allow_write: bool = False) -> str:
     """The workspace path, after checking it can be the sandbox's workspace.
 

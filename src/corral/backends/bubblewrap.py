@@ -48,6 +48,7 @@ from ._proxy_env import proxy_environment
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     cache_dirs,
     cgroup_limits,
     checked_workspace,
@@ -67,10 +68,57 @@ __all__ = ["BubblewrapBackend", "command_env", "sandbox_env"]
 
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
+#: Where the ``--as-user`` stage clones bind sources (its own tmpfs, in its own
+#: mount namespace; bubblewrap gives the sandbox a fresh /dev). Mirrors STAGE_DIR
+#: in corral-exec.c.
+STAGE_DIR = "/dev/shm"
 
 #: Where the exec helper appears inside the sandbox (bound read-only; the
 #: installed path may be hidden, e.g. a virtualenv under /tmp).
 SANDBOX_HELPER = "/dev/.corral-exec"
+
+#: git's system configuration in a root caller's sandbox (``GIT_CONFIG_SYSTEM``):
+#: the host's, plus ``safe.directory = *`` (see the file for why), bound here.
+SANDBOX_GITCONFIG = "/dev/.corral-gitconfig"
+GITCONFIG_SOURCE = __file__.rsplit("/", 2)[0] + "/data/sandbox-gitconfig"
+
+#: The host uid and gid a root caller's sandbox runs as (never the host's uid 0).
+#: Debian reserves 65000-65533 and allocates none of it; nothing on a host owns
+#: it, and corral checks that no process runs as it (``HostFacts.root_id_problem``).
+#: Through idmapped mounts the sandbox owns what root owns in the workspace,
+#: the allowWrite directories, the session's /tmp and the caller's home.
+ROOT_SANDBOX_ID = 65533
+
+#: root's home in the password database on Linux: idmapped too, so the tools a root
+#: user keeps there (pyenv, nvm, cargo) stay usable when $HOME points elsewhere.
+ROOT_HOME = "/root"
+
+#: Directories never idmapped as a root caller's home ($HOME pointing there would
+#: hand the sandbox root's files in them, /etc/shadow included).
+SYSTEM_DIRS = ("/", "/etc", "/usr", "/var", "/boot", "/dev", "/proc", "/sys", "/run", "/opt")
+
+#: /proc entries bound read-only onto themselves in every sandbox: (name, reason).
+PROC_READ_ONLY: tuple[tuple[str, str], ...] = (
+    ("sys", "sysctls are host-wide and writable by the global uid 0 (core_pattern runs a helper)"),
+    ("sysrq-trigger", "reboots or crashes the host for the global uid 0"),
+    ("irq", "interrupt affinity of the host"),
+    ("bus", "PCI/USB device configuration space"),
+    ("fs", "host-wide filesystem knobs (nfsd exports and the like)"),
+)
+
+#: /proc entries hidden in every sandbox (an empty read-only dir, or /dev/null): (name, reason).
+PROC_HIDDEN: tuple[tuple[str, str], ...] = (
+    ("kcore", "the host's physical memory image"),
+    ("keys", "every key the kernel holds for this uid, across namespaces"),
+    ("key-users", "key quotas of every host user"),
+    ("timer_list", "host timers and the tasks that armed them"),
+    ("sched_debug", "every host task's name and pid"),
+    ("kallsyms", "kernel symbol addresses (defeats KASLR for root)"),
+    ("kmsg", "the kernel log, readable and writable by the global uid 0"),
+    ("acpi", "ACPI tables and controls"),
+    ("scsi", "SCSI host controls (writable rescans)"),
+    ("latency_stats", "host-wide latency records"),
+)
 
 #: Directories that get a private, empty tmpfs in every sandbox.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
@@ -170,6 +218,8 @@ class BubblewrapBackend(Backend):
         paths = paths_of_policy(request, policy)
         if request.tmp_dir:
             paths.add(request.tmp_dir)
+        paths.update(f"/proc/{name}" for name, _reason in (*PROC_READ_ONLY, *PROC_HIDDEN))
+        paths.add(ROOT_HOME)
         for pattern in fs.protect:  # the root-level instances, for the no-broker fallback
             literal = pattern.removeprefix("**/").removesuffix("/**")
             if not any(c in literal for c in "*?["):
@@ -214,14 +264,9 @@ class BubblewrapBackend(Backend):
         credentials = injected_credentials(request, policy, facts)
 
         # --- which writable roots the broker supervises
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [
-            (p, f"filesystem.denyWrite: {p}")
-            for p in fs.deny_write
-            if any(c in p for c in "*?[") or not p.startswith("/")
-        ]
         writable = [] if fs.read_only else [workspace]
         writable += [p.rstrip("/") or "/" for p in fs.allow_write if facts.kind(p) == "dir"]
+        patterns = broker_patterns(fs, writable)
         use_broker = bool(patterns and writable)
         if use_broker and facts.broker_problem is not None:
             degrade.cannot(
@@ -235,7 +280,19 @@ class BubblewrapBackend(Backend):
         cgroup = cgroup_limits(res, facts, degrade)
 
         # --- bwrap arguments
+        # --- identity: a root caller's command runs as an unprivileged host uid
+        as_user = facts.uid == 0 and preview is None  # previews: see docs/threat-model.md
+        if as_user and ({"isolation", "*"} & policy.allow_degraded):
+            # the caller's explicit way out where idmapped mounts do not work (NFS, FUSE)
+            degrade.cannot(
+                "isolation",
+                "kept the host's root identity for a root caller",
+                fix="(not refused: allowed by allowDegraded)",
+            )
+            as_user = False
         args: list[str] = [facts.bwrap]
+        if as_user:
+            args += ["--uid", "0", "--gid", "0"]  # root inside, ROOT_SANDBOX_ID outside
         args += [
             "--unshare-user",
             "--unshare-ipc",
@@ -247,8 +304,11 @@ class BubblewrapBackend(Backend):
             args.append("--unshare-net")
         if facts.bwrap_version >= (0, 8, 0):
             args.append("--disable-userns")
-        args += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "corral"]
-        args += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        # corral's exec helper is the sandbox's pid 1 (--init): no process inside runs
+        # without corral's filters (bubblewrap's own init would have none)
+        args += ["--as-pid-1", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        args += ["--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        args += proc_masks(facts)
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
         caches = cache_dirs(policy, facts, degrade)
         host_writable = [*writable, *caches] + ([request.tmp_dir] if request.tmp_dir else [])
@@ -330,18 +390,23 @@ class BubblewrapBackend(Backend):
                 data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
             ),
         ]
-        helper = [SANDBOX_HELPER, "--status-fd", str(FD_STATUS), "--seccomp-fd", str(FD_SECCOMP)]
+        helper = [SANDBOX_HELPER, "--init", "--status-fd", str(FD_STATUS)]
+        helper += ["--seccomp-fd", str(FD_SECCOMP)]
         broker = None
         if use_broker:
             broker = BrokerSpec(
                 roots=tuple((w, source(w)) for w in writable),
                 patterns=tuple(patterns),
-                syscall_names=broker_syscalls(facts.arch),
+                syscall_names=broker_syscalls(facts.arch, metadata=as_user),
                 launcher_ns=preview is not None and not copy,
+                idmapped_id=ROOT_SANDBOX_ID if as_user else None,
             )
             fds += [
                 FdSpec(
-                    number=FD_NOTIFY_BPF, kind="data", data=seccomp_program("broker", facts.arch)
+                    number=FD_NOTIFY_BPF,
+                    kind="data",
+                    # as another uid, fd-based metadata changes of root's files go via the broker
+                    data=seccomp_program("broker+metadata" if as_user else "broker", facts.arch),
                 ),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]
@@ -359,6 +424,11 @@ class BubblewrapBackend(Backend):
         if request.timeout is not None:
             timeout = request.timeout
         env = command_env(request, policy, facts_env(facts), egress, credentials)
+        if as_user and not any(name == "GIT_CONFIG_SYSTEM" for name, _value in env):
+            # git would refuse the repositories the command only reads as "dubious
+            # ownership" (they are not its uid's); the sandbox is the boundary here
+            args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
+            env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
         prefix: list[str] = []
         if preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
@@ -381,6 +451,10 @@ class BubblewrapBackend(Backend):
             if kind == "fuse":
                 prefix += ["--fuse-binary", preview.fuse_binary]
             prefix.append("--")
+        if as_user:
+            # caches are read-write host directories the sandbox must own too
+            owned = [*(source(w) for w in writable), *caches]
+            prefix, args = _as_user(facts, request, owned, args)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
@@ -398,6 +472,70 @@ class BubblewrapBackend(Backend):
             display_argv=redact(request.argv, [value for _name, value in credentials]),
             credentials=tuple(name for name, _value in credentials),
         )
+
+
+def _as_user(
+    facts: HostFacts, request: ExecRequest, writable: list[str], args: list[str]
+) -> tuple[list[str], list[str]]:
+    """The exec helper's ``--as-user`` stage for a root caller, and *args* rewritten for it.
+
+    The helper idmaps what the sandbox must own (the writable roots, the session's
+    /tmp, the caller's home), drops to :data:`ROOT_SANDBOX_ID` and execs bwrap.
+    Every bind source is staged by the helper (cloned as root onto
+    ``STAGE_DIR/<k>``, a tmpfs private to that stage's mount namespace): the
+    unprivileged bwrap may be unable to walk to it (a 0700 parent).
+    """
+    assert facts.helper is not None
+    prefix = [facts.helper, "--as-user", str(ROOT_SANDBOX_ID), "--status-fd", str(FD_STATUS)]
+    owned = list(writable)
+    if request.tmp_dir is not None:
+        owned.append(request.tmp_dir)
+    for home in (facts.home, ROOT_HOME):  # read-only inside, but root's 0700 homes stay usable
+        if facts.kind(home) == "dir" and home not in SYSTEM_DIRS:
+            owned.append(home)
+    mapped: list[str] = []
+    for path in sorted(set(owned), key=len):
+        if not any(is_under(path, p) for p in mapped):
+            mapped.append(path)
+            prefix += ["--idmap", path]
+    rewritten: list[str] = []
+    staged = 0
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("--bind", "--ro-bind") and args[i + 1] not in ("/", "/dev/null"):
+            # a clone keeps the idmapping of what it clones: under a mapped path, it is mapped
+            prefix += ["--stage", args[i + 1]]
+            rewritten += [arg, f"{STAGE_DIR}/{staged}", args[i + 2]]
+            staged += 1
+            i += 3
+            continue
+        rewritten.append(arg)
+        i += 1
+    prefix.append("--")
+    return prefix, rewritten
+
+
+def proc_masks(facts: HostFacts) -> list[str]:
+    """bwrap arguments that make /proc's host-wide kernel interfaces unusable.
+
+    A fresh proc mount still shows the kernel's global knobs. Their permission
+    checks ask for the *global* uid 0 (``proc_sys_permission``, sysrq), which a
+    root caller's sandbox holds, so each is either bound read-only onto itself
+    or hidden (see :data:`PROC_READ_ONLY`, :data:`PROC_HIDDEN`). Entries this
+    kernel does not have are skipped.
+    """
+    args: list[str] = []
+    for name, _reason in PROC_READ_ONLY:
+        if facts.kind(f"/proc/{name}") in ("dir", "file"):
+            args += ["--ro-bind", f"/proc/{name}", f"/proc/{name}"]
+    for name, _reason in PROC_HIDDEN:
+        kind = facts.kind(f"/proc/{name}")
+        if kind == "dir":
+            args += ["--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+        elif kind == "file":
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return args
 
 
 def facts_env(facts: HostFacts) -> tuple[tuple[str, str], ...]:

@@ -23,6 +23,11 @@ Guarantees (with the default policy):
   * memory, pids and CPU through a cgroup; CPU time, wall clock and output
     as with every backend; the tree is stopped through the cgroup's freezer.
 
+Refused for a root caller (exit 125; ``--allow-degraded isolation`` accepts it):
+  * without a user namespace the command would hold the host's uid 0 - no
+    capabilities, but the owner of every root-only file (``/etc/shadow``).
+    ``auto`` picks bubblewrap instead.
+
 Not expressible here (refused, exit 125, where the policy asks for it):
   * ``network.mode = "allowlist"``: Landlock filters TCP by port, not by
     host, and without a network namespace the proxy could be bypassed;
@@ -65,11 +70,11 @@ from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from .base import (
     Backend,
     Degradations,
+    broker_patterns,
     cache_dirs,
     cgroup_limits,
     checked_workspace,
     disk_limit,
-    is_under,
     refuse_image,
 )
 from .bubblewrap import sandbox_env
@@ -229,6 +234,15 @@ class LandlockBackend(Backend):
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
+        if facts.uid == 0:
+            # no user namespace: the command would be the host's uid 0 (without
+            # capabilities), the owner of /etc/shadow and every other root-only file
+            degrade.cannot(
+                "isolation",
+                "a root caller's command would keep the host's root identity on the landlock "
+                "backend (root-only files such as /etc/shadow stay readable)",
+                fix="use --backend bubblewrap, or run corral as a non-root user",
+            )
         refuse_image(policy, degrade, self.name)
         disk_limit(policy, ["its TMPDIR (a host directory)"], degrade, self.name)
         abi = facts.landlock_abi
@@ -289,14 +303,7 @@ class LandlockBackend(Backend):
             )
 
         # --- the write broker: protected paths at any depth, metadata confinement
-        patterns: list[tuple[str, str]] = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-        patterns += [(p, f"filesystem.denyWrite: {p}") for p in fs.deny_write]
-        for secret in fs.deny_read:
-            if any(is_under(secret, area) for area in writable):
-                patterns += [
-                    (secret, f"filesystem.denyRead: {secret}"),
-                    (secret.rstrip("/") + "/**", f"filesystem.denyRead: {secret}"),
-                ]
+        patterns = broker_patterns(fs, writable)
         column = 0 if facts.arch == "x86_64" else 1
         broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES)
         names = sorted(

@@ -30,6 +30,7 @@ SUITES: dict[str, str] = {
     "integrations": "corral.benchmarks.integrations",
     "preview": "corral.benchmarks.preview",
     "egress": "corral.benchmarks.egress",
+    "broker": "corral.benchmarks.broker",
 }
 
 

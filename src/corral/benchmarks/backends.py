@@ -29,6 +29,8 @@ def _settings(ctx: Context, name: str) -> list[str]:
         settings["image"] = "corral:python"
     if name in ("gvisor", "docker"):
         settings["allowDegraded"] = ["filesystem.protect", "network.allowUnixSockets"]
+    if name == "landlock" and os.geteuid() == 0:
+        settings["allowDegraded"] = ["isolation"]  # it refuses a root caller otherwise
     with open(path, "w", encoding="utf-8") as f:
         json.dump(settings, f)
     return ["--settings", path]

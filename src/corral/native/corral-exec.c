@@ -17,6 +17,8 @@
  *   6. seccomp deny filter(s)                           (when asked)
  *   7. seccomp user-notification filter, whose listener fd is sent to corral's
  *      write broker over a unix socket                  (when asked)
+ *   7b. with --init (bubblewrap's --as-pid-1): fork; this process stays the
+ *       sandbox's pid 1 and reaper, the child goes on (see run_as_init)
  *   8. mark every fd >= 3 close-on-exec, except --keep-fd ones
  *   9. execvp(command)
  *
@@ -31,6 +33,7 @@
  *   E<step>\t<errno>\t<text> setup failed at <step>; the command did not run
  *   X<errno>\t<program>    execvp failed (the command was not found or not
  *                          executable); the helper exits 127 or 126
+ *   S<signal>              (--init only) the command was killed by <signal>
  * A successful exec closes the fd with no further record.
  *
  * A second mode, ``corral-exec --mount-overlay``, runs *before* bubblewrap for
@@ -70,6 +73,7 @@
 #include <sched.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
+#include <grp.h>
 #include <time.h>
 
 #ifndef SECCOMP_FILTER_FLAG_NEW_LISTENER
@@ -89,8 +93,12 @@
 #define MAX_KEEP 16
 #define MAX_RLIMITS 16
 #define MAX_PROGRAM (64 * 1024)
+#define MAX_STAGES 128
+#define STAGE_DIR "/dev/shm"
 
 static int status_fd = -1;
+static int want_init = 0;       /* --init: stay pid 1, the command is our child */
+static int want_ctty_global = 0; /* --ctty, for the init's child */
 
 static void usage(void);
 
@@ -491,6 +499,195 @@ static int mount_overlay_main(int argc, char **argv) {
     return 125;
 }
 
+/* ------------------------------------------------------------- identity
+ *
+ * corral-exec --as-user UID [--idmap PATH]... [--stage PATH]... [--status-fd N]
+ *             -- PROGRAM [ARG...]
+ *
+ * Runs before bubblewrap for a *root* caller, as corral's direct child (and
+ * after --mount-overlay when both are used), never inside a sandbox:
+ *
+ *   1. a private mount namespace, every mount private;
+ *   2. each PATH (the workspace, allowWrite directories, the session's /tmp,
+ *      the caller's home) is replaced by an *idmapped* clone of itself in which
+ *      the host's uid/gid 0 appear as UID: the sandbox, running as UID, owns
+ *      what root owns there, and what it creates is stored as root's;
+ *   2b. the k-th --stage PATH is cloned onto STAGE_DIR/k (a private tmpfs; a
+ *      clone keeps the idmapping of step 2): bubblewrap binds it from there,
+ *      as UID may be unable to walk to PATH itself;
+ *   3. drop to UID/UID with no supplementary groups (all capabilities go with
+ *      the uid change) and exec PROGRAM (bubblewrap, which then runs
+ *      unprivileged and maps the sandbox's uid 0 to UID).
+ *
+ * SAFETY: the command never holds the host's uid 0: the kernel interfaces that
+ * trust the global root uid (sysctls, sysrq) and root-only host files
+ * (/etc/shadow, ssh host keys) see an unprivileged user. Only the listed paths
+ * are remapped, in a mount namespace nobody else uses. UID must be a uid no
+ * host process or file uses (corral's Python side picks and documents it).
+ */
+static int idmap_userns(unsigned uid) {
+    int go[2], ready[2];
+    if (pipe2(go, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0)
+        fail("idmap", errno, "pipe: %s", strerror(errno));
+    pid_t child = fork();
+    if (child < 0)
+        fail("idmap", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        /* a throw-away process whose user namespace carries the mapping */
+        close(go[1]);
+        close(ready[0]);
+        char byte = unshare(CLONE_NEWUSER) == 0 ? 'u' : 'e';
+        if (write(ready[1], &byte, 1) != 1)
+            _exit(1);
+        while (read(go[0], &byte, 1) < 0 && errno == EINTR) {
+        }
+        _exit(0);
+    }
+    close(go[0]);
+    close(ready[1]);
+    char byte = 0;
+    ssize_t n;
+    do {
+        n = read(ready[0], &byte, 1);
+    } while (n < 0 && errno == EINTR);
+    close(ready[0]);
+    if (n != 1 || byte != 'u')
+        fail("idmap", EPERM, "the idmap helper could not enter a user namespace");
+    char path[64], map[64];
+    snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        fail("idmap", errno, "open %s: %s", path, strerror(errno));
+    snprintf(map, sizeof map, "0 %u 1\n", uid);
+    snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+    write_file(path, map);
+    snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+    write_file(path, map);
+    close(go[1]);
+    waitpid(child, NULL, 0);
+    return fd;
+}
+
+/* Clone the mount tree at PATH onto AT (idmapped with USERNS unless it is -1). */
+static void clone_tree(const char *path, const char *at, int userns) {
+    int tree = (int)syscall(__NR_open_tree, AT_FDCWD, path,
+                            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (tree < 0)
+        fail("idmap", errno, "open_tree %s: %s", path, strerror(errno));
+    if (userns < 0)
+        goto move;
+    struct mount_attr attr;
+    memset(&attr, 0, sizeof attr);
+    attr.attr_set = MOUNT_ATTR_IDMAP;
+    attr.userns_fd = (uint64_t)userns;
+    if (syscall(__NR_mount_setattr, tree, "", AT_EMPTY_PATH | AT_RECURSIVE, &attr, sizeof attr) < 0)
+        fail("idmap", errno,
+             "idmapped mount of %s: %s (the filesystem must support idmapped mounts; "
+             "--allow-degraded isolation keeps the host's root identity instead)",
+             path, strerror(errno));
+move:
+    if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        fail("idmap", errno, "move_mount %s: %s", at, strerror(errno));
+    close(tree);
+}
+
+static int as_user_main(int argc, char **argv) {
+    if (argc < 3)
+        usage();
+    unsigned uid = (unsigned)parse_long(argv[2], "--as-user");
+    const char *paths[MAX_KEEP];
+    int npaths = 0;
+    const char *stages[MAX_STAGES];
+    int nstages = 0;
+    int i = 3;
+    for (; i < argc; i++) {
+        if (strcmp(argv[i], "--") == 0) {
+            i++;
+            break;
+        }
+        if (i + 1 >= argc)
+            usage();
+        if (strcmp(argv[i], "--status-fd") == 0)
+            status_fd = (int)parse_long(argv[++i], "--status-fd");
+        else if (strcmp(argv[i], "--idmap") == 0) {
+            if (npaths == MAX_KEEP)
+                fail("parse-arguments", E2BIG, "too many --idmap");
+            paths[npaths++] = argv[++i];
+        } else if (strcmp(argv[i], "--stage") == 0) {
+            if (nstages == MAX_STAGES)
+                fail("parse-arguments", E2BIG, "too many --stage");
+            stages[nstages++] = argv[++i];
+        } else
+            fail("parse-arguments", EINVAL, "unknown option %s", argv[i]);
+    }
+    if (i >= argc || argv[i][0] != '/')
+        fail("parse-arguments", EINVAL, "--as-user needs an absolute program path after --");
+    if (uid == 0)
+        fail("parse-arguments", EINVAL, "--as-user needs a uid other than 0");
+    if (geteuid() != 0)
+        fail("as-user", EPERM, "--as-user is for a root caller");
+    /* uid 0 of a user namespace (unshare --map-root-user) is not the host's
+     * root: there is no identity to shed, and UID may not be mapped. Only the
+     * staging is done then (bubblewrap's arguments name the staged paths). */
+    int host_root = 0;
+    {
+        char buf[128] = {0};
+        int fd = open("/proc/self/uid_map", O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t n = read(fd, buf, sizeof buf - 1);
+            close(fd);
+            unsigned a, b, c;
+            host_root = n > 0 && sscanf(buf, "%u %u %u", &a, &b, &c) == 3 && a == 0 && b == 0 &&
+                        c == 4294967295U;
+        }
+    }
+    if (!host_root)
+        npaths = 0;
+    if (npaths > 0 || nstages > 0) {
+        if (unshare(CLONE_NEWNS) < 0)
+            fail("enter-mount-namespace", errno, "unshare: %s", strerror(errno));
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+            fail("make-mounts-private", errno, "%s", strerror(errno));
+        int userns = npaths > 0 ? idmap_userns(uid) : -1;
+        for (int k = 0; k < npaths; k++) {
+            if (paths[k][0] != '/')
+                fail("parse-arguments", EINVAL, "--idmap needs an absolute path: %s", paths[k]);
+            clone_tree(paths[k], paths[k], userns);
+        }
+        /* bubblewrap, as UID, may be unable to walk to a bind source (root's
+         * 0700 home, /tmp/pytest-of-root): each is cloned to STAGE_DIR/<k>, a
+         * private tmpfs of this mount namespace only (the sandbox gets its own
+         * /dev from bubblewrap and never sees it). */
+        if (nstages > 0 && mount("tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                 "mode=0755") < 0)
+            fail("stage", errno, "tmpfs on %s: %s", STAGE_DIR, strerror(errno));
+        for (int k = 0; k < nstages; k++) {
+            char at[64];
+            struct stat st;
+            snprintf(at, sizeof at, STAGE_DIR "/%d", k);
+            if (stages[k][0] != '/' || stat(stages[k], &st) < 0)
+                fail("stage", errno ? errno : EINVAL, "%s: %s", stages[k], strerror(errno));
+            int made = S_ISDIR(st.st_mode) ? mkdir(at, 0755) : mknod(at, S_IFREG | 0644, 0);
+            if (made < 0)
+                fail("stage", errno, "%s: %s", at, strerror(errno));
+            clone_tree(stages[k], at, -1); /* keeps the idmapping of a mapped path */
+        }
+        if (userns >= 0)
+            close(userns);
+    }
+    if (!host_root) {
+        execv(argv[i], argv + i);
+        fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
+    }
+    if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+        fail("as-user", errno, "switch to uid %u: %s", uid, strerror(errno));
+    if (geteuid() == 0 || getegid() == 0)
+        fail("as-user", EPERM, "still root after the switch to uid %u", uid);
+    execv(argv[i], argv + i);
+    fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
+    return 125;
+}
+
 /* Mark every fd >= 3 close-on-exec, then clear the flag on the kept ones. */
 static void cloexec_all(const int *keep, int nkeep) {
     if (syscall(__NR_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC_FLAG) < 0) {
@@ -527,6 +724,10 @@ static void drop_capabilities(void) {
     struct __user_cap_header_struct header = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
     struct __user_cap_data_struct data[2];
     memset(data, 0, sizeof data);
+    if (syscall(SYS_capget, &header, data) < 0)
+        fail("drop-capabilities", errno, "capget: %s", strerror(errno));
+    int could_drop = (data[0].effective >> CAP_SETPCAP) & 1;
+    memset(data, 0, sizeof data);
     for (int cap = 0; cap < 64; cap++) {
         if (prctl(PR_CAPBSET_READ, cap, 0, 0, 0) < 0)
             break; /* past the kernel's last capability */
@@ -542,6 +743,11 @@ static void drop_capabilities(void) {
         fail("drop-capabilities", errno, "capget: %s", strerror(errno));
     if (data[0].effective | data[0].permitted | data[1].effective | data[1].permitted)
         fail("drop-capabilities", EPERM, "capabilities remain after capset");
+    /* A caller that held no capabilities cannot shrink its bounding set, and
+     * needs not: with no_new_privs (always set next) nothing it execs can gain
+     * one. One that could drop them must have dropped them all. */
+    if (!could_drop)
+        return;
     for (int cap = 0; cap < 64; cap++) {
         int r = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
         if (r < 0)
@@ -551,10 +757,158 @@ static void drop_capabilities(void) {
     }
 }
 
+/*
+ * --init: stay the sandbox's pid 1 and run the command as our child.
+ *
+ * bubblewrap's own init (and a container engine's) would be a process inside
+ * the sandbox that holds none of corral's filters: the command could write
+ * into its memory (/proc/1/mem) and run code there without the seccomp
+ * filter. As init, this helper is started by ``bwrap --as-pid-1`` and forks
+ * the command only *after* every filter is installed, so every process of the
+ * sandbox - this one included - runs under them. On top of that it makes
+ * itself non-dumpable, so the command (which holds no capability) cannot open
+ * /proc/1/mem or ptrace it at all.
+ *
+ * The child becomes a session leader (and takes the pty with --ctty), marks
+ * fds close-on-exec and execs the command; an exec failure is its "X" record.
+ * The init keeps only the status fd: it reaps every process that ends up as
+ * its child and, when the command itself ends, reports a terminating signal
+ * as "S<signal>" (pid 1 cannot die of most signals, so its own exit status
+ * cannot carry it) and exits with the command's status (128 + signal when
+ * killed). The pid namespace - and everything left in it - ends with it.
+ * It handles (blocked, taken by sigwaitinfo) the signals corral forwards -
+ * HUP, INT, QUIT, TERM, USR1, USR2, WINCH, CONT, ALRM - and passes each on to
+ * the command, also one that arrived before the command existed; every other
+ * signal cannot reach it (pid 1 of a namespace gets only what it handles).
+ *
+ * Growing point: a resident session's init will keep a control fd here and
+ * fork one child per request instead of exiting after the first.
+ */
+static const int forwarded_signals[] = {SIGHUP,  SIGINT,   SIGQUIT, SIGTERM, SIGUSR1,
+                                         SIGUSR2, SIGWINCH, SIGCONT, SIGALRM};
+
+static void note_signal(int sig) {
+    (void)sig; /* never runs: the signals are blocked and taken by sigwaitinfo */
+}
+
+static sigset_t init_set, init_old_mask;
+
+/* As early as possible: pid 1 gets only signals it handles, so handle (and
+ * block) the ones corral forwards; one sent before the command exists then
+ * waits for it. */
+static void init_take_signals(void) {
+    if (getpid() != 1)
+        fail("init", EINVAL, "--init needs to be pid 1 of a new pid namespace (bwrap --as-pid-1)");
+    sigemptyset(&init_set);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal;
+    for (size_t k = 0; k < sizeof forwarded_signals / sizeof forwarded_signals[0]; k++) {
+        sigaddset(&init_set, forwarded_signals[k]);
+        sigaction(forwarded_signals[k], &sa, NULL);
+    }
+    sigaddset(&init_set, SIGCHLD);
+    sigaction(SIGCHLD, &sa, NULL);
+    if (sigprocmask(SIG_BLOCK, &init_set, &init_old_mask) < 0)
+        fail("init", errno, "sigprocmask: %s", strerror(errno));
+}
+
+static void run_as_init(void) {
+    sigset_t set = init_set, old = init_old_mask;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    pid_t child = fork();
+    if (child < 0)
+        fail("init", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        sa.sa_handler = SIG_DFL;
+        for (size_t k = 0; k < sizeof forwarded_signals / sizeof forwarded_signals[0]; k++)
+            sigaction(forwarded_signals[k], &sa, NULL);
+        sigaction(SIGCHLD, &sa, NULL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (setsid() < 0)
+            fail("setsid", errno, "%s", strerror(errno));
+        if (want_ctty_global && ioctl(0, TIOCSCTTY, 0) < 0)
+            fail("set-controlling-terminal", errno, "%s", strerror(errno));
+        return; /* the caller marks fds close-on-exec and execs the command */
+    }
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        fail("init", errno, "PR_SET_DUMPABLE: %s", strerror(errno));
+    /* hold nothing of the command's: stdio, the pty, kept fds, pipes */
+    for (int fd = 0; fd < 3; fd++)
+        close(fd);
+    if (status_fd >= 0 && status_fd != 3) {
+        if (dup2(status_fd, 3) < 0)
+            _exit(125);
+        status_fd = 3;
+    }
+    syscall(__NR_close_range, status_fd >= 0 ? 4U : 3U, ~0U, 0U);
+    for (;;) {
+        int sig = sigwaitinfo(&set, NULL);
+        if (sig < 0)
+            continue; /* EINTR */
+        if (sig != SIGCHLD) {
+            kill(child, sig); /* corral's signal for the command */
+            continue;
+        }
+        for (;;) {
+            int wstatus;
+            pid_t pid = waitpid(-1, &wstatus, WNOHANG);
+            if (pid <= 0)
+                break;
+            if (pid != child)
+                continue; /* an orphan the command left behind */
+            if (WIFSIGNALED(wstatus)) {
+                char line[16];
+                int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
+                status_write(line, (size_t)n);
+                _exit(128 + WTERMSIG(wstatus));
+            }
+            _exit(WEXITSTATUS(wstatus));
+        }
+    }
+}
+
+/*
+ * --hold: the pid 1 of a session container (podman), in place of catatonit
+ * and ``sleep infinity``. Each command of the session is started by the engine
+ * (``podman exec``) under this helper's main mode, with corral's filters; this
+ * process only reaps the orphans they leave, and it is not dumpable, so no
+ * command can write into its memory or trace it. SIGTERM or SIGINT end it (and
+ * with it the container).
+ */
+static int hold_main(void) {
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0)
+        return 125;
+    sigset_t set;
+    sigemptyset(&set);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal;
+    const int taken[] = {SIGTERM, SIGINT, SIGCHLD};
+    for (size_t k = 0; k < sizeof taken / sizeof taken[0]; k++) {
+        sigaddset(&set, taken[k]);
+        sigaction(taken[k], &sa, NULL);
+    }
+    if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+        return 125;
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    for (int fd = 0; fd < 3 && null >= 0; fd++)
+        dup2(null, fd);
+    syscall(__NR_close_range, 3U, ~0U, 0U);
+    for (;;) {
+        int sig = sigwaitinfo(&set, NULL);
+        if (sig == SIGTERM || sig == SIGINT)
+            _exit(0);
+        while (waitpid(-1, NULL, WNOHANG) > 0) {
+        }
+    }
+}
+
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
-          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--die-with-parent PPID]\n"
+          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--die-with-parent PPID]\n"
           "                   -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
@@ -563,6 +917,10 @@ static void usage(void) {
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--mount-overlay") == 0)
         return mount_overlay_main(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--as-user") == 0)
+        return as_user_main(argc, argv);
+    if (argc == 2 && strcmp(argv[1], "--hold") == 0)
+        return hold_main();
     int seccomp_fds[MAX_FILTERS];
     int nseccomp = 0;
     int notify_fd = -1, notify_sock = -1, landlock_fd = -1, wait_fd = -1;
@@ -594,7 +952,7 @@ int main(int argc, char **argv) {
             break;
         }
         if (i + 1 >= argc && strcmp(a, "--setsid") != 0 && strcmp(a, "--ctty") != 0 &&
-            strcmp(a, "--drop-caps") != 0)
+            strcmp(a, "--drop-caps") != 0 && strcmp(a, "--init") != 0)
             usage();
         if (strcmp(a, "--status-fd") == 0) {
             i++;
@@ -619,9 +977,11 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--setsid") == 0) {
             want_setsid = 1;
         } else if (strcmp(a, "--ctty") == 0) {
-            want_ctty = 1;
+            want_ctty = want_ctty_global = 1;
         } else if (strcmp(a, "--drop-caps") == 0) {
             want_drop_caps = 1;
+        } else if (strcmp(a, "--init") == 0) {
+            want_init = 1;
         } else if (strcmp(a, "--die-with-parent") == 0) {
             parent_pid = parse_long(argv[++i], a);
         } else if (strcmp(a, "--rlimit") == 0) {
@@ -643,6 +1003,8 @@ int main(int argc, char **argv) {
     }
     if (i >= argc)
         fail("parse-arguments", EINVAL, "no command given");
+    if (want_init)
+        init_take_signals();
     if ((notify_fd < 0) != (notify_sock < 0))
         fail("parse-arguments", EINVAL, "--notify-fd and --notify-sock go together");
 
@@ -658,10 +1020,10 @@ int main(int argc, char **argv) {
         close(wait_fd);
     }
 
-    /* 2. session, lifetime, directory */
-    if (want_setsid && setsid() < 0)
+    /* 2. session, lifetime, directory (as init, the session is the child's: 7b) */
+    if (want_setsid && !want_init && setsid() < 0)
         fail("setsid", errno, "%s", strerror(errno));
-    if (want_ctty) {
+    if (want_ctty && !want_init) {
         /* An interactive shell on corral's private pty: become a session leader
          * (bubblewrap's init leads the sandbox's first session) and take the
          * pty on stdin as controlling terminal. TIOCSTI on it can only inject
@@ -715,6 +1077,10 @@ int main(int argc, char **argv) {
         close(listener);
         close(notify_sock);
     }
+
+    /* 7b. as the sandbox's init: the command runs in a child; we stay pid 1 */
+    if (want_init)
+        run_as_init();
 
     /* 8. nothing but stdio and kept fds crosses into the command */
     cloexec_all(keep, nkeep);

@@ -508,6 +508,14 @@ class Running:
             self._sync_window_sizes()
         init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
         tops = _children_of(init) if init > 0 else self._command_pids(top_only=True)
+        if not tops and init > 0 and self.plan.backend == "bubblewrap":
+            # corral's init has not forked the command yet: it takes the signal
+            # (it handles the forwarded ones) and passes it on once it has
+            try:
+                os.kill(init, signum)
+            except ProcessLookupError:
+                pass
+            return
         for top in tops:
             try:
                 group = os.getpgid(top)
@@ -826,6 +834,9 @@ class Running:
             exit_code = os.waitstatus_to_exitcode(wait_status)
         status_text = bytes(self._status).decode("utf-8", "replace")
         for line in status_text.splitlines():
+            if line.startswith("S") and line[1:].isdigit():
+                # the sandbox's init reports how the command died (it cannot die of it itself)
+                signal, exit_code = int(line[1:]), None
             if line.startswith("E"):
                 step, _, rest = line[1:].partition("\t")
                 _err, _, text = rest.partition("\t")

@@ -81,6 +81,9 @@ class ApplyResult(Record):
         failed: ``(path, error)`` of operations that failed; the files are
             each still wholly old or new, and the preview is kept.
         preview_removed: the preview was consumed (everything landed).
+        quarantined: ``(path, reason)`` of git inputs that landed and that
+            the git check renamed out of git's way (see
+            :mod:`corral.backends._gitcheck`).
     """
 
     preview_id: str
@@ -89,6 +92,7 @@ class ApplyResult(Record):
     skipped_unsupported: tuple[str, ...] = ()
     failed: tuple[tuple[str, str], ...] = ()
     preview_removed: bool = False
+    quarantined: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict."""
@@ -99,6 +103,7 @@ class ApplyResult(Record):
             "skipped_unsupported": list(self.skipped_unsupported),
             "failed": [list(f) for f in self.failed],
             "preview_removed": self.preview_removed,
+            "quarantined": [list(q) for q in self.quarantined],
         }
 
 

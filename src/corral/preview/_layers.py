@@ -34,7 +34,12 @@ other entries (``opaque``), and what the manifest knows.
 
 SAFETY: the layer was written by the sandboxed command and is untrusted
 input. Nothing here follows a symlink (``lstat``, ``O_NOFOLLOW``); names are
-taken from directory listings, never from file contents.
+taken from directory listings, never from file contents. Extended attributes
+count as overlay metadata only in the one namespace the mount owns, which the
+command cannot write through the mount: ``trusted.overlay.*`` when kernel
+overlayfs was mounted by root (the upper directory is root's), else
+``user.overlay.*`` (``userxattr``: overlayfs refuses them to the command). A
+command's ``user.overlay.opaque`` under a root mount is just its data.
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ class Layer:
         self.root = root
         self.mechanism = mechanism
         self._manifest = manifest
+        self._own = _metadata_prefixes(root, mechanism)
 
     def children(self, rel: str, host_dir: str) -> tuple[dict[str, Node], bool]:
         """The entries of the layer directory *host_dir* (workspace path *rel*).
@@ -145,7 +151,7 @@ class Layer:
                     node.kind == "file"
                     and node.st is not None
                     and node.st.st_size == 0
-                    and _has_any_xattr(node.host, _WHITEOUT_XATTRS)
+                    and _has_any_xattr(node.host, self._ours(_WHITEOUT_XATTRS))
                 ):
                     node.kind = "whiteout"
         return nodes, opaque
@@ -184,6 +190,9 @@ class Layer:
             nodes[entry.name] = Node(entry.name, kind, entry.path, st)
         return nodes
 
+    def _ours(self, names: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n for n in names if n.startswith(self._own))
+
     def _dir_xattrs(self, rel: str, host_dir: str) -> bytes | None:
         """The directory's opaque value (``b"y"``, ``b"x"`` or ``None``); refuse redirects."""
         try:
@@ -191,20 +200,33 @@ class Layer:
         except OSError:
             return None
         for name in names:
-            if name in _REFUSED_XATTRS:
+            if name in self._ours(_REFUSED_XATTRS):
                 raise PreviewError(
                     f"Failed to read the preview's changes: {rel or '.'} carries the overlay "
                     f"attribute {name}, which corral does not interpret",
                     hint="discard this preview; corral mounts overlays without redirects and "
                     "metacopy",
                 )
-        for name in _OPAQUE_XATTRS:
+        for name in self._ours(_OPAQUE_XATTRS):
             if name in names:
                 try:
                     return os.getxattr(host_dir, name, follow_symlinks=False)
                 except OSError:
                     return None
         return None
+
+
+def _metadata_prefixes(root: str, mechanism: str) -> tuple[str, ...]:
+    """The xattr prefixes the overlay itself writes in this layer (see SAFETY above)."""
+    if mechanism != "overlay":
+        # fuse-overlayfs keeps its markers in user.fuseoverlayfs.* (or the
+        # overlay spellings) and hides them from the command
+        return ("trusted.overlay.", "user.overlay.", "user.fuseoverlayfs.")
+    try:
+        owner = os.stat(root, follow_symlinks=False).st_uid
+    except OSError:
+        owner = os.geteuid()
+    return ("trusted.overlay.",) if owner == 0 else ("user.overlay.",)
 
 
 def _has_any_xattr(path: str, names: tuple[str, ...]) -> bool:

@@ -231,33 +231,77 @@ def remove_tree(path: str) -> None:
     """Remove *path* recursively, including directories without permissions.
 
     The overlay's work directory holds a mode-000 ``work`` directory, and the
-    sandboxed command may have left read-only directories in the upper layer:
-    such directories (all ours, inside the state dir) are made accessible
-    first. Symlinks are never followed.
+    sandboxed command may have left read-only directories in the tree: each
+    directory is opened with ``O_NOFOLLOW`` relative to its parent's fd and
+    made accessible through that fd, so a symlink swapped in for a directory
+    (by a command still running in the same session) is unlinked, never
+    followed, and nothing outside the tree changes mode. Best effort: what
+    cannot be removed stays. No recursion (a deep tree cannot exhaust the
+    stack); one fd per level is open at a time.
     """
-    import shutil
+    parent, name = os.path.split(path.rstrip("/"))
+    if not name:
+        return
+    try:
+        parent_fd = os.open(parent or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    # frames: [parent fd, name, own fd, names left to remove]
+    frames: list[tuple[int, str, int, list[str]]] = []
+    try:
+        _enter(parent_fd, name, frames)
+        while frames:
+            dir_parent, dir_name, dir_fd, left = frames[-1]
+            if left:
+                _enter(dir_fd, left.pop(), frames)
+                continue
+            frames.pop()
+            os.close(dir_fd)
+            try:
+                os.rmdir(dir_name, dir_fd=dir_parent)
+            except OSError:
+                pass
+    finally:
+        for _p, _n, fd, _l in frames:
+            os.close(fd)
+        os.close(parent_fd)
 
-    if not os.path.isdir(path) or os.path.islink(path):
+
+def _enter(parent_fd: int, name: str, frames: list[tuple[int, str, int, list[str]]]) -> None:
+    """Unlink *name* below *parent_fd*, or push a frame to empty it if it is a directory."""
+    import stat
+
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            os.unlink(name, dir_fd=parent_fd)
+        except OSError:
             pass
         return
     try:
-        shutil.rmtree(path)
+        fd = os.open(
+            name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+        )
+    except OSError:
+        try:
+            os.unlink(name, dir_fd=parent_fd)  # swapped for a non-directory meanwhile
+        except OSError:
+            pass
         return
+    try:
+        # the directory itself, through our fd (a magic link to this very inode)
+        os.chmod(f"/proc/self/fd/{fd}", 0o700)
     except OSError:
         pass
-
-    def unlock(directory: str) -> None:
+    try:
+        listing = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=fd)
         try:
-            os.chmod(directory, 0o700)
-            entries = list(os.scandir(directory))
-        except OSError:
-            return
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                unlock(entry.path)
-
-    unlock(path)
-    shutil.rmtree(path, ignore_errors=True)
+            names = os.listdir(listing)
+        finally:
+            os.close(listing)
+    except OSError:
+        names = []
+    frames.append((parent_fd, name, fd, names))

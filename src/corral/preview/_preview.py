@@ -494,7 +494,9 @@ class Preview:
                         "--skip-conflicts applies everything else and keeps the preview",
                     )
                 selected, skipped = _without(selected, paths)
-            return self._land(selected, skipped, keep=keep or bool(skipped))
+            result = self._land(selected, skipped, keep=keep or bool(skipped))
+            quarantined = _git_check(self.workspace, result.applied, allow_protected)
+            return result.replace(quarantined=quarantined) if quarantined else result
 
     def _land(
         self, selected: builtins.list[Change], skipped: tuple[str, ...], *, keep: bool
@@ -676,11 +678,56 @@ def _protected(
                 if compiled_pattern.matches(
                     f"{workspace}/{rel}" if compiled_pattern.absolute else rel
                 ):
+                    if _new_repository_dir(change, rel):
+                        continue  # what lands inside it is judged by the rows inside .git
                     found.append((rel, label))
                     break
         if change.new_mode is not None and change.new_mode & _SETID and change.new_type == "file":
             found.append((change.path, "a set-user-ID or set-group-ID bit"))
     return found
+
+
+def _git_check(
+    workspace: str, landed: tuple[str, ...], allow_protected: tuple[str, ...]
+) -> tuple[tuple[str, str], ...]:
+    """Run the git check over what an apply landed (each landed path counts as changed).
+
+    The runs in the preview were checked already; this holds for a change set
+    however it was made. Every landed path is listed on its own, so each is
+    journaled exactly (not as a prefix): paths the user allowed by name
+    (``allow_protected``) are theirs and stay unchecked, even below a new
+    directory.
+    """
+    from ..backends._gitcheck import Journal, check_root
+
+    journal = Journal()
+    for rel in landed:
+        if not _allowed(rel, allow_protected, workspace):
+            journal.change(workspace, rel)
+    if not journal.roots():
+        return ()
+    fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        findings = check_root(fd, workspace, journal)
+    finally:
+        os.close(fd)
+    return tuple((f.path, f"{f.reason}; quarantined as {f.quarantined_as}") for f in findings)
+
+
+def _new_repository_dir(change: Change, rel: str) -> bool:
+    """Whether *change* makes (or only touches the metadata of) a ``.git`` directory at *rel*.
+
+    The ``**/.git`` row refuses replacing, renaming or deleting a repository's
+    ``.git``; a new ``.git`` directory is a new repository, whose
+    administrative files the rows for ``.git/config``, ``.git/hooks`` ... judge.
+    """
+    return (
+        rel == change.path
+        and rel.rpartition("/")[2] == ".git"
+        and change.kind in ("added", "modified")
+        and change.new_type == "dir"
+        and change.old_type in (None, "dir")
+    )
 
 
 def _allowed(rel: str, allowed: Iterable[str], workspace: str) -> bool:

@@ -34,6 +34,8 @@ pytestmark = needs_bwrap
 def hook_server() -> Iterator[dict[str, str]]:
     """One corral server (its own state directory) for the module's fast-client hooks."""
     root = tempfile.mkdtemp(prefix="hook-server-", dir=worlds_root())
+    # a root caller's sandbox runs as another uid: it must walk through to the hidden state dir
+    os.chmod(root, 0o755)
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "HOME": root,
@@ -456,7 +458,7 @@ def test_monitor_commands_run_sandboxed(world: World, via: str) -> None:
         k: v for k, v in tool_input.items() if k != "command"
     }
     result = bash(world, updated["command"])
-    assert result.stdout == b"event\n"
+    assert result.stdout == b"event\n", result.stderr
     assert world.read(world.victim) == "original\n"
 
 

@@ -236,7 +236,8 @@ def test_pip_downloads_from_a_local_index(world: World) -> None:
 
 
 @pytest.mark.skipif(GIT is None, reason="git is not installed (apt-get install git)")
-def test_git_clones_over_http(world: World) -> None:
+def _serve_repository(world: World) -> None:
+    """A bare repository (README: "cloned through corral") served at /repo.git."""
     assert GIT is not None
     source = os.path.join(world.root, "src")
     bare = os.path.join(world.upstream.server.root, "repo.git")
@@ -249,6 +250,10 @@ def test_git_clones_over_http(world: World) -> None:
     subprocess.run([*git, "-C", source, "commit", "-qm", "one"], check=True, env=env)
     subprocess.run([*git, "clone", "-q", "--bare", source, bare], check=True, env=env)
     subprocess.run([GIT, "-C", bare, "update-server-info"], check=True, env=env)
+
+
+def test_git_clones_over_http(world: World) -> None:
+    _serve_repository(world)
     outcome = world.run(
         f"git clone -q http://git.test:{world.upstream.port}/repo.git /tmp/clone"
         " && cat /tmp/clone/README",
@@ -260,6 +265,27 @@ def test_git_clones_over_http(world: World) -> None:
         a.host == "git.test" and a.decision in ("allow", "challenge") for a in outcome.network
     )
     assert outcome.violations == ()
+
+
+def test_git_clones_over_http_into_the_workspace_under_the_default_policy(world: World) -> None:
+    # the clone's .git is the run's own repository: written, checked, nothing quarantined
+    assert GIT is not None
+    _serve_repository(world)
+    outcome = world.run(
+        f"git clone -q http://git.test:{world.upstream.port}/repo.git cloned"
+        " && cd cloned && git log --oneline && cat README",
+        environ={**world.environ, "GIT_CONFIG_NOSYSTEM": "1"},
+    )
+    assert _ok(outcome).endswith("cloned through corral\n")
+    assert outcome.violations == ()
+    cloned = os.path.join(world.workspace, "cloned")
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"}
+    status = subprocess.run(
+        [GIT, "status", "--short"], cwd=cloned, env=env, capture_output=True, check=False
+    )
+    assert status.returncode == 0, status.stderr
+    assert os.path.isfile(os.path.join(cloned, ".git", "config"))
+    assert not [n for n in os.listdir(os.path.join(cloned, ".git")) if "quarantined" in n]
 
 
 # ---------------------------------------------------------------- refused

@@ -85,6 +85,8 @@ def test_later_commands_see_earlier_changes_in_the_same_preview(world):
 
 
 def test_protected_writes_are_refused_live_as_in_a_normal_run(world):
+    # a repository that exists before the run (one the run creates is its own)
+    os.makedirs(os.path.join(world.workspace, ".git", "hooks"), exist_ok=True)
     preview = world.preview()
     outcome = world.run(
         preview,

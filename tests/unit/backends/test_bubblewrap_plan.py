@@ -8,7 +8,7 @@ from corral._exceptions import BackendUnavailable, EnforcementUnavailable, Usage
 from corral.backends._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
 from corral.backends._seccomp import compile_filter
 from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
-from corral.backends.bubblewrap import BubblewrapBackend
+from corral.backends.bubblewrap import GITCONFIG_SOURCE, SANDBOX_GITCONFIG, BubblewrapBackend
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy, ResourceLimits
 
@@ -81,6 +81,7 @@ COMMON = [
     "--unshare-cgroup-try",
     "--unshare-net",
     "--disable-userns",
+    "--as-pid-1",
     "--die-with-parent",
     "--new-session",
     "--cap-drop",
@@ -131,6 +132,7 @@ def test_default_plan_in_full() -> None:
             "8",
             "--",
             "/dev/.corral-exec",
+            "--init",
             "--status-fd",
             "3",
             "--seccomp-fd",
@@ -175,6 +177,8 @@ def test_default_plan_in_full() -> None:
             roots=((WS, WS),),
             patterns=(
                 ("**/.git/hooks/**", "filesystem.protect: **/.git/hooks/**"),
+                # a row dir/** also covers the name dir (a symlink to a payload dir)
+                ("**/.git/hooks", "filesystem.protect: **/.git/hooks/**"),
                 ("**/.bashrc", "filesystem.protect: **/.bashrc"),
             ),
             syscall_names=broker_names(),
@@ -186,6 +190,25 @@ def test_default_plan_in_full() -> None:
         display_argv=("pytest", "-q"),
     )
     assert plan == expected
+
+
+def test_host_kernel_interfaces_in_proc_are_read_only_or_hidden() -> None:
+    kinds = (
+        *facts().path_kinds,
+        ("/proc/sys", "dir"),
+        ("/proc/sysrq-trigger", "file"),
+        ("/proc/kcore", "file"),
+        ("/proc/acpi", "dir"),
+    )
+    argv = BubblewrapBackend().plan(request(), policy(), facts(path_kinds=kinds)).argv
+    text = " ".join(argv)
+    assert "--ro-bind /proc/sys /proc/sys" in text
+    assert "--ro-bind /proc/sysrq-trigger /proc/sysrq-trigger" in text
+    assert "--ro-bind /dev/null /proc/kcore" in text
+    assert "--tmpfs /proc/acpi --remount-ro /proc/acpi" in text
+    # after the fresh /proc is mounted, and nothing for what this kernel lacks
+    assert argv.index("/proc/sys") > argv.index("--proc")
+    assert "/proc/irq" not in argv
 
 
 def test_plan_is_pure_and_repeatable() -> None:
@@ -308,3 +331,56 @@ def test_allow_read_re_exposes_a_path_under_the_private_tmp() -> None:
     i = plan.argv.index("/tmp/venv")
     assert plan.argv[i - 1 : i + 2] == ("--ro-bind", "/tmp/venv", "/tmp/venv")
     assert plan.argv.index("--tmpfs") < i  # bound after the private /tmp is mounted
+
+
+def test_a_root_caller_runs_as_the_unprivileged_sandbox_id() -> None:
+    from corral.backends.bubblewrap import ROOT_SANDBOX_ID, STAGE_DIR
+
+    kinds = (*facts().path_kinds, (HOME, "dir"), ("/root", "dir"))
+    plan = BubblewrapBackend().plan(request(), policy(), facts(uid=0, gid=0, path_kinds=kinds))
+    argv = list(plan.argv)
+    bwrap = argv.index("/usr/bin/bwrap")
+    prefix = argv[:bwrap]
+    assert prefix[:5] == [
+        "/opt/corral/_bin/corral-exec",
+        "--as-user",
+        str(ROOT_SANDBOX_ID),
+        "--status-fd",
+        "3",
+    ]
+    # what the sandbox must own is idmapped; nested paths ride on their parent's clone
+    idmapped = [prefix[i + 1] for i, a in enumerate(prefix) if a == "--idmap"]
+    assert sorted(idmapped) == ["/home/me", "/root", "/src/app"]
+    # every bind source is staged; bwrap (unprivileged) binds the staged clones
+    staged = [prefix[i + 1] for i, a in enumerate(prefix) if a == "--stage"]
+    assert WS in staged and "/opt/corral/_bin/corral-exec" in staged
+    sandbox = argv[bwrap:]
+    assert sandbox[1:5] == ["--uid", "0", "--gid", "0"]
+    k = staged.index(WS)
+    assert f"--ro-bind {STAGE_DIR}/{k} {WS}" in " ".join(sandbox)
+    assert plan.broker is not None and plan.broker.idmapped_id == ROOT_SANDBOX_ID
+    # git reads the repositories the command does not own (root's, read-only)
+    assert ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG) in plan.env
+    assert GITCONFIG_SOURCE in staged
+    assert f"{STAGE_DIR}/{staged.index(GITCONFIG_SOURCE)} {SANDBOX_GITCONFIG}" in " ".join(sandbox)
+
+
+def test_a_root_callers_own_git_system_config_is_kept() -> None:
+    p = policy().replace(env=policy().env.replace(set=(("GIT_CONFIG_SYSTEM", "/etc/mine"),)))
+    plan = BubblewrapBackend().plan(request(), p, facts(uid=0, gid=0))
+    assert dict(plan.env)["GIT_CONFIG_SYSTEM"] == "/etc/mine"
+    assert SANDBOX_GITCONFIG not in plan.argv
+
+
+def test_a_non_root_caller_keeps_its_own_uid() -> None:
+    plan = BubblewrapBackend().plan(request(), policy(), facts())
+    assert "--as-user" not in plan.argv and "--uid" not in plan.argv
+    assert "GIT_CONFIG_SYSTEM" not in dict(plan.env)
+    assert plan.broker is not None and plan.broker.idmapped_id is None
+
+
+def test_a_root_caller_may_keep_root_only_by_degrading_isolation() -> None:
+    p = policy().replace(allow_degraded=frozenset({"isolation"}))
+    plan = BubblewrapBackend().plan(request(), p, facts(uid=0, gid=0))
+    assert "--as-user" not in plan.argv
+    assert plan.degraded == ("isolation",)

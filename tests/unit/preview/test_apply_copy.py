@@ -216,3 +216,25 @@ def test_an_apply_killed_after_the_journal_is_completed_by_the_next_lookup(world
     )  # the lookup completed the apply, which removed the preview
     assert tree(ws) == expected
     assert os.listdir(os.path.join(state, "apply-journals")) == []
+
+
+def test_apply_quarantines_planted_git_inputs(world, tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    marker = str(tmp_path / "PWNED")
+    # a bare-shaped repository under an unprotected name (no protect row covers it)
+    os.makedirs(f"{t}/evil/objects")
+    os.makedirs(f"{t}/evil/refs")
+    write(f"{t}/evil/HEAD", "ref: refs/heads/main\n")
+    write(f"{t}/evil/config", f'[core]\n\tbare = false\n\tfsmonitor = "touch {marker}; false"\n')
+    result = preview.apply()
+    assert [p for p, _ in result.quarantined] == [f"{ws}/evil/config"]
+    assert os.path.exists(f"{ws}/evil/config.corral-quarantined")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", "status"], cwd=f"{ws}/evil", env=env, capture_output=True, check=False)
+    assert not os.path.exists(marker)

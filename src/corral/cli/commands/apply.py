@@ -40,6 +40,8 @@ def report(result: ApplyResult) -> None:
         )
     for path, error in result.failed:
         lines.append(f"failed: {path}: {error}")
+    for path, why in result.quarantined:
+        lines.append(f"git check: {path}: {why}")
     lines.append(
         "the preview was removed"
         if result.preview_removed

@@ -34,6 +34,9 @@ the original command; Write/Edit/NotebookEdit outside what the sandbox may
 write, Read/Grep/Glob of secret paths, and tools that would run code outside
 the sandbox are denied. Install it with 'corral install claude-code'. Any
 error exits 2 (Claude Code blocks the call).
+
+options:
+  -h, --help  show this help message and exit
 """
 
 

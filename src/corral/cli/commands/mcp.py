@@ -19,6 +19,9 @@ Serve corral's sandboxes as MCP tools over stdin/stdout (sandbox_create,
 sandbox_exec, sandbox_write_file, sandbox_read_file, sandbox_list_files,
 sandbox_list, sandbox_diff, sandbox_apply, sandbox_destroy). The settings are
 loaded for the current directory, like 'corral run'.
+
+options:
+  -h, --help  show this help message and exit
 """
 
 

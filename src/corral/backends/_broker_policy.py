@@ -1,0 +1,273 @@
+"""The write broker's decisions: rows, repositories of the run, the git check (see :mod:`._broker`)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..pipeline._outcome import Violation
+from ..policy._glob import PathPattern
+from ._broker_abi import (
+    _FD_METADATA_CALLS,
+    _RENAME_WALK_LIMIT,
+    _Continue,
+    _Denied,
+    _Resolved,
+    _Root,
+    _signed_fd,
+)
+from ._broker_resolve import _Resolver
+from ._gitcheck import Journal
+
+__all__: list[str] = []
+
+
+class _Policy(_Resolver):
+    """Checks against ``protect``/``denyWrite``/``denyRead`` rows, and the git check."""
+
+    _patterns: list[tuple[PathPattern, str]]
+    _git_rows: set[str]
+    journal: Journal
+    violations: list[Violation]
+    error: BaseException | None
+
+    # ------------------------------------------------------------ policy
+    def _check(self, resolved: _Resolved, *, content: bool = False, symlink: bool = False) -> None:
+        """Refuse if the resolved name is protected or write-denied.
+
+        *content*: the operation writes the file's bytes (open for writing,
+        truncate, a hard link onto the name); *symlink*: it makes a symlink.
+        Both matter inside a repository the run created (see :meth:`_denied_by`).
+        """
+        if resolved.root.sandbox_path in self._spec.open_roots:
+            return
+        label = self._denied_by(
+            resolved.rel, resolved.sandbox_path, resolved, content=content, symlink=symlink
+        )
+        if label is not None:
+            raise _Denied(resolved.sandbox_path, label)
+
+    def _denied_by(
+        self,
+        rel: str,
+        sandbox_path: str,
+        resolved: _Resolved | None = None,
+        *,
+        content: bool = False,
+        symlink: bool = False,
+    ) -> str | None:
+        """The label of the first row that refuses *rel*.
+
+        With *resolved*, a repository the run created is exempt from the git
+        rows (see :meth:`_own_repository`), except for what would be code while
+        the run lasts (a host process may run git there meanwhile): a hook
+        that is not a ``*.sample``, and a ``config``/``config.worktree`` written
+        directly or made a symlink (git writes them through ``config.lock``
+        and a rename, which :meth:`~._broker_emulate._Emulator._rename` lands
+        after validating the content).
+        """
+        for pattern, label in self._patterns:
+            if pattern.matches(sandbox_path if pattern.absolute else rel):
+                if (
+                    resolved is not None
+                    and label in self._git_rows
+                    and not _live_code(rel, content=content, symlink=symlink)
+                    and self._own_repository(resolved)
+                ):
+                    continue
+                return label
+        return None
+
+    def _own_repository(self, r: _Resolved) -> bool:
+        """Whether *r* belongs to a repository this run created (its own to write).
+
+        * the ``.git`` entry itself: when it does not exist yet or was created
+          in this run (deleting or replacing a pre-existing one is refused: that
+          also keeps a later run's workspace root where it was);
+        * a name inside a ``.git`` directory: when its parent directory is new
+          (the ``.git`` directory, or e.g. ``.git/modules/<name>``, was created
+          in this run);
+        * a name beside it (``.gitmodules``): when that ``.git`` is new.
+
+        The git check validates what such a repository holds after the run.
+        """
+        root = r.root.sandbox_path
+        parts = r.rel.split("/")
+        parent = "/".join(parts[:-1])
+        if parts[-1] == ".git":
+            if self.journal.is_new(root, r.rel):
+                return True
+            try:
+                os.stat(r.name, dir_fd=r.parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return True
+            return False
+        if ".git" in parts[:-1]:
+            return self.journal.is_new(root, parent)
+        return self.journal.is_new(root, (parent + "/" if parent else "") + ".git")
+
+    def _git_config_row(self, r: _Resolved) -> str | None:
+        """The git row protecting *r* if it is a repository's ``config`` or ``config.worktree``."""
+        parts = r.rel.split("/")
+        if parts[-1] not in _CONFIG_NAMES or ".git" not in parts[:-1]:
+            return None
+        if r.root.sandbox_path in self._spec.open_roots:
+            return None
+        label = self._denied_by(r.rel, r.sandbox_path)
+        return label if label in self._git_rows else None
+
+    def _check_single_link(self, r: _Resolved, st: os.stat_result | None = None) -> None:
+        """Refuse to change a file that has other hard links.
+
+        A hard link is another name for the same inode; a name in the workspace
+        can belong to a file whose other names lie outside it (a package
+        store, or a link planted before the run). Writing, truncating or
+        changing the metadata of such a file would change it everywhere.
+        Names themselves (unlink, rename) stay free to change.
+        """
+        if st is None:
+            try:
+                st = os.stat(r.name, dir_fd=r.parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                return
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            raise _Denied(
+                r.sandbox_path,
+                "filesystem: the file has other hard links, possibly outside the writable area",
+            )
+
+    def _check_subtree_move(self, src: _Resolved, dst: _Resolved) -> None:
+        """Moving a directory must not change whether anything below it is protected."""
+        try:
+            st = os.stat(src.name, dir_fd=src.parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(st.st_mode) or src.root.sandbox_path in self._spec.open_roots:
+            return
+        if not any(
+            p.could_match_below(src.sandbox_path if p.absolute else src.rel)
+            or p.could_match_below(dst.sandbox_path if p.absolute else dst.rel)
+            for p, _ in self._patterns
+        ):
+            return
+        top = f"/proc/self/fd/{src.parent_fd}/{src.name}"
+        seen = 0
+        for dirpath, dirnames, filenames in os.walk(top):
+            sub = dirpath[len(top) :].strip("/")
+            for entry in (*dirnames, *filenames):
+                seen += 1
+                if seen > _RENAME_WALK_LIMIT:
+                    raise _Denied(
+                        src.sandbox_path, "directory too large to check for protected paths"
+                    )
+                tail = f"{sub}/{entry}" if sub else entry
+                before = self._denied_by(f"{src.rel}/{tail}", f"{src.sandbox_path}/{tail}")
+                after = self._denied_by(f"{dst.rel}/{tail}", f"{dst.sandbox_path}/{tail}")
+                if before != after:
+                    raise _Denied(f"{src.sandbox_path}/{tail}", before or after or "")
+
+    def _describe_target(self, pid: int, nid: int, name: str, a: tuple[int, ...]) -> str:
+        """Best-effort text of what a refused metadata call aimed at (for the violation)."""
+        try:
+            if name in _FD_METADATA_CALLS:
+                return self._as_tracer(lambda: os.readlink(f"/proc/{pid}/fd/{_signed_fd(a[0])}"))
+            index = (
+                0
+                if name
+                in (
+                    "chmod",
+                    "chown",
+                    "lchown",
+                    "utime",
+                    "utimes",
+                    "truncate",
+                    "setxattr",
+                    "lsetxattr",
+                    "removexattr",
+                    "lremovexattr",
+                )
+                else 1
+            )
+            return self._read_string(pid, nid, a[index]) if a[index] else f"fd {_signed_fd(a[0])}"
+        except (OSError, _Continue):
+            return "?"
+
+    def _protect_trusted_hook_paths(self, root: _Root) -> None:
+        """Protect what the root's own repository config names as code (``core.hooksPath``,
+        a ``core.fsmonitor`` program) when it lies inside the root (``.githooks``, husky's
+        directory): the user's trusted config runs whatever is planted there.
+
+        Only the repository at the root is read (its ``.git/config``, never through a
+        symlink); git parses it only when one of the two keys is spelled in it.
+        """
+        from ._gitcheck import trusted_code_paths
+
+        try:
+            git_fd = os.open(
+                ".git",
+                os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=root.host_fd,
+            )
+        except OSError:
+            return
+        try:
+            fd = os.open(
+                "config", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=git_fd
+            )
+        except OSError:
+            return
+        finally:
+            os.close(git_fd)
+        try:
+            data = os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        for rel in trusted_code_paths(data, root.sandbox_path):
+            label = f"git: a path the repository's config runs code from: {rel}"
+            try:
+                self._patterns += [(PathPattern(rel), label), (PathPattern(rel + "/**"), label)]
+            except ValueError:
+                continue
+
+    def _check_git(self) -> None:
+        """Run the git check over what this run touched (all its processes are gone)."""
+        from ._gitcheck import check_root
+
+        others = tuple(r.sandbox_path for r in self._roots) + tuple(self._spec.open_roots)
+        for root in self._roots:
+            if root.sandbox_path in self._spec.open_roots:
+                continue
+            if root.sandbox_path not in self.journal.roots():
+                continue
+            try:
+                findings = check_root(
+                    root.host_fd,
+                    root.sandbox_path,
+                    self.journal,
+                    tuple(o for o in others if o != root.sandbox_path),
+                )
+            except Exception as exc:  # never lose the run's result; report the failure
+                self.error = self.error or exc
+                continue
+            self.violations.extend(
+                Violation(
+                    kind="fs-write",
+                    target=f.path,
+                    rule=f"git: {f.reason}; quarantined as {f.quarantined_as}",
+                    operation="git-check",
+                )
+                for f in findings
+            )
+
+
+_CONFIG_NAMES = ("config", "config.worktree")
+
+
+def _live_code(rel: str, *, content: bool, symlink: bool) -> bool:
+    """Whether the operation on *rel* (inside a ``.git``) would leave code git runs."""
+    parts = rel.split("/")
+    if len(parts) >= 2 and parts[-2] == "hooks" and not parts[-1].endswith(".sample"):
+        return True
+    if parts[-1] == "hooks" and symlink:
+        return True
+    return parts[-1] in _CONFIG_NAMES and (content or symlink)
