@@ -9,9 +9,10 @@ This module builds those requests and judges their outcomes; the twins in
 :mod:`corral._sandbox` run them.
 
 What comes *out* of a sandbox is untrusted: :func:`extract_download` unpacks a
-downloaded directory with tarfile's ``data`` filter (no absolute paths, no
-``..``, no links leaving the destination, no devices), into a destination that
-must not exist yet or be empty.
+downloaded directory after checking every member itself (no absolute paths, no
+``..``, nothing below a link, no links leaving the destination, no devices;
+tarfile's ``data`` filter too where the interpreter has it), into a
+destination that must not exist yet or be empty.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from ._frozen import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import tarfile
     from collections.abc import Mapping, Sequence
 
     from .pipeline._outcome import Outcome
@@ -204,8 +206,9 @@ def check_download_target(local_dir: str, source: str) -> None:
 def extract_download(outcome: Outcome, local_dir: str, source: str) -> None:
     """Unpack the tar a download made in the sandbox (untrusted) into the new or empty *local_dir*.
 
-    tarfile's ``data`` filter refuses absolute names, ``..``, links that leave
-    *local_dir*, device nodes and FIFOs, and drops set-id bits.
+    :func:`_checked_members` refuses absolute names, ``..``, members below a
+    link, links that leave *local_dir*, device nodes and FIFOs, and drops
+    set-id bits (tarfile's ``data`` filter is applied too where it exists).
 
     Raises:
         InvalidRequest: *local_dir* exists and is not an empty directory.
@@ -219,6 +222,67 @@ def extract_download(outcome: Outcome, local_dir: str, source: str) -> None:
     os.makedirs(local_dir, exist_ok=True)
     try:
         with tarfile.open(fileobj=io.BytesIO(outcome.stdout), mode="r:") as archive:
-            archive.extractall(local_dir, filter="data")
-    except (tarfile.TarError, OSError) as exc:
+            members = _checked_members(archive.getmembers())
+            if hasattr(tarfile, "data_filter"):
+                archive.extractall(local_dir, members=members, filter="data")
+            else:  # Python 3.11 before 3.11.4 (Debian 12's 3.11.2): our checks alone
+                archive.extractall(local_dir, members=members)  # noqa: S202 (checked above)
+    except (tarfile.TarError, OSError, ValueError) as exc:
         raise CommandFailed(f"Failed to download {source}: {exc}", outcome=outcome) from None
+
+
+def _checked_members(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
+    """The archive's members if none can reach outside the target, with owner and set-id bits dropped.
+
+    Independent of tarfile's ``data`` filter (absent before Python 3.11.4, and
+    bypassed through ``realpath`` in releases before 3.11.13): only
+    directories, regular files, and links; relative names without ``..``,
+    each at most once; no member below a link; a symbolic link's target,
+    walked from its directory, stays inside and passes no link; a hard link
+    names a regular file of the archive.
+
+    Raises:
+        ValueError: a member breaks one of these rules.
+    """
+    names: dict[str, tarfile.TarInfo] = {}
+    for member in members:
+        parts = member.name.split("/")
+        name = "/".join(p for p in parts if p not in ("", "."))
+        kind_ok = member.isfile() or member.isdir() or member.issym() or member.islnk()
+        if member.name.startswith("/") or ".." in parts or not kind_ok:
+            raise ValueError(f"unsafe member {member.name!r}")
+        if name in names:
+            raise ValueError(f"member {member.name!r} appears twice")
+        names[name] = member
+    links = {name for name, member in names.items() if member.issym() or member.islnk()}
+
+    def below_link(path: str) -> bool:
+        parts = path.split("/")
+        return any("/".join(parts[:i]) in links for i in range(1, len(parts)))
+
+    for name, member in names.items():
+        if below_link(name):
+            raise ValueError(f"member {member.name!r} lies below a link")
+        if member.issym():
+            walked = name.split("/")[:-1]
+            steps = [p for p in member.linkname.split("/") if p not in ("", ".")]
+            if member.linkname.startswith("/"):
+                raise ValueError(f"link {member.name!r} leads outside")
+            for index, part in enumerate(steps):
+                if part == "..":
+                    if not walked:
+                        raise ValueError(f"link {member.name!r} leads outside")
+                    walked.pop()
+                    continue
+                walked.append(part)
+                if index < len(steps) - 1 and "/".join(walked) in links:
+                    raise ValueError(f"link {member.name!r} leads through a link")
+        elif member.islnk():
+            target = names.get(
+                "/".join(p for p in member.linkname.split("/") if p not in ("", "."))
+            )
+            if target is None or not target.isfile():
+                raise ValueError(f"hard link {member.name!r} names no file of the archive")
+        member.mode &= 0o755  # no set-id, sticky or group/other write bits
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+    return members

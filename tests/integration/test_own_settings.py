@@ -104,3 +104,37 @@ def test_a_same_directory_settings_link_is_followed(world: World) -> None:
     result = world.corral("policy", "--explain")
     assert result.returncode == 0, result.stderr
     assert b"77" in result.stdout
+
+
+def test_corrals_own_installation_in_the_workspace_stays_unwritten(world: World) -> None:
+    """corral installed in the project (a ``.venv`` there, an editable checkout).
+
+    Its package, entry script, interpreter and ``site-packages`` (``.pth``
+    files run at every start) run unsandboxed at the next hook call, client
+    or server reload; a sandboxed command must not be able to write them.
+    """
+    import secrets
+    import sys
+
+    import corral
+
+    package = os.path.dirname(os.path.abspath(corral.__file__))
+    prefix = os.path.abspath(sys.prefix)
+    workspace = os.path.dirname(prefix)
+    if workspace == "/" or not os.access(prefix, os.W_OK) or not os.access(package, os.W_OK):
+        pytest.skip("corral's environment is not a directory this user could write")
+    name = f"corral-probe-{secrets.token_hex(4)}"
+    site = next(p for p in sys.path if p.startswith(prefix) and p.endswith("site-packages"))
+    targets = [os.path.join(prefix, "bin", name), os.path.join(site, name + ".pth")]
+    if package.startswith(workspace + "/"):
+        targets.append(os.path.join(package, name + ".py"))
+    command = "; ".join(f"echo 'import os' > {t}" for t in targets) + "; echo ran"
+    try:
+        result = world.run(command, "--workspace", workspace, cwd=workspace)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == b"ran\n"
+        assert [t for t in targets if os.path.lexists(t)] == []
+    finally:
+        for target in targets:
+            if os.path.lexists(target):
+                os.unlink(target)

@@ -22,10 +22,11 @@ Matching follows Claude Code's rule syntax (``Tool``, ``Tool(*)``,
 trailing `` *`` also matches nothing, exact text otherwise), applied to
 every simple command of a compound one (split at ``;``, ``&``, ``|``,
 newlines, ``$(``, backquotes and parentheses outside quotes), each both as
-written and with its quotes removed, its ``VAR=value`` prefixes dropped and
-wrapper commands (``env``, ``nohup``, ``time``, ``sudo``, ...) skipped. A
-rule that could match is applied: for deny and ask, matching too much is the
-safe side.
+written and normalized (:func:`simple_commands`: quotes removed, a path's
+base name, every start after a wrapper such as ``env`` or ``sudo``, a shell's
+``-c`` string). A rule that could match is applied: for deny and ask,
+matching too much is the safe side. A command whose name only an expansion
+makes (``$(echo rm)``, ``r${x}m``) is not judged; the sandbox holds there.
 
 Hot path: no :mod:`re`, no :mod:`shlex`, no :mod:`json` (see
 docs/design.md, "Start-up budget").
@@ -74,8 +75,25 @@ _WRAPPERS = frozenset(
         "taskset",
         "unbuffer",
         "eval",
+        "busybox",
+        # reserved words that start a simple command: `if rm x`, `then rm x`, `! rm x`
+        "!",
+        "if",
+        "then",
+        "else",
+        "elif",
+        "do",
+        "while",
+        "until",
+        "coproc",
     }
 )
+
+#: Shells whose ``-c STRING`` is itself a command line (judged like the original).
+_SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "rbash"})
+
+#: ``find``'s options whose following words are a command.
+_FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 
 
 class RulesError(Exception):
@@ -327,8 +345,20 @@ def _wildcard(pattern: str, text: str) -> bool:
     return len(text) - position >= len(last) and text.endswith(last)
 
 
-def simple_commands(command: str) -> list[str]:
-    """The simple commands of *command*, each as written and in normalized forms."""
+def simple_commands(command: str, _depth: int = 0) -> list[str]:
+    """The simple commands of *command*, each as written and in normalized forms.
+
+    Normalized forms: quotes removed (``$'...'`` decoded), ``VAR=value``
+    prefixes dropped, a command named by path also named by its base name
+    (``/bin/rm`` is ``rm``), and after a wrapper command or reserved word
+    every later word as the start of a command (a wrapper's options may take
+    arguments: ``sudo -u root rm``); the ``-c`` string of a shell and the
+    command of ``find -exec`` are judged as commands of their own.
+
+    Raises:
+        RulesError: a wrapper runs more than :data:`_MAX_WRAPPED_WORDS` words
+            (too many starts to try; the caller blocks the call).
+    """
     out: list[str] = []
     for segment in _segments(command):
         written = segment.strip()
@@ -338,16 +368,49 @@ def simple_commands(command: str) -> list[str]:
         words = _words(written)
         while words and "=" in words[0] and not words[0].startswith("="):
             words = words[1:]  # VAR=value prefixes
-        while words:
-            out.append(" ".join(words))
-            if words[0].rsplit("/", 1)[-1] not in _WRAPPERS:
-                break
-            words = words[1:]
-            while words and (words[0].startswith("-") or words[0][:1].isdigit()):
-                words = words[1:]  # the wrapper's options (timeout 5, nice -n 10, env -i)
-            while words and "=" in words[0] and not words[0].startswith("="):
-                words = words[1:]
+        _normalized(words, out, _depth)
     return out
+
+
+#: How many words after a wrapper are each tried as the start of the command it runs.
+_MAX_WRAPPED_WORDS = 256
+
+
+def _normalized(words: list[str], out: list[str], depth: int, wrapped: bool = False) -> None:
+    """Append the forms of the command *words* (and of the commands it runs) to *out*.
+
+    *wrapped*: every suffix of the words is already being tried (a wrapper's),
+    so a wrapper among them is not expanded again.
+    """
+    if not words:
+        return
+    out.append(" ".join(words))
+    name = words[0].rsplit("/", 1)[-1]
+    if name != words[0]:
+        out.append(" ".join([name, *words[1:]]))
+    if depth > 8:
+        return
+    if name in _WRAPPERS:
+        if not wrapped:
+            if len(words) > _MAX_WRAPPED_WORDS:
+                raise RulesError(
+                    f"a command of more than {_MAX_WRAPPED_WORDS} words run by {name!r}"
+                    " cannot be judged against them"
+                )
+            for start in range(1, len(words)):
+                if not words[start].startswith("-") and "=" not in words[start]:
+                    _normalized(words[start:], out, depth + 1, wrapped=True)
+    elif name in _SHELLS:
+        for i, word in enumerate(words[1:-1], 1):
+            if not word.startswith("-"):
+                break
+            if "c" in word[1:] and not word.startswith("--"):
+                out.extend(simple_commands(words[i + 1], depth + 1))
+                break
+    elif name == "find":
+        for i, word in enumerate(words):
+            if word in _FIND_EXEC:
+                _normalized(words[i + 1 :], out, depth + 1)
 
 
 def _segments(command: str) -> list[str]:
@@ -367,6 +430,17 @@ def _segments(command: str) -> list[str]:
             if c == "'":
                 quote = ""
             current.append(c)
+        elif quote == "$'":  # ANSI-C quoting: a backslash escapes the quote too
+            if c == "\\" and i + 1 < len(command):
+                current.append(command[i : i + 2])
+                i += 1
+            else:
+                quote = "" if c == "'" else quote
+                current.append(c)
+        elif c == "$" and quote == "" and command[i + 1 : i + 2] == "'":
+            quote = "$'"
+            current.append("$'")
+            i += 1
         elif c == "\\" and i + 1 < len(command):
             current.append(command[i : i + 2])
             i += 1
@@ -421,6 +495,11 @@ def _words(segment: str) -> list[str]:
                 word.append(segment[i])
             else:
                 word.append(c)
+        elif c == "$" and segment[i + 1 : i + 2] == "'":
+            end, text = _ansi_c(segment, i + 2)
+            word.append(text)
+            started = True
+            i = end
         elif c in "'\"":
             quote = c
             started = True
@@ -439,3 +518,40 @@ def _words(segment: str) -> list[str]:
     if word or started:
         words.append("".join(word))
     return words
+
+
+_C_ESCAPES = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r"}
+_C_ESCAPES.update({"t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"})
+
+
+def _ansi_c(segment: str, start: int) -> tuple[int, str]:
+    """Bash's ``$'...'`` from *start* (after the quote): (index of the closing quote, its text)."""
+    text: list[str] = []
+    i = start
+    while i < len(segment) and segment[i] != "'":
+        c = segment[i]
+        if c != "\\" or i + 1 >= len(segment):
+            text.append(c)
+            i += 1
+            continue
+        e = segment[i + 1]
+        i += 2
+        digits, base, width = "", 0, 0
+        if e in "01234567":
+            digits, base, width = e, 8, 2
+        elif e in "xuU":
+            base, width = 16, {"x": 2, "u": 4, "U": 8}[e]
+        elif e == "c" and i < len(segment):
+            text.append(chr(ord(segment[i]) & 0x1F))
+            i += 1
+            continue
+        else:
+            text.append(_C_ESCAPES.get(e, "\\" + e))
+            continue
+        allowed = "01234567" if base == 8 else "0123456789abcdefABCDEF"
+        while width and i < len(segment) and segment[i] in allowed:
+            digits += segment[i]
+            i += 1
+            width -= 1
+        text.append(chr(int(digits, base) % 0x110000) if digits else "\\" + e)
+    return i, "".join(text)

@@ -383,6 +383,32 @@ def _protect_own_files(state: MergeState, dirs: tuple[str, ...], files: Sequence
     for path in files:
         if any(_overlaps(path, area) for area in writable):
             state.add_entry("filesystem.denyWrite", path, "defaults (settings files in use)")
+    for directory in _own_installation():
+        if any(_inside(directory, area) for area in writable):
+            label = "defaults (corral's own installation)"
+            state.add_entry("filesystem.denyWrite", directory, label)
+            state.add_entry("filesystem.denyWrite", directory + "/**", label)
+
+
+def _own_installation() -> list[str]:
+    """The directories whose code runs unsandboxed as corral: its package and its environment.
+
+    The package directory (``src/corral`` of an editable install) and
+    ``sys.prefix`` (a virtual environment: ``bin/corral``, the interpreter,
+    ``site-packages`` and its ``.pth`` files), each as named and resolved.
+    A sandboxed command that could write them would run its code in the next
+    hook call, client or (reloaded) server on the host.
+    """
+    import sys
+
+    package = posixpath.dirname(posixpath.dirname(posixpath.abspath(__file__)))
+    found = [package, posixpath.abspath(sys.prefix)]
+    found += [posixpath.realpath(path) for path in found]
+    return list(dict.fromkeys(found))
+
+
+def _inside(path: str, area: str) -> bool:
+    return path == area or path.startswith(area.rstrip("/") + "/")
 
 
 def _overlaps(a: str, b: str) -> bool:

