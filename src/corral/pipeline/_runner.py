@@ -286,8 +286,8 @@ def launch(
     the same preview is refused meanwhile: ``PreviewError``) and what the run
     touched is recorded afterwards, even when the launch failed.
     """
-    preview = prepared.preview
-    if preview is None:
+
+    def launch() -> Outcome:
         return prepared.backend.launch(
             prepared.plan,
             request,
@@ -297,17 +297,13 @@ def launch(
             cgroup=cgroup,
             streams=streams,
         )
+
+    preview = prepared.preview
+    if preview is None:
+        return launch()
     with preview.hold():
         try:
-            outcome = prepared.backend.launch(
-                prepared.plan,
-                request,
-                cgroup_layout=prepared.layout,
-                on_start=on_start,
-                stdio=stdio,
-                cgroup=cgroup,
-                streams=streams,
-            )
+            outcome = launch()
         except BaseException:
             try:
                 preview.record_run(prepared.policy)

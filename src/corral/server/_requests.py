@@ -114,13 +114,11 @@ def _receive_request(conn: _socket.socket) -> tuple[dict[str, Any], list[int]]:
         raise
 
 
-def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunRequest | str:
-    """Validate a run message; a RunRequest, or what is wrong with it."""
-    argv = message.get("argv")
+def _context(message: dict[str, Any], pid: int) -> tuple[str, dict[str, str]] | str:
+    """A request's ``(cwd, env)`` checked with its pid (shared by every operation),
+    or what is wrong with them."""
     cwd = message.get("cwd")
     env = message.get("env")
-    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
-        return "argv must be a list of strings"
     if not isinstance(cwd, str) or not cwd.startswith("/"):
         return "cwd must be an absolute path"
     if not isinstance(env, dict) or not all(
@@ -129,6 +127,18 @@ def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunReques
         return "env must map strings to strings"
     if message.get("pid") != pid:
         return "the request's pid is not the connecting process's"
+    return cwd, env
+
+
+def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunRequest | str:
+    """Validate a run message; a RunRequest, or what is wrong with it."""
+    argv = message.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        return "argv must be a list of strings"
+    context = _context(message, pid)
+    if isinstance(context, str):
+        return context
+    cwd, env = context
     if len(fds) != 3:
         return f"expected 3 file descriptors (stdin, stdout, stderr), got {len(fds)}"
     return RunRequest(argv=argv, cwd=cwd, environ=env, stdio=(fds[0], fds[1], fds[2]), pid=pid)
@@ -138,8 +148,6 @@ def _hook_request(message: dict[str, Any], fds: list[int], pid: int) -> HookRequ
     """Validate a hook message; a HookRequest, or what is wrong with it."""
     integration = message.get("integration")
     stdin = message.get("stdin")
-    cwd = message.get("cwd")
-    env = message.get("env")
     if fds:
         return "a hook request carries no file descriptors"
     if integration != "claude-code":
@@ -152,12 +160,8 @@ def _hook_request(message: dict[str, Any], fds: list[int], pid: int) -> HookRequ
         return "stdin must decode to bytes (UTF-8 with surrogate escapes)"
     if len(data) > MAX_HOOK_INPUT:
         return f"stdin is larger than {MAX_HOOK_INPUT} bytes"
-    if not isinstance(cwd, str) or not cwd.startswith("/"):
-        return "cwd must be an absolute path"
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
-    ):
-        return "env must map strings to strings"
-    if message.get("pid") != pid:
-        return "the request's pid is not the connecting process's"
+    context = _context(message, pid)
+    if isinstance(context, str):
+        return context
+    cwd, env = context
     return HookRequest(integration=integration, stdin=data, cwd=cwd, environ=env, pid=pid)

@@ -561,12 +561,9 @@ class Server:
             self._refuse(conn, f"unknown request {op!r}")
             return
         request = _run_request(message, fds, pid)
-        if isinstance(request, str):
-            self.log(f"bad request from pid {pid}: {request}")
-            self._refuse(conn, f"bad request: {request}")
+        if self._turned_away(conn, pid, message, request):
             return
-        if self._refused_as_stale(conn, pid, message):
-            return
+        assert not isinstance(request, str)
         with self._lock:
             if self._retired or self._stopping:
                 accepting = False
@@ -597,6 +594,17 @@ class Server:
             with self._lock:
                 self._sessions.discard(session)
 
+    def _turned_away(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], request: object
+    ) -> bool:
+        """Refuse a request that failed validation (*request* is then the problem) or
+        comes from a client running other code; True if refused."""
+        if isinstance(request, str):
+            self.log(f"bad request from pid {pid}: {request}")
+            self._refuse(conn, f"bad request: {request}")
+            return True
+        return self._refused_as_stale(conn, pid, message)
+
     def _refused_as_stale(self, conn: _socket.socket, pid: int, message: dict[str, Any]) -> bool:
         """Refuse (and retire) when the client runs other code than this server; True if so.
 
@@ -625,12 +633,9 @@ class Server:
         the client then decides in its own process.
         """
         request = _hook_request(message, fds, pid)
-        if isinstance(request, str):
-            self.log(f"bad request from pid {pid}: {request}")
-            self._refuse(conn, f"bad request: {request}")
+        if self._turned_away(conn, pid, message, request):
             return
-        if self._refused_as_stale(conn, pid, message):
-            return
+        assert not isinstance(request, str)
         with self._lock:
             shutting_down = self._retired or self._stopping
             if not shutting_down:
