@@ -35,9 +35,11 @@ Example::
 
 from __future__ import annotations
 
+import _thread
 import os
 
 from ._exceptions import (
+    CorralError,
     InvalidRequest,
     LaunchFailed,
     SessionClosed,
@@ -54,6 +56,7 @@ if TYPE_CHECKING:
     from ._streaming import AsyncProcess, Process, Pump
     from .pipeline._outcome import Outcome
     from .pipeline._request import ExecRequest
+    from .pipeline._resident import Resident
     from .policy import Policy
     from .preview import ApplyResult, ChangeSet, Preview
 
@@ -203,6 +206,11 @@ class BaseSandbox(FileRequests):
         self._preview: Preview | None = None
         self._active: dict[Cancellation, Any] = {}  # running commands (async twin)
         self._processes: list[Process] = []  # background processes (sync twin)
+        # the kept sandbox whose init runs the session's commands (pipeline/_resident.py);
+        # CORRAL_RESIDENT=0 runs each command in a fresh sandbox instead
+        self._resident: Resident | None = None
+        self._resident_lock = _thread.allocate_lock()
+        self._resident_wanted = self._environ.get("CORRAL_RESIDENT", "1") != "0"
         # the session's private TMPDIR (mounted as /tmp in the sandbox)
         sessions = _state.ensure_dir(os.path.join(self._state_dir, "sessions"))
         _sweep_sessions(sessions)
@@ -346,6 +354,10 @@ class BaseSandbox(FileRequests):
             extra["on_start"] = cancellation.started
         if streams is not None:
             extra["streams"] = streams
+        if self._preview is None and self._resident_wanted:
+            outcome = self._run_resident(request, policy, cancellation, streams)
+            if outcome is not None:
+                return outcome
         try:
             outcome = execute(
                 request,
@@ -367,6 +379,70 @@ class BaseSandbox(FileRequests):
         if cancellation is not None and cancellation.cancelled:
             outcome = outcome.replace(stopped=cancellation.reason)
         return outcome
+
+    def _run_resident(
+        self,
+        request: ExecRequest,
+        policy: Policy,
+        cancellation: Cancellation | None,
+        streams: tuple[int, int, int] | None,
+    ) -> Outcome | None:
+        """Run *request* in the session's resident sandbox (started on first use), audited.
+
+        ``None``: it must run in a fresh sandbox (see :mod:`corral.pipeline._resident`).
+        """
+        from .pipeline._resident import Resident
+        from .pipeline._runner import audit_outcome
+        from .policy import policy_digest
+
+        with self._resident_lock:
+            resident = self._resident
+            if resident is not None and resident.broken:
+                self._resident = None
+                resident.close()
+                resident = None
+            if resident is None:
+                if not self._resident_wanted or self._closed:
+                    return None
+                base = request.replace(
+                    argv=("/bin/true",), cwd=self._workspace, env=(), stdin_mode="null", stdin=b""
+                )
+                resident = Resident.open(base, policy, environ=self._environ)
+                if resident is None:
+                    self._resident_wanted = False  # not possible with this policy here
+                    return None
+                self._resident = resident
+        extra: dict[str, Any] = {}
+        if cancellation is not None:
+            extra["on_start"] = cancellation.started
+        if streams is not None:
+            extra["streams"] = streams
+        try:
+            outcome = resident.run(request, policy, **extra)
+        except LaunchFailed as exc:
+            if request.cwd and "chdir" in exc.message.lower():
+                raise InvalidRequest(
+                    f"Failed to run the command: its working directory {request.cwd} "
+                    "does not exist (or is not a directory) in the sandbox",
+                    hint="give an existing directory as cwd, absolute or relative to the workspace",
+                ) from None
+            raise
+        if outcome is None:
+            return None
+        outcome = outcome.replace(policy_digest=policy_digest(policy))
+        problem = audit_outcome(outcome, request, state_dir=self._state_dir)
+        if problem is not None:
+            raise CorralError(f"Failed to record the run: {problem}")
+        if cancellation is not None and cancellation.cancelled:
+            outcome = outcome.replace(stopped=cancellation.reason)
+        return outcome
+
+    def _close_resident(self) -> None:
+        with self._resident_lock:
+            resident, self._resident = self._resident, None
+            self._resident_wanted = False
+        if resident is not None:
+            resident.close()
 
     def _code_request(self, code: str, language: Language, **kwargs: Any) -> ExecRequest:
         prefix = LANGUAGES.get(language)
@@ -392,6 +468,7 @@ class BaseSandbox(FileRequests):
 
     def _finish_close(self) -> None:
         self._closed = True
+        self._close_resident()
         _remove_tree(self._tmp_dir)
 
     def __repr__(self) -> str:

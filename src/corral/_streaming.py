@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .pipeline._engine import Running
+    from .pipeline._resident import ResidentCommand
     from .pipeline._outcome import Outcome
 
     #: ``("stdout" | "stderr", chunk)``
@@ -46,11 +47,11 @@ class Cancellation:
         import _thread
 
         self._lock = _thread.allocate_lock()
-        self.running: Running | None = None
+        self.running: Running | ResidentCommand | None = None
         self.cancelled = False
         self.reason = ""
 
-    def started(self, running: Running) -> None:
+    def started(self, running: Running | ResidentCommand) -> None:
         """``on_start`` of the run: remember the handle; cancel at once if asked already."""
         with self._lock:
             self.running = running

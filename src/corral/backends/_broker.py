@@ -241,6 +241,17 @@ class Broker(_Emulator):
         self._roots = []
         self._mem_fds.clear()
 
+    def checkpoint(self) -> None:
+        """Run the git check now, between two commands of a resident sandbox.
+
+        Only while no process of the sandbox but its init exists (the init
+        writes nothing): the journal is then complete and nothing changes it
+        meanwhile. Its findings join :attr:`violations`; :meth:`stop` checks
+        again at the end.
+        """
+        if self._started and not self._stopping:
+            self._check_git()
+
     # ------------------------------------------------------------ thread body
     def _run(self) -> None:
         import fcntl

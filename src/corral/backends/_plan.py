@@ -34,7 +34,8 @@ class FdSpec(Record):
             ``"status"`` (the exec helper's status pipe), ``"notify-sock"``
             (the socket the broker's seccomp listener arrives on), ``"info"``
             (bubblewrap's ``--info-fd``) or ``"block"`` (bubblewrap's
-            ``--block-fd``: the command starts when corral writes to it).
+            ``--block-fd``: the command starts when corral writes to it) or
+            ``"control"`` (a resident session's socket to its init, ``--serve``).
         data: the bytes for ``"data"`` fds.
     """
 

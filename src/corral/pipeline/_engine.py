@@ -189,6 +189,17 @@ class Running:
                     self._parent_fds["block"] = w
                     child_fds.append((r, spec.number))
                     to_close_after_spawn.append(r)
+                elif spec.kind == "control":
+                    # a resident session's control socket (the init's --serve)
+                    import _socket
+
+                    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+                    self._parent_fds["control"] = ours.detach()
+                    fd = theirs.detach()
+                    os.set_inheritable(fd, False)
+                    os.set_inheritable(self._parent_fds["control"], False)
+                    child_fds.append((fd, spec.number))
+                    to_close_after_spawn.append(fd)
                 elif spec.kind == "notify-sock":
                     import _socket  # not socket: its import (enum, selectors) costs ~4 ms
 
@@ -490,6 +501,20 @@ class Running:
             except OSError:
                 pass
         return text.decode("utf-8", "replace").strip().splitlines()[-1] if text.strip() else ""
+
+    def take_fd(self, kind: str) -> int:
+        """Take over the parent end of the plan's *kind* fd (the caller closes it), or -1."""
+        return self._parent_fds.pop(kind, -1)
+
+    @property
+    def broker(self) -> Broker | None:
+        """The write broker serving this sandbox, once started."""
+        return self._broker
+
+    @property
+    def cgroup(self) -> Cgroup | None:
+        """The cgroup the sandbox runs in, once placed."""
+        return self._cgroup
 
     # ------------------------------------------------------------ control
     def send_signal(self, signum: int) -> None:

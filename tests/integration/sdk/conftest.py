@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from corral import AsyncSandbox, Sandbox
+from tests.conftest import World
 
 
 class AsyncTwin:
@@ -40,7 +41,10 @@ def twin(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def open_sandbox(twin: str) -> Iterator[Callable[..., Any]]:
+def open_sandbox(twin: str, world: World) -> Iterator[Callable[..., Any]]:
+    # after ``world``: its check for stray processes runs once every sandbox (whose
+    # resident sandbox lives as long as the session) is closed
+    del world
     loop = asyncio.new_event_loop()
     opened: list[Any] = []
 

@@ -1,0 +1,524 @@
+"""Resident sessions: one sandbox kept alive, whose init spawns each further command.
+
+A fresh sandbox per command costs a bubblewrap start (namespaces, mounts,
+the ``--as-user`` stage, the filters): ~10-30 ms. A session (SDK
+:class:`~corral.Sandbox`, MCP ``sandbox_create``) instead keeps one sandbox
+whose pid 1 is the exec helper in ``--init --serve`` mode
+(``native/corral-exec.c``, ``serve_main``): every filter is installed once,
+and each command is one fork and exec of that init, in the same namespaces and
+under the same filters.
+
+What stays per command, exactly as in a fresh sandbox:
+
+* the plan: each request is planned by the backend as for a fresh run; it runs
+  in the resident sandbox only when that plan has the *same shape* (every
+  mount, fd, filter, broker, cgroup and proxy setting; only the working
+  directory, the command, its environment, timeout and output cap may differ).
+  Anything else (another policy from ``rules``, a different cwd mount) runs
+  in a fresh sandbox, so a resident run never has other rules than a fresh one;
+* its own timeout (TERM to every process of the sandbox, KILL after the
+  grace), output cap and digests, stdin;
+* nothing of a command survives into the next: when the command's first
+  process ends, the init kills and reaps every other process of the
+  namespace before it reports the end;
+* the write broker's git check runs after each command (the broker itself
+  serves the whole session) and its violations are the command's.
+
+Not resident (a fresh sandbox as before): other backends, previews (the
+preview is held and recorded per run), the egress proxy (its log is per
+run), terminals, and a second command while one runs (the async twin may run
+several at once). A resident sandbox whose memory limit killed something is
+retired: the next command gets a new one.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import time
+
+from .._exceptions import BrokerFailed, LaunchFailed
+from ._engine import Running, _Stream, _write_all
+from ._outcome import Outcome, command_status
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    from ..backends._plan import LaunchPlan
+    from ..policy import Policy
+    from ._request import ExecRequest
+    from ._runner import Prepared
+
+__all__ = ["Resident", "ResidentCommand"]
+
+_POLLIN, _POLLOUT = 0x001, 0x004
+_CHUNK = 65536
+_CONTROL_FD = 9  # bubblewrap's plan uses 3..8
+_MAX_REQUEST = 200 * 1024  # the init's buffer is 256 KiB
+
+
+def _helper_index(argv: tuple[str, ...]) -> int:
+    """Index of the exec helper's ``--init`` in a bubblewrap plan's argv, or -1."""
+    for index in range(len(argv) - 1, 0, -1):
+        if argv[index] == "--init" and argv[index - 1].endswith("corral-exec"):
+            return index
+    return -1
+
+
+def _split(plan: LaunchPlan) -> tuple[tuple[object, ...], str, tuple[str, ...]] | None:
+    """``(shape, cwd, command argv)`` of a bubblewrap plan, or ``None`` if it has no init.
+
+    The shape is everything but the working directory and the command.
+    """
+    argv = plan.argv
+    init = _helper_index(argv)
+    if init < 0:
+        return None
+    end = argv.index("--", init)
+    command = argv[end + 1 :]
+    sandbox = list(argv[:init])
+    cwd = ""
+    for index in range(len(sandbox) - 1):
+        if sandbox[index] == "--chdir":
+            cwd = sandbox[index + 1]
+            sandbox[index + 1] = ""
+    shape = (
+        tuple(sandbox),
+        argv[init:end],
+        plan.fds,
+        plan.broker,
+        plan.cgroup,
+        plan.egress,
+        plan.unsandboxed,
+        plan.degraded,
+        plan.files,
+        plan.credentials,
+        plan.kill_grace,
+    )
+    return shape, cwd, command
+
+
+class ResidentCommand:
+    """The handle of one command of a resident sandbox (``on_start``: cancel, kill, signal)."""
+
+    def __init__(self, resident: Resident, grace: float) -> None:
+        self._resident = resident
+        self._grace = grace
+        self.cancelled = False
+        self.kill_at: float | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def send_signal(self, signum: int) -> None:
+        """Deliver *signum* to the command's first process."""
+        self._resident.control(f"S{signum}".encode())
+
+    def terminate(self) -> None:
+        """SIGTERM to every process of the command; SIGKILL after the grace period."""
+        if self.kill_at is None:
+            self._resident.control(b"K15")
+            self.kill_at = time.monotonic() + self._grace
+            self._wake()
+
+    def cancel(self) -> None:
+        """Stop the command now: SIGTERM, then SIGKILL after the grace period."""
+        self.cancelled = True
+        self.terminate()
+
+    def kill(self) -> None:
+        """SIGKILL every process of the command at once."""
+        self.cancelled = True
+        self._resident.control(b"K")
+        self.kill_at = time.monotonic()
+        self._wake()
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+class Resident:
+    """A kept sandbox whose init spawns each command (see the module's docstring).
+
+    Use :meth:`open`, then :meth:`run` for each request (``None``: run that one
+    in a fresh sandbox), then :meth:`close`. Thread-safe: one command at a
+    time; :meth:`run` returns ``None`` at once while another runs.
+    """
+
+    def __init__(
+        self, policy: Policy, prepared: Prepared, running: Running, control: int, shape: object
+    ) -> None:
+        self._policy = policy  # as given: a command with another policy runs fresh
+        self._prepared = prepared
+        self._running = running
+        self._control = control
+        self._shape = shape
+        self._lock = _thread.allocate_lock()
+        self._send_lock = _thread.allocate_lock()
+        self._reported = 0  # broker violations handed out so far
+        self.broken = False  # the sandbox is gone (or retired): open a new one
+        self._keeper: _Keeper | None = None
+
+    @classmethod
+    def open(
+        cls, request: ExecRequest, policy: Policy, *, environ: Mapping[str, str]
+    ) -> Resident | None:
+        """Start a resident sandbox for the session of *request*, or ``None`` when not suitable.
+
+        Raises:
+            CorralError: the sandbox could not be set up (as a fresh run would).
+        """
+        from ..backends._plan import FdSpec
+        from ._runner import prepare
+
+        if request.tty or request.stdin_mode == "inherit":
+            return None
+        prepared = prepare(request, policy, environ=environ)
+        plan = prepared.plan
+        if prepared.backend.name != "bubblewrap" or plan.egress is not None:
+            return None
+        split = _split(plan)
+        if split is None or any(spec.number == _CONTROL_FD for spec in plan.fds):
+            return None
+        init = _helper_index(plan.argv)
+        serving = plan.replace(
+            argv=(*plan.argv[: init + 1], "--serve", str(_CONTROL_FD), *plan.argv[init + 1 :]),
+            fds=(*plan.fds, FdSpec(number=_CONTROL_FD, kind="control")),
+            timeout=None,
+        )
+        running = Running(serving, cgroup_layout=prepared.layout)
+        keeper = _Keeper(running)
+        control = running.take_fd("control")
+        os.set_blocking(control, True)
+        resident = cls(policy, prepared, running, control, split[0])
+        resident._keeper = keeper
+        return resident
+
+    # ------------------------------------------------------------ control
+    def control(self, message: bytes, fds: tuple[int, ...] = ()) -> None:
+        """Send one request to the init (ignored once the sandbox is gone)."""
+        import _socket
+
+        with self._send_lock:
+            if self._control < 0:
+                return
+            sock = _socket.socket(fileno=os.dup(self._control))
+            try:
+                if fds:
+                    import array
+
+                    rights = array.array("i", fds).tobytes()
+                    sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+                else:
+                    sock.send(message)
+            except OSError:
+                self.broken = True
+            finally:
+                sock.close()
+
+    # ------------------------------------------------------------ run
+    def run(
+        self,
+        request: ExecRequest,
+        policy: Policy,
+        *,
+        on_start: Callable[[ResidentCommand], None] | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
+    ) -> Outcome | None:
+        """Run *request* under *policy* here; ``None`` if it must run in a fresh sandbox instead.
+
+        Raises:
+            CorralError: the request cannot be planned (as a fresh run would
+                raise), or the broker failed.
+        """
+        if self.broken or request.tty or request.stdin_mode == "inherit":
+            return None
+        if policy is not self._policy and policy != self._policy:
+            return None  # e.g. a ``rules`` entry matched: its own sandbox
+        prepared = self._prepared
+        plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
+        split = _split(plan)
+        if split is None or split[0] != self._shape:
+            return None
+        _shape, cwd, argv = split
+        body = b"\0".join(
+            [
+                b"C" + os.fsencode(cwd),
+                str(len(argv)).encode(),
+                *(os.fsencode(word) for word in argv),
+                *(os.fsencode(f"{name}={value}") for name, value in plan.env),
+            ]
+        )
+        body += b"\0"
+        if len(body) > _MAX_REQUEST or not self._lock.acquire(False):
+            return None
+        try:
+            return self._run(plan, request, body, on_start, streams)
+        finally:
+            self._lock.release()
+
+    def _run(
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        body: bytes,
+        on_start: Callable[[ResidentCommand], None] | None,
+        streams: tuple[int, int, int],
+    ) -> Outcome:
+        import select
+
+        ours: list[int] = []  # our ends: closed at the end
+        theirs: list[int] = []  # the command's: closed once sent
+        handle = ResidentCommand(self, plan.kill_grace)
+        try:
+            stdin_fd = -1
+            if request.stdin_mode == "data":
+                r, stdin_fd = os.pipe2(os.O_CLOEXEC)
+                theirs.append(r)
+                ours.append(stdin_fd)
+            else:
+                theirs.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+            outs: list[_Stream] = []
+            for index in (1, 2):
+                r, w = os.pipe2(os.O_CLOEXEC)
+                theirs.append(w)
+                ours.append(r)
+                outs.append(_Stream(r, None if request.capture else streams[index]))
+            started, wall = time.monotonic(), time.time()
+            self.control(body, tuple(theirs))
+            for fd in theirs:
+                os.close(fd)
+            theirs = []
+            if self.broken:
+                raise LaunchFailed("Failed to run the command: the resident sandbox is gone")
+            if on_start is not None:
+                on_start(handle)
+            poller = select.poll()
+            poller.register(self._control, _POLLIN)
+            poller.register(handle._wake_r, _POLLIN)
+            by_fd = {s.fd: s for s in outs}
+            for fd in by_fd:
+                os.set_blocking(fd, False)
+                poller.register(fd, _POLLIN)
+            data = memoryview(request.stdin)
+            if stdin_fd >= 0:
+                os.set_blocking(stdin_fd, False)
+                poller.register(stdin_fd, _POLLOUT)
+            deadline = started + plan.timeout if plan.timeout is not None else None
+            limit, kept = plan.output_limit, 0
+            wait_status: int | None = None
+            replies: list[bytes] = []
+            timed_out = False
+            while wait_status is None or by_fd:
+                timeouts = [t for t in (deadline, handle.kill_at) if t is not None]
+                now = time.monotonic()
+                wait_ms = None if not timeouts else max(0.0, min(timeouts) - now) * 1000
+                for fd, _mask in poller.poll(wait_ms):
+                    if fd == self._control:
+                        reply = os.read(fd, 4096)
+                        if not reply:  # the init is gone: so is everything in the sandbox
+                            self.broken = True
+                            poller.unregister(fd)
+                            wait_status = 9 if wait_status is None else wait_status
+                        elif reply.startswith(b"D"):
+                            wait_status = int(reply[1:])
+                            poller.unregister(fd)
+                        else:
+                            replies.append(reply)  # P, and E or X before their D
+                    elif fd == handle._wake_r:
+                        while True:
+                            try:
+                                if not os.read(fd, 64):
+                                    break
+                            except BlockingIOError:
+                                break
+                    elif fd == stdin_fd:
+                        try:
+                            n = os.write(stdin_fd, data[:_CHUNK])
+                        except BlockingIOError:
+                            continue
+                        except BrokenPipeError:
+                            n = len(data)
+                        data = data[n:]
+                        if not data:
+                            poller.unregister(stdin_fd)
+                            os.close(stdin_fd)
+                            ours.remove(stdin_fd)
+                            stdin_fd = -1
+                    elif fd in by_fd:
+                        stream = by_fd[fd]
+                        try:
+                            chunk = os.read(fd, _CHUNK)
+                        except BlockingIOError:
+                            continue
+                        if not chunk:
+                            poller.unregister(fd)
+                            del by_fd[fd]
+                            continue
+                        kept = _take(stream, chunk, limit, kept)
+                now = time.monotonic()
+                if wait_status is None:
+                    if deadline is not None and now >= deadline and not timed_out:
+                        timed_out = True
+                        handle.terminate()
+                    if handle.kill_at is not None and now >= handle.kill_at:
+                        handle.kill()
+                        handle.kill_at = now + 1.0  # again if the first did not arrive
+        except BaseException:
+            self.broken = True  # the init's replies may be out of step now: retire it
+            raise
+        finally:
+            for fd in (*ours, *theirs):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            handle.close()
+        return self._outcome(plan, wait_status, replies, outs, timed_out, started, wall)
+
+    def _outcome(
+        self,
+        plan: LaunchPlan,
+        wait_status: int,
+        replies: list[bytes],
+        outs: list[_Stream],
+        timed_out: bool,
+        started: float,
+        wall: float,
+    ) -> Outcome:
+        exec_error = None
+        for reply in replies:
+            text = reply.decode("utf-8", "replace")
+            if text.startswith("E"):
+                step, _, rest = text[1:].partition("\t")
+                _err, _, detail = rest.partition("\t")
+                raise LaunchFailed(f"Failed to {step.replace('-', ' ')} in the sandbox: {detail}")
+            if text.startswith("X"):
+                code, _, program = text[1:].partition("\t")
+                exec_error = f"{program}: {os.strerror(int(code))}"
+        violations = []
+        broker = self._running.broker
+        if broker is not None:
+            broker.checkpoint()  # every process of the command is gone: check git now
+            violations = broker.violations[self._reported :]
+            self._reported = len(broker.violations)
+            if broker.error is not None:
+                self.broken = True
+                raise BrokerFailed(
+                    f"Failed to supervise workspace writes: {broker.error}"
+                ) from broker.error
+        cgroup = self._running.cgroup
+        oom = bool(cgroup is not None and cgroup.oom_killed())
+        if oom:
+            self.broken = True  # its OOM record stays: the next command gets a new sandbox
+        if os.WIFSIGNALED(wait_status):
+            exit_code, signal = None, os.WTERMSIG(wait_status)
+        else:
+            exit_code, signal = os.waitstatus_to_exitcode(wait_status), None
+        exit_code, signal = command_status(exit_code, signal)
+        if oom and signal is None and exit_code is not None and exit_code >= 128:
+            signal, exit_code = 9, None
+        stdout, stderr = outs
+        return Outcome(
+            sandbox_id=plan.sandbox_id,
+            backend=plan.backend,
+            argv=plan.display_argv or plan.argv,
+            exit_code=exit_code,
+            signal=signal,
+            timed_out=timed_out,
+            oom_killed=oom,
+            stdout=bytes(stdout.buf),
+            stderr=bytes(stderr.buf),
+            stdout_truncated=stdout.truncated,
+            stderr_truncated=stderr.truncated,
+            output_dropped=stdout.dropped + stderr.dropped,
+            duration=time.monotonic() - started,
+            started_at=wall,
+            violations=tuple(violations),
+            degraded=plan.degraded,
+            unsandboxed=plan.unsandboxed,
+            exec_error=exec_error,
+            credentials=plan.credentials,
+            stdout_sha256=stdout.digest.hexdigest(),
+            stderr_sha256=stderr.digest.hexdigest(),
+            stdout_size=stdout.size,
+            stderr_size=stderr.size,
+        )
+
+    # ------------------------------------------------------------ close
+    def close(self) -> None:
+        """End the sandbox (its init exits on end of file) and release everything."""
+        with self._send_lock:
+            control, self._control = self._control, -1
+        self.broken = True
+        if control >= 0:
+            os.close(control)
+        if self._keeper is not None:
+            self._keeper.release()
+
+
+class _Keeper:
+    """The thread a resident sandbox is spawned from, alive until the sandbox ends.
+
+    bubblewrap dies with the *thread* that spawned it (``--die-with-parent`` is
+    a parent-death signal, which follows the spawning thread): a session's
+    commands come from short-lived worker threads (the async twin, the MCP
+    server), so the sandbox is spawned from a thread of its own, which then
+    supervises it (``Running.wait``) until :meth:`release`.
+    """
+
+    def __init__(self, running: Running) -> None:
+        self._running = running
+        self._started = _thread.allocate_lock()
+        self._started.acquire()
+        self._done = _thread.allocate_lock()
+        self._done.acquire()
+        self._error: BaseException | None = None
+        _thread.start_new_thread(self._main, ())
+        self._started.acquire()  # released once the sandbox runs (or failed to start)
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        try:
+            try:
+                self._running.start()
+            except BaseException as exc:
+                self._error = exc
+                return
+            finally:
+                self._started.release()
+            try:
+                self._running.wait()  # until the init exits (end of file on its control socket)
+            except (LaunchFailed, BrokerFailed):
+                pass  # every command's result was reported already
+        finally:
+            self._done.release()
+
+    def release(self) -> None:
+        """Wait until the sandbox ended and its resources were released."""
+        self._done.acquire()
+        self._done.release()
+
+
+def _take(stream: _Stream, chunk: bytes, limit: int | None, kept: int) -> int:
+    """Digest *chunk*, keep (or relay) it within the output cap; the new kept total."""
+    stream.digest.update(chunk)
+    stream.size += len(chunk)
+    keep = chunk
+    if limit is not None and kept + len(chunk) > limit:
+        keep = chunk[: max(0, limit - kept)]
+        stream.dropped += len(chunk) - len(keep)
+        stream.truncated = True
+    if keep:
+        if stream.sink is None:
+            stream.buf += keep
+        else:
+            _write_all(stream.sink, keep)
+    return kept + len(keep)
