@@ -26,8 +26,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .pipeline._engine import Running
-    from .pipeline._resident import ResidentCommand
     from .pipeline._outcome import Outcome
+    from .pipeline._resident import ResidentCommand
 
     #: ``("stdout" | "stderr", chunk)``
     Chunk = tuple[str, bytes]
