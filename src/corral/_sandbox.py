@@ -428,6 +428,8 @@ class BaseSandbox(FileRequests):
                 ) from None
             raise
         if outcome is None:
+            if resident.broken and resident.commands == 0:
+                self._resident_wanted = False  # it cannot run here: fresh sandboxes from now on
             return None
         outcome = outcome.replace(policy_digest=policy_digest(policy))
         problem = audit_outcome(outcome, request, state_dir=self._state_dir)

@@ -929,8 +929,17 @@ static void serve_exec(char *cwd, char **args, char **envp, const int fds[3], co
         serve_fail("setsid", errno, strerror(errno));
         _exit(125);
     }
+    int high[3];
     for (int k = 0; k < 3; k++) {
-        if (dup2(fds[k], k) < 0) {
+        /* above the stdio numbers first: a received fd may be 0, 1 or 2 */
+        high[k] = fcntl(fds[k], F_DUPFD_CLOEXEC, 10);
+        if (high[k] < 0) {
+            serve_fail("set-up-stdio", errno, strerror(errno));
+            _exit(125);
+        }
+    }
+    for (int k = 0; k < 3; k++) {
+        if (dup2(high[k], k) < 0) {
             serve_fail("set-up-stdio", errno, strerror(errno));
             _exit(125);
         }
@@ -1020,9 +1029,6 @@ static void serve_main(void) {
     if (sigfd < 0)
         fail("init", errno, "signalfd: %s", strerror(errno));
     /* hold nothing of the first command's stdio; keep status (3), control (4), signals (5) */
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
-    if (null < 0)
-        fail("init", errno, "/dev/null: %s", strerror(errno));
     int keep[3] = {status_fd, serve_fd, sigfd};
     int moved[3];
     for (int k = 0; k < 3; k++) {
@@ -1031,7 +1037,7 @@ static void serve_main(void) {
             fail("init", errno, "fcntl: %s", strerror(errno));
     }
     for (int fd = 0; fd < 3; fd++)
-        dup2(null, fd);
+        close(fd); /* (received fds may land here: serve_exec moves them first) */
     for (int k = 0; k < 3; k++) {
         if (dup3(moved[k], 3 + k, O_CLOEXEC) < 0)
             _exit(125);

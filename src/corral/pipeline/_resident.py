@@ -164,6 +164,7 @@ class Resident:
         self._reported = 0  # broker violations handed out so far
         self.broken = False  # the sandbox is gone (or retired): open a new one
         self._keeper: _Keeper | None = None
+        self.commands = 0  # commands run here so far
 
     @classmethod
     def open(
@@ -270,7 +271,7 @@ class Resident:
         body: bytes,
         on_start: Callable[[ResidentCommand], None] | None,
         streams: tuple[int, int, int],
-    ) -> Outcome:
+    ) -> Outcome | None:
         import select
 
         ours: list[int] = []  # our ends: closed at the end
@@ -296,7 +297,8 @@ class Resident:
                 os.close(fd)
             theirs = []
             if self.broken:
-                raise LaunchFailed("Failed to run the command: the resident sandbox is gone")
+                return None  # the sandbox is gone (its init failed?): nothing ran
+            self.commands += 1
             if on_start is not None:
                 on_start(handle)
             poller = select.poll()
