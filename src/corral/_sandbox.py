@@ -211,6 +211,7 @@ class BaseSandbox(FileRequests):
         self._resident: Resident | None = None
         self._resident_lock = _thread.allocate_lock()
         self._resident_wanted = self._environ.get("CORRAL_RESIDENT", "1") != "0"
+        self._digest: tuple[Policy | None, str] = (None, "")  # the last policy's digest
         # the session's private TMPDIR (mounted as /tmp in the sandbox)
         sessions = _state.ensure_dir(os.path.join(self._state_dir, "sessions"))
         _sweep_sessions(sessions)
@@ -431,7 +432,9 @@ class BaseSandbox(FileRequests):
             if resident.broken and resident.commands == 0:
                 self._resident_wanted = False  # it cannot run here: fresh sandboxes from now on
             return None
-        outcome = outcome.replace(policy_digest=policy_digest(policy))
+        if self._digest[0] is not policy:
+            self._digest = (policy, policy_digest(policy))
+        outcome = outcome.replace(policy_digest=self._digest[1])
         problem = audit_outcome(outcome, request, state_dir=self._state_dir)
         if problem is not None:
             raise CorralError(f"Failed to record the run: {problem}")

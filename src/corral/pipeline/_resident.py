@@ -33,8 +33,10 @@ retired: the next command gets a new one.
 
 from __future__ import annotations
 
+import _socket
 import _thread
 import os
+import sys
 import time
 
 from .._exceptions import BrokerFailed, LaunchFailed
@@ -102,12 +104,15 @@ def _split(plan: LaunchPlan) -> tuple[tuple[object, ...], str, tuple[str, ...]] 
 class ResidentCommand:
     """The handle of one command of a resident sandbox (``on_start``: cancel, kill, signal)."""
 
-    def __init__(self, resident: Resident, grace: float) -> None:
+    def __init__(self, resident: Resident, grace: float, *, wakeable: bool) -> None:
         self._resident = resident
         self._grace = grace
         self.cancelled = False
         self.kill_at: float | None = None
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        # another thread's cancel() wakes the supervising poll (only when one can call it)
+        self._wake_r, self._wake_w = (
+            os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK) if wakeable else (-1, -1)
+        )
 
     def send_signal(self, signum: int) -> None:
         """Deliver *signum* to the command's first process."""
@@ -133,14 +138,16 @@ class ResidentCommand:
         self._wake()
 
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"x")
+            except OSError:
+                pass
 
     def close(self) -> None:
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        if self._wake_r >= 0:
+            os.close(self._wake_r)
+            os.close(self._wake_w)
 
 
 class Resident:
@@ -165,6 +172,10 @@ class Resident:
         self.broken = False  # the sandbox is gone (or retired): open a new one
         self._keeper: _Keeper | None = None
         self.commands = 0  # commands run here so far
+        # planned requests by everything but their command (see _plan)
+        self._plans: dict[ExecRequest, tuple[LaunchPlan, str, bytes]] = {}
+        self._socket: _socket.socket | None = None
+        self._null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the commands' stdin
 
     @classmethod
     def open(
@@ -204,24 +215,21 @@ class Resident:
     # ------------------------------------------------------------ control
     def control(self, message: bytes, fds: tuple[int, ...] = ()) -> None:
         """Send one request to the init (ignored once the sandbox is gone)."""
-        import _socket
-
         with self._send_lock:
             if self._control < 0:
                 return
-            sock = _socket.socket(fileno=os.dup(self._control))
+            if self._socket is None:
+                self._socket = _socket.socket(fileno=os.dup(self._control))
             try:
                 if fds:
-                    import array
-
-                    rights = array.array("i", fds).tobytes()
-                    sock.sendmsg([message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+                    rights = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in fds)
+                    self._socket.sendmsg(
+                        [message], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)]
+                    )
                 else:
-                    sock.send(message)
+                    self._socket.send(message)
             except OSError:
                 self.broken = True
-            finally:
-                sock.close()
 
     # ------------------------------------------------------------ run
     def run(
@@ -242,27 +250,60 @@ class Resident:
             return None
         if policy is not self._policy and policy != self._policy:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
-        prepared = self._prepared
-        plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
-        split = _split(plan)
-        if split is None or split[0] != self._shape:
+        found = self._plan(request)
+        if found is None:
             return None
-        _shape, cwd, argv = split
+        plan, cwd, argv, environ = found
         body = b"\0".join(
             [
                 b"C" + os.fsencode(cwd),
                 str(len(argv)).encode(),
                 *(os.fsencode(word) for word in argv),
-                *(os.fsencode(f"{name}={value}") for name, value in plan.env),
+                environ,
             ]
         )
-        body += b"\0"
         if len(body) > _MAX_REQUEST or not self._lock.acquire(False):
             return None
         try:
             return self._run(plan, request, body, on_start, streams)
         finally:
             self._lock.release()
+
+    def _plan(self, request: ExecRequest) -> tuple[LaunchPlan, str, tuple[str, ...], bytes] | None:
+        """``(plan, cwd, command, encoded environment)`` of *request*, or ``None`` (not here).
+
+        The backend plans each request as for a fresh sandbox. Without
+        credentials in the policy nothing of a plan but the command and its
+        display depends on the command (credentials are chosen by command
+        line), so the plan of a request that differs from an earlier one only
+        in its command is that plan with the command replaced.
+        """
+        key = None
+        if not self._policy.credentials:
+            key = request.replace(argv=("",), shell_command=None, stdin=b"")
+            cached = self._plans.get(key)
+            if cached is not None:
+                plan, cwd, environ = cached
+                from ._request import redact
+
+                return (
+                    plan.replace(display_argv=redact(request.argv, [])),
+                    cwd,
+                    request.argv,
+                    environ,
+                )
+        prepared = self._prepared
+        plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
+        split = _split(plan)
+        if split is None or split[0] != self._shape:
+            return None
+        _shape, cwd, argv = split
+        environ = b"\0".join(os.fsencode(f"{name}={value}") for name, value in plan.env) + b"\0"
+        if key is not None and argv == request.argv:
+            if len(self._plans) >= 64:
+                self._plans.clear()
+            self._plans[key] = (plan, cwd, environ)
+        return plan, cwd, argv, environ
 
     def _run(
         self,
@@ -276,7 +317,7 @@ class Resident:
 
         ours: list[int] = []  # our ends: closed at the end
         theirs: list[int] = []  # the command's: closed once sent
-        handle = ResidentCommand(self, plan.kill_grace)
+        handle = ResidentCommand(self, plan.kill_grace, wakeable=on_start is not None)
         try:
             stdin_fd = -1
             if request.stdin_mode == "data":
@@ -284,7 +325,7 @@ class Resident:
                 theirs.append(r)
                 ours.append(stdin_fd)
             else:
-                theirs.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+                theirs.append(os.dup(self._null))
             outs: list[_Stream] = []
             for index in (1, 2):
                 r, w = os.pipe2(os.O_CLOEXEC)
@@ -303,7 +344,8 @@ class Resident:
                 on_start(handle)
             poller = select.poll()
             poller.register(self._control, _POLLIN)
-            poller.register(handle._wake_r, _POLLIN)
+            if handle._wake_r >= 0:
+                poller.register(handle._wake_r, _POLLIN)
             by_fd = {s.fd: s for s in outs}
             for fd in by_fd:
                 os.set_blocking(fd, False)
@@ -458,7 +500,13 @@ class Resident:
         """End the sandbox (its init exits on end of file) and release everything."""
         with self._send_lock:
             control, self._control = self._control, -1
+            sock, self._socket = self._socket, None
         self.broken = True
+        if sock is not None:
+            sock.close()
+        if self._null >= 0:
+            os.close(self._null)
+            self._null = -1
         if control >= 0:
             os.close(control)
         if self._keeper is not None:
