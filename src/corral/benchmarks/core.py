@@ -52,7 +52,12 @@ def run(ctx: Context) -> list[Row]:
         rows.append(Row("raw bwrap (agent profile) true", raw, samples=ctx.runs))
         rows.append(Row("python -c pass + raw bwrap", py + raw, note="baseline for corral run"))
     baseline = py + raw if raw else None
-    rows += _server_rows(ctx, baseline)
+    same = None
+    if raw is not None:
+        anatomy = _anatomy_rows(ctx, raw)
+        same = anatomy[0].value
+        rows += anatomy
+    rows += _server_rows(ctx, baseline, same)
     env = {**os.environ, "CORRAL_SERVER": "off"}
     for label, options in (("default policy", []), ("no limits", NO_LIMITS)):
         value = ctx.median_cmd_ms([*ctx.corral, "run", *options, "--", "true"], env=env)
@@ -77,7 +82,80 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
+def _anatomy_rows(ctx: Context, raw: float) -> list[Row]:
+    """A fresh default-policy sandbox taken apart: what each layer adds to raw bwrap.
+
+    From the bubblewrap plan of ``true`` under the default policy: bwrap with
+    corral's namespaces and every mount of the plan, running ``/bin/true``
+    directly (no exec helper, no filters, no cgroup, no broker); then the same
+    behind the ``--as-user`` stage (a root caller: idmapped mounts, staged
+    bind sources, uid 65533). The whole run is the in-process API row below
+    and the served rows above; their difference to these is the exec helper
+    (filters, init), the cgroup and the write broker, plus corral's Python.
+    """
+    from .._sandbox import Sandbox
+    from ..pipeline._runner import prepare
+
+    with Sandbox(workspace=ctx.workspace) as sandbox:
+        request = sandbox._request(["true"]).replace(tmp_dir=None)
+        plan = prepare(request, sandbox.policy, environ=os.environ).plan
+    argv = list(plan.argv)
+    start = next(i for i, word in enumerate(argv) if os.path.basename(word) == "bwrap")
+    bwrap, prefix, rest = argv[start], argv[:start], argv[start + 1 :]
+    # bwrap's arguments up to its "--", without corral's cgroup handshake (--info/--block-fd)
+    sandbox_args = rest[: rest.index("--init") - 1]
+    if "--info-fd" in sandbox_args:
+        at = sandbox_args.index("--info-fd")
+        del sandbox_args[at : at + 4]
+    staged = [prefix[i + 1] for i, word in enumerate(prefix) if word == "--stage"]
+    unstaged = [
+        staged[int(word.rsplit("/", 1)[1])] if word.startswith("/dev/shm/") else word
+        for word in sandbox_args
+    ]
+    mounts = sum(1 for word in unstaged if "bind" in word or word in ("--tmpfs", "--dev", "--proc"))
+
+    def spawn(words: list[str]) -> None:
+        r, w = os.pipe()
+        try:
+            pid = os.posix_spawn(
+                words[0],
+                words,
+                dict(plan.env),
+                file_actions=[(os.POSIX_SPAWN_DUP2, w, 3)],
+            )
+        finally:
+            os.close(w)
+        _, status = os.waitpid(pid, 0)
+        os.close(r)
+        if status != 0:
+            raise RuntimeError(f"{words[0]} ... exited with wait status {status}")
+
+    rows = []
+    same = ctx.median_ms(lambda: spawn([bwrap, *unstaged, "/bin/true"]))
+    rows.append(
+        Row(
+            f"raw bwrap, corral's namespaces and {mounts} mounts, true",
+            same,
+            samples=ctx.runs,
+            baseline="raw bwrap (agent profile)",
+            note=ratio(same, raw),
+        )
+    )
+    if prefix:
+        staged_run = ctx.median_ms(lambda: spawn([*prefix, bwrap, *sandbox_args, "/bin/true"]))
+        rows.append(
+            Row(
+                "  + the --as-user stage (root caller)",
+                staged_run,
+                samples=ctx.runs,
+                baseline="raw bwrap (agent profile)",
+                note=f"{ratio(staged_run, raw)}; +{staged_run - same:.2f} ms for the stage",
+            )
+        )
+    return rows
+
+
+def _server_rows(ctx: Context, baseline: float | None, same: float | None) -> list[Row]:
     """``corral run -- true`` through a warm server of its own (started and stopped here),
     with the Python client and - when it is built - the compiled one."""
     from ..server._fastclient import usable_client
@@ -117,7 +195,9 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
                     baseline="python -c pass + raw bwrap",
                     target=target,
                     note=f"{ratio(value, baseline)}; "
-                    f"{ratio(value, python_rows[label])} of the Python client's",
+                    f"{ratio(value, python_rows[label])} of the Python client's; "
+                    f"{ratio(value, same)} of raw bwrap with corral's namespaces and mounts "
+                    "(issue 12: <= 1.3x)",
                 )
             )
         data = server.status()
@@ -136,7 +216,46 @@ def _server_rows(ctx: Context, baseline: float | None) -> list[Row]:
         rows.append(
             Row("corral-client run -- true", 0.0, note="not measured: corral-client not built")
         )
+    rows.append(_cold_row(ctx, python_rows["default policy"]))
     return rows
+
+
+def _cold_row(ctx: Context, warm: float) -> Row:
+    """The first ``corral run -- true`` after ``corral server --stop`` (it starts a server).
+
+    Target (issue 12): within 1.5x of a warm run plus the interpreter's start.
+    Fewer samples: each one stops a server and starts the next.
+    """
+    import subprocess
+    import time
+
+    py = ctx.median_cmd_ms([ctx.python, "-c", "pass"])
+    runs = max(3, min(ctx.runs, 10))
+    times = []
+    with ctx.warm_server() as server:
+        for _ in range(runs):
+            subprocess.run(
+                [*ctx.corral, "server", "--stop"], env=server.env, capture_output=True, check=True
+            )
+            start = time.perf_counter()
+            subprocess.run(
+                [*ctx.corral, "run", "--", "true"],
+                env=server.env,
+                cwd=ctx.workspace,
+                capture_output=True,
+                check=True,
+            )
+            times.append((time.perf_counter() - start) * 1000)
+    times.sort()
+    value = times[len(times) // 2]
+    return Row(
+        "corral run -- true, first run after corral server --stop (cold)",
+        value,
+        samples=runs,
+        baseline="warm run + python -c pass",
+        target="<= 1.5x",
+        note=ratio(value, warm + py),
+    )
 
 
 def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
