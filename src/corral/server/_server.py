@@ -82,6 +82,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_IDLE", "Server"]
 
 DEFAULT_IDLE = 300.0
+#: seconds without a client after which the launcher pool is released (parked
+#: launcher threads and their cgroups); the next client starts it again
+DEFAULT_POOL_IDLE = 30.0
 _REQUEST_TIMEOUT = 30.0
 _FORWARDED = frozenset({1, 2, 3, 15, 28})  # what corral run forwards: HUP, INT, QUIT, TERM, WINCH
 _LOG_LIMIT = 1 << 20
@@ -112,6 +115,9 @@ class Server:
             requests are refused (the client decides in its own process).
         idle: seconds without a client before the server exits.
         launchers: build the cgroup launcher pool (cgroup v1 as root).
+        pool_idle: seconds without a client before the launcher pool is
+            released (started again by the next client): an idle server
+            holds no parked launcher and no prepared cgroup.
 
     Example::
 
@@ -128,6 +134,7 @@ class Server:
         hook_handler: Callable[[HookRequest], tuple[bytes, bytes, int]] | None = None,
         idle: float = DEFAULT_IDLE,
         launchers: bool = True,
+        pool_idle: float = DEFAULT_POOL_IDLE,
     ) -> None:
         self.state_dir = state_dir
         self.directory = os.path.join(state_dir, "server")
@@ -141,6 +148,8 @@ class Server:
         self.started = time.time()
         self.pool: LauncherPool | None = None
         self._want_pool = launchers
+        self.pool_idle = pool_idle
+        self._pool_released = False  # released while idle: the next client starts it again
         self._lock = _thread.allocate_lock()
         self._sessions: set[_Session] = set()
         self._threads = 0
@@ -271,6 +280,17 @@ class Server:
         except (OSError, ValueError) as exc:
             self.log(f"no launcher pool: {exc}")
 
+    def _release_pool(self) -> None:
+        """Idle: give back the launcher pool's threads and cgroups (serve loop, no client)."""
+        pool, self.pool = self.pool, None
+        if pool is None:
+            return
+        pool.close()
+        for problem in pool.errors:
+            self.log(f"launcher pool: {problem}")
+        self._pool_released = True
+        self.log(f"idle for {self.pool_idle:g}s: launcher pool released")
+
     def _warm_up(self) -> None:
         """Import what the first run would, so that it is as fast as the next."""
         import select  # noqa: F401
@@ -361,6 +381,12 @@ class Server:
                         self._retire()
                         break
                     timeout = left * 1000
+                    if self.pool is not None:
+                        pool_left = self._last_activity + self.pool_idle - now
+                        if pool_left <= 0:
+                            self._release_pool()
+                        else:
+                            timeout = min(timeout, pool_left * 1000)
                 if watch.fd is None and not self._retired:
                     if now >= next_check:
                         next_check = now + POLL_INTERVAL
@@ -669,6 +695,12 @@ class Server:
         conn.sendall(frame)
 
     def _run(self, request: RunRequest, session: _Session) -> int:
+        with self._lock:
+            # released while idle: a run starts it again (a status request does not);
+            # the serve loop releases it only while no connection is active
+            if self._pool_released:
+                self._pool_released = False
+                self._start_pool()
         try:
             status = self.handler(request, session.relay, self.pool)
         except BaseException as exc:

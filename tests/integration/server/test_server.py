@@ -448,3 +448,30 @@ def test_a_client_whose_context_differs_runs_in_process(served: World, client: s
     assert after["served"] == data["served"] and after["refused"] == data["refused"] + 1
     log = World.read(os.path.join(served.state_dir, "server", "server.log"))
     assert "refused a client: the client's Umask differs from the server's" in log
+
+
+@needs_root
+def test_an_idle_server_releases_its_launcher_pool_and_a_run_starts_it_again(
+    world: World,
+) -> None:
+    del world.environ["CORRAL_SERVER"]
+    world.environ["CORRAL_SERVER_POOL_IDLE"] = "0.5"
+    result = world.corral("server", "--detach")
+    assert result.returncode == 0, result.stderr
+    try:
+        first = status(world)
+        assert first is not None and first["launchers"] is not None, "no launcher pool here"
+        pid = first["pid"]
+        wait_for(lambda: server_cgroups(pid), what="the pool's prepared cgroups")
+        time.sleep(1.5)  # no client for longer than the pool's idle time
+        idle = status(world)
+        assert idle is not None and idle["pid"] == pid
+        assert idle["launchers"] is None
+        assert server_cgroups(pid) == []  # nothing parked, no prepared group
+        ran = world.run("echo served")
+        assert (ran.returncode, ran.stdout) == (0, b"served\n"), ran.stderr
+        again = status(world)
+        assert again is not None and again["served"] == 1
+        assert again["launchers"] is not None  # the run started it again
+    finally:
+        stop(world)

@@ -73,6 +73,17 @@ def _idle(value: str | None) -> float:
     return seconds
 
 
+def _pool_idle(value: str | None) -> float:
+    """``CORRAL_SERVER_POOL_IDLE``: seconds before an idle server releases its launcher pool."""
+    from ...server._server import DEFAULT_POOL_IDLE
+
+    try:
+        seconds = float(value) if value else DEFAULT_POOL_IDLE
+    except ValueError:
+        return DEFAULT_POOL_IDLE
+    return seconds if seconds > 0 else DEFAULT_POOL_IDLE
+
+
 def main(args: list[str]) -> int:
     """Entry point."""
     from ..._exceptions import ServerError
@@ -127,6 +138,7 @@ def _serve(state: str, idle: float) -> int:
         hook_handler=handle_hook,
         idle=idle,
         launchers=os.geteuid() == 0,
+        pool_idle=_pool_idle(os.environ.get("CORRAL_SERVER_POOL_IDLE")),
     )
     try:
         server.start()
