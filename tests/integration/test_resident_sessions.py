@@ -104,3 +104,18 @@ def test_a_failed_resident_command_does_not_poison_the_session(world: World) -> 
         sbx.exec("kill -9 1; kill -TERM 1")
         assert sbx.exec(_NS).stdout == ns
         assert sbx.exec("echo still").stdout == b"still\n"
+
+
+def test_a_command_with_other_rules_runs_in_a_fresh_sandbox(world: World) -> None:
+    # a rules entry gives the matching command another policy: its own sandbox
+    rules = [{"match": "cat*", "filesystem": {"denyRead": [world.ws("private")]}}]
+    World.write(world.ws("private"), "not for cat\n")
+    with Sandbox(
+        workspace=world.workspace, environ=world.environ, settings={"rules": rules}
+    ) as sbx:
+        ns = sbx.exec(_NS).stdout
+        assert sbx.exec("head -c 3 private").stdout == b"not"
+        denied = sbx.exec("cat private; " + _NS)
+        assert b"not for cat" not in denied.stdout
+        assert ns not in denied.stdout  # not the resident sandbox's namespaces
+        assert sbx.exec(_NS).stdout == ns  # the next ordinary command is resident again
