@@ -16,6 +16,16 @@ The compiled client (``corral-client run -- true``, the command the Claude
 Code hook writes) goes through the same warm server: no interpreter starts,
 so it should stay below ``python -c pass`` + raw bwrap (<= 1.0x); its rows
 also give the ratio to the Python client's.
+
+Issue 12 adds a fresh sandbox's anatomy, measured interleaved (each sample
+round runs every variant once, so a change of load hits all of them alike):
+raw bwrap with the agent profile; raw bwrap with corral's namespaces and every
+mount of corral's default plan, running ``/bin/true`` directly; the same behind
+the ``--as-user`` stage (root); and ``corral-client run -- true`` through a
+warm server - its target is <= 1.3x of raw bwrap with the same namespaces and
+mounts. And the cold start: the first ``corral run -- true`` after ``corral
+server --stop`` (it starts a server), target <= 1.5x of a warm run plus the
+interpreter's start.
 """
 
 from __future__ import annotations
@@ -23,6 +33,10 @@ from __future__ import annotations
 import os
 
 from . import Context, Row, ratio
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["run"]
 
@@ -54,8 +68,8 @@ def run(ctx: Context) -> list[Row]:
     baseline = py + raw if raw else None
     same = None
     if raw is not None:
-        anatomy = _anatomy_rows(ctx, raw)
-        same = anatomy[0].value
+        anatomy = _anatomy_rows(ctx)
+        same = anatomy[1].value
         rows += anatomy
     rows += _server_rows(ctx, baseline, same)
     env = {**os.environ, "CORRAL_SERVER": "off"}
@@ -82,7 +96,7 @@ def run(ctx: Context) -> list[Row]:
     return rows
 
 
-def _anatomy_rows(ctx: Context, raw: float) -> list[Row]:
+def _anatomy_rows(ctx: Context) -> list[Row]:
     """A fresh default-policy sandbox taken apart: what each layer adds to raw bwrap.
 
     From the bubblewrap plan of ``true`` under the default policy: bwrap with
@@ -130,26 +144,74 @@ def _anatomy_rows(ctx: Context, raw: float) -> list[Row]:
         if status != 0:
             raise RuntimeError(f"{words[0]} ... exited with wait status {status}")
 
-    rows = []
-    same = ctx.median_ms(lambda: spawn([bwrap, *unstaged, "/bin/true"]))
-    rows.append(
+    import statistics
+    import subprocess
+    import time
+
+    from ..server._fastclient import usable_client
+
+    agent = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    ws = ctx.workspace
+    agent += ["--bind", ws, ws, "--unshare-all", "--die-with-parent", "--new-session"]
+    variants: dict[str, Callable[[], object]] = {
+        "agent": lambda: spawn([bwrap, *agent, "/bin/true"]),
+        "same": lambda: spawn([bwrap, *unstaged, "/bin/true"]),
+    }
+    if prefix:
+        variants["staged"] = lambda: spawn([*prefix, bwrap, *sandbox_args, "/bin/true"])
+    fast = usable_client()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    with ctx.warm_server() as server:
+        if fast is not None:
+            client = [fast, "run", "--", "true"]
+            variants["client"] = lambda: subprocess.run(
+                client, env=server.env, cwd=ws, capture_output=True, check=True
+            )
+            times["client"] = []
+        for _ in range(2):  # warm-up
+            for fn in variants.values():
+                fn()
+        for _ in range(ctx.runs):  # interleaved: a load change hits every variant alike
+            for name, fn in variants.items():
+                began = time.perf_counter()
+                fn()
+                times[name].append((time.perf_counter() - began) * 1000)
+    med = {name: statistics.median(values) for name, values in times.items()}
+    same = med["same"]
+    rows = [
+        Row(
+            "raw bwrap (agent profile) true, interleaved with the rows below",
+            med["agent"],
+            samples=ctx.runs,
+        ),
         Row(
             f"raw bwrap, corral's namespaces and {mounts} mounts, true",
             same,
             samples=ctx.runs,
             baseline="raw bwrap (agent profile)",
-            note=ratio(same, raw),
-        )
-    )
-    if prefix:
-        staged_run = ctx.median_ms(lambda: spawn([*prefix, bwrap, *sandbox_args, "/bin/true"]))
+            note=ratio(same, med["agent"]),
+        ),
+    ]
+    if "staged" in med:
         rows.append(
             Row(
                 "  + the --as-user stage (root caller)",
-                staged_run,
+                med["staged"],
                 samples=ctx.runs,
-                baseline="raw bwrap (agent profile)",
-                note=f"{ratio(staged_run, raw)}; +{staged_run - same:.2f} ms for the stage",
+                baseline="raw bwrap, corral's namespaces and mounts",
+                note=f"{ratio(med['staged'], same)}; {med['staged'] - same:+.2f} ms for the stage",
+            )
+        )
+    if "client" in med:
+        rows.append(
+            Row(
+                "corral-client run -- true (warm server, default policy), interleaved",
+                med["client"],
+                samples=ctx.runs,
+                baseline="raw bwrap, corral's namespaces and mounts",
+                target="<= 1.3x",
+                note=f"{ratio(med['client'], same)}; "
+                f"{ratio(med['client'], med['agent'])} of the agent profile",
             )
         )
     return rows
