@@ -329,6 +329,8 @@ class _Emulator(_Policy):
                 inside, outside, count = (int(x) for x in line.split())
                 if inside <= value < inside + count:
                     host = outside + (value - inside)
+                    if self._spec.through_idmap:
+                        return host  # the idmapped layers store it as root's
                     return 0 if host == self._spec.idmapped_id else host
         raise OSError(errno.EINVAL, "id not mapped in the sandbox")
 
