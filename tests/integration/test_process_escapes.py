@@ -351,3 +351,33 @@ def test_a_root_callers_command_removes_a_tree_through_directory_fds(world: Worl
     result = world.run("rm -r tree && echo gone")
     assert result.returncode == 0 and result.stdout == b"gone\n", result.stderr
     assert not os.path.exists(world.ws("tree"))
+
+
+# ------------------------------------------------------------ gVisor
+@root_caller
+def test_a_root_callers_gvisor_command_does_not_hold_uid_0_over_the_hosts_root(
+    world: World,
+) -> None:
+    """Over the host's / (no image), root-only files are not the command's; its files are root's."""
+    import shutil
+
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc (gVisor) is not installed (apt-get install runsc)")
+    secret = World.write(os.path.join(world.outside, "root-only"), "ROOT-ONLY-9d4\n")
+    os.chmod(secret, 0o600)
+    gvisor = ("--backend", "gvisor", "--allow-degraded", "filesystem.protect")
+    result = world.run(
+        f"id -u; cat {secret}; head -c 40 /etc/shadow; "
+        "echo made > made.txt; mkdir -p sub && echo deep > sub/f; echo more >> README; echo done",
+        *gvisor,
+    )
+    out = result.stdout.decode()
+    assert out.split() == [str(65533), "done"], (out, result.stderr)
+    assert "ROOT-ONLY" not in out and "root:" not in out
+    for path in (world.ws("made.txt"), world.ws("sub"), world.ws("sub", "f"), world.ws("README")):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+    assert World.read(world.ws("README")) == "hello\nmore\n"
+    # the caller's explicit way back to uid 0 is recorded
+    kept = world.run("id -u", *gvisor, "--allow-degraded", "isolation")
+    assert kept.returncode == 0 and kept.stdout == b"0\n", kept.stderr

@@ -502,7 +502,7 @@ static int mount_overlay_main(int argc, char **argv) {
 /* ------------------------------------------------------------- identity
  *
  * corral-exec --as-user UID [--idmap PATH]... [--overlay LOWER UPPER WORK]
- *             [--stage PATH]... [--status-fd N] -- PROGRAM [ARG...]
+ *             [--stage PATH]... [--keep-root] [--status-fd N] -- PROGRAM [ARG...]
  *
  * Runs before bubblewrap for a *root* caller, as corral's direct child (and
  * after --mount-overlay when both are used), never inside a sandbox:
@@ -522,7 +522,10 @@ static int mount_overlay_main(int argc, char **argv) {
  *      as UID may be unable to walk to PATH itself;
  *   3. drop to UID/UID with no supplementary groups (all capabilities go with
  *      the uid change) and exec PROGRAM (bubblewrap, which then runs
- *      unprivileged and maps the sandbox's uid 0 to UID).
+ *      unprivileged and maps the sandbox's uid 0 to UID). With --keep-root,
+ *      PROGRAM runs as root instead (runsc, which serves the command as UID
+ *      from its own kernel and creates the command's files itself, as root:
+ *      the idmapping then maps UID to 0 too, see idmap_userns).
  *
  * SAFETY: the command never holds the host's uid 0: the kernel interfaces that
  * trust the global root uid (sysctls, sysrq) and root-only host files
@@ -531,9 +534,11 @@ static int mount_overlay_main(int argc, char **argv) {
  * host process or file uses (corral's Python side picks and documents it).
  */
 /* A user namespace for idmapped mounts in which the host's 0 appears as UID.
- * With SWAP, UID also appears as 0: an overlay's mounter (host root) can then
- * create its work files through idmapped layers (they are stored as UID, which
- * no host file uses); without it, the kernel refuses (EOVERFLOW). */
+ * With SWAP, UID also appears as 0: a root process creating files through the
+ * clones (an overlay's mounter doing its work-directory chores, gVisor's gofer
+ * before it hands a file to the command's uid) can then do so - the files are
+ * stored as UID, which no host file uses, until chowned to UID (stored as 0);
+ * without it, the kernel refuses (EOVERFLOW). */
 static int idmap_userns(unsigned uid, int swap) {
     int go[2], ready[2];
     if (pipe2(go, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0)
@@ -612,11 +617,16 @@ static int as_user_main(int argc, char **argv) {
     const char *stages[MAX_STAGES];
     int nstages = 0;
     const char *overlay[3] = {NULL, NULL, NULL};
+    int keep_root = 0;
     int i = 3;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
             break;
+        }
+        if (strcmp(argv[i], "--keep-root") == 0) {
+            keep_root = 1;
+            continue;
         }
         if (i + 1 >= argc)
             usage();
@@ -671,7 +681,7 @@ static int as_user_main(int argc, char **argv) {
             fail("enter-mount-namespace", errno, "unshare: %s", strerror(errno));
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             fail("make-mounts-private", errno, "%s", strerror(errno));
-        int userns = npaths > 0 ? idmap_userns(uid, overlay[0] != NULL) : -1;
+        int userns = npaths > 0 ? idmap_userns(uid, overlay[0] != NULL || keep_root) : -1;
         for (int k = 0; k < npaths; k++) {
             if (paths[k][0] != '/')
                 fail("parse-arguments", EINVAL, "--idmap needs an absolute path: %s", paths[k]);
@@ -700,7 +710,7 @@ static int as_user_main(int argc, char **argv) {
         if (userns >= 0)
             close(userns);
     }
-    if (!host_root) {
+    if (!host_root || keep_root) {
         execv(argv[i], argv + i);
         fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
     }
