@@ -941,7 +941,7 @@ static int hold_main(void) {
 }
 
 static void usage(void) {
-    fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
+    fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N | --seccomp-file PATH]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
           "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--die-with-parent PPID]\n"
           "                   -- COMMAND [ARG...]\n",
@@ -995,6 +995,14 @@ int main(int argc, char **argv) {
             if (nseccomp == MAX_FILTERS)
                 fail("parse-arguments", E2BIG, "too many --seccomp-fd");
             seccomp_fds[nseccomp++] = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--seccomp-file") == 0) {
+            /* an engine that cannot pass fds (docker) binds the program in read-only */
+            if (nseccomp == MAX_FILTERS)
+                fail("parse-arguments", E2BIG, "too many --seccomp-fd");
+            int fd = open(argv[++i], O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                fail("install-seccomp-filter", errno, "%s: %s", argv[i], strerror(errno));
+            seccomp_fds[nseccomp++] = fd;
         } else if (strcmp(a, "--notify-fd") == 0) {
             notify_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--notify-sock") == 0) {
