@@ -389,6 +389,43 @@ def test_hook_paths_named_by_the_trusted_config_are_protected(world: World, back
     assert_safe(world)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hook_paths_named_by_nested_and_global_configs_are_protected(
+    world: World, backend: str
+) -> None:
+    """A nested repository's config and the user's ~/.gitconfig name hook paths in the
+    workspace (inside and outside the nested work tree): planting there is refused."""
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    lib = world.ws("lib")
+    seed_repo(world, lib)
+    host_git(world, lib, "config", "core.hooksPath", ".githooks")
+    host_git(world, lib, "config", "core.fsmonitor", "../tools/fsmon.sh")
+    World.write(
+        os.path.join(world.home, ".gitconfig"),
+        f"[core]\n\thooksPath = .hooks-everywhere\n\tfsmonitor = {world.ws('bin', 'mon')}\n",
+    )
+    World.write(world.ws("hook.txt"), hook_script(world))
+    targets = (
+        "lib/.githooks/pre-commit",
+        "tools/fsmon.sh",
+        ".hooks-everywhere/pre-commit",
+        "lib/.hooks-everywhere/pre-commit",
+        "bin/mon",
+    )
+    script = "; ".join(
+        f"mkdir -p {os.path.dirname(t)} && cp hook.txt {t} && chmod +x {t} && echo WROTE {t}"
+        for t in targets
+    )
+    result = run(world, f"{script}; true", backend)
+    assert b"WROTE" not in result.stdout, result.stdout
+    for target in targets:
+        assert not os.path.lexists(world.ws(target)), target
+    os.remove(os.path.join(world.home, ".gitconfig"))  # the host's own fsmonitor would fail
+    host_git(world, lib, "config", "--unset", "core.fsmonitor")
+    assert_safe(world)
+
+
 def test_a_repository_moved_into_place_is_checked(world: World) -> None:
     # a pre-existing bare-shaped directory (e.g. a test fixture) moved under a new name:
     # the moved tree was never journaled entry by entry, so the check walks it

@@ -268,6 +268,7 @@ class Broker(_Emulator):
                             # ctypes is loaded on the first notification only: runs
                             # that never write the workspace do not pay for it
                             self._load_native()
+                            self._protect_other_hook_paths()
                         notif[:] = bytes(_NOTIF_SIZE)
                         try:
                             fcntl.ioctl(self._listener, _IOCTL_RECV, notif, True)

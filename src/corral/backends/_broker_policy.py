@@ -326,12 +326,55 @@ class _Policy(_Resolver):
             data = os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
         finally:
             os.close(fd)
-        for rel in trusted_code_paths(data, root.sandbox_path):
-            label = f"git: a path the repository's config runs code from: {rel}"
+        self._protect_code_paths(trusted_code_paths(data, root.sandbox_path), "the repository's")
+
+    def _protect_code_paths(self, rels: list[str], whose: str) -> None:
+        for rel in rels:
+            label = f"git: a path {whose} config runs code from: {rel}"
             try:
                 self._patterns += [(PathPattern(rel), label), (PathPattern(rel + "/**"), label)]
             except ValueError:
                 continue
+
+    def _protect_other_hook_paths(self) -> None:
+        """Protect what the user's global git configs and the nested repositories'
+        configs name as code (``core.hooksPath``, ``core.fsmonitor``) inside a root.
+
+        Read once, before the broker serves its first notification (runs that
+        never write do not pay for the walk), which is the pre-run view: the
+        configs of repositories that existed before the run are protected rows,
+        and the ones the run makes hold only keys git writes itself (neither
+        of these). A relative value of a global config applies in every work
+        tree: it is protected at any depth (``**/VALUE``). The walk visits at
+        most :data:`_NESTED_SCAN_LIMIT` directories per root, never through a
+        symlink, and not into ``.git`` directories.
+        """
+        from ._gitcheck import trusted_code_paths
+
+        for path in self._spec.git_configs:
+            data = _read_config_file(path)
+            if not data:
+                continue
+            for root in self._roots:
+                if root.sandbox_path not in self._spec.open_roots:
+                    found = trusted_code_paths(data, root.sandbox_path, "*")
+                    self._protect_code_paths(found, f"the user's global ({path})")
+        for root in self._roots:
+            if root.sandbox_path in self._spec.open_roots:
+                continue
+            walk = os.fwalk(".", dir_fd=root.host_fd)
+            for seen, (top, dirs, files, dfd) in enumerate(walk):
+                if seen >= _NESTED_SCAN_LIMIT:
+                    break
+                rel = top[2:] if top.startswith("./") else ""
+                if rel and (".git" in dirs or ".git" in files):
+                    data = _nested_repository_config(dfd)
+                    worktree = f"{root.sandbox_path.rstrip('/')}/{rel}"
+                    self._protect_code_paths(
+                        trusted_code_paths(data, root.sandbox_path, worktree),
+                        f"the nested repository {rel}'s",
+                    )
+                dirs[:] = [d for d in dirs if d != ".git"]
 
     def _check_git(self) -> None:
         """Run the git check over what this run touched (all its processes are gone)."""
@@ -365,6 +408,52 @@ class _Policy(_Resolver):
 
 
 _CONFIG_NAMES = ("config", "config.worktree")
+
+#: Directories visited per root when looking for nested repositories' configs.
+_NESTED_SCAN_LIMIT = 100_000
+
+
+def _read_config_file(path: str) -> bytes:
+    """A global git config's bytes (b"" if absent or not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+
+
+def _nested_repository_config(dir_fd: int) -> bytes:
+    """The config a nested repository's work tree (*dir_fd*) uses: ``.git/config``,
+    or through a ``.git`` file (a submodule, a worktree) its gitdir's common config,
+    never through a symlink; plus ``config.worktree``."""
+    data = b""
+    gitdir = ".git"
+    link = _read_regular_file(dir_fd, ".git", 4096)
+    if link is not None:
+        text = link.strip()
+        if not text.startswith(b"gitdir:"):
+            return b""
+        gitdir = os.fsdecode(text[len(b"gitdir:") :].strip())
+    common = _read_regular_file(dir_fd, f"{gitdir}/commondir", 4096)
+    base = gitdir
+    if common is not None:
+        target = os.fsdecode(common.strip())
+        base = target if target.startswith("/") else f"{gitdir}/{target}"
+    for name in (f"{base}/config", f"{gitdir}/config.worktree"):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                data += os.read(fd, 1 << 20) + b"\n"
+        finally:
+            os.close(fd)
+    return data
+
 
 #: The names that make a directory shaped like a gitdir (see _Policy._check_git_shape).
 _SHAPE_NAMES = ("objects", "refs", "commondir")

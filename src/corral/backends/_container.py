@@ -38,7 +38,7 @@ from .base import (
     is_under,
     paths_of_policy,
 )
-from .bubblewrap import SANDBOX_HELPER, command_env
+from .bubblewrap import SANDBOX_HELPER, command_env, user_git_configs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -487,6 +487,7 @@ class ContainerBackend(Backend):
                     roots=tuple((w, w) for w in writable),
                     patterns=tuple(patterns),
                     syscall_names=tuple(names),
+                    git_configs=user_git_configs(facts),
                 )
                 fds += [
                     FdSpec(

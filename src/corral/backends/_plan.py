@@ -75,6 +75,10 @@ class BrokerSpec(Record):
             root's files appear as ``idmapped_id``): the broker acts with
             fsuid/fsgid ``idmapped_id`` (stored as 0 by the layers) and keeps
             the owners the sandbox names as they are.
+        git_configs: the caller's global git configs (``~/.gitconfig``, the XDG
+            one, or ``GIT_CONFIG_GLOBAL``): the ``core.hooksPath`` and
+            ``core.fsmonitor`` targets they name inside a root are protected
+            (see :func:`user_git_configs`).
     """
 
     roots: tuple[tuple[str, str], ...]
@@ -85,6 +89,7 @@ class BrokerSpec(Record):
     launcher_ns: bool = False
     idmapped_id: int | None = None
     through_idmap: bool = False
+    git_configs: tuple[str, ...] = ()
 
 
 class EgressSpec(Record):

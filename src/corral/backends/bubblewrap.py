@@ -410,6 +410,7 @@ class BubblewrapBackend(Backend):
                 launcher_ns=preview is not None and not copy,
                 idmapped_id=ROOT_SANDBOX_ID if as_user else None,
                 through_idmap=as_user and preview is not None and not copy,
+                git_configs=user_git_configs(facts),
             )
             fds += [
                 FdSpec(
@@ -539,6 +540,16 @@ def _as_user(
         i += 1
     prefix.append("--")
     return prefix, rewritten
+
+
+def user_git_configs(facts: HostFacts) -> tuple[str, ...]:
+    """The global git configs the caller's git reads (:attr:`BrokerSpec.git_configs`)."""
+    env = dict(facts.environ)
+    if env.get("GIT_CONFIG_GLOBAL"):
+        return (env["GIT_CONFIG_GLOBAL"],)
+    home = facts.home.rstrip("/")
+    xdg = env.get("XDG_CONFIG_HOME") or f"{home}/.config"
+    return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
 
 
 def proc_masks(facts: HostFacts) -> list[str]:
