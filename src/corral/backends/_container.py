@@ -15,7 +15,9 @@ Engines that can pass file descriptors into a container (podman:
 ``/dev/.corral-exec``: it installs corral's seccomp deny filter and the write
 broker's notification filter inside the container, so protected paths are
 refused at any depth exactly as with bubblewrap. Engines that cannot (docker)
-refuse those rules unless the caller allows degrading them.
+still run every process under the helper and its deny filter (bound in as a
+file, the helper as the entrypoint), but refuse the broker's rules unless the
+caller allows degrading them.
 
 Sessions (:class:`ContainerSession`): ``ENGINE run -d`` once with an init
 process, then ``ENGINE exec`` per command, ``ENGINE rm -f`` on close.
