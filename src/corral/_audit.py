@@ -32,7 +32,15 @@ if TYPE_CHECKING:
 
     from .pipeline._outcome import Outcome
 
-__all__ = ["GENESIS", "append", "audit_path", "iter_records", "record_for", "verify"]
+__all__ = [
+    "GENESIS",
+    "append",
+    "audit_path",
+    "iter_records",
+    "read_new",
+    "record_for",
+    "verify",
+]
 
 GENESIS = "0" * 64
 _TAIL = 65536
@@ -143,6 +151,33 @@ def iter_records(state_dir: str) -> Iterator[tuple[int, bytes]]:
     with open(path, "rb") as f:
         for number, line in enumerate(f, 1):
             yield number, line.rstrip(b"\n")
+
+
+def read_new(path: str, position: int) -> tuple[list[bytes], int]:
+    """The complete records written to the log at *path* after byte *position*.
+
+    Returns ``(lines, new position)``; a record still being written (no
+    newline yet) is left for the next call. When the log shrank below
+    *position* (it was rotated or cut), reading starts over from its
+    beginning: the caller sees ``new position < position`` only then, with the
+    lines from the start. ``corral audit --follow`` and ``corral ui``'s live
+    updates both read the log through this function.
+    """
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return [], 0
+    if size < position:
+        position = 0
+    if size == position:
+        return [], position
+    with open(path, "rb") as f:
+        f.seek(position)
+        data = f.read(size - position)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], position
+    return [line for line in data[:end].split(b"\n") if line], position + end + 1
 
 
 def verify(state_dir: str) -> tuple[bool, str]:

@@ -1,0 +1,326 @@
+"""The runs behind ``corral ui``: an incremental index of the audit log.
+
+The page must show its first screen of 10,000 records within 300 ms of server
+time, and stay live as records arrive, so the log is not re-read per request:
+:class:`RunIndex` keeps a compact :class:`Run` per record and the state of the
+hash chain, and :meth:`RunIndex.refresh` reads only what was appended since
+(through :func:`corral._audit.read_new`, the reader ``corral audit --follow``
+uses). The chain is verified as it is read, exactly as
+:func:`corral._audit.verify` does, and ``audit.head`` is checked on every
+refresh. A rewrite of records already read is caught too: the bytes read so
+far are hashed, and a refresh whose prefix no longer has that hash (or a log
+that shrank, or another file at the path) starts over from the beginning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._audit import GENESIS, audit_path, read_new
+from .._jsonfast import JSONError, loads
+
+__all__ = ["Chain", "Filters", "Run", "RunIndex"]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """What the runs table shows of one audit record (the full record is read on demand)."""
+
+    seq: int
+    line: int
+    offset: int
+    time: str
+    sandbox_id: str
+    agent_session: str
+    backend: str
+    command: str
+    exit_status: int | None
+    duration: float
+    violations: int
+    network: int
+    denied: int
+    limits: tuple[str, ...]
+    denied_hosts: tuple[str, ...]
+
+    @property
+    def status(self) -> str:
+        """``"blocked"`` (a violation), ``"failed"`` (non-zero exit) or ``"ok"``."""
+        if self.violations:
+            return "blocked"
+        return "ok" if self.exit_status == 0 else "failed"
+
+
+def _limits(record: dict[str, Any]) -> tuple[str, ...]:
+    hit = []
+    if record.get("timed_out"):
+        hit.append("timeout")
+    if record.get("oom_killed"):
+        hit.append("memory (OOM)")
+    if record.get("output_dropped"):
+        hit.append("output")
+    for violation in record.get("violations") or ():
+        if isinstance(violation, dict) and violation.get("kind") == "limit":
+            hit.append(str(violation.get("target", "limit")))
+    return tuple(hit)
+
+
+def _run(seq: int, line: int, offset: int, record: dict[str, Any]) -> Run:
+    argv = record.get("argv") or []
+    command = " ".join(str(a) for a in argv) if isinstance(argv, list) else str(argv)
+    network = [n for n in record.get("network") or () if isinstance(n, dict)]
+    denied = [n for n in network if n.get("decision") == "deny"]
+    status = record.get("exit_status")
+    try:
+        duration = float(record.get("duration") or 0.0)
+    except (TypeError, ValueError):
+        duration = 0.0
+    return Run(
+        seq=seq,
+        line=line,
+        offset=offset,
+        time=str(record.get("time") or ""),
+        sandbox_id=str(record.get("sandbox_id") or ""),
+        agent_session=str(record.get("agent_session") or ""),
+        backend=str(record.get("backend") or "?"),
+        command=command,
+        exit_status=status if isinstance(status, int) else None,
+        duration=duration,
+        violations=len(record.get("violations") or ()),
+        network=len(network),
+        denied=len(denied),
+        limits=_limits(record),
+        denied_hosts=tuple(str(n.get("host", "?")) for n in denied),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """The verification state of the hash chain: ``ok`` and a sentence."""
+
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Filters:
+    """The runs table's filters (empty strings match everything)."""
+
+    text: str = ""
+    backend: str = ""
+    status: str = ""  # "", "ok", "failed", "blocked"
+    session: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.text or self.backend or self.status or self.session)
+
+    def match(self, run: Run) -> bool:
+        """Whether *run* passes every filter."""
+        if self.backend and run.backend != self.backend:
+            return False
+        if self.status and run.status != self.status:
+            return False
+        if self.session and self.session not in (run.agent_session, run.sandbox_id):
+            return False
+        return not self.text or self.text.lower() in run.command.lower()
+
+
+@dataclass
+class _State:
+    """What was read so far (replaced wholesale when the log is rewritten)."""
+
+    inode: int = -1
+    position: int = 0
+    mtime_ns: int = 0
+    prefix: Any = field(default_factory=hashlib.sha256)
+    runs: list[Run] = field(default_factory=list)
+    prev: str = GENESIS
+    broken: str | None = None
+    lines: int = 0
+
+
+class RunIndex:
+    """The audit log of *state_dir*, indexed; thread-safe.
+
+    Example::
+
+        index = RunIndex(state_dir)
+        index.refresh()
+        runs, total = index.page(Filters(backend="bubblewrap"), start=0, limit=50)
+    """
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
+        self.path = audit_path(state_dir)
+        self._lock = threading.Lock()
+        self._state = _State()
+
+    def refresh(self) -> None:
+        """Read what was appended since the last refresh (or everything, if the log was rewritten)."""
+        with self._lock:
+            try:
+                st = os.stat(self.path)
+            except FileNotFoundError:
+                self._state = _State()
+                return
+            state = self._state
+            if st.st_size == state.position and st.st_mtime_ns == state.mtime_ns:
+                return
+            if st.st_ino != state.inode or st.st_size < state.position or not self._same_prefix():
+                state = self._state = _State(inode=st.st_ino)
+            if not self._read(state):  # shrank between the stat and the read
+                state = self._state = _State(inode=st.st_ino)
+                self._read(state)
+            state.mtime_ns = st.st_mtime_ns
+
+    def _same_prefix(self) -> bool:
+        state = self._state
+        digest = hashlib.sha256()
+        remaining = state.position
+        with open(self.path, "rb") as f:
+            while remaining > 0:
+                chunk = f.read(min(remaining, 1 << 20))
+                if not chunk:
+                    return False
+                digest.update(chunk)
+                remaining -= len(chunk)
+        return bool(digest.digest() == state.prefix.digest())
+
+    def _read(self, state: _State) -> bool:
+        """Index the records after ``state.position``; ``False`` if the log shrank meanwhile."""
+        lines, position = read_new(self.path, state.position)
+        if position < state.position:
+            return False
+        offset = state.position
+        for raw in lines:
+            state.lines += 1
+            state.prefix.update(raw + b"\n")
+            try:
+                record = loads(raw)
+            except JSONError:
+                record = None
+            if not isinstance(record, dict):
+                state.broken = state.broken or (
+                    f"line {state.lines}: not a valid record: the record was edited"
+                )
+                record = {}
+            elif state.broken is None:
+                if record.get("prev") != state.prev:
+                    state.broken = (
+                        f"line {state.lines}: its 'prev' does not match the hash of line "
+                        f"{state.lines - 1}: a record before it was edited, inserted or deleted"
+                    )
+                elif record.get("seq") != state.lines:
+                    state.broken = (
+                        f"line {state.lines}: sequence number {record.get('seq')} where "
+                        f"{state.lines} was expected"
+                    )
+            state.prev = hashlib.sha256(raw).hexdigest()
+            seq = record.get("seq")
+            state.runs.append(
+                _run(seq if isinstance(seq, int) else state.lines, state.lines, offset, record)
+            )
+            offset += len(raw) + 1
+        state.position = position
+        return True
+
+    def chain(self) -> Chain:
+        """The chain's state as of the last refresh, with ``audit.head`` read now.
+
+        A head ahead of the records read (a writer appended meanwhile) refreshes once more.
+        """
+        found = self._check_head()
+        if found is None:
+            self.refresh()
+            found = self._check_head()
+        return found or Chain(
+            False,
+            "audit.head records more records than the log holds: records were deleted from its end",
+        )
+
+    def _check_head(self) -> Chain | None:
+        with self._lock:
+            state = self._state
+            if state.broken:
+                return Chain(False, state.broken)
+            count, last = state.lines, state.prev if state.lines else GENESIS
+        try:
+            with open(os.path.join(self.state_dir, "audit.head"), encoding="ascii") as f:
+                head_seq, head_hash = f.read().split()
+        except FileNotFoundError:
+            if count == 0:
+                return Chain(True, "the audit log is empty")
+            return Chain(False, "audit.head is missing: the log's end cannot be checked")
+        except (OSError, ValueError):
+            return Chain(False, "audit.head is corrupt")
+        if not head_seq.isdigit() or int(head_seq) < count:
+            return Chain(
+                False,
+                f"the log ends at record {count} but audit.head records {head_seq}: "
+                "records were added to the end",
+            )
+        if int(head_seq) == count and head_hash != last:
+            return Chain(False, f"record {count} differs from the one audit.head records")
+        if int(head_seq) > count:
+            return None  # a writer appended after the last refresh, or the end was cut
+        return Chain(True, f"{count} records, chain intact")
+
+    def runs(self) -> list[Run]:
+        """Every run, oldest first (a snapshot)."""
+        with self._lock:
+            return list(self._state.runs)
+
+    def page(self, filters: Filters, *, start: int, limit: int) -> tuple[list[Run], int]:
+        """Runs newest first, from *start*, at most *limit*; and how many match in all."""
+        with self._lock:
+            runs = self._state.runs
+            if not filters:
+                total = len(runs)
+                stop = max(total - start, 0)
+                return runs[max(stop - limit, 0) : stop][::-1], total
+            matching = [r for r in reversed(runs) if filters.match(r)]
+        return matching[start : start + limit], len(matching)
+
+    def after(self, seq: int, filters: Filters) -> list[Run]:
+        """Runs with a sequence number above *seq* that pass *filters*, oldest first."""
+        with self._lock:
+            runs = self._state.runs
+            found = []
+            for run in reversed(runs):
+                if run.seq <= seq:
+                    break
+                if filters.match(run):
+                    found.append(run)
+        return found[::-1]
+
+    def last_seq(self) -> int:
+        """The newest record's sequence number (0 when the log is empty)."""
+        with self._lock:
+            runs = self._state.runs
+            return runs[-1].seq if runs else 0
+
+    def record(self, seq: int) -> dict[str, Any] | None:
+        """The full audit record number *seq*, read from the log now; ``None`` if absent."""
+        with self._lock:
+            runs = self._state.runs
+            run = runs[seq - 1] if 0 < seq <= len(runs) and runs[seq - 1].seq == seq else None
+            if run is None:
+                run = next((r for r in runs if r.seq == seq), None)
+        if run is None:
+            return None
+        with open(self.path, "rb") as f:
+            f.seek(run.offset)
+            raw = f.readline().rstrip(b"\n")
+        try:
+            record = loads(raw)
+        except JSONError:
+            return None
+        return record if isinstance(record, dict) and record.get("seq") == seq else None
+
+    def backends(self) -> list[str]:
+        """The backends that appear in the log, sorted."""
+        with self._lock:
+            return sorted({r.backend for r in self._state.runs})
