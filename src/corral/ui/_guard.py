@@ -16,8 +16,10 @@ credential:
   embedded in the page's forms) and whose ``Origin``, when the browser sends
   one, is this server's. Other methods are 405.
 - **Headers**: a strict Content-Security-Policy (only this server's own
-  scripts and styles, nothing inline, no framing), ``no-referrer`` (the
-  token never leaves in a ``Referer``), ``nosniff``, ``no-store``.
+  scripts and styles, nothing inline, no framing), a ``same-origin``
+  referrer policy (the token never leaves in a ``Referer``; ``no-referrer``
+  would make the browser send ``Origin: null`` with the page's own forms),
+  ``nosniff``, ``no-store``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ _CSP = (
 )
 _HEADERS = [
     (b"content-security-policy", _CSP.encode()),
-    (b"referrer-policy", b"no-referrer"),
+    (b"referrer-policy", b"same-origin"),
     (b"x-content-type-options", b"nosniff"),
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
