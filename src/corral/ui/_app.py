@@ -270,6 +270,13 @@ class UI:
             message=f"Destroyed session {sandbox_id}: {killed} process(es) killed, its /tmp removed.",
         )
 
+    async def pygments_css(self, request: Request) -> Response:
+        """The token colours of the installed Pygments (no build step, always in step)."""
+        from pygments.formatters import HtmlFormatter
+
+        css = HtmlFormatter(style="default").get_style_defs(".highlight")
+        return Response(css, media_type="text/css")
+
     # ------------------------------------------------------------ overview
     async def overview_page(self, request: Request) -> Response:
         from ._charts import DURATION_BUCKETS, bar_chart, columns, duration_chart, overview
@@ -330,6 +337,7 @@ def build_app(state_dir: str, secrets: Secrets) -> ASGIApp:
             Route("/sessions", ui.sessions_page),
             Route("/sessions/{id}/destroy", ui.destroy, methods=["POST"]),
             Route("/overview", ui.overview_page),
+            Route("/style/pygments.css", ui.pygments_css),
             Mount("/static", StaticFiles(directory=os.path.join(_HERE, "static")), name="static"),
         ]
     )

@@ -170,8 +170,8 @@ def columns(title: str, rows: Sequence[tuple[str, int]]) -> Markup:
     if not rows:
         return Markup("<p>No data yet.</p>")
     top = max(v for _, v in rows) or 1
-    plot_h, col_w = 140, max(12, min(48, 640 // len(rows)))
-    width = col_w * len(rows) + 20
+    plot_h, width = 140, 640
+    col_w = max(4, min(48, (width - 20) // len(rows)))
     body = []
     for i, (label, value) in enumerate(rows):
         h = round(plot_h * value / top)
@@ -185,7 +185,7 @@ def columns(title: str, rows: Sequence[tuple[str, int]]) -> Markup:
         body.append(
             f'<text x="{width - 10}" y="{plot_h + 28}" text-anchor="end">{escape(rows[-1][0])}</text>'
         )
-    return _svg(max(width, 300), plot_h + 36, title, body)
+    return _svg(width, plot_h + 36, title, body)
 
 
 def timeline(runs: Sequence[Run]) -> Markup:

@@ -2,17 +2,18 @@
 
 The diff lines are those of ``corral diff`` (:func:`corral.preview._render.unified_diff`:
 control characters escaped, binary and very large files summarised by size
-and sha256); here they are highlighted with Pygments' diff lexer, whose HTML
-formatter escapes everything, so a file the sandboxed command wrote cannot
-inject markup into the reviewer's page.
+and sha256); here each line is highlighted with Pygments for the file's language and
+marked inserted or deleted. Pygments' HTML formatter escapes everything, so a
+file the sandboxed command wrote cannot inject markup into the reviewer's page.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from markupsafe import Markup
+from markupsafe import escape as escape_html
 
 if TYPE_CHECKING:
     from ..preview import Change, Preview
@@ -49,13 +50,35 @@ class PreviewView:
     protected: tuple[tuple[str, str], ...]
 
 
-def _highlight(lines: list[str]) -> Markup:
+def _lexer(path: str) -> Any:
+    from pygments.lexers import TextLexer, get_lexer_for_filename
+    from pygments.util import ClassNotFound
+
+    try:
+        return get_lexer_for_filename(path, stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return TextLexer(stripnl=False, ensurenl=False)
+
+
+def _highlight(path: str, lines: list[str]) -> Markup:
+    """Unified diff *lines* as HTML: each line's code highlighted for *path*'s language,
+    inside a span marking it inserted (``gi``), deleted (``gd``), a hunk header (``gu``)
+    or context. Pygments escapes the text; the markup around it is fixed."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
-    from pygments.lexers import DiffLexer
 
     formatter = HtmlFormatter(nowrap=True)
-    return Markup(highlight("\n".join(lines) + "\n", DiffLexer(), formatter))  # noqa: S704
+    lexer = _lexer(path)
+    out = []
+    for line in lines:
+        if line.startswith("@@"):
+            out.append(f'<span class="gu">{escape_html(line)}</span>')
+            continue
+        mark, code = line[:1], line[1:]
+        css = {"+": "gi", "-": "gd"}.get(mark, "ctx")
+        body = highlight(code, lexer, formatter).rstrip("\n") if code else ""
+        out.append(f'<span class="{css}">{escape_html(mark)}{body}</span>')
+    return Markup("\n".join(out))  # noqa: S704 - every piece of text is escaped
 
 
 def _file(
@@ -74,7 +97,7 @@ def _file(
         path=escape(change.path),
         old_path=escape(change.old_path) if change.old_path else None,
         header=tuple(_header(change)),
-        body=_highlight(diff_lines) if is_text_diff else None,
+        body=_highlight(change.path, diff_lines) if is_text_diff else None,
         summary=summary,
         protected=protected.get(change.path),
         conflict=conflicts.get(change.path),

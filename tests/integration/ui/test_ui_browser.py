@@ -180,9 +180,11 @@ def page(browser: Any) -> Iterator[Any]:
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.on(  # a refused request (403, 409) is a console error too; the tests check those
         "console",
-        lambda msg: errors.append(msg.text)
-        if msg.type == "error" and not msg.text.startswith("Failed to load resource")
-        else None,
+        lambda msg: (
+            errors.append(msg.text)
+            if msg.type == "error" and not msg.text.startswith("Failed to load resource")
+            else None
+        ),
     )
     try:
         yield page
@@ -213,7 +215,9 @@ def _preview_exists(site: Site, preview_id: str) -> bool:
 
 
 def test_every_page_loads_and_reads_without_javascript(site: Site, browser: Any) -> None:
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, java_script_enabled=False)
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 800}, java_script_enabled=False
+    )
     try:
         page = context.new_page()
         page.goto(site.url)
@@ -293,7 +297,8 @@ def test_apply_a_preview_with_the_button(site: Site, page: Any) -> None:
     page.goto(site.page_url(f"/previews/{preview_id}"))
     diff = page.locator("section.file", has_text="app.py").locator("pre.diff")
     assert "hi there" in diff.inner_text()
-    assert diff.locator(".gi").count() >= 1 and diff.locator(".gd").count() >= 1  # highlighted
+    assert diff.locator(".gi").count() >= 1 and diff.locator(".gd").count() >= 1
+    assert diff.locator(".gi .k, .gd .k, .gi .s1, .gd .s1").count() >= 1  # Python tokens coloured
     _shot(page, "preview")
     assert site.world.read(site.world.ws("app.py")) == "def greet():\n    return 'hello'\n"
     page.locator("#apply").click()
@@ -337,7 +342,12 @@ def test_requests_without_the_token_or_with_a_bad_csrf_token_are_refused(
     assert _fetch(site.page_url("/", token="x" * 43).replace(f"token={site.token}&", "")) == 403
     assert _fetch(site.page_url("/")) == 200
     # a DNS-rebinding page reaches the port under its own name: refused
-    assert _fetch(site.page_url("/"), headers={"Host": f"evil.example:{site.origin.rsplit(':', 1)[1]}"}) == 403
+    assert (
+        _fetch(
+            site.page_url("/"), headers={"Host": f"evil.example:{site.origin.rsplit(':', 1)[1]}"}
+        )
+        == 403
+    )
     # state changes only by POST
     assert _fetch(site.page_url(f"/previews/{preview_id}/discard")) == 405
     # a POST with a bad or missing CSRF token, or from another origin: refused, nothing done
@@ -346,7 +356,9 @@ def test_requests_without_the_token_or_with_a_bad_csrf_token_are_refused(
     assert _fetch(url, data=b"") == 403
     page.goto(site.page_url(f"/previews/{preview_id}"))
     csrf = page.locator("input[name=csrf]").first.get_attribute("value")
-    assert _fetch(url, data=f"csrf={csrf}".encode(), headers={"Origin": "http://evil.example"}) == 403
+    assert (
+        _fetch(url, data=f"csrf={csrf}".encode(), headers={"Origin": "http://evil.example"}) == 403
+    )
     assert _preview_exists(site, preview_id)
     # in the browser: a form whose token was tampered with
     page.evaluate(
