@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ._guard import Guard, Secrets
-from ._runs import Filters, Run, RunIndex
+from ._runs import Chain, Filters, Run, RunIndex
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from starlette.requests import Request
     from starlette.types import ASGIApp
 
-__all__ = ["PAGE_SIZE", "UI", "build_app"]
+__all__ = ["PAGE_SIZE", "UI", "build", "build_app"]
 
 #: rows per page of the runs table
 PAGE_SIZE = 50
@@ -61,6 +61,8 @@ class UI:
         )
         self.env.globals.update(u=self.url, csrf=secrets.csrf, token=secrets.token, size=_size)
         self.env.filters["when"] = lambda t: time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+        for name in self.env.list_templates(extensions=["html"]):
+            self.env.get_template(name)  # compiled at start, not on a first request
 
     def url(self, path: str, **params: Any) -> str:
         """*path* with the token and *params* (empty ones left out) as its query."""
@@ -91,12 +93,25 @@ class UI:
             page = max(int(q.get("page", "1")), 1)
         except ValueError:
             page = 1
-        await anyio.to_thread.run_sync(self.index.refresh)
-        runs, total = self.index.page(filters, start=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
-        chain = await anyio.to_thread.run_sync(self.index.chain)
         from ._charts import timeline
 
-        recent, _ = self.index.page(Filters(), start=0, limit=200)
+        if not self.index.indexed and not filters and page == 1:
+            # a fresh server: the first screen comes from the log's tail while the
+            # whole log is read and its chain verified in the background; the
+            # event stream then reports the chain's state
+            recent, total = await anyio.to_thread.run_sync(self.index.tail, 200)
+            self.index.build_in_background()
+            runs = recent[:PAGE_SIZE]
+            chain = Chain(None, f"verifying the chain of {total} records...")
+            backends = sorted({r.backend for r in recent})
+            last_seq = recent[0].seq if recent else 0
+        else:
+            await anyio.to_thread.run_sync(self.index.refresh)
+            runs, total = self.index.page(filters, start=(page - 1) * PAGE_SIZE, limit=PAGE_SIZE)
+            chain = await anyio.to_thread.run_sync(self.index.chain)
+            recent, _ = self.index.page(Filters(), start=0, limit=200)
+            backends = self.index.backends()
+            last_seq = self.index.last_seq()
         return self.render(
             "runs.html",
             nav="runs",
@@ -105,13 +120,12 @@ class UI:
             page=page,
             pages=max((total + PAGE_SIZE - 1) // PAGE_SIZE, 1),
             filters=filters,
-            backends=self.index.backends(),
+            backends=backends,
             chain=chain,
-            last_seq=self.index.last_seq(),
             timeline=timeline(recent[::-1]),
             events=self.url(
                 "/events",
-                after=self.index.last_seq(),
+                after=last_seq,
                 q=filters.text,
                 backend=filters.backend,
                 status=filters.status,
@@ -324,6 +338,11 @@ def _explain_for(record: dict[str, Any]) -> dict[str, Any]:
 
 def build_app(state_dir: str, secrets: Secrets) -> ASGIApp:
     """The guarded ASGI application for *state_dir*."""
+    return build(state_dir, secrets)[0]
+
+
+def build(state_dir: str, secrets: Secrets) -> tuple[ASGIApp, UI]:
+    """The guarded ASGI application for *state_dir*, and the :class:`UI` behind it."""
     ui = UI(state_dir, secrets)
     app = Starlette(
         routes=[
@@ -341,5 +360,4 @@ def build_app(state_dir: str, secrets: Secrets) -> ASGIApp:
             Mount("/static", StaticFiles(directory=os.path.join(_HERE, "static")), name="static"),
         ]
     )
-    app.state.ui = ui
-    return Guard(app, secrets)
+    return Guard(app, secrets), ui

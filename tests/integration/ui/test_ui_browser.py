@@ -56,6 +56,7 @@ CHROMIUM_ARGS = [
 ]
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
+expect = playwright_api.expect
 pytestmark = [
     needs_bwrap,
     pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="apt-get install chromium"),
@@ -222,7 +223,14 @@ def test_every_page_loads_and_reads_without_javascript(site: Site, browser: Any)
         page = context.new_page()
         page.goto(site.url)
         assert page.locator("h1").inner_text() == "Runs"
-        assert "verified" in page.locator("#chain").inner_text()
+        # a fresh server shows the log's tail at once and verifies the chain meanwhile
+        for _ in range(50):
+            if "verified" in page.locator("#chain").inner_text():
+                break
+            assert "checking" in page.locator("#chain").inner_text()
+            page.wait_for_timeout(100)
+            page.reload()
+        assert "verified — 7 records, chain intact" in page.locator("#chain").inner_text()
         rows = page.locator("#runs tbody tr")
         assert rows.count() == 4 + 3  # four runs and the three preview runs
         assert "blocked" in page.locator("#runs tbody tr", has_text=".bashrc").inner_text()
@@ -279,7 +287,7 @@ def test_keyboard_reaches_the_skip_link_and_the_pages(site: Site, page: Any) -> 
 
 def test_a_new_run_appears_live_without_reload(site: Site, page: Any) -> None:
     page.goto(site.url)
-    page.wait_for_function("document.getElementById('live').textContent.startsWith('Live')")
+    expect(page.locator("#live")).to_contain_text("Live:", timeout=15000)
     page.evaluate("window.__notReloaded = true")
     before = int(page.locator("#total").inner_text())
     done = _corral(site.world, "run", "--", "echo", "live-marker-4711")
@@ -378,3 +386,21 @@ def test_a_non_loopback_bind_is_refused(site: Site) -> None:
         done = site.world.corral("ui", "--no-open", "--host", host, timeout=30)
         assert done.returncode == 125, (host, done.stderr)
         assert b"loopback" in done.stderr or b"not an IP address" in done.stderr
+
+
+def test_an_edited_audit_record_shows_the_chain_broken_live(site: Site, page: Any) -> None:
+    # last in the module: it tampers with the log
+    page.goto(site.url)
+    expect(page.locator("#chain")).to_contain_text("verified", timeout=15000)
+    path = os.path.join(site.world.state_dir, "audit.jsonl")
+    with open(path, "rb") as f:
+        rows = f.read().splitlines()
+    record = json.loads(rows[1])
+    record["exit_status"] = 0  # run #2 exited 3: make it look clean
+    rows[1] = json.dumps(record).encode()
+    with open(path, "wb") as f:
+        f.write(b"".join(r + b"\n" for r in rows))
+    expect(page.locator("#chain")).to_contain_text("BROKEN", timeout=15000)  # no reload
+    assert "line 3" in page.locator("#chain").inner_text()
+    page.reload()
+    assert "BROKEN" in page.locator("#chain").inner_text()

@@ -80,3 +80,16 @@ def test_filters(tmp_path: object) -> None:
     assert index.page(Filters(status="ok"), start=0, limit=50)[1] == 0
     assert index.page(Filters(backend="bubblewrap", session="s"), start=10, limit=5)[1] == 12
     assert [r.seq for r in index.page(Filters(), start=10, limit=5)[0]] == [2, 1]
+
+
+def test_the_tail_matches_the_index(tmp_path: object) -> None:
+    state = str(tmp_path)
+    fill(state, 30)
+    with open(_audit.audit_path(state), "ab") as f:
+        f.write(b'{"seq": 31, "argv": ["half')  # still being written: not shown
+    index = RunIndex(state)
+    runs, total = index.tail(10)
+    assert not index.indexed and total == 30
+    index.refresh()
+    assert index.indexed and runs == index.page(Filters(), start=0, limit=10)[0]
+    assert index.tail(100) == (index.page(Filters(), start=0, limit=100)[0], 30)
