@@ -4,16 +4,18 @@ A session (:class:`corral.Sandbox`, or one ``sandbox_create`` of ``corral mcp``)
 lives in the process that opened it and owns a private ``TMPDIR`` named
 ``<state dir>/sessions/<pid>-<sandbox id>``; that directory is the registry
 read here. A session is live while its process exists (the SDK sweeps the
-directories of dead ones). Its running commands are the processes whose
-command line names that directory (the launcher mounts it as ``/tmp``) and
-their descendants.
+directories of dead ones). Its sandboxed processes are the descendants of the
+owning process that have that directory mounted as ``/tmp`` (read from
+``/proc/PID/mountinfo``; the mount's root ends in ``/sessions/<pid>-<id>``,
+which names one session only). A launcher (``bwrap``) outside the sandbox
+exits with the sandbox's first process.
 
-*Destroy* kills those command trees and removes the directory: the commands
+*Destroy* kills those processes and removes the directory: the commands
 stop, the files they left in ``/tmp`` are gone, and later commands of the
 session fail to start (their ``/tmp`` no longer exists). The object in the
 owning process is not closed - only that process can do it - and nothing
-outside the session is touched (only processes that name the session's
-directory, so never the owner itself).
+outside the session is touched (only processes inside its sandboxes, so
+never the owner itself).
 """
 
 from __future__ import annotations
@@ -38,9 +40,9 @@ class Session:
     kind: str  # "MCP" or "SDK"
     started: float
     tmp_bytes: int
-    commands: int  # running sandboxed command trees
-    rss_bytes: int  # resident memory of those trees
-    cpu_seconds: float  # CPU time of those trees
+    processes: int  # processes running in its sandboxes now
+    rss_bytes: int  # their resident memory
+    cpu_seconds: float  # their CPU time
 
 
 def _sessions_dir(state_dir: str) -> str:
@@ -81,19 +83,29 @@ def _processes() -> dict[int, tuple[int, int, float]]:
     return found
 
 
-def _trees(directory: str, table: dict[int, tuple[int, int, float]]) -> list[int]:
-    """The processes running the commands of the session whose TMPDIR is *directory*."""
-    roots = [pid for pid in table if directory in _cmdline(pid)]
+def _sandboxed(name: str, owner: int, table: dict[int, tuple[int, int, float]]) -> list[int]:
+    """The descendants of *owner* that run in session *name*'s sandboxes."""
     children: dict[int, list[int]] = {}
     for pid, (ppid, _, _) in table.items():
         children.setdefault(ppid, []).append(pid)
-    found, todo = [], list(roots)
+    suffix = f"/sessions/{name}"
+    found, todo, seen = [], list(children.get(owner, ())), set()
     while todo:
         pid = todo.pop()
-        if pid in found:
+        if pid in seen:
             continue
-        found.append(pid)
+        seen.add(pid)
         todo.extend(children.get(pid, ()))
+        try:
+            with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
+                mounts = f.read()
+        except OSError:
+            continue
+        for line in mounts.splitlines():
+            fields = line.split(" ", 5)
+            if len(fields) > 4 and fields[4] == "/tmp" and fields[3].endswith(suffix):
+                found.append(pid)
+                break
     return found
 
 
@@ -132,7 +144,7 @@ def sessions(state_dir: str) -> list[Session]:
     for name, pid, sandbox_id in entries:
         directory = os.path.join(_sessions_dir(state_dir), name)
         owner = _cmdline(pid)
-        trees = _trees(directory, table)
+        sandboxed = _sandboxed(name, pid, table)
         try:
             started = os.stat(directory).st_mtime
         except OSError:
@@ -145,9 +157,9 @@ def sessions(state_dir: str) -> list[Session]:
                 kind="MCP" if " mcp" in f" {owner} " or "mcp_server" in owner else "SDK",
                 started=started,
                 tmp_bytes=_du(directory),
-                commands=len([p for p in trees if directory in _cmdline(p)]),
-                rss_bytes=sum(table[p][1] for p in trees if p in table),
-                cpu_seconds=sum(table[p][2] for p in trees if p in table),
+                processes=len(sandboxed),
+                rss_bytes=sum(table[p][1] for p in sandboxed),
+                cpu_seconds=sum(table[p][2] for p in sandboxed),
             )
         )
     found.sort(key=lambda s: s.started)
@@ -171,7 +183,7 @@ def destroy(state_dir: str, sandbox_id: str) -> int:
     directory = os.path.join(_sessions_dir(state_dir), name)
     killed = 0
     for _ in range(3):  # a command may fork while the tree is walked
-        pids = [p for p in _trees(directory, _processes()) if p not in (owner, os.getpid())]
+        pids = [p for p in _sandboxed(name, owner, _processes()) if p != os.getpid()]
         if not pids:
             break
         for pid in pids:

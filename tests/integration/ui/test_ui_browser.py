@@ -381,6 +381,91 @@ def test_requests_without_the_token_or_with_a_bad_csrf_token_are_refused(
     assert _preview_exists(site, preview_id)
 
 
+SESSION_OWNER = """
+import sys
+from corral import Sandbox
+sbx = Sandbox(workspace=sys.argv[1])
+running = sbx.spawn(["sh", "-c", "echo x > /tmp/left-behind; while :; do sleep 1; done"])
+print(sbx.id, flush=True)
+sys.stdin.readline()
+outcome = running.wait(timeout=10)
+print(outcome.returncode, outcome.signal, flush=True)
+try:
+    sbx.close()
+except Exception as exc:
+    print("close:", type(exc).__name__, flush=True)
+"""
+
+
+def _in_session(tmp_dir: str) -> list[int]:
+    """Host processes that have *tmp_dir* mounted (a session's sandboxed processes)."""
+    found = []
+    name = "/" + os.path.basename(tmp_dir) + " "
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="replace") as f:
+                if name in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def test_sessions_lists_a_live_sdk_session_and_destroys_it(site: Site, page: Any) -> None:
+    import sys
+    import time
+
+    owner = subprocess.Popen(
+        [sys.executable, "-c", SESSION_OWNER, site.world.workspace],
+        env=site.world.environ,
+        cwd=site.world.workspace,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert owner.stdout is not None and owner.stdin is not None
+        sandbox_id = owner.stdout.readline().decode().strip()
+        assert sandbox_id.startswith("sbx-"), owner.stderr.read() if owner.stderr else ""
+        tmp_dir = os.path.join(site.world.state_dir, "sessions", f"{owner.pid}-{sandbox_id}")
+        deadline = time.monotonic() + 15
+        while not os.path.exists(os.path.join(tmp_dir, "left-behind")):
+            assert time.monotonic() < deadline, "the session's command did not start"
+            time.sleep(0.1)
+        assert _in_session(tmp_dir)
+        page.goto(site.page_url("/sessions"))
+        row = page.locator("#sessions tbody tr", has_text=sandbox_id)
+        cells = row.locator("td")
+        assert cells.nth(1).inner_text() == "SDK" and str(owner.pid) in cells.nth(2).inner_text()
+        assert int(cells.nth(4).inner_text()) >= 2  # the shell and its sleep, at least
+        _shot(page, "sessions")
+        row.get_by_role("button", name="Destroy").click()
+        assert f"Destroyed session {sandbox_id}" in page.locator("#result").inner_text()
+        # its command is gone (killed), its /tmp removed, the owner untouched
+        deadline = time.monotonic() + 10
+        while _in_session(tmp_dir):
+            assert time.monotonic() < deadline, _in_session(tmp_dir)
+            time.sleep(0.1)
+        assert not os.path.exists(tmp_dir)
+        assert owner.poll() is None
+        owner.stdin.write(b"\n")
+        owner.stdin.flush()
+        assert owner.stdout.readline().split()[-1] == b"9"  # the command died of SIGKILL
+        page.goto(site.page_url("/sessions"))
+        assert sandbox_id not in page.locator("main").inner_text()
+    finally:
+        if owner.stdin is not None:
+            owner.stdin.close()
+        try:
+            owner.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            owner.kill()
+            owner.wait()
+        for stream in (owner.stdout, owner.stderr):
+            if stream is not None:
+                stream.close()
+
+
 def test_a_non_loopback_bind_is_refused(site: Site) -> None:
     for host in ("0.0.0.0", "192.0.2.1", "example.com"):
         done = site.world.corral("ui", "--no-open", "--host", host, timeout=30)
