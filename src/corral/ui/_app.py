@@ -83,12 +83,7 @@ class UI:
     # ------------------------------------------------------------ runs
     async def runs_page(self, request: Request) -> Response:
         q = request.query_params
-        filters = Filters(
-            text=q.get("q", "")[:200],
-            backend=q.get("backend", "")[:64],
-            status=q.get("status", "") if q.get("status") in ("ok", "failed", "blocked") else "",
-            session=q.get("session", "")[:128],
-        )
+        filters = _filters(request)
         try:
             page = max(int(q.get("page", "1")), 1)
         except ValueError:
@@ -152,12 +147,7 @@ class UI:
             after = int(q.get("after", "0"))
         except ValueError:
             after = 0
-        filters = Filters(
-            text=q.get("q", ""),
-            backend=q.get("backend", ""),
-            status=q.get("status", ""),
-            session=q.get("session", ""),
-        )
+        filters = _filters(request)
 
         async def stream() -> AsyncIterator[str]:
             nonlocal after
@@ -216,7 +206,7 @@ class UI:
         return self.render("preview.html", nav="previews", p=shown)
 
     async def apply(self, request: Request) -> Response:
-        from .._exceptions import ApplyConflict, CorralError
+        from .._exceptions import CorralError
         from ..cli.commands.apply import apply_with_settings
 
         form: dict[str, list[str]] = request.scope["corral.form"]
@@ -234,11 +224,7 @@ class UI:
 
         try:
             result = await anyio.to_thread.run_sync(work)
-        except ApplyConflict as exc:
-            return self.render(
-                "error.html", 409, message=exc.message, hint=exc.hint, back=preview_id
-            )
-        except CorralError as exc:
+        except CorralError as exc:  # protected paths, conflicts (ApplyConflict), busy, gone
             return self.render(
                 "error.html", 409, message=exc.message, hint=exc.hint, back=preview_id
             )
@@ -308,6 +294,18 @@ class UI:
             hosts_chart=bar_chart("Top denied hosts", data.top_hosts, css="denied"),
             chain=await anyio.to_thread.run_sync(self.index.chain),
         )
+
+
+def _filters(request: Request) -> Filters:
+    """The runs table's filters from the query (bounded; an unknown outcome is ignored)."""
+    q = request.query_params
+    status = q.get("status", "")
+    return Filters(
+        text=q.get("q", "")[:200],
+        backend=q.get("backend", "")[:64],
+        status=status if status in ("ok", "failed", "blocked") else "",
+        session=q.get("session", "")[:128],
+    )
 
 
 def _explain_for(record: dict[str, Any]) -> dict[str, Any]:
