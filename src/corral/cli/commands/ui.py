@@ -38,6 +38,11 @@ def main(args: list[str]) -> int:
         print_error(f"--port {ns.port}: not a port number")
         return EXIT_USAGE
     try:
+        import jinja2  # noqa: F401 - the extra's libraries, checked before anything starts
+        import pygments  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+
         from ...ui import serve
     except ImportError as exc:
         print_error(
