@@ -99,6 +99,7 @@ def site() -> Iterator[Site]:
     process = None
     try:
         world.write(world.ws("app.py"), "def greet():\n    return 'hello'\n")
+        world.write(world.ws("notes.txt"), "host version 1\n")
         assert _corral(world, "run", "--", "true").returncode == 0
         assert _corral(world, "run", "--", "sh", "-c", "exit 3").returncode == 3
         # blocked by the policy: a persistence point in the workspace
@@ -125,7 +126,10 @@ def site() -> Iterator[Site]:
             ),
             "discard": _preview(world, "echo junk > junk.txt"),
             "protected": _preview(world, "echo token=1 > deploy.cfg"),
+            "conflict": _preview(world, "echo preview > notes.txt; echo other > other.txt"),
         }
+        # the real file changes after the preview began: a conflict
+        world.write(world.ws("notes.txt"), "host version 2\n")
         # protected only by settings written after the preview ran: apply refuses it
         # all the same (corral apply honours today's settings too)
         world.write(
@@ -230,9 +234,9 @@ def test_every_page_loads_and_reads_without_javascript(site: Site, browser: Any)
             assert "checking" in page.locator("#chain").inner_text()
             page.wait_for_timeout(100)
             page.reload()
-        assert "verified — 7 records, chain intact" in page.locator("#chain").inner_text()
+        assert "verified — 8 records, chain intact" in page.locator("#chain").inner_text()
         rows = page.locator("#runs tbody tr")
-        assert rows.count() == 4 + 3  # four runs and the three preview runs
+        assert rows.count() == 4 + 4  # four runs and the four preview runs
         assert "blocked" in page.locator("#runs tbody tr", has_text=".bashrc").inner_text()
         _shot(page, "runs")
         for path, heading, name in (
@@ -338,6 +342,25 @@ def test_a_protected_path_is_refused_as_corral_apply_refuses_it(site: Site, page
     done = _corral(site.world, "apply", preview_id)
     assert done.returncode == 125 and b"deploy.cfg" in done.stderr
     assert not os.path.exists(site.world.ws("deploy.cfg"))
+
+
+def test_conflicts_since_the_preview_began_are_shown_and_refused(site: Site, page: Any) -> None:
+    preview_id = site.previews["conflict"]
+    page.goto(site.page_url(f"/previews/{preview_id}"))
+    conflicts = page.locator("section.warn", has_text="Conflicts").inner_text()
+    assert "notes.txt" in conflicts
+    page.locator("#apply").click()  # "refuse" is the default, as in `corral apply`
+    error = page.locator("#error").inner_text()
+    assert "changed in the real workspace" in error and "notes.txt" in error
+    assert site.world.read(site.world.ws("notes.txt")) == "host version 2\n"
+    assert not os.path.exists(site.world.ws("other.txt"))
+    page.go_back()
+    page.get_by_label("leave them out").check()  # --skip-conflicts
+    page.locator("#apply").click()
+    assert "Applied 1 path(s)" in page.locator("#result").inner_text()
+    assert site.world.read(site.world.ws("other.txt")) == "other\n"
+    assert site.world.read(site.world.ws("notes.txt")) == "host version 2\n"
+    assert _preview_exists(site, preview_id)  # kept: what was left out is still in it
 
 
 def test_requests_without_the_token_or_with_a_bad_csrf_token_are_refused(
