@@ -45,6 +45,7 @@ class PreviewView:
     created: float
     runs: int
     counts: dict[str, int]
+    changed: tuple[tuple[str, str], ...]  # (kind, path shown) of every change
     files: tuple[FileDiff, ...]
     conflicts: tuple[tuple[str, str], ...]
     protected: tuple[tuple[str, str], ...]
@@ -104,6 +105,13 @@ def _file(
     )
 
 
+def _shown_path(change: Change) -> str:
+    from ..preview._render import escape
+
+    path = escape(change.path)
+    return f"{escape(change.old_path)} -> {path}" if change.old_path else path
+
+
 def view(preview: Preview, *, with_diffs: bool = True) -> PreviewView:
     """Review *preview*: its changes, conflicts and protected paths as ``corral apply`` judges them."""
     from ..cli.commands.apply import settings_protections
@@ -123,6 +131,7 @@ def view(preview: Preview, *, with_diffs: bool = True) -> PreviewView:
         created=preview.created,
         runs=preview.runs,
         counts=changes.counts(),
+        changed=tuple((c.kind, _shown_path(c)) for c in changes),
         files=files,
         conflicts=tuple(conflicts),
         protected=tuple(protected),

@@ -247,6 +247,10 @@ def test_every_page_loads_and_reads_without_javascript(site: Site, browser: Any)
             page.goto(site.page_url(path))
             assert page.locator("h1").inner_text() == heading
             _shot(page, name)
+        page.goto(site.page_url("/previews"))
+        listing = page.locator("main").text_content() or ""
+        assert all(p in listing for p in site.previews.values())
+        assert "added.txt" in listing and "junk.txt" in listing and "deploy.cfg" in listing
         # the overview's charts are inline SVG with their numbers in tables
         page.goto(site.page_url("/overview"))
         assert page.locator("svg.chart").count() == 4
