@@ -82,6 +82,7 @@ class UI:
 
     # ------------------------------------------------------------ runs
     async def runs_page(self, request: Request) -> Response:
+        """``GET /``: the runs table (filters, pages of 50), the timeline, the chain's state."""
         q = request.query_params
         filters = _filters(request)
         try:
@@ -131,6 +132,7 @@ class UI:
         )
 
     async def run_page(self, request: Request) -> Response:
+        """``GET /runs/N``: one record in full, and the effective policy with its sources."""
         seq = int(request.path_params["seq"])
         await anyio.to_thread.run_sync(self.index.refresh)
         record = await anyio.to_thread.run_sync(self.index.record, seq)
@@ -142,6 +144,7 @@ class UI:
         return self.render("run.html", nav="runs", r=record, policy=policy)
 
     async def events(self, request: Request) -> Response:
+        """``GET /events``: server-sent ``run`` events (rendered rows) and ``chain`` events."""
         q = request.query_params
         try:
             after = int(q.get("after", "0"))
@@ -178,6 +181,7 @@ class UI:
 
     # ------------------------------------------------------------ previews
     async def previews_page(self, request: Request) -> Response:
+        """``GET /previews``: every pending preview with its changed paths."""
         from ..preview import Preview
         from ._previews import view
 
@@ -194,6 +198,7 @@ class UI:
         return Preview.open(preview_id, state_dir=self.state_dir)
 
     async def preview_page(self, request: Request) -> Response:
+        """``GET /previews/ID``: the full review of one preview, with Apply and Discard."""
         from .._exceptions import CorralError
         from ._previews import view
 
@@ -206,6 +211,7 @@ class UI:
         return self.render("preview.html", nav="previews", p=shown)
 
     async def apply(self, request: Request) -> Response:
+        """``POST /previews/ID/apply``: what ``corral apply`` does, with the form's options."""
         from .._exceptions import CorralError
         from ..cli.commands.apply import apply_with_settings
 
@@ -233,6 +239,7 @@ class UI:
         )
 
     async def discard(self, request: Request) -> Response:
+        """``POST /previews/ID/discard``: what ``corral discard ID`` does."""
         from .._exceptions import CorralError
 
         preview_id = request.path_params["id"]
@@ -251,12 +258,14 @@ class UI:
 
     # ------------------------------------------------------------ sessions
     async def sessions_page(self, request: Request) -> Response:
+        """``GET /sessions``: the live SDK and MCP sessions."""
         from ._sessions import sessions
 
         found = await anyio.to_thread.run_sync(sessions, self.state_dir)
         return self.render("sessions.html", nav="sessions", sessions=found)
 
     async def destroy(self, request: Request) -> Response:
+        """``POST /sessions/ID/destroy``: kill the session's sandboxed processes, remove its /tmp."""
         from ._sessions import destroy
 
         sandbox_id = request.path_params["id"]
@@ -279,6 +288,7 @@ class UI:
 
     # ------------------------------------------------------------ overview
     async def overview_page(self, request: Request) -> Response:
+        """``GET /overview``: the charts."""
         from ._charts import DURATION_BUCKETS, bar_chart, columns, duration_chart, overview
 
         await anyio.to_thread.run_sync(self.index.refresh)
