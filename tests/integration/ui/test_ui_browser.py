@@ -502,6 +502,36 @@ def test_sessions_lists_a_live_sdk_session_and_destroys_it(site: Site, page: Any
                 stream.close()
 
 
+def test_sessions_shows_the_sandboxes_of_a_corral_mcp_server(site: Site) -> None:
+    pytest.importorskip("mcp", reason="pip install 'corral[mcp]'")
+    import asyncio
+
+    from mcp import Client, StdioServerParameters
+
+    params = StdioServerParameters(
+        command=corral_command()[0],
+        args=[*corral_command()[1:], "mcp"],
+        env=site.world.environ,
+        cwd=site.world.workspace,
+    )
+
+    def sessions_page() -> str:
+        with urllib.request.urlopen(site.page_url("/sessions"), timeout=10) as response:
+            return str(response.read().decode())
+
+    async def main() -> tuple[str, str]:
+        async with Client(params, mode="legacy") as client:
+            created = await client.call_tool("sandbox_create", {})
+            assert not created.is_error, created.content
+            sandbox_id = str(created.structured_content["sandbox_id"])
+            return sandbox_id, await asyncio.to_thread(sessions_page)
+
+    sandbox_id, html = asyncio.run(asyncio.wait_for(main(), 120))
+    row = next(line for line in html.splitlines() if sandbox_id in line and "<tr>" in line)
+    assert "<td>MCP</td>" in row and " mcp" in row
+    assert sandbox_id not in sessions_page()  # the server closed it when the client left
+
+
 def test_a_non_loopback_bind_is_refused(site: Site) -> None:
     for host in ("0.0.0.0", "192.0.2.1", "example.com"):
         done = site.world.corral("ui", "--no-open", "--host", host, timeout=30)
