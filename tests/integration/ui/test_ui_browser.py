@@ -526,7 +526,11 @@ def test_sessions_shows_the_sandboxes_of_a_corral_mcp_server(site: Site) -> None
             sandbox_id = str(created.structured_content["sandbox_id"])
             return sandbox_id, await asyncio.to_thread(sessions_page)
 
-    sandbox_id, html = asyncio.run(asyncio.wait_for(main(), 120))
+    # in a thread of its own: Playwright's sync API runs an event loop in this one
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1) as pool:
+        sandbox_id, html = pool.submit(asyncio.run, asyncio.wait_for(main(), 120)).result()
     row = next(line for line in html.splitlines() if sandbox_id in line and "<tr>" in line)
     assert "<td>MCP</td>" in row and " mcp" in row
     assert sandbox_id not in sessions_page()  # the server closed it when the client left
