@@ -5,8 +5,9 @@ time, and stay live as records arrive, so the log is not re-read per request:
 :class:`RunIndex` keeps a compact :class:`Run` per record and the state of the
 hash chain, and :meth:`RunIndex.refresh` reads only what was appended since
 (through :func:`corral._audit.read_new`, the reader ``corral audit --follow``
-uses). The chain is verified as it is read, exactly as
-:func:`corral._audit.verify` does, and ``audit.head`` is checked on every
+uses). The chain is verified as it is read with
+:class:`corral._audit.ChainCheck`, the walker behind ``corral audit --verify``
+(the same checks, the same messages), and ``audit.head`` is checked on every
 refresh. A rewrite of records already read is caught too: the bytes read so
 far are hashed, and a refresh whose prefix no longer has that hash (or a log
 that shrank, or another file at the path) starts over from the beginning.
@@ -21,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from .._audit import GENESIS, audit_path, read_new
+from .._audit import ChainCheck, audit_path, read_new
 
 __all__ = ["Chain", "Filters", "Run", "RunIndex"]
 
@@ -144,9 +145,7 @@ class _State:
     mtime_ns: int = 0
     prefix: Any = field(default_factory=hashlib.sha256)
     runs: list[Run] = field(default_factory=list)
-    prev: str = GENESIS
-    broken: str | None = None
-    lines: int = 0
+    check: ChainCheck = field(default_factory=ChainCheck)
 
 
 class RunIndex:
@@ -254,36 +253,23 @@ class RunIndex:
         if position < state.position:
             return False
         offset = state.position
+        check = state.check
         for raw in lines:
-            state.lines += 1
             state.prefix.update(raw + b"\n")
             try:
                 # plain json (not _jsonfast's duplicate-key check: 3x slower over 10,000
                 # records); a doctored record is caught by the chain, not by parsing
                 record = json.loads(raw)
-            except ValueError:
-                record = None
-            if not isinstance(record, dict):
-                state.broken = state.broken or (
-                    f"line {state.lines}: not a valid record: the record was edited"
-                )
+            except ValueError as exc:
+                check.add(raw, None, str(exc))
                 record = {}
-            elif state.broken is None:
-                if record.get("prev") != state.prev:
-                    state.broken = (
-                        f"line {state.lines}: its 'prev' does not match the hash of line "
-                        f"{state.lines - 1}: a record before it was edited, inserted or deleted"
-                    )
-                elif record.get("seq") != state.lines:
-                    state.broken = (
-                        f"line {state.lines}: sequence number {record.get('seq')} where "
-                        f"{state.lines} was expected"
-                    )
-            state.prev = hashlib.sha256(raw).hexdigest()
+            else:
+                check.add(raw, record)
+                if not isinstance(record, dict):
+                    record = {}
             seq = record.get("seq")
-            state.runs.append(
-                _run(seq if isinstance(seq, int) else state.lines, state.lines, offset, record)
-            )
+            number = check.count
+            state.runs.append(_run(seq if isinstance(seq, int) else number, number, offset, record))
             offset += len(raw) + 1
         state.position = position
         return True
@@ -291,43 +277,24 @@ class RunIndex:
     def chain(self) -> Chain:
         """The chain's state as of the last refresh, with ``audit.head`` read now.
 
-        A head ahead of the records read (a writer appended meanwhile) refreshes once more.
+        The same checks and messages as ``corral audit --verify``
+        (:class:`corral._audit.ChainCheck`). A head that disagrees with the
+        records read (a writer may have appended meanwhile) refreshes once more.
         """
-        found = self._check_head()
-        if found is None:
+        ok, message, records_broken = self._finish()
+        if not ok and not records_broken:
             self.refresh()
-            found = self._check_head()
-        return found or Chain(
-            False,
-            "audit.head records more records than the log holds: records were deleted from its end",
-        )
+            ok, message, records_broken = self._finish()
+        return Chain(ok, message)
 
-    def _check_head(self) -> Chain | None:
+    def _finish(self) -> tuple[bool, str, bool]:
+        """``ChainCheck.finish`` on a copy of the chain's state; and whether a record broke it."""
         with self._lock:
-            state = self._state
-            if state.broken:
-                return Chain(False, state.broken)
-            count, last = state.lines, state.prev if state.lines else GENESIS
-        try:
-            with open(os.path.join(self.state_dir, "audit.head"), encoding="ascii") as f:
-                head_seq, head_hash = f.read().split()
-        except FileNotFoundError:
-            if count == 0:
-                return Chain(True, "the audit log is empty")
-            return Chain(False, "audit.head is missing: the log's end cannot be checked")
-        except (OSError, ValueError):
-            return Chain(False, "audit.head is corrupt")
-        if not head_seq.isdigit() or int(head_seq) < count:
-            return Chain(
-                False,
-                f"the log ends at record {count} but audit.head records {head_seq}: "
-                "records were added to the end",
-            )
-        if int(head_seq) == count and head_hash != last:
-            return Chain(False, f"record {count} differs from the one audit.head records")
-        if int(head_seq) > count:
-            return None  # a writer appended after the last refresh, or the end was cut
-        return Chain(True, f"{count} records, chain intact")
+            check = self._state.check
+            copy = ChainCheck()
+            copy.count, copy.prev, copy.broken = check.count, check.prev, check.broken
+        ok, message = copy.finish(self.state_dir)
+        return ok, message, copy.broken is not None
 
     def runs(self) -> list[Run]:
         """Every run, oldest first (a snapshot)."""
