@@ -290,6 +290,21 @@ def test_follow_a_run_from_the_table_to_its_detail(site: Site, page: Any) -> Non
     assert "denied.example.com" in network and "deny" in network and "80" in network
 
 
+def test_the_table_filters(site: Site, page: Any) -> None:
+    page.goto(site.url)
+    page.get_by_label("Outcome").select_option("blocked")
+    page.get_by_role("button", name="Filter").click()
+    rows = page.locator("#runs tbody tr")
+    assert rows.count() == 2 and all("blocked" in t for t in rows.all_inner_texts())
+    table = page.locator("#runs").inner_text()
+    assert ".bashrc" in table and "denied.example.com" in table
+    page.get_by_label("Command").fill("DENIED.example")
+    page.get_by_role("button", name="Filter").click()
+    assert page.locator("#runs tbody tr").count() == 1
+    page.get_by_role("link", name="Clear").click()
+    assert page.locator("#runs tbody tr").count() >= 8
+
+
 def test_keyboard_reaches_the_skip_link_and_the_pages(site: Site, page: Any) -> None:
     page.goto(site.url)
     page.keyboard.press("Tab")
