@@ -124,7 +124,9 @@ def site() -> Iterator[Site]:
                 world,
                 "printf \"def greet():\\n    return 'hi there'\\n\" > app.py; echo new > added.txt",
             ),
-            "discard": _preview(world, "echo junk > junk.txt"),
+            "discard": _preview(
+                world, "echo junk > junk.txt; printf 'a\\000b' > blob.bin; mv README README.md"
+            ),
             "protected": _preview(world, "echo token=1 > deploy.cfg"),
             "conflict": _preview(world, "echo preview > notes.txt; echo other > other.txt"),
         }
@@ -351,10 +353,18 @@ def test_apply_a_preview_with_the_button(site: Site, page: Any) -> None:
 def test_discard_a_preview_with_the_button(site: Site, page: Any) -> None:
     preview_id = site.previews["discard"]
     page.goto(site.page_url(f"/previews/{preview_id}"))
+    renamed = page.locator("section.file", has_text="README.md").inner_text()
+    assert "renamed" in renamed and "README → README.md" in renamed
+    binary = page.locator("section.file", has_text="blob.bin").inner_text()
+    assert "binary file, new: 3 bytes, sha256 " in binary
+    assert page.locator("section.file", has_text="blob.bin").locator("pre").count() == 0
+    _shot(page, "preview-renamed-binary")
     page.locator("#discard").click()
     assert "Discarded preview" in page.locator("#result").inner_text()
     assert not _preview_exists(site, preview_id)
     assert not os.path.exists(site.world.ws("junk.txt"))
+    assert not os.path.exists(site.world.ws("blob.bin"))
+    assert site.world.read(site.world.ws("README")) == "hello\n"
 
 
 def test_a_protected_path_is_refused_as_corral_apply_refuses_it(site: Site, page: Any) -> None:
