@@ -63,6 +63,11 @@ pytestmark = [
 ]
 
 
+#: markup a sandboxed command writes into names, contents and command lines
+HOSTILE_NAME = '<img src=x onerror=document.title="pwned">'  # no "/": it is a file name
+HOSTILE = HOSTILE_NAME + '<script>document.title="pwned"</script>'
+
+
 class Site:
     """The world, the running ``corral ui`` and the ids of what was made for the tests."""
 
@@ -125,7 +130,9 @@ def site() -> Iterator[Site]:
                 "printf \"def greet():\\n    return 'hi there'\\n\" > app.py; echo new > added.txt",
             ),
             "discard": _preview(
-                world, "echo junk > junk.txt; printf 'a\\000b' > blob.bin; mv README README.md"
+                world,
+                "echo junk > junk.txt; printf 'a\\000b' > blob.bin; mv README README.md; "
+                f"echo '{HOSTILE}' > '{HOSTILE_NAME}.html'",
             ),
             "protected": _preview(world, "echo token=1 > deploy.cfg"),
             "conflict": _preview(world, "echo preview > notes.txt; echo other > other.txt"),
@@ -358,6 +365,17 @@ def test_discard_a_preview_with_the_button(site: Site, page: Any) -> None:
     binary = page.locator("section.file", has_text="blob.bin").inner_text()
     assert "binary file, new: 3 bytes, sha256 " in binary
     assert page.locator("section.file", has_text="blob.bin").locator("pre").count() == 0
+    # what the sandboxed command wrote is shown as text, never as markup
+    hostile = page.locator("section.file", has_text="onerror")
+    assert HOSTILE_NAME in hostile.locator("h3").inner_text()
+    assert HOSTILE in hostile.locator("pre").inner_text()
+    assert page.locator("main img, main script").count() == 0
+    assert page.title() != "pwned"
+    page.goto(site.url)
+    page.locator("#runs tbody tr", has_text="junk.txt").get_by_role("link").first.click()
+    assert HOSTILE in page.locator("pre.command").inner_text()  # the run's full command line
+    assert page.locator("main img, main script").count() == 0 and page.title() != "pwned"
+    page.goto(site.page_url(f"/previews/{preview_id}"))
     _shot(page, "preview-renamed-binary")
     page.locator("#discard").click()
     assert "Discarded preview" in page.locator("#result").inner_text()
