@@ -184,16 +184,15 @@ class RunIndex:
     def tail(self, limit: int) -> tuple[list[Run], int]:
         """The newest *limit* runs (newest first) and how many records the log holds.
 
-        Read from the end of the log without the index - what a fresh server
-        shows while :meth:`build_in_background` reads everything (its chain
-        state is not known until then).
+        Parses only those records (the rest is counted, not parsed) - what a
+        fresh server shows while :meth:`build_in_background` reads everything
+        (the chain's state is not known until then).
         """
         try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below, read twice
+            with open(self.path, "rb") as f:
+                data = f.read()
         except FileNotFoundError:
             return [], 0
-        with f:
-            data = f.read()
         end = data.rfind(b"\n") + 1  # a record still being written is left out
         total = data.count(b"\n", 0, end)
         runs: list[Run] = []
