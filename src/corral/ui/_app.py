@@ -160,7 +160,10 @@ class UI:
             while not await request.is_disconnected():
                 await anyio.to_thread.run_sync(self.index.refresh)
                 for run in self.index.after(after, filters):
-                    yield f"event: run\nid: {run.seq}\ndata: {self.row(run)}\n\n"
+                    # one data line: a CR or LF inside the row (a command line may hold
+                    # them) would end it early; as character references they render alike
+                    row = self.row(run).strip().replace("\r", "&#13;").replace("\n", "&#10;")
+                    yield f"event: run\nid: {run.seq}\ndata: {row}\n\n"
                     after = run.seq
                     idle = 0.0
                 after = max(after, self.index.last_seq())

@@ -331,10 +331,12 @@ def test_a_new_run_appears_live_without_reload(site: Site, page: Any) -> None:
     expect(page.locator("#live")).to_contain_text("Live:", timeout=15000)
     page.evaluate("window.__notReloaded = true")
     before = int(page.locator("#total").inner_text())
-    done = _corral(site.world, "run", "--", "echo", "live-marker-4711")
+    # a command line with a line break (it must not cut the event short)
+    done = _corral(site.world, "run", "--", "sh", "-c", "echo live-marker-4711\r\necho end-4711")
     assert done.returncode == 0, done.stderr
     row = page.locator("#runs tbody tr", has_text="live-marker-4711")
     row.wait_for(timeout=15000)
+    assert "end-4711" in row.inner_text() and row.locator("td").count() == 10
     assert page.evaluate("window.__notReloaded") is True
     assert page.locator("#runs tbody tr").first.inner_text() == row.inner_text()
     assert int(page.locator("#total").inner_text()) == before + 1
