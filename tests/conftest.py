@@ -108,7 +108,7 @@ class World:
             "PYTHONDONTWRITEBYTECODE": "1",
             "CORRAL_SERVER": "off",
         }
-        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS"):  # the latter: the unprivileged pass
+        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS", "CORRAL_RESIDENT"):  # the unprivileged pass
             if name in os.environ:
                 self.environ[name] = os.environ[name]
 

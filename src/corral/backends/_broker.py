@@ -245,15 +245,18 @@ class Broker(_Emulator):
         self._mem_fds.clear()
 
     def checkpoint(self) -> None:
-        """Run the git check now, between two commands of a resident sandbox.
+        """End one command of a resident sandbox: run its git check, start a new journal.
 
         Only while no process of the sandbox but its init exists (the init
         writes nothing): the journal is then complete and nothing changes it
-        meanwhile. Its findings join :attr:`violations`; :meth:`stop` checks
-        again at the end.
+        meanwhile. Its findings join :attr:`violations`. The next command
+        starts with an empty journal, exactly as in a fresh sandbox: what an
+        earlier command made counts as already there (protected, checked as
+        the user's), never as the next command's own.
         """
         if self._started and not self._stopping:
             self._check_git()
+            self.journal = Journal()
 
     # ------------------------------------------------------------ thread body
     def _run(self) -> None:
