@@ -58,6 +58,7 @@ _POLLIN, _POLLOUT = 0x001, 0x004
 _CHUNK = 65536
 _CONTROL_FD = 9  # bubblewrap's plan uses 3..8
 _MAX_REQUEST = 200 * 1024  # the init's buffer is 256 KiB
+_MAX_WORDS = 4000  # arguments, and environment entries: the init takes 4096 of each
 
 
 def _helper_index(argv: tuple[str, ...]) -> int:
@@ -262,7 +263,12 @@ class Resident:
                 environ,
             ]
         )
-        if len(body) > _MAX_REQUEST or not self._lock.acquire(False):
+        if (
+            len(body) > _MAX_REQUEST
+            or len(argv) > _MAX_WORDS
+            or environ.count(b"\0") > _MAX_WORDS
+            or not self._lock.acquire(False)
+        ):
             return None
         try:
             return self._run(plan, request, body, on_start, streams)
