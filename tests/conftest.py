@@ -108,7 +108,9 @@ class World:
             "PYTHONDONTWRITEBYTECODE": "1",
             "CORRAL_SERVER": "off",
         }
-        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS", "CORRAL_RESIDENT"):  # the unprivileged pass
+        # CORRAL_SETTINGS: the unprivileged pass; CORRAL_RESIDENT=0: SDK sessions without a
+        # resident sandbox (to compare a test against fresh sandboxes)
+        for name in ("CORRAL_BWRAP", "CORRAL_SETTINGS", "CORRAL_RESIDENT"):
             if name in os.environ:
                 self.environ[name] = os.environ[name]
 
