@@ -369,14 +369,7 @@ class BaseSandbox(FileRequests):
                 **extra,
             )
         except LaunchFailed as exc:
-            # the sandbox could not enter the working directory: the caller's mistake
-            if request.cwd and "chdir" in exc.message.lower():
-                raise InvalidRequest(
-                    f"Failed to run the command: its working directory {request.cwd} "
-                    "does not exist (or is not a directory) in the sandbox",
-                    hint="give an existing directory as cwd, absolute or relative to the workspace",
-                ) from None
-            raise
+            raise _caller_mistake(request, exc) from None
         if cancellation is not None and cancellation.cancelled:
             outcome = outcome.replace(stopped=cancellation.reason)
         return outcome
@@ -421,13 +414,7 @@ class BaseSandbox(FileRequests):
         try:
             outcome = resident.run(request, policy, **extra)
         except LaunchFailed as exc:
-            if request.cwd and "chdir" in exc.message.lower():
-                raise InvalidRequest(
-                    f"Failed to run the command: its working directory {request.cwd} "
-                    "does not exist (or is not a directory) in the sandbox",
-                    hint="give an existing directory as cwd, absolute or relative to the workspace",
-                ) from None
-            raise
+            raise _caller_mistake(request, exc) from None
         if outcome is None:
             if resident.broken and resident.commands == 0:
                 self._resident_wanted = False  # it cannot run here: fresh sandboxes from now on
@@ -479,6 +466,17 @@ class BaseSandbox(FileRequests):
     def __repr__(self) -> str:
         state = "closed" if self._closed else "open"
         return f"<{type(self).__name__} {self.id} {self._workspace} {state}>"
+
+
+def _caller_mistake(request: ExecRequest, exc: LaunchFailed) -> CorralError:
+    """*exc*, or InvalidRequest when the sandbox could not enter the request's cwd."""
+    if request.cwd and "chdir" in exc.message.lower():
+        return InvalidRequest(
+            f"Failed to run the command: its working directory {request.cwd} "
+            "does not exist (or is not a directory) in the sandbox",
+            hint="give an existing directory as cwd, absolute or relative to the workspace",
+        )
+    return exc
 
 
 def _in_thread(function: Callable[..., Outcome], *args: Any) -> asyncio.Future[Outcome]:
