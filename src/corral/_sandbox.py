@@ -406,6 +406,10 @@ class BaseSandbox(FileRequests):
                     self._resident_wanted = False  # not possible with this policy here
                     return None
                 self._resident = resident
+                import weakref
+
+                # a session dropped without close(): its sandbox ends with the object
+                weakref.finalize(self, resident.close)
         extra: dict[str, Any] = {}
         if cancellation is not None:
             extra["on_start"] = cancellation.started

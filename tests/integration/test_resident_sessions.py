@@ -119,3 +119,14 @@ def test_a_command_with_other_rules_runs_in_a_fresh_sandbox(world: World) -> Non
         assert b"not for cat" not in denied.stdout
         assert ns not in denied.stdout  # not the resident sandbox's namespaces
         assert sbx.exec(_NS).stdout == ns  # the next ordinary command is resident again
+
+
+def test_a_session_dropped_without_close_ends_its_sandbox(world: World) -> None:
+    import gc
+
+    sbx = Sandbox(workspace=world.workspace, environ=world.environ)
+    assert sbx.exec("true").exit_code == 0
+    assert _host_processes(world.workspace)  # the resident sandbox runs
+    del sbx
+    gc.collect()
+    assert not _host_processes(world.workspace)
