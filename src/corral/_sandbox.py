@@ -322,25 +322,32 @@ class BaseSandbox(FileRequests):
         request: ExecRequest,
         cancellation: Cancellation | None = None,
         pump: Pump | None = None,
+        fresh: bool = False,
     ) -> Outcome:
-        """Plan, launch and audit *request* in this thread; with a *pump*, stream its output."""
+        """Plan, launch and audit *request* in this thread; with a *pump*, stream its output.
+
+        *fresh*: in a sandbox of its own, never the session's resident one (a
+        background process, which would hold it for as long as it runs).
+        """
         if pump is not None:
             try:
                 outcome = self._launch(
-                    request.replace(capture=False), cancellation, streams=pump.streams
+                    request.replace(capture=False), cancellation, streams=pump.streams, fresh=fresh
                 )
             except BaseException:
                 pump.abandon()
                 raise
             stdout, stderr = pump.finish()  # raises what an output callback raised
             return outcome.replace(stdout=stdout, stderr=stderr)
-        return self._launch(request, cancellation)
+        return self._launch(request, cancellation, fresh=fresh)
 
     def _launch(
         self,
         request: ExecRequest,
         cancellation: Cancellation | None = None,
         streams: tuple[int, int, int] | None = None,
+        *,
+        fresh: bool = False,
     ) -> Outcome:
         from .pipeline._runner import execute
         from .policy import policy_digest
@@ -355,7 +362,7 @@ class BaseSandbox(FileRequests):
             extra["on_start"] = cancellation.started
         if streams is not None:
             extra["streams"] = streams
-        if self._preview is None and self._resident_wanted:
+        if self._preview is None and self._resident_wanted and not fresh:
             outcome = self._run_resident(request, policy, cancellation, streams)
             if outcome is not None:
                 return outcome
@@ -571,6 +578,8 @@ class AsyncSandbox(BaseSandbox):
         request: ExecRequest,
         pump: Pump | None = None,
         cancellation: Cancellation | None = None,
+        *,
+        fresh: bool = False,
     ) -> Outcome:
         import asyncio
         import time
@@ -578,7 +587,7 @@ class AsyncSandbox(BaseSandbox):
         cancellation = cancellation or Cancellation()
         # a thread of its own (not the loop's executor: background processes would
         # hold its few workers for as long as they run)
-        future = _in_thread(self._run_blocking, request, cancellation, pump)
+        future = _in_thread(self._run_blocking, request, cancellation, pump, fresh)
         self._active[cancellation] = future
         try:
             try:
@@ -696,7 +705,7 @@ class AsyncSandbox(BaseSandbox):
 
         request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
         process = AsyncProcess(
-            lambda pump, cancellation: self._run(request, pump, cancellation),
+            lambda pump, cancellation: self._run(request, pump, cancellation, fresh=True),
             request.command_line(),
             asyncio.get_running_loop(),
         )
@@ -947,7 +956,7 @@ class Sandbox(BaseSandbox):
 
         request = self._request(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
         process = Process(
-            lambda pump, cancellation: self._run_blocking(request, cancellation, pump),
+            lambda pump, cancellation: self._run_blocking(request, cancellation, pump, fresh=True),
             request.command_line(),
         )
         self._processes = [p for p in self._processes if p.running]

@@ -130,3 +130,18 @@ def test_a_session_dropped_without_close_ends_its_sandbox(world: World) -> None:
     del sbx
     gc.collect()
     assert not _host_processes(world.workspace)
+
+
+def test_a_background_process_runs_in_a_sandbox_of_its_own(world: World) -> None:
+    with Sandbox(workspace=world.workspace, environ=world.environ) as sbx:
+        ns = sbx.exec(_NS).stdout
+        process = sbx.spawn(f"{_NS}; sleep 30")
+        try:
+            for _stream, chunk in process:
+                assert chunk and chunk not in ns  # another sandbox's namespaces
+                break
+            # meanwhile the session's commands still run resident
+            assert sbx.exec(_NS).stdout == ns
+        finally:
+            process.kill()
+        assert process.wait().stdout not in (b"", ns)

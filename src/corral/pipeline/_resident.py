@@ -26,7 +26,8 @@ What stays per command, exactly as in a fresh sandbox:
 
 Not resident (a fresh sandbox as before): other backends, previews (the
 preview is held and recorded per run), the egress proxy (its log is per
-run), terminals, and a second command while one runs (the async twin may run
+run), terminals, background processes (the SDK's ``spawn`` asks for a fresh
+sandbox), and a second command while one runs (the async twin may run
 several at once). A resident sandbox whose memory limit killed something is
 retired: the next command gets a new one.
 """
