@@ -413,3 +413,42 @@ def test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace
     assert [results[i] for i in (2, 4, 6)] == [("(Bash completed with no output)", False)] * 3
     assert [results[i] for i in (1, 3, 5, 7, 9)] == [(workspace, False)] * 5, results
     assert results[8] == ("2", False)
+
+
+def test_monitor_and_background_commands_run_sandboxed(world: World, claude: str) -> None:
+    """Issue 11 item 2 with the real CLI: ``Monitor`` (a deferred tool in 2.1.331, loaded with
+    ``ToolSearch``) and ``Bash`` with ``run_in_background`` run their commands in corral's sandbox:
+    the write outside the workspace fails, the one inside lands."""
+    install(world)
+    attempt = "{{ echo pwned > {victim}; }} 2> {name}.err; echo ran > {name}.out; echo event"
+    wait = (
+        "for i in $(seq 300); do [ -e {name}.out ] && break; sleep 0.1; done; cat {name}.out {name}.err"
+    )
+    results = session(
+        world,
+        [
+            ("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+            (
+                "Monitor",
+                {
+                    "description": "probe",
+                    "timeout_ms": 30000,
+                    "command": attempt.format(victim=world.victim, name="monitor"),
+                },
+            ),
+            ("Bash", {"command": wait.format(name="monitor")}),
+            (
+                "Bash",
+                {
+                    "command": attempt.format(victim=world.victim, name="background"),
+                    "run_in_background": True,
+                },
+            ),
+            ("Bash", {"command": wait.format(name="background")}),
+        ],
+    )
+    assert results[0][1] is False and results[1][1] is False, results  # loaded, started
+    for name, result in (("monitor", results[2]), ("background", results[4])):
+        assert result[0].startswith("ran\n") and "Read-only file system" in result[0], (name, result)
+        assert os.path.exists(world.ws(f"{name}.out"))
+    assert world.read(world.victim) == "original\n"
