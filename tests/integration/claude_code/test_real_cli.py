@@ -421,9 +421,7 @@ def test_monitor_and_background_commands_run_sandboxed(world: World, claude: str
     the write outside the workspace fails, the one inside lands."""
     install(world)
     attempt = "{{ echo pwned > {victim}; }} 2> {name}.err; echo ran > {name}.out; echo event"
-    wait = (
-        "for i in $(seq 300); do [ -e {name}.out ] && break; sleep 0.1; done; cat {name}.out {name}.err"
-    )
+    wait = "for i in $(seq 300); do [ -e {name}.out ] && break; sleep 0.1; done; cat {name}.out {name}.err"
     results = session(
         world,
         [
@@ -449,6 +447,9 @@ def test_monitor_and_background_commands_run_sandboxed(world: World, claude: str
     )
     assert results[0][1] is False and results[1][1] is False, results  # loaded, started
     for name, result in (("monitor", results[2]), ("background", results[4])):
-        assert result[0].startswith("ran\n") and "Read-only file system" in result[0], (name, result)
+        assert result[0].startswith("ran\n") and "Read-only file system" in result[0], (
+            name,
+            result,
+        )
         assert os.path.exists(world.ws(f"{name}.out"))
     assert world.read(world.victim) == "original\n"
