@@ -453,3 +453,58 @@ def test_monitor_and_background_commands_run_sandboxed(world: World, claude: str
         )
         assert os.path.exists(world.ws(f"{name}.out"))
     assert world.read(world.victim) == "original\n"
+
+
+def test_git_works_in_a_worktree_session_and_its_repository_stays_safe(
+    world: World, claude: str
+) -> None:
+    """Issue 11: a Claude Code worktree session (``EnterWorktree`` makes
+    ``.claude/worktrees/X``, whose ``.git`` file points into the repository's ``.git``): git
+    add and commit work sandboxed; the shared ``.git``'s hooks and config stay closed. Claude
+    Code 2.1.331 refuses heredocs and ``-c 'git ...'`` in such a session: the hook hands the
+    command over in a file (``--command-file``), so these calls are accepted at all."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for args in (["init", "-q"], ["add", "README"], ["commit", "-qm", "init"]):
+        subprocess.run([*git, *args], cwd=world.workspace, env=world.environ, check=True)
+    World.write(world.ws(".claude", "settings.json"), '{"worktree": {"baseRef": "head"}}')
+    install(world)
+    common = world.ws(".git")
+    hook = os.path.join(common, "hooks", "post-commit")
+    ident = "-c user.name=t -c user.email=t@example.invalid"
+    results = session(
+        world,
+        [
+            ("ToolSearch", {"query": "select:EnterWorktree", "max_results": 1}),
+            ("EnterWorktree", {"name": "X"}),
+            ("Bash", {"command": "echo work > work.txt"}),
+            ("Bash", {"command": "git add work.txt"}),
+            ("Bash", {"command": f"git {ident} commit -qm sandboxed"}),
+            ("Bash", {"command": "git log --format=%s -1"}),
+            ("Bash", {"command": f"printf '#!/bin/sh\\ntouch {world.victim}.hook\\n' > {hook}"}),
+            ("Bash", {"command": f"git config core.fsmonitor 'touch {world.victim}.fsmonitor'"}),
+        ],
+    )
+    worktree = os.path.realpath(world.ws(".claude", "worktrees", "X"))
+    assert results[2:5] == [("(Bash completed with no output)", False)] * 3, results
+    assert results[5] == ("sandboxed", False), results
+    for text, is_error in results[6:8]:  # refused by the sandbox, not by Claude Code's own guard
+        assert is_error and "corral: blocked write to" in text, text
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "-1", "worktree-X"],
+        cwd=world.workspace,
+        env=world.environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert log.stdout == "sandboxed\n", (log.stdout, log.stderr)
+    assert not os.path.exists(hook)
+    for directory in (world.workspace, worktree):  # the user's next git runs nothing planted
+        subprocess.run([*git, "status"], cwd=directory, env=world.environ, capture_output=True)
+        subprocess.run(
+            [*git, "commit", "-q", "--allow-empty", "-m", "host"],
+            cwd=directory,
+            env=world.environ,
+            capture_output=True,
+        )
+    assert not [n for n in os.listdir(world.outside) if n.startswith("victim.txt.")]
