@@ -44,13 +44,15 @@ from __future__ import annotations
 import os
 import sys
 
+from ._jobcontrol import FORWARDED_SIGNALS as _FORWARDED_SIGNALS
+from ._jobcontrol import SIGTSTP as _SIGTSTP
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, MutableMapping
 
 __all__ = ["HANDOFF", "main", "spawn_server", "start_server_later", "take_handoff"]
 
-_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH
 _NO_SERVER = "no-server"  # nothing listens: run here, start one afterwards
 _STALE = "stale"  # it runs other code and retires: run here, start a new one
 _REFUSED = "refused"  # it will not serve us: run here
@@ -63,7 +65,8 @@ def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | N
 
     Returns ``(result, signals)``: why the server did not serve the call
     (``"no-server"``, ``"stale"`` or ``"refused"``) and the signals
-    (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH) that arrived before, in order.
+    (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGCONT, SIGTSTP, SIGWINCH) that arrived before,
+    in order.
     """
     value = environ.pop(HANDOFF, None)
     if value is None:
@@ -105,6 +108,10 @@ def main(args: list[str], *, console: bool = False) -> int:
             _send_signal(link[0], signum)
         else:
             pending.append(signum)
+        if signum == _SIGTSTP:  # Ctrl-Z: the sandbox stops (server side), then this process
+            from ._jobcontrol import stop_like_a_job
+
+            stop_like_a_job(forward)
 
     previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
     try:

@@ -504,6 +504,9 @@ class Running:
         """
         if self._reaped:
             return  # its pids may belong to other processes by now
+        if signum in (18, 20):  # SIGCONT, SIGTSTP: the terminal's job control, for the sandbox
+            self._suspend(signum == 20)
+            return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
         init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
@@ -537,6 +540,33 @@ class Running:
                     os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+    def _suspend(self, stop: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the command (Ctrl-Z, ``fg``).
+
+        SIGSTOP, not the terminal's SIGTSTP: a program that catches or ignores
+        SIGTSTP stops all the same, and so do processes in other groups
+        (background jobs of the sandboxed shell). Processes forked while the
+        tree is being stopped are caught by a second pass. The timeout keeps
+        counting while the command is stopped.
+        """
+        signum = 19 if stop else 18
+        seen: set[int] = set()
+        for _ in range(3 if stop else 1):
+            pids = [p for p in self._command_pids(top_only=False) if p not in seen]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+            seen.update(pids)
+        if self.sandbox_pid <= 0 and self.pid > 0:  # no pid namespace: the command's group
+            try:
+                os.killpg(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _sync_window_sizes(self) -> None:
         """Give each output pty the window size of the terminal it is relayed to."""

@@ -268,3 +268,102 @@ def test_ctrl_backslash_and_a_resize_reach_the_command(served: World, client: st
         os.close(fd)
         assert os.waitstatus_to_exitcode(status) == 0, (name, out)
         assert out.split() == [b"ready", b"size", b"33", b"77"], (name, out)
+
+
+class Terminal:
+    """An interactive bash with job control on a new pty: type lines, wait for output."""
+
+    def __init__(self, env: dict[str, str], cwd: str) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            try:
+                os.chdir(cwd)
+                argv = ["bash", "--norc", "--noprofile", "-i"]
+                os.execvpe("bash", argv, {**env, "PS1": "$ ", "TERM": "dumb"})
+            finally:
+                os._exit(127)
+        self.out = b""
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_for(self, what: bytes, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while what not in self.out:
+            assert time.monotonic() < deadline, (what, self.out)
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if ready:
+                self.out += os.read(self.fd, 4096)
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+def _states(marker: str) -> dict[str, str]:
+    """The state letter of each process whose command line holds *marker*: the sandboxed
+    ``sh`` as ``"sh"``, ``corral run`` (or ``corral-client run``) as ``"corral"``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+            if not any(marker.encode() in word for word in words):
+                continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        state = stat[stat.rfind(b")") + 2 :].split()[0].decode()
+        if words[0] == b"/bin/sh":
+            found["sh"] = state
+        elif b"run" in words[:3]:
+            found["corral"] = state
+    return found
+
+
+def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, client: str) -> None:
+    """Ctrl-Z at a shell with job control: the job stops - corral and every process in its
+    sandbox, also one that ignores SIGTSTP - and ``fg`` continues it to its normal end."""
+    counter = os.path.join(served.workspace, "count")
+    runs = _runs(served, client)
+    if client != "corral":
+        del runs["in-process"]  # once is enough: the corral client's pass runs it
+    for name, (argv, env) in runs.items():
+        marker = f"ctrl-z-{name}"
+        script = (  # typed into bash in single quotes; re""ady: the echoed line is no match
+            f'trap "" TSTP; echo {marker} >/dev/null; echo re""ady; '
+            "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo $i > count; sleep 0.1; done; "
+            'echo fini""shed'
+        )
+        terminal = Terminal(env, served.workspace)
+        if os.path.exists(counter):
+            os.unlink(counter)
+        try:
+            terminal.type(f"{' '.join(argv)} run -c '{script}'\n")
+            terminal.wait_for(b"ready")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(counter):
+                assert time.monotonic() < deadline, terminal.out
+                time.sleep(0.05)
+            terminal.type("\x1a")
+            terminal.wait_for(b"Stopped")
+            time.sleep(0.3)
+            assert _states(marker) == {"sh": "T", "corral": "T"}, name
+            with open(counter, encoding="utf-8") as f:
+                stopped_at = f.read()
+            time.sleep(0.5)
+            with open(counter, encoding="utf-8") as f:
+                assert f.read() == stopped_at, name  # nothing in the sandbox runs
+            terminal.type("fg\n")
+            terminal.wait_for(b"finished")
+            terminal.type("echo status=$?\n")
+            terminal.wait_for(b"status=0")
+            with open(counter, encoding="utf-8") as f:
+                assert f.read() == "30\n"
+        finally:
+            terminal.close()
