@@ -92,12 +92,12 @@ def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
 
     SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGWINCH sent to corral are forwarded to the command;
     SIGTSTP (Ctrl-Z) stops the whole sandbox and then corral itself, SIGCONT continues it
-    (:mod:`.._jobcontrol`). *pending* are signals that arrived before (the client tried the
+    (:data:`corral.cli._client.FORWARDED_SIGNALS`). *pending* are signals that arrived before (the client tried the
     server first).
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
 
-    from .._jobcontrol import FORWARDED_SIGNALS, SIGTSTP, stop_like_a_job
+    from .._client import FORWARDED_SIGNALS, SIGTSTP, stop_like_a_job
 
     relay = SignalRelay(pending)
 
