@@ -42,6 +42,7 @@ from ._outcome import NetworkAttempt, Outcome, Violation, command_status
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from typing import Any
 
     from ..backends._broker import Broker
     from ..backends._plan import LaunchPlan
@@ -87,7 +88,8 @@ class Running:
     (``stdin_mode="inherit"``) and its output is relayed to (default: this
     process's 0, 1, 2; the corral server passes its client's); with
     *output_tty* an output stream whose destination is a terminal is relayed
-    from a pseudo-terminal instead of a pipe (:func:`_output_pty`). *stdio*
+    from a pseudo-terminal instead of a pipe (:func:`_output_pty`; not for the
+    container engines' CLIs, :data:`_ENGINE_CLI_BACKENDS`: pipes as with ``--no-tty``). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -108,7 +110,10 @@ class Running:
         cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
-        self._output_tty = output_tty
+        # a container engine's CLI keeps the command's stdio inside (the command would
+        # see no terminal), and podman, finding terminals on its stdin and stdout, sets
+        # up the user's terminal from a background process group: stopped by SIGTTOU
+        self._output_tty = output_tty and plan.backend not in _ENGINE_CLI_BACKENDS
         self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
@@ -219,7 +224,13 @@ class Running:
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
-                group = {} if _starts_a_session(argv) else {"setpgroup": 0}
+                group: dict[str, Any] = {"setpgroup": 0}
+                if _starts_a_session(argv):
+                    group = {}
+                elif plan.backend in _ENGINE_CLI_BACKENDS and spawn is os.posix_spawn:
+                    # a session of its own: the user's terminal on its stdin must not be
+                    # its controlling terminal, or reading it from a background group stops it
+                    group = {"setsid": True}
                 self.pid = spawn(
                     argv[0],
                     list(argv),
@@ -1033,6 +1044,10 @@ def _output_pty(terminal: int) -> tuple[int, int]:
         os.close(slave)
         raise
     return master, slave
+
+
+#: Backends whose first process is a container engine's CLI (their stdio is relayed by it).
+_ENGINE_CLI_BACKENDS = frozenset({"podman", "docker", "gvisor"})
 
 
 def _starts_a_session(argv: Sequence[str]) -> bool:

@@ -18,6 +18,10 @@ from collections.abc import Callable
 
 from tests.conftest import World, client_command
 
+from ..test_images_and_containers import built_python, needs_build, needs_podman, needs_root
+
+__all__ = ["built_python"]  # the module's fixture: one image build for the podman test
+
 READY = b"ready"
 
 
@@ -367,3 +371,37 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
                 assert f.read() == "30\n"
         finally:
             terminal.close()
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_at_a_terminal_reads_it_and_takes_ctrl_c(
+    served: World, client: str, built_python: str
+) -> None:
+    """podman used to stop (SIGTTIN/SIGTTOU) with the terminal on its stdin: in a session of
+    its own it reads the typed line, and Ctrl-C reaches the command's trap. The command gets
+    pipes for its output (a container engine relays its stdio: no pty)."""
+    settings = os.path.join(served.root, "podman.json")
+    with open(settings, "w") as f:
+        json.dump({"backend": "podman", "image": "corral:python"}, f)
+    runs = _runs(served, client)
+    if client != "corral":
+        del runs["in-process"]  # once is enough: the corral client's pass runs it
+    # the image the fixture built, in the caller's cache (the world has a home of its own)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    for name, (argv, env) in runs.items():
+        env = {**env, "XDG_CACHE_HOME": cache}
+        command = [*argv, "run", "--settings", settings, "-c"]
+        script = "test -t 1 || echo no-tty; echo ready; read line; echo got=$line"
+        code, out = on_pty([*command, script], env, served.workspace, b"hello\n")
+        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"hello", b"got=hello"]), (
+            name,
+            out,
+        )
+        script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
+        code, out = on_pty([*command, script], env, served.workspace, b"\x03")
+        assert (code, out.replace(b"^C", b"").split()) == (7, [b"ready", b"trapped"]), (
+            name,
+            out,
+        )
