@@ -107,8 +107,11 @@ class FileRequests:
         return self._request(["/bin/sh", "-c", script, "corral-read", path], env={"LC_ALL": "C"})
 
     def _list_request(self, path: str) -> ExecRequest:
+        # find reads a word starting with -, ! or ( as its expression (-delete, -exec):
+        # such a name is given as ./NAME, which find can only take for a path
+        start = f"./{path}" if path[:1] in ("-", "!", "(") else path
         return self._request(
-            ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y\\t%s\\t%p\\0"],
+            ["find", "-H", start, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y\\t%s\\t%p\\0"],
             env={"LC_ALL": "C"},
         )
 
