@@ -18,7 +18,11 @@ either, plus the default file): every ``"type": "command"`` hook
 (``hooks/hooks.json``, ``plugin.json`` ``hooks``), every server with a
 ``command`` (``.mcp.json`` / ``mcpServers``, ``.lsp.json`` / ``lspServers``)
 and every monitor (``monitors/monitors.json`` / ``monitors``: a shell command
-run for the whole session). A server's ``env`` moves into ``--env NAME=VALUE`` options,
+run for the whole session), and a status line command in the plugin's
+settings (``settings.json`` / ``settings``: ``subagentStatusLine``). A hooks
+*module* (``hooks.json`` ``modules``: JavaScript Claude Code loads itself)
+cannot be sandboxed: it is reported NOT wrapped and wrapping refuses the
+plugin. A server's ``env`` moves into ``--env NAME=VALUE`` options,
 because Claude Code applies it to the process it starts, which is corral on
 the host. A hook command becomes ``corral run ... --shell bash -c
 '<original>'`` (quoted by :mod:`._shell`), so stdin (the hook JSON), stdout
@@ -72,13 +76,29 @@ PART_FIELDS = (
     ("mcp", "mcpServers", ".mcp.json"),
     ("lsp", "lspServers", ".lsp.json"),
     ("monitors", "monitors", "monitors/monitors.json"),
+    ("settings", "settings", "settings.json"),
 )
 
 #: The entry kind of each part (what :func:`profile_problem` checks).
-ENTRY_KIND = {"hooks": "hook", "mcp": "mcp-server", "lsp": "lsp-server", "monitors": "monitor"}
+ENTRY_KIND = {
+    "hooks": "hook",
+    "mcp": "mcp-server",
+    "lsp": "lsp-server",
+    "monitors": "monitor",
+    "settings": "status-line",
+}
+
+#: Plugin settings that run a command (``{"type": "command", "command": ...}``).
+STATUS_LINES = ("statusLine", "subagentStatusLine")
 
 #: Entry kinds that are a shell command (``command`` run by a shell), not an argv.
-SHELL_KINDS = ("hook", "monitor")
+SHELL_KINDS = ("hook", "monitor", "status-line")
+
+#: Why a hooks module (``hooks.json`` ``modules``) is never wrapped.
+MODULE_PROBLEM = (
+    "a hooks module is JavaScript that Claude Code loads itself, not a command: "
+    "corral cannot sandbox it"
+)
 
 
 class WrapOptions:
@@ -130,7 +150,7 @@ class Finding:
     def __init__(
         self, kind: str, location: str, command: str, wrapped: bool | None, reason: str = ""
     ) -> None:
-        self.kind = kind  # "hook", "monitor", "mcp-server" or "lsp-server"
+        self.kind = kind  # "hook", "monitor", "status-line", "mcp-server", "lsp-server"...
         self.location = location  # e.g. "hooks/hooks.json: PreToolUse[0].hooks[1]"
         self.command = command
         self.wrapped = wrapped  # None: nothing runs locally (remote server)
@@ -380,6 +400,15 @@ def _walk(plugin_dir: str, part: Any, kind: str, path: str) -> list[tuple[str, d
                         and isinstance(hook.get("command"), str)
                     ):
                         found.append((f"{rel}: {event}[{gi}].hooks[{hi}]", hook))
+    elif kind == "settings":
+        for name in STATUS_LINES:
+            line = part.get(name) if isinstance(part, dict) else None
+            if (
+                isinstance(line, dict)
+                and line.get("type") == "command"
+                and isinstance(line.get("command"), str)
+            ):
+                found.append((f"{rel}: {name}", line))
     elif kind == "monitors":
         for mi, monitor in enumerate(_field(part, "monitors", path, list)):
             if isinstance(monitor, dict) and isinstance(monitor.get("command"), str):
@@ -390,6 +419,14 @@ def _walk(plugin_dir: str, part: Any, kind: str, path: str) -> list[tuple[str, d
             if isinstance(server, dict):
                 found.append((f"{rel}: {field}.{name}", server))
     return found
+
+
+def _modules(plugin_dir: str, part: Any, kind: str, path: str) -> list[tuple[str, str]]:
+    """``(location, module)`` for the hooks modules a hooks file names (``modules``)."""
+    if kind != "hooks" or not isinstance(part, dict) or not isinstance(part.get("modules"), list):
+        return []
+    rel = posixpath.relpath(path, plugin_dir)
+    return [(f"{rel}: modules[{i}]", str(m)) for i, m in enumerate(part["modules"])]
 
 
 # ---------------------------------------------------------------- check and wrap
@@ -406,6 +443,8 @@ def check_plugin(plugin_dir: str, *, launchers: Sequence[Sequence[str]]) -> list
     for part in _parts(plugin_dir):
         inner = part.select(load_document(part.path, missing_ok=False))
         what = ENTRY_KIND[part.kind]
+        for location, module in _modules(plugin_dir, inner, part.kind, part.path):
+            findings.append(Finding("hooks-module", location, module, False, MODULE_PROBLEM))
         for location, entry in _walk(plugin_dir, inner, part.kind, part.path):
             if what in SHELL_KINDS:
                 command = entry["command"]
@@ -443,6 +482,11 @@ def wrap_plugin(plugin_dir: str, options: WrapOptions, *, dry_run: bool = False)
             documents[part.path] = load_document(part.path, missing_ok=False)
         inner = part.select(documents[part.path])
         what = ENTRY_KIND[part.kind]
+        for location, module in _modules(plugin_dir, inner, part.kind, part.path):
+            raise UsageError(
+                f"{location}: {module}: {MODULE_PROBLEM}",
+                hint="disable the plugin, or remove its hooks module; nothing was changed",
+            )
         touched = False
         for location, entry in _walk(plugin_dir, inner, part.kind, part.path):
             if what not in SHELL_KINDS and not isinstance(entry.get("command"), str):

@@ -443,3 +443,37 @@ def test_a_manifest_naming_a_file_outside_the_plugin_is_refused(world: World) ->
     assert result.returncode != 0
     assert "outside the plugin" in result.stderr
     assert load(victim) == hooks  # the user's own file is not rewritten
+
+
+def test_a_status_line_is_wrapped_and_a_hooks_module_is_refused(world: World) -> None:
+    """Claude Code 2.1 runs a plugin's subagentStatusLine command and loads its hooks
+    module (JavaScript, in Claude Code itself): the first is wrapped, the second can
+    never be, so --check reports it and wrapping refuses the plugin, writing nothing."""
+    plugin = os.path.join(world.root, "plugins", "status")
+    mark = os.path.join(world.outside, "status-line-ran")
+    line = {"type": "command", "command": f"touch {mark}"}
+    manifest = {"name": "status", "settings": {"subagentStatusLine": line}}
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    world.write(os.path.join(plugin, "hooks", "board.mjs"), "export function register(on) {}\n")
+    world.write(
+        os.path.join(plugin, "hooks", "hooks.json"), json.dumps({"modules": ["./board.mjs"]})
+    )
+
+    check = corral(world, "wrap-plugin", plugin, "--check")
+    assert check.returncode == 1, check.stdout
+    assert check.stdout.count("NOT wrapped") == 2, check.stdout
+    assert "corral cannot sandbox it" in check.stdout
+    before = load(os.path.join(plugin, ".claude-plugin", "plugin.json"))
+    refused = corral(world, "wrap-plugin", plugin)
+    assert refused.returncode != 0
+    assert "hooks module" in refused.stderr
+    assert load(os.path.join(plugin, ".claude-plugin", "plugin.json")) == before
+
+    os.unlink(os.path.join(plugin, "hooks", "hooks.json"))  # the user drops the module
+    assert corral(world, "wrap-plugin", plugin).returncode == 0
+    assert corral(world, "wrap-plugin", plugin, "--check").returncode == 0
+    wrapped = load(os.path.join(plugin, ".claude-plugin", "plugin.json"))
+    command = wrapped["settings"]["subagentStatusLine"]["command"]
+    assert command.startswith(f"{corral_executable()} run --net none --read-only ")
+    assert run_hook(world, plugin, command, {}).returncode != 0
+    assert not os.path.exists(mark)
