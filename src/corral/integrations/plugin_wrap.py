@@ -340,11 +340,17 @@ def _manifest(plugin_dir: str) -> dict[str, Any]:
 
 
 def _in_plugin(plugin_dir: str, relative: str) -> str:
-    """The file *relative* names in the plugin; a name leaving the plugin is refused."""
+    """The file *relative* names in the plugin; a name leaving the plugin is refused.
+
+    Links are resolved first: wrapping rewrites the file, so a file reached
+    through a link out of the plugin (``hooks -> ~/.claude``) would be the
+    user's own.
+    """
     path = os.path.normpath(os.path.join(plugin_dir, relative))
-    if not path.startswith(plugin_dir.rstrip("/") + "/"):
+    real = os.path.realpath(path)
+    if not real.startswith(os.path.realpath(plugin_dir).rstrip("/") + "/"):
         raise UsageError(
-            f"{relative}: the plugin's manifest names a file outside the plugin",
+            f"{relative}: the plugin names a file outside the plugin ({real})",
             hint="nothing was changed",
         )
     return path
@@ -367,7 +373,7 @@ def _parts(plugin_dir: str) -> list[_Part]:
                 parts.append(_Part(kind, _in_plugin(plugin_dir, item)))
         default_path = os.path.join(plugin_dir, default)
         if os.path.exists(default_path) and all(p.path != default_path for p in parts):
-            parts.append(_Part(kind, default_path))
+            parts.append(_Part(kind, _in_plugin(plugin_dir, default)))
     return parts
 
 

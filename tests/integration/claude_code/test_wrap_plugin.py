@@ -443,6 +443,18 @@ def test_a_manifest_naming_a_file_outside_the_plugin_is_refused(world: World) ->
     assert result.returncode != 0
     assert "outside the plugin" in result.stderr
     assert load(victim) == hooks  # the user's own file is not rewritten
+    # the same through a link in the plugin: a named file, then the default hooks file
+    os.symlink(world.outside, os.path.join(plugin, "linked"))
+    manifest["hooks"] = "linked/settings.json"
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    assert "outside the plugin" in corral(world, "wrap-plugin", plugin).stderr
+    del manifest["hooks"]
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    world.write(os.path.join(world.outside, "hooks.json"), json.dumps(hooks))
+    os.symlink(world.outside, os.path.join(plugin, "hooks"))  # hooks/hooks.json: outside
+    assert "outside the plugin" in corral(world, "wrap-plugin", plugin).stderr
+    assert load(victim) == hooks
+    assert load(os.path.join(world.outside, "hooks.json")) == hooks
 
 
 def test_a_status_line_is_wrapped_and_a_hooks_module_is_refused(world: World) -> None:
