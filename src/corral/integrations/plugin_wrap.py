@@ -388,6 +388,15 @@ def _field(part: Any, name: str, path: str, shape: type) -> Any:
     return inner
 
 
+def _is_command(entry: Any) -> bool:
+    """Whether *entry* is ``{"type": "command", "command": "..."}`` (a hook, a status line)."""
+    return (
+        isinstance(entry, dict)
+        and entry.get("type") == "command"
+        and isinstance(entry.get("command"), str)
+    )
+
+
 def _walk(plugin_dir: str, part: Any, kind: str, path: str) -> list[tuple[str, dict[str, Any]]]:
     """``(location, entry)`` for every command hook, server or monitor in *part*."""
     rel = posixpath.relpath(path, plugin_dir)
@@ -400,20 +409,12 @@ def _walk(plugin_dir: str, part: Any, kind: str, path: str) -> list[tuple[str, d
                 for hi, hook in enumerate(
                     group.get("hooks") or [] if isinstance(group, dict) else []
                 ):
-                    if (
-                        isinstance(hook, dict)
-                        and hook.get("type") == "command"
-                        and isinstance(hook.get("command"), str)
-                    ):
+                    if _is_command(hook):
                         found.append((f"{rel}: {event}[{gi}].hooks[{hi}]", hook))
     elif kind == "settings":
         for name in STATUS_LINES:
             line = part.get(name) if isinstance(part, dict) else None
-            if (
-                isinstance(line, dict)
-                and line.get("type") == "command"
-                and isinstance(line.get("command"), str)
-            ):
+            if isinstance(line, dict) and _is_command(line):
                 found.append((f"{rel}: {name}", line))
     elif kind == "monitors":
         for mi, monitor in enumerate(_field(part, "monitors", path, list)):
