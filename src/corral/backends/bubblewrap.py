@@ -440,6 +440,11 @@ class BubblewrapBackend(Backend):
             # ownership" (they are not its uid's); the sandbox is the boundary here
             args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
             env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
+        if disk:
+            # bubblewrap's /dev is a tmpfs of half the RAM: /dev/shm gets the quota too,
+            # and /dev itself turns read-only once nothing more is mounted below it
+            # (device nodes stay usable; /dev/pts is its own mount)
+            args += ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         prefix: list[str] = []
         overlay: tuple[str, str, str] | None = None
         if preview is not None and preview.mechanism not in ("overlay", "fuse-overlayfs", "copy"):
