@@ -162,4 +162,30 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
                 "Failed to start the egress proxy: cannot read the hosts file "
                 f"{spec.hosts_file}: {exc}"
             ) from None
-    return EgressProxy(allowlist=allowlist, token=spec.token, resolver=resolver)
+    requests = terminator = None
+    if spec.allow_requests or spec.deny_requests or spec.masks:
+        from ._rules import MaskSpec, RequestPolicy
+
+        try:
+            requests = RequestPolicy(
+                allow=spec.allow_requests,
+                deny=spec.deny_requests,
+                masks=tuple(
+                    MaskSpec(name=n, placeholder=p, secret=v, hosts=h, headers=hd)
+                    for n, p, v, h, hd in spec.masks
+                ),
+            )
+            if not spec.ca:
+                raise ValueError("no CA was drawn for terminating TLS")
+            from ._tls import Terminator
+
+            terminator = Terminator(spec.ca[0], spec.ca[1], spec.upstream_ca)
+        except (ValueError, ImportError, OSError) as exc:
+            raise ProxyStartFailed(f"Failed to start the egress proxy: {exc}") from None
+    return EgressProxy(
+        allowlist=allowlist,
+        token=spec.token,
+        resolver=resolver,
+        requests=requests,
+        terminator=terminator,
+    )

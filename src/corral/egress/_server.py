@@ -41,6 +41,8 @@ if TYPE_CHECKING:
 
     from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
+    from ._rules import RequestPolicy
+    from ._tls import Terminator
     from .allowlist import Allowlist
 
 __all__ = ["EgressProxy", "raise_fd_limit"]
@@ -73,6 +75,10 @@ class EgressProxy:
         token: the credential clients must present (proxy URL password).
         resolver: how allowed names are resolved (default: the system's).
         limits: timeouts and bounds.
+        requests: request rules and masked credentials (see
+            :mod:`corral.egress._rules`), or None.
+        terminator: the TLS contexts for terminated tunnels; required when
+            *requests* names any host.
     """
 
     def __init__(
@@ -82,9 +88,15 @@ class EgressProxy:
         token: str,
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
+        requests: RequestPolicy | None = None,
+        terminator: Terminator | None = None,
     ) -> None:
         if not token:
             raise ValueError("the proxy needs a non-empty token")
+        if requests and terminator is None:
+            raise ValueError("request rules and masked credentials need a TLS terminator")
+        self._requests = requests or None
+        self._terminator = terminator
         self._allowlist = allowlist
         self._token = token
         self._resolver = resolver
@@ -218,6 +230,8 @@ class EgressProxy:
             token=self._token,
             resolver=self._resolver or SystemResolver(),
             limits=self._limits,
+            requests=self._requests,
+            terminator=self._terminator,
         )
         self._context = context
         listener = socket.socket(fileno=self._listener_fd)

@@ -26,7 +26,7 @@ from hmac import compare_digest
 from ..policy._hosts import Host, format_address, parse_host
 from ._context import Attempt, printable
 from ._relay import Counter, relay
-from ._upstream import Refused, open_upstream
+from ._upstream import SOCKS_NOT_ALLOWED, Refused, open_upstream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,6 +167,14 @@ async def serve_socks5(
         host, port = destination
         attempt = Attempt(host.text, port, _METHOD)
         try:
+            if ctx.terminates(host, port):
+                # its requests must be read (rules, masked credentials): HTTP proxy only
+                raise Refused(
+                    status=403,
+                    socks_reply=SOCKS_NOT_ALLOWED,
+                    reason="terminated-host",
+                    rule=f"requests to {host.text} are checked: use HTTPS_PROXY, not SOCKS5",
+                )
             upstream = await open_upstream(ctx, host, port)
         except Refused as refused:
             ctx.log.add(

@@ -439,6 +439,31 @@ CORE_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="network.allowRequests",
+        kind=STRINGS,
+        tighten=REMOVALS,
+        attr="network.allow_requests",
+        description=(
+            'Request rules "METHOD host/path" (globs: * matches anything, also "/"; METHOD may '
+            'be *), e.g. "GET github.com/*". Once a rule names a host, only the requests to it '
+            "that some rule allows pass. Checked on plain HTTP and on HTTPS to the hosts whose "
+            "TLS the proxy terminates: every host a request rule or a masked credential names "
+            "(a rule for * terminates every host). Allowlist mode on bubblewrap only (refused "
+            "elsewhere)."
+        ),
+    ),
+    Key(
+        path="network.denyRequests",
+        kind=STRINGS,
+        tighten=ADDITIONS,
+        attr="network.deny_requests",
+        description=(
+            'Request rules refused with 403, checked before allowRequests: "POST '
+            '*/git-receive-pack" (no git push), "PUT registry.npmjs.org/*" (no npm publish). '
+            "Same syntax and scope as allowRequests."
+        ),
+    ),
+    Key(
         path="resources.memory",
         kind=SIZE,
         nullable=True,
@@ -549,7 +574,9 @@ CORE_KEYS: tuple[Key, ...] = (
             '"env" or "mask"}. The variable exists in the sandbox only when a command glob '
             "matches the command line and every host is reachable under the network policy; "
             "otherwise it is absent, even if env.pass would pass it. The audit log records the "
-            'names injected, never the values. "mask" is not supported yet (refused). '
+            'names injected, never the values. "mask": the sandbox gets a random per-run '
+            "placeholder and the egress proxy puts the secret in its place only in requests to "
+            '`hosts` (needs hosts and allowlist mode; headers: ["authorization"] by default). '
             '"!NAME" removes an earlier credential.'
         ),
     ),

@@ -23,6 +23,7 @@ Nothing here reads files or the environment.
 from __future__ import annotations
 
 import posixpath
+import re
 
 from .._exceptions import SettingsError
 from .._frozen import Record
@@ -55,7 +56,8 @@ __all__ = [
 ADD = "+"
 REMOVE = "-"
 
-_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode")
+_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode", "headers")
+_REQUEST_RULE_KEYS = ("network.allowRequests", "network.denyRequests")
 _CREDENTIAL_MODES = ("env", "mask")
 _MAX_INT = (1 << 31) - 1
 
@@ -405,7 +407,23 @@ class _Checker:
         if kind == k.RULES:
             return self.pattern(raw, key) if removal else self.rule(raw, key)
         assert kind == k.STRINGS, kind
+        if row.path in _REQUEST_RULE_KEYS:
+            return self.request_rule(raw, key)
         return self.text(raw, key)
+
+    def request_rule(self, raw: object, key: str) -> str:
+        """A ``"METHOD host/path"`` request rule, in canonical form."""
+        from ..egress._rules import parse_rule
+
+        text = self.text(raw, key, what='a request rule "METHOD host/path"')
+        try:
+            return parse_rule(text).text
+        except ValueError as exc:
+            self.fail(
+                key,
+                f"invalid request rule {describe(text)}: {exc}",
+                hint='e.g. "POST */git-receive-pack" or "GET github.com/*"',
+            )
 
     def pattern(self, raw: object, key: str) -> str:
         text = self.text(raw, key, what="a glob")
@@ -502,7 +520,27 @@ class _Checker:
                 f"unknown mode {describe(mode)}" + did_you_mean(mode, _CREDENTIAL_MODES),
                 hint='use "env" or "mask"',
             )
-        return Credential(name=name, source=source, commands=commands, hosts=hosts, mode=mode)
+        headers = self.plain_list(raw.get("headers", []), f"{key}.headers", self.header_name)
+        if mode == "mask" and not hosts:
+            self.fail(
+                f"{key}.hosts",
+                "a masked credential needs the hosts its secret may be sent to",
+                hint='e.g. "hosts": ["api.github.com"]',
+            )
+        if headers and mode != "mask":
+            self.fail(f"{key}.headers", 'headers apply to "mode": "mask" only')
+        return Credential(
+            name=name, source=source, commands=commands, hosts=hosts, mode=mode, headers=headers
+        )
+
+    def header_name(self, raw: object, key: str) -> str:
+        """An HTTP header name (a token), in lower case."""
+        text = self.text(raw, key, what="a header name")
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", text):
+            self.fail(key, f"{describe(text)} is not an HTTP header name")
+        if text.lower() in ("host", "proxy-authorization", "content-length", "transfer-encoding"):
+            self.fail(key, f"{describe(text)} cannot carry a credential")
+        return text.lower()
 
     def credential_source(self, raw: object, key: str) -> str:
         text = self.text(raw, key, what='"env:NAME" or "file:/path"')

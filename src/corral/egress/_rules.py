@@ -1,0 +1,217 @@
+"""Request-level rules and masked credentials: what the proxy does with a request it can read. Pure.
+
+The proxy reads requests in plain HTTP (absolute-form) and inside the TLS of
+the hosts it terminates (:func:`RequestPolicy.terminates`). For each such
+request it
+
+1. checks ``network.denyRequests`` (a match is refused: 403, a violation),
+   then ``network.allowRequests``: once some allow rule's host part matches
+   the host, the request must match one of them (``not in
+   network.allowRequests``);
+2. replaces each masked credential's placeholder by the secret, in the
+   headers the credential names, when one of its ``hosts`` matches the
+   destination (never otherwise: a placeholder sent elsewhere stays a
+   placeholder).
+
+A rule is ``"METHOD HOST/PATH"``: METHOD is a method name or ``*``; the rest
+is a glob over ``host/path`` (``*`` matches any characters including ``/``,
+``?`` one character), matched case-insensitively against the canonical host
+and the request path with ``%XX`` escapes decoded, ``.``/``..`` segments
+resolved, repeated slashes collapsed and the query removed, so that
+``/org/repo.git/%67it-receive-pack`` or ``//x/../git-receive-pack`` cannot
+slip past ``POST */git-receive-pack``. The host part (before the first ``/``)
+decides which hosts a rule applies to, and so which HTTPS hosts the proxy
+terminates.
+
+Example::
+
+    rules = RequestPolicy(deny=("POST */git-receive-pack",))
+    rules.decide("POST", "github.com", "/o/r.git/git-receive-pack")
+    # -> "network.denyRequests: POST */git-receive-pack"
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import posixpath
+import re
+from fnmatch import fnmatchcase
+from urllib.parse import unquote_to_bytes
+
+from .._frozen import Record
+from ..policy._hosts import Host, parse_pattern, pattern_matches
+
+__all__ = ["MaskSpec", "RequestPolicy", "RequestRule", "normalise_path", "parse_rule"]
+
+_METHOD = re.compile(r"^([A-Z][A-Z0-9_-]{0,31}|\*)$")
+
+
+class RequestRule(Record):
+    """One parsed rule: ``method`` (upper case or ``*``), ``host`` glob and ``path`` glob."""
+
+    text: str
+    method: str
+    host: str
+    path: str
+
+    def applies_to(self, host: str) -> bool:
+        """Whether the rule's host part matches *host* (a canonical host text)."""
+        return fnmatchcase(host, self.host)
+
+    def matches(self, method: str, host: str, path: str) -> bool:
+        """Whether the rule matches a request (path already :func:`normalise_path`-ed)."""
+        if self.method != "*" and self.method != method.upper():
+            return False
+        return fnmatchcase(f"{host}{path}".lower(), f"{self.host}{self.path}".lower())
+
+
+def parse_rule(text: str) -> RequestRule:
+    """Parse ``"METHOD host/path"``.
+
+    Raises:
+        ValueError: with the reason (used for located settings errors).
+    """
+    method, sep, rest = text.strip().partition(" ")
+    rest = rest.strip()
+    if not sep or not rest:
+        raise ValueError('expected "METHOD host/path", e.g. "POST */git-receive-pack"')
+    if not _METHOD.match(method):
+        raise ValueError(f"{method!r} is not an HTTP method in upper case or *")
+    if any(c.isspace() or not c.isprintable() for c in rest):
+        raise ValueError("the host/path part cannot contain spaces or control characters")
+    host, slash, path = rest.partition("/")
+    if not host:
+        raise ValueError('the rule names no host (use "*" for every host)')
+    if host.strip("*?") and "*" not in host and "?" not in host:
+        try:
+            parse_pattern(host)
+        except ValueError as exc:
+            raise ValueError(f"{host!r} is not a valid host: {exc}") from None
+        host = host.lower().rstrip(".")
+    return RequestRule(text=f"{method} {rest}", method=method, host=host.lower(), path=slash + path)
+
+
+def normalise_path(target: bytes) -> str:
+    """The path of a request target as rules see it (see the module docstring)."""
+    raw = target.split(b"?", 1)[0].split(b"#", 1)[0]
+    text = unquote_to_bytes(raw).decode("utf-8", "replace")
+    if not text.startswith("/"):
+        text = "/" + text
+    normal = posixpath.normpath(re.sub(r"/+", "/", text))
+    normal = "/" + normal.lstrip("/")
+    if text.endswith("/") and normal != "/":
+        normal += "/"
+    return normal
+
+
+class MaskSpec(Record):
+    """A masked credential as the proxy applies it.
+
+    Attributes:
+        name: the credential's variable name (for logs).
+        placeholder: what the sandbox sees (random per run).
+        secret: the real value, substituted only towards ``hosts``.
+        hosts: host patterns where the secret may go.
+        headers: lower-case header names searched (``authorization`` by default).
+    """
+
+    name: str
+    placeholder: str
+    secret: str
+    hosts: tuple[str, ...]
+    headers: tuple[str, ...] = ("authorization",)
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"MaskSpec(name={self.name!r}, hosts={self.hosts!r})"
+
+
+class RequestPolicy:
+    """The request rules and masked credentials of one proxy.
+
+    Raises:
+        ValueError: a rule or a mask's host pattern is invalid.
+    """
+
+    __slots__ = ("_mask_hosts", "allow", "deny", "masks")
+
+    def __init__(
+        self,
+        *,
+        allow: tuple[str, ...] = (),
+        deny: tuple[str, ...] = (),
+        masks: tuple[MaskSpec, ...] = (),
+    ) -> None:
+        self.allow = tuple(parse_rule(r) for r in allow)
+        self.deny = tuple(parse_rule(r) for r in deny)
+        self.masks = masks
+        self._mask_hosts = tuple(tuple(parse_pattern(h) for h in m.hosts) for m in masks)
+
+    def __bool__(self) -> bool:
+        return bool(self.allow or self.deny or self.masks)
+
+    def terminates(self, host: Host, port: int) -> bool:
+        """Whether the proxy terminates TLS for a tunnel to *host*:*port*.
+
+        True when a masked credential's host pattern matches it or any rule's
+        host part does.
+        """
+        if any(rule.applies_to(host.text) for rule in (*self.deny, *self.allow)):
+            return True
+        return any(
+            any(pattern_matches(p, host, port) for p in patterns) for patterns in self._mask_hosts
+        )
+
+    def decide(self, method: str, host: str, path: str) -> str | None:
+        """The rule refusing the request (``"network.denyRequests: ..."``), or None to allow.
+
+        *path* is normalised here.
+        """
+        normal = normalise_path(path.encode("latin-1", "replace"))
+        for rule in self.deny:
+            if rule.matches(method, host, normal):
+                return f"network.denyRequests: {rule.text}"
+        scoped = [rule for rule in self.allow if rule.applies_to(host)]
+        if scoped and not any(rule.matches(method, host, normal) for rule in scoped):
+            return f"not in network.allowRequests for {host}"
+        return None
+
+    def substitute(
+        self, host: Host, port: int, headers: list[tuple[bytes, bytes]]
+    ) -> tuple[list[tuple[bytes, bytes]], tuple[str, ...]]:
+        """*headers* with the placeholders of the masks for *host* replaced by their secrets.
+
+        ``Authorization: Basic`` values are decoded, replaced and encoded
+        again (git and curl send URL user info that way). Returns the new
+        headers and the names of the credentials substituted.
+        """
+        used: list[str] = []
+        out = list(headers)
+        for mask, patterns in zip(self.masks, self._mask_hosts, strict=True):
+            if not any(pattern_matches(p, host, port) for p in patterns):
+                continue
+            placeholder, secret = mask.placeholder.encode(), mask.secret.encode()
+            for index, (name, value) in enumerate(out):
+                if name.lower().decode("latin-1") not in mask.headers:
+                    continue
+                new = value.replace(placeholder, secret)
+                if name.lower() == b"authorization":
+                    new = _basic_substitute(new, placeholder, secret)
+                if new != value:
+                    out[index] = (name, new)
+                    if mask.name not in used:
+                        used.append(mask.name)
+        return out, tuple(used)
+
+
+def _basic_substitute(value: bytes, placeholder: bytes, secret: bytes) -> bytes:
+    scheme, sep, encoded = value.strip().partition(b" ")
+    if not sep or scheme.lower() != b"basic":
+        return value
+    try:
+        decoded = binascii.a2b_base64(encoded.strip())
+    except binascii.Error:
+        return value
+    if placeholder not in decoded:
+        return value
+    return scheme + b" " + base64.b64encode(decoded.replace(placeholder, secret))

@@ -1,0 +1,201 @@
+"""Request rules and masked-credential substitution (pure), and their settings."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import pytest
+
+from corral import _exceptions
+from corral.egress._rules import MaskSpec, RequestPolicy, normalise_path, parse_rule
+from corral.policy._hosts import parse_host
+
+from ..policy.conftest import SettingsWorld
+
+
+@pytest.fixture
+def world(tmp_path: Any) -> SettingsWorld:
+    return SettingsWorld(str(tmp_path))
+
+
+RULES = RequestPolicy(
+    deny=("POST */git-receive-pack", "PUT registry.npmjs.org/*"),
+    allow=("GET github.com/*", "POST github.com/*/git-upload-pack"),
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "host", "path", "refusal"),
+    [
+        ("POST", "github.com", "/o/r.git/git-receive-pack", "POST */git-receive-pack"),
+        ("POST", "gitlab.com", "/o/r.git/git-receive-pack", "POST */git-receive-pack"),
+        # evasions: escapes, dot segments, double slashes, case, a query
+        ("POST", "gitlab.com", "/o/r.git/%67it-receive-pack", "POST */git-receive-pack"),
+        ("POST", "gitlab.com", "//o/x/../r.git/./git-receive-pack?a=b", "POST */git-receive-pack"),
+        ("post", "gitlab.com", "/o/r.git/GIT-RECEIVE-PACK", "POST */git-receive-pack"),
+        ("PUT", "registry.npmjs.org", "/corral-probe", "PUT registry.npmjs.org/*"),
+        ("POST", "github.com", "/o/r.git/info/lfs", "not in network.allowRequests for github.com"),
+        ("DELETE", "github.com", "/o/r", "not in network.allowRequests for github.com"),
+        ("GET", "github.com", "/o/r.git/info/refs", None),
+        ("POST", "github.com", "/o/r.git/git-upload-pack", None),
+        ("GET", "registry.npmjs.org", "/corral-probe", None),  # no allow rule names it
+        ("POST", "example.com", "/anything", None),
+    ],
+)
+def test_decides_requests(method: str, host: str, path: str, refusal: str | None) -> None:
+    got = RULES.decide(method, host, path)
+    if refusal is None:
+        assert got is None
+    else:
+        assert got is not None
+        assert got.endswith(refusal)
+
+
+def test_rules_name_the_hosts_whose_tls_is_terminated() -> None:
+    rules = RequestPolicy(allow=("GET github.com/*",))
+    assert rules.terminates(parse_host("github.com"), 443)
+    assert not rules.terminates(parse_host("api.github.com"), 443)
+    assert RequestPolicy(deny=("POST */x",)).terminates(parse_host("any.test"), 443)
+    mask = MaskSpec(name="T", placeholder="p", secret="s", hosts=("*.example.test",))
+    masked = RequestPolicy(masks=(mask,))
+    assert masked.terminates(parse_host("api.example.test"), 443)
+    assert not masked.terminates(parse_host("example.test"), 443)
+    assert not RequestPolicy()
+
+
+def test_normalises_paths() -> None:
+    assert normalise_path(b"/a//b/../c/%2e%2e/d?q#f") == "/a/d"
+    assert normalise_path(b"/a/b/") == "/a/b/"
+    assert normalise_path(b"x") == "/x"
+    assert normalise_path(b"/../../etc") == "/etc"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("POST", 'expected "METHOD host/path"'),
+        ("post */x", "not an HTTP method"),
+        ("GET /x", "names no host"),
+        ("GET a b/x", "cannot contain spaces"),
+        ("GET exa%mple.com/x", "not a valid host"),
+    ],
+)
+def test_refuses_malformed_rules(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        parse_rule(text)
+
+
+def test_substitutes_only_towards_the_named_hosts_and_headers() -> None:
+    mask = MaskSpec(
+        name="GH",
+        placeholder="corral_masked_abc",
+        secret="ghp_real",
+        hosts=("api.github.com",),
+        headers=("authorization", "x-api-key"),
+    )
+    policy = RequestPolicy(masks=(mask,))
+    basic = b"Basic " + base64.b64encode(b"x:corral_masked_abc")
+    headers = [
+        (b"authorization", b"Bearer corral_masked_abc"),
+        (b"x-api-key", b"corral_masked_abc"),
+        (b"x-other", b"corral_masked_abc"),
+    ]
+    out, used = policy.substitute(parse_host("api.github.com"), 443, headers)
+    assert out == [
+        (b"authorization", b"Bearer ghp_real"),
+        (b"x-api-key", b"ghp_real"),
+        (b"x-other", b"corral_masked_abc"),  # not a named header
+    ]
+    assert used == ("GH",)
+    out, _ = policy.substitute(parse_host("api.github.com"), 443, [(b"authorization", basic)])
+    assert out == [(b"authorization", b"Basic " + base64.b64encode(b"x:ghp_real"))]
+    # another host: the placeholder stays
+    out, used = policy.substitute(parse_host("evil.test"), 443, headers)
+    assert out == headers
+    assert used == ()
+    assert "ghp_real" not in repr(mask)
+
+
+def _error(world: SettingsWorld, data: Any) -> _exceptions.SettingsError:
+    world.user(data)
+    with pytest.raises(_exceptions.SettingsError) as info:
+        world.load()
+    return info.value
+
+
+@pytest.mark.parametrize(
+    ("data", "key", "message"),
+    [
+        ({"network": {"denyRequests": ["POST"]}}, "network.denyRequests[0]", "METHOD host/path"),
+        (
+            {"network": {"allowRequests": ["GET ok.test/", "get x/y"]}},
+            "network.allowRequests[1]",
+            "not an HTTP method",
+        ),
+        (
+            {"credentials": [{"name": "T", "from": "env:T", "commands": ["*"], "mode": "mask"}]},
+            "credentials[0].hosts",
+            "needs the hosts",
+        ),
+        (
+            {
+                "credentials": [
+                    {"name": "T", "from": "env:T", "commands": ["*"], "headers": ["x-key"]}
+                ]
+            },
+            "credentials[0].headers",
+            '"mask" only',
+        ),
+        (
+            {
+                "credentials": [
+                    {
+                        "name": "T",
+                        "from": "env:T",
+                        "commands": ["*"],
+                        "hosts": ["a.test"],
+                        "mode": "mask",
+                        "headers": ["Host"],
+                    }
+                ]
+            },
+            "credentials[0].headers[0]",
+            "cannot carry a credential",
+        ),
+    ],
+)
+def test_settings_errors_are_located(
+    world: SettingsWorld, data: Any, key: str, message: str
+) -> None:
+    err = _error(world, data)
+    assert err.key == key
+    assert message in err.message
+
+
+def test_settings_load_rules_and_masks(world: SettingsWorld) -> None:
+    world.user(
+        {
+            "network": {
+                "mode": "allowlist",
+                "allow": ["github.com"],
+                "denyRequests": ["POST  */git-receive-pack"],
+                "allowRequests": ["GET github.com/*"],
+            },
+            "credentials": [
+                {
+                    "name": "GH_TOKEN",
+                    "from": "env:GH",
+                    "commands": ["git *"],
+                    "hosts": ["github.com"],
+                    "mode": "mask",
+                    "headers": ["Authorization", "X-Token"],
+                }
+            ],
+        }
+    )
+    policy = world.load().policy
+    assert policy.network.deny_requests == ("POST */git-receive-pack",)
+    assert policy.network.allow_requests == ("GET github.com/*",)
+    (credential,) = policy.credentials
+    assert credential.headers == ("authorization", "x-token")
