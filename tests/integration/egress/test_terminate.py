@@ -15,6 +15,7 @@ import http.server
 import json
 import os
 import shutil
+import socket
 import ssl
 import subprocess
 import sys
@@ -424,3 +425,134 @@ def test_request_rules_refuse_npm_publish(
         v.kind == "network" and "PUT registry.example.test/*" in v.rule for v in outcome.violations
     ), (outcome.violations, outcome.text())
     assert not any(m == "PUT" for m, _p, _h, _b in good.seen)
+
+
+# ---------------------------------------------------------------- the proxy alone, on loopback
+class _Terminating:
+    """An EgressProxy with a masked credential for api.example.test, on the host's loopback."""
+
+    def __init__(self, good: _TLSServer, upstream_ca: str | None, **rules: Any) -> None:
+        from corral.egress._resolve import StaticResolver
+        from corral.egress._rules import MaskSpec, RequestPolicy
+        from corral.egress._server import EgressProxy
+        from corral.egress._tls import Terminator, make_ca
+        from corral.egress.allowlist import Allowlist
+
+        self.ca = make_ca()
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        mask = MaskSpec(
+            name="GH", placeholder="corral_masked_x", secret=SECRET, hosts=("api.example.test",)
+        )
+        self.proxy = EgressProxy(
+            allowlist=Allowlist(allow=["*.example.test", "evil.test", f"127.0.0.1:{good.port}"]),
+            token="tok",
+            resolver=StaticResolver(
+                {n: ["127.0.0.1"] for n in ("api.example.test", "evil.test", "x.example.test")}
+            ),
+            requests=RequestPolicy(masks=(mask,), **rules),
+            terminator=Terminator(*self.ca, upstream_ca),
+        )
+        self.proxy.start(listener.detach())
+        self.proxy.wait_ready()
+
+    def tunnel(self, host: str, port: int) -> ssl.SSLSocket:
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=10)
+        auth = base64.b64encode(b"c:tok").decode()
+        sock.sendall(
+            f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        context = ssl.create_default_context(cadata=self.ca[0].decode())
+        return context.wrap_socket(sock, server_hostname=host)
+
+    def close(self) -> list[Any]:
+        attempts = self.proxy.close()
+        assert self.proxy.error is None
+        assert self.proxy.statistics()["handler_errors"] == 0
+        return attempts
+
+
+def _exchange(tls: ssl.SSLSocket, request: str) -> bytes:
+    tls.sendall(request.encode())
+    data = b""
+    while True:
+        chunk = tls.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+
+
+def test_the_proxy_refuses_an_upstream_it_cannot_verify_and_sends_it_nothing(
+    servers: tuple[_TLSServer, _TLSServer],
+) -> None:
+    good, _other = servers
+    proxy = _Terminating(good, upstream_ca=None)  # the system's trust: the test CA is unknown
+    try:
+        with proxy.tunnel("api.example.test", good.port) as tls:
+            reply = _exchange(
+                tls,
+                "GET /x HTTP/1.1\r\nHost: api.example.test\r\nAuthorization: Bearer "
+                "corral_masked_x\r\nConnection: close\r\n\r\n",
+            )
+    finally:
+        attempts = proxy.close()
+    assert reply.startswith(b"HTTP/1.1 502"), reply
+    assert b"upstream-tls-failed" in reply
+    assert good.seen == []  # no request, so no secret, reached the unverified server
+    assert any("TLS to api.example.test" in a.error for a in attempts)
+
+
+def test_a_terminated_tunnel_serves_only_its_own_host(
+    servers: tuple[_TLSServer, _TLSServer], tls_files: tuple[str, str]
+) -> None:
+    good, _other = servers
+    proxy = _Terminating(good, upstream_ca=tls_files[0])
+    try:
+        with proxy.tunnel("api.example.test", good.port) as tls:
+            fronted = _exchange(
+                tls,
+                "GET /x HTTP/1.1\r\nHost: x.example.test\r\nAuthorization: Bearer "
+                "corral_masked_x\r\n\r\n",
+            )
+        with proxy.tunnel("api.example.test", good.port) as tls:
+            served = _exchange(
+                tls,
+                f"GET /ok HTTP/1.1\r\nHost: api.example.test:{good.port}\r\n"
+                "Authorization: Bearer corral_masked_x\r\nConnection: close\r\n\r\n",
+            )
+    finally:
+        attempts = proxy.close()
+    assert fronted.startswith(b"HTTP/1.1 421"), fronted
+    assert served.startswith(b"HTTP/1.1 200"), served
+    assert served.endswith(b"authorized GET /ok\n")
+    assert [p for _m, p, _h, _b in good.seen] == ["/ok"]
+    assert any(a.decision == "deny" and "another host" in a.rule for a in attempts)
+
+
+def test_socks5_is_refused_for_terminated_hosts(
+    servers: tuple[_TLSServer, _TLSServer], tls_files: tuple[str, str]
+) -> None:
+    good, _other = servers
+    proxy = _Terminating(good, upstream_ca=tls_files[0])
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            sock.sendall(b"\x05\x01\x02")
+            assert sock.recv(2) == b"\x05\x02"
+            sock.sendall(b"\x01\x01c\x03tok")
+            assert sock.recv(2) == b"\x01\x00"
+            name = b"api.example.test"
+            sock.sendall(
+                b"\x05\x01\x00\x03" + bytes([len(name)]) + name + good.port.to_bytes(2, "big")
+            )
+            assert sock.recv(2) == b"\x05\x02"  # not allowed by the ruleset
+    finally:
+        attempts = proxy.close()
+    assert any("use HTTPS_PROXY" in a.rule for a in attempts)
+    assert good.seen == []
