@@ -48,6 +48,7 @@ import h11
 from ..policy._hosts import Host, parse_host, split_authority
 from ._context import Attempt, printable
 from ._relay import Counter, relay
+from ._sni import NameRefused, first_flight
 from ._upstream import Refused, Upstream, open_upstream
 
 TYPE_CHECKING = False
@@ -452,18 +453,24 @@ class _Session:
             await self._terminate(host, port, upstream, attempt)
             return
         counter = Counter()
+        mismatch: NameRefused | None = None
         try:
             await self._send(
                 h11.Response(status_code=200, headers=[], reason=b"Connection established")
             )
-            early = self.conn.trailing_data[0]
-            await relay(self.sock, upstream.sock, counter, to_upstream=bytes(early))
+            early = bytes(self.conn.trailing_data[0])
+            up, down = await first_flight(self.ctx, self.sock, upstream.sock, host, port, early)
+            await relay(self.sock, upstream.sock, counter, to_upstream=up, to_client=down)
+        except NameRefused as exc:
+            mismatch = exc
         except OSError:
             pass
         finally:
             upstream.sock.close()
             self.ctx.log.add(
-                attempt.finish(
+                attempt.finish(decision="deny", rule=mismatch.rule)
+                if mismatch is not None
+                else attempt.finish(
                     decision="allow",
                     rule=upstream.decision.rule,
                     bytes_up=counter.up,

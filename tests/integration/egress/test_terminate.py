@@ -556,3 +556,28 @@ def test_socks5_is_refused_for_terminated_hosts(
         attempts = proxy.close()
     assert any("use HTTPS_PROXY" in a.rule for a in attempts)
     assert good.seen == []
+
+
+@pytest.mark.skipif(CURL is None, reason="curl is needed")
+def test_an_sni_mismatch_from_the_sandbox_is_refused_and_recorded(
+    world: World, servers: tuple[_TLSServer, _TLSServer], tls_files: tuple[str, str]
+) -> None:
+    _good, other = servers
+    cert = os.path.join(world.workspace, "ca.pem")
+    shutil.copy(tls_files[0], cert)
+    port = other.port
+    policy = world.policy(allow=(*world.allow, f"127.0.0.1:{port}"), deny=())
+    # CONNECT api.example.test (allowed), TLS for registry.example.test: fronting
+    outcome = world.run(
+        f"curl -sS --cacert {cert} https://api.example.test:{port}/ok; "
+        f"curl -sS --cacert {cert} --connect-to registry.example.test:{port}:"
+        f"api.example.test:{port} https://registry.example.test:{port}/fronted",
+        policy,
+        {**world.environ, "CORRAL_EGRESS_UPSTREAM_CA": tls_files[0]},
+    )
+    assert outcome.returncode != 0
+    assert outcome.text() == "who are you\n"  # the first request, unauthenticated, is served
+    (violation,) = outcome.violations
+    assert violation.kind == "network"
+    assert "registry.example.test is not the tunnel's host api.example.test" in violation.rule
+    assert [p for _m, p, _h, _b in other.seen] == ["/ok"]
