@@ -28,6 +28,7 @@ __all__ = [
     "credentials_for",
     "egress_spec",
     "injected_credentials",
+    "local_forwards",
     "mask_placeholder",
     "needs_termination",
     "read_credential_file",
@@ -59,6 +60,28 @@ def needs_termination(request: ExecRequest, policy: Policy) -> bool:
     if network.allow_requests or network.deny_requests:
         return True
     return any(c.mode == "mask" for c in credentials_for(request, policy))
+
+
+def local_forwards(allow: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
+    """``(port, rule)`` of the host's loopback services that ``network.allow`` names by port.
+
+    ``localhost:PORT``, ``127.0.0.1:PORT`` and ``[::1]:PORT`` are forwarded:
+    the proxy listens on ``127.0.0.1:PORT`` inside the sandbox and connects to
+    the host's ``127.0.0.1:PORT``, so plain clients reach them at the same
+    address (their proxy variables skip loopback).
+    """
+    forwards: dict[int, str] = {}
+    for text in allow:
+        pattern = parse_pattern(text)
+        if pattern.port is None:
+            continue
+        if (
+            (pattern.kind == "name" and pattern.name == "localhost")
+            or (pattern.version == 4 and pattern.prefix == 32 and pattern.value == 0x7F000001)
+            or (pattern.version == 6 and pattern.prefix == 128 and pattern.value == 1)
+        ):
+            forwards.setdefault(pattern.port, f"network.allow: {pattern.text}")
+    return tuple(sorted(forwards.items()))
 
 
 def check_request_rules(policy: Policy, *, terminating: bool, backend: str) -> None:
@@ -210,12 +233,20 @@ def egress_spec(
     hosts_file = dict(facts.environ).get(HOSTS_ENV) or None
     if hosts_file is not None and not hosts_file.startswith("/"):
         raise UsageError(f"{HOSTS_ENV}={hosts_file!r} must be an absolute path")
+    forwards = local_forwards(network.allow)
+    for port, rule in forwards:
+        if port == PROXY_PORT:
+            raise UsageError(
+                f"{rule}: port {PROXY_PORT} is the egress proxy's own port inside the sandbox",
+                hint="run the local service on another port",
+            )
     spec = EgressSpec(
         allow=network.allow,
         deny=network.deny,
         port=PROXY_PORT,
         token=facts.egress_token,
         hosts_file=hosts_file,
+        forwards=forwards,
     )
     if not terminating:
         return spec

@@ -95,6 +95,10 @@ class EgressSpec(Record):
             fields as ``(name, placeholder, secret, hosts, headers)``).
         ca: the per-run CA ``(certificate PEM, key PEM)`` for terminated
             tunnels (empty without rules and masks). The key stays in corral.
+        forwards: ``(port, rule)`` of the host's loopback services that
+            ``network.allow`` names (``localhost:PORT``, ``127.0.0.1:PORT``):
+            the proxy listens on ``127.0.0.1:PORT`` inside the sandbox too and
+            relays each connection to the host's ``127.0.0.1:PORT``.
         upstream_ca: a PEM file that replaces the system trust store when
             the proxy verifies terminated hosts (``CORRAL_EGRESS_UPSTREAM_CA``).
         netns: where the proxy listens. ``"sandbox"``: in the network
@@ -115,13 +119,15 @@ class EgressSpec(Record):
     masks: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = ()
     ca: tuple[bytes, bytes] | tuple[()] = ()
     upstream_ca: str | None = None
+    forwards: tuple[tuple[int, str], ...] = ()
     netns: str = "sandbox"
 
     def __repr__(self) -> str:  # the token, the secrets and the CA key never print
         return (
             f"EgressSpec(allow={self.allow!r}, deny={self.deny!r}, port={self.port}, "
             f"rules={len(self.allow_requests) + len(self.deny_requests)}, "
-            f"masks={[m[0] for m in self.masks]!r}, netns={self.netns!r})"
+            f"masks={[m[0] for m in self.masks]!r}, forwards={self.forwards!r}, "
+            f"netns={self.netns!r})"
         )
 
 

@@ -26,7 +26,7 @@ This module stays light (it is imported on the ``corral run`` path):
 from __future__ import annotations
 
 from .._exceptions import ProxyStartFailed
-from ._netns import fresh_listener, open_listener
+from ._netns import fresh_listener, listen_in, open_listener
 from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
@@ -116,9 +116,23 @@ def start_for_sandbox(
             the rules are invalid or the hosts file cannot be read.
     """
     proxy = _proxy(spec, resolver)
-    fd = open_listener(sandbox_pid, spec.port)
-    proxy.start(fd)
+    fds: list[int] = []
+    try:
+        fds.append(open_listener(sandbox_pid, spec.port))
+        for port, _rule in spec.forwards:  # the host's local services, at the same address
+            fds.append(open_listener(sandbox_pid, port))
+    except BaseException:
+        import os
+
+        for fd in fds:
+            os.close(fd)
+        raise
+    proxy.start(fds[0], _forwards(spec, fds[1:]))
     return EgressHandle(proxy)
+
+
+def _forwards(spec: EgressSpec, fds: list[int]) -> tuple[tuple[int, int, str], ...]:
+    return tuple((fd, port, rule) for fd, (port, rule) in zip(fds, spec.forwards, strict=True))
 
 
 def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = None) -> EgressHandle:
@@ -134,11 +148,19 @@ def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = No
     """
     proxy = _proxy(spec, resolver)
     netns_fd, fd = fresh_listener(spec.port)
-    try:
-        proxy.start(fd)
-    except BaseException:
-        import os
+    import os
 
+    extra: list[int] = []
+    try:
+        for port, _rule in spec.forwards:
+            extra.append(listen_in(netns_fd, port))
+    except BaseException:
+        for other in (fd, *extra, netns_fd):
+            os.close(other)
+        raise
+    try:
+        proxy.start(fd, _forwards(spec, extra))  # owns the listeners from here on
+    except BaseException:
         os.close(netns_fd)
         raise
     return EgressHandle(proxy, netns_fd=netns_fd)
