@@ -415,7 +415,9 @@ CORE_KEYS: tuple[Key, ...] = (
             "canonicalisation. Over-broad patterns (*, *.com, public or multi-tenant suffixes "
             "such as *.co.uk or *.ngrok.io, networks wider than /8 or /16) are refused. A name "
             "that resolves to a loopback, private, link-local, shared (CGNAT) or cloud-metadata "
-            "address is refused unless that address is allowed too."
+            "address is refused unless that address is allowed too. localhost:PORT, "
+            "127.0.0.1:PORT and [::1]:PORT name a local service on the host: it is forwarded "
+            "to the same address inside the sandbox."
         ),
     ),
     Key(
