@@ -49,7 +49,7 @@ from ..policy._hosts import Host, parse_host, split_authority
 from ._context import Attempt, printable
 from ._relay import Counter, relay
 from ._sni import NameRefused, first_flight
-from ._upstream import Refused, Upstream, open_upstream
+from ._upstream import Refused, Upstream, connect_local, open_upstream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -206,13 +206,20 @@ class _SockChannel:
 
 
 class _Terminated:
-    """The fixed destination of a session inside a terminated tunnel."""
+    """The fixed destination of a session whose requests the proxy reads.
 
-    __slots__ = ("host", "port")
+    A terminated tunnel (TLS both ways), or a forwarded local service
+    (*forward*: the rule that forwards it; plain or TLS as the client speaks,
+    always to the host's ``127.0.0.1:port``).
+    """
 
-    def __init__(self, host: Host, port: int) -> None:
+    __slots__ = ("forward", "host", "port", "tls")
+
+    def __init__(self, host: Host, port: int, *, tls: bool = True, forward: str = "") -> None:
         self.host = host
         self.port = port
+        self.tls = tls
+        self.forward = forward
 
 
 def _same_host(value: bytes, host: Host, port: int) -> bool:
@@ -397,7 +404,8 @@ class _Session:
             return False
         for name, value in request.headers:
             # the tunnel is for this host only: another Host is domain fronting
-            if name == b"host" and not _same_host(value, host, port):
+            # (a forward always goes to the local port, whatever Host says)
+            if name == b"host" and not terminated.forward and not _same_host(value, host, port):
                 rule = f"the Host header names another host than the tunnel ({host.text})"
                 self.ctx.log.add(attempt.finish(decision="deny", rule=rule))
                 await self._send_error(421, reason="host-mismatch", rule=rule, message=rule)
@@ -540,8 +548,12 @@ class _Session:
 
     async def _open_upstream(self, host: Host, port: int) -> None:
         """Connect (and, in a terminated tunnel, speak TLS) to *host*:*port*. Raises Refused."""
-        upstream = await open_upstream(self.ctx, host, port)
-        if self.terminated is None:
+        fixed = self.terminated
+        if fixed is not None and fixed.forward:
+            upstream = await connect_local(self.ctx, host, port, fixed.forward)
+        else:
+            upstream = await open_upstream(self.ctx, host, port)
+        if fixed is None or not fixed.tls:
             io: _SockChannel | TLSChannel = _SockChannel(self.loop, upstream.sock)
         else:
             try:
@@ -611,7 +623,7 @@ class _Session:
     ) -> bool:
         """Send one request upstream and stream the response back; True if both completed."""
         authority = host.authority(port)
-        if port == (80 if self.terminated is None else 443):
+        if port == (443 if self.terminated is not None and self.terminated.tls else 80):
             authority = authority.rpartition(":")[0]
         headers = [(b"host", authority.encode("ascii")), *_forwardable(request.headers)]
         if self.ctx.requests is not None and self.ctx.requests.masks:
@@ -683,6 +695,45 @@ class _Session:
                     decision="allow",
                 )
             return False
+
+
+async def serve_forwarded(
+    ctx: ProxyContext, sock: socket.socket, host: Host, port: int, rule: str
+) -> None:
+    """Serve a connection to a forwarded local service whose requests must be read.
+
+    Request rules or a masked credential name the service, so its bytes are
+    not relayed blindly: a client that starts with a TLS handshake gets TLS
+    terminated (the per-run CA's certificate for *host*; the service is
+    verified like any terminated host), anything else is parsed as HTTP/1.1.
+    Either way each request is checked and its placeholders replaced, exactly
+    as in a terminated tunnel; what is not HTTP is refused (fails closed).
+    """
+    from ._tls import TLSChannel
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.limits.header_timeout
+    try:
+        async with asyncio.timeout_at(deadline):
+            first = await loop.sock_recv(sock, _CHUNK)
+        if not first:
+            return
+        tls = first[0] == 0x16
+        session = _Session(ctx, sock, terminated=_Terminated(host, port, tls=tls, forward=rule))
+        if tls:
+            if ctx.terminator is None:
+                return
+            client = TLSChannel(
+                loop, sock, ctx.terminator.server_context(host.text), server_side=True,
+                initial=first,
+            )  # fmt: skip
+            async with asyncio.timeout_at(deadline):
+                await client.handshake()
+            session.client = client
+            first = b""
+        await session.run(first, deadline)
+    except (OSError, TimeoutError, h11.ProtocolError):
+        pass
 
 
 async def serve_http(

@@ -318,14 +318,32 @@ class EgressProxy:
     async def _forwarded(
         self, conn: socket.socket, context: ProxyContext, port: int, rule: str
     ) -> None:
-        """Relay a connection to a forwarded local service to the host's ``127.0.0.1:port``."""
+        """Relay a connection to a forwarded local service to the host's ``127.0.0.1:port``.
+
+        Raw bytes, unless request rules or a masked credential name the
+        service: then its requests are read like a terminated tunnel's.
+        """
         import asyncio
         import socket
 
+        from ..policy._hosts import parse_host, split_authority
         from ._context import Attempt
         from ._relay import Counter, relay
         from ._upstream import tune
 
+        # the host the rule names (localhost, 127.0.0.1, ::1): what rules and masks match
+        host = parse_host(split_authority(rule.removeprefix("network.allow: "))[0])
+        if context.terminates(host, port):  # rules or masks name it: its requests are read
+            from ._http_proxy import serve_forwarded
+
+            try:
+                tune(conn)
+                await serve_forwarded(context, conn, host, port, rule)
+            except Exception:  # a bug must cost one connection, never the proxy
+                self._handler_errors += 1
+            finally:
+                conn.close()
+            return
         loop = asyncio.get_running_loop()
         attempt = Attempt("127.0.0.1", port, "FORWARD")
         counter = Counter()

@@ -23,7 +23,6 @@ Nothing here reads files or the environment.
 from __future__ import annotations
 
 import posixpath
-import re
 
 from .._exceptions import SettingsError
 from .._frozen import Record
@@ -58,6 +57,10 @@ REMOVE = "-"
 
 _CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode", "headers")
 _REQUEST_RULE_KEYS = ("network.allowRequests", "network.denyRequests")
+#: The characters of an HTTP token (RFC 9110), e.g. a header name.
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
 _CREDENTIAL_MODES = ("env", "mask")
 _MAX_INT = (1 << 31) - 1
 
@@ -536,7 +539,7 @@ class _Checker:
     def header_name(self, raw: object, key: str) -> str:
         """An HTTP header name (a token), in lower case."""
         text = self.text(raw, key, what="a header name")
-        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", text):
+        if not set(text) <= _TOKEN_CHARS:
             self.fail(key, f"{describe(text)} is not an HTTP header name")
         if text.lower() in ("host", "proxy-authorization", "content-length", "transfer-encoding"):
             self.fail(key, f"{describe(text)} cannot carry a credential")

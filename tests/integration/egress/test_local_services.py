@@ -54,3 +54,23 @@ def test_curl_reaches_an_allowed_local_service_and_nothing_else(world: World) ->
 def test_the_proxy_port_cannot_be_forwarded(world: World) -> None:
     with pytest.raises(UsageError, match="the egress proxy's own port"):
         world.run(["true"], world.policy(allow=("127.0.0.1:3128",)))
+
+
+@pytest.mark.skipif(CURL is None, reason="curl is not installed (apt-get install curl)")
+def test_request_rules_hold_on_a_forwarded_local_service(world: World) -> None:
+    pytest.importorskip("cryptography")
+    port = world.upstream.port
+    policy = world.policy(allow=("example.test", f"localhost:{port}"))
+    policy = policy.replace(
+        network=policy.network.replace(deny_requests=("POST */git-receive-pack",))
+    )
+    outcome = world.run(
+        f"curl -sS http://localhost:{port}/hello.txt && "
+        f"curl -sS -X POST -d x http://127.0.0.1:{port}/r.git/git-receive-pack",
+        policy,
+    )
+    out = _ok(outcome)
+    assert out.startswith("hello through the proxy\ncorral: blocked request POST"), out
+    assert [r["path"] for r in world.upstream.seen.requests] == ["/hello.txt"]
+    (violation,) = outcome.violations
+    assert violation.rule == "network.denyRequests: POST */git-receive-pack"
