@@ -317,7 +317,16 @@ def _termination_rows(
         f"for i in $(seq {count}); do {curl} -sS -o /dev/null -w '%{{time_total}}\\n' "
         f'"$@" {url}; done'
     )
-    plain, _ = _sandboxed(ctx, policy, ["sh", "-c", loop, "sh", "--cacert", certificate[0]], env)
+    # the plain tunnel's client loads as many roots as the terminated one (the system's
+    # bundle plus one certificate), so the rows differ by the termination only
+    from ..backends._egress import trust_bundle
+
+    with open(certificate[0], "rb") as f:
+        _path, roots = trust_bundle(f.read())
+    bundle = os.path.join(ctx.workspace, "bench-roots.pem")
+    with open(bundle, "wb") as f:
+        f.write(roots)
+    plain, _ = _sandboxed(ctx, policy, ["sh", "-c", loop, "sh", "--cacert", bundle], env)
     terminated_policy = policy.replace(
         network=policy.network.replace(allow_requests=("GET bench.test/*",))
     )
