@@ -626,7 +626,15 @@ class _Session:
         if port == (443 if self.terminated is not None and self.terminated.tls else 80):
             authority = authority.rpartition(":")[0]
         headers = [(b"host", authority.encode("ascii")), *_forwardable(request.headers)]
-        if self.ctx.requests is not None and self.ctx.requests.masks:
+        fixed = self.terminated
+        if (
+            fixed is not None
+            and (fixed.tls or fixed.forward)
+            and self.ctx.requests is not None
+            and self.ctx.requests.masks
+        ):
+            # secrets go out inside TLS (or to a forwarded service on the host's own
+            # loopback), never in clear text on the network
             headers, _used = self.ctx.requests.substitute(host, port, headers)
         io = self.upstream_io
         assert io is not None

@@ -581,3 +581,23 @@ def test_an_sni_mismatch_from_the_sandbox_is_refused_and_recorded(
     assert violation.kind == "network"
     assert "registry.example.test is not the tunnel's host api.example.test" in violation.rule
     assert [p for _m, p, _h, _b in other.seen] == ["/ok"]
+
+
+def test_a_plain_http_request_never_carries_the_secret(upstream: Upstream) -> None:
+    proxy = _Terminating(upstream, upstream_ca=None)  # type: ignore[arg-type]
+    try:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            auth = base64.b64encode(b"c:tok").decode()
+            sock.sendall(
+                f"GET http://api.example.test:{upstream.port}/plain HTTP/1.1\r\n"
+                f"Host: api.example.test\r\nProxy-Authorization: Basic {auth}\r\n"
+                "Authorization: Bearer corral_masked_x\r\nConnection: close\r\n\r\n".encode()
+            )
+            reply = b""
+            while chunk := sock.recv(65536):
+                reply += chunk
+    finally:
+        proxy.close()
+    assert reply.startswith(b"HTTP/1.1 200"), reply
+    (seen,) = upstream.seen.requests
+    assert seen["headers"]["authorization"] == "Bearer corral_masked_x"  # clear text: no secret
