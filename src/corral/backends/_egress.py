@@ -274,8 +274,8 @@ def egress_spec(
 
 def _masks(
     request: ExecRequest, policy: Policy, facts: HostFacts
-) -> tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...]:
-    """``(name, placeholder, secret, hosts, headers)`` of the masked credentials that apply."""
+) -> tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...], bool], ...]:
+    """``(name, placeholder, secret, hosts, headers, query)`` of the masked credentials that apply."""
     return tuple(
         (
             credential.name,
@@ -283,6 +283,7 @@ def _masks(
             value,
             credential.hosts,
             credential.headers or ("authorization",),
+            credential.query,
         )
         for credential, value in _credential_values(request, policy, facts)
         if credential.mode == "mask"

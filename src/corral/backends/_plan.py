@@ -92,7 +92,7 @@ class EgressSpec(Record):
             (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
         allow_requests, deny_requests: request rules (``network.*Requests``).
         masks: the masked credentials (:class:`corral.egress._rules.MaskSpec`
-            fields as ``(name, placeholder, secret, hosts, headers)``).
+            fields as ``(name, placeholder, secret, hosts, headers, query)``).
         ca: the per-run CA ``(certificate PEM, key PEM)`` for terminated
             tunnels (empty without rules and masks). The key stays in corral.
         forwards: ``(port, rule)`` of the host's loopback services that
@@ -116,7 +116,7 @@ class EgressSpec(Record):
     hosts_file: str | None = None
     allow_requests: tuple[str, ...] = ()
     deny_requests: tuple[str, ...] = ()
-    masks: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...]], ...] = ()
+    masks: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...], bool], ...] = ()
     ca: tuple[bytes, bytes] | tuple[()] = ()
     upstream_ca: str | None = None
     forwards: tuple[tuple[int, str], ...] = ()

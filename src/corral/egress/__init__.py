@@ -193,8 +193,8 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
                 allow=spec.allow_requests,
                 deny=spec.deny_requests,
                 masks=tuple(
-                    MaskSpec(name=n, placeholder=p, secret=v, hosts=h, headers=hd)
-                    for n, p, v, h, hd in spec.masks
+                    MaskSpec(name=n, placeholder=p, secret=v, hosts=h, headers=hd, query=q)
+                    for n, p, v, h, hd, q in spec.masks
                 ),
             )
             if not spec.ca:

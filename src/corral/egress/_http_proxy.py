@@ -636,6 +636,7 @@ class _Session:
             # secrets go out inside TLS (or to a forwarded service on the host's own
             # loopback), never in clear text on the network
             headers, _used = self.ctx.requests.substitute(host, port, headers)
+            path = self.ctx.requests.substitute_query(host, port, path)
         io = self.upstream_io
         assert io is not None
 

@@ -114,6 +114,7 @@ class MaskSpec(Record):
         secret: the real value, substituted only towards ``hosts``.
         hosts: host patterns where the secret may go.
         headers: lower-case header names searched (``authorization`` by default).
+        query: also replace the placeholder in the request target's query string.
     """
 
     name: str
@@ -121,6 +122,7 @@ class MaskSpec(Record):
     secret: str
     hosts: tuple[str, ...]
     headers: tuple[str, ...] = ("authorization",)
+    query: bool = False
 
     def __repr__(self) -> str:  # never print the secret
         return f"MaskSpec(name={self.name!r}, hosts={self.hosts!r})"
@@ -202,6 +204,22 @@ class RequestPolicy:
                     if mask.name not in used:
                         used.append(mask.name)
         return out, tuple(used)
+
+    def substitute_query(self, host: Host, port: int, target: bytes) -> bytes:
+        """*target* with placeholders in its query replaced, for the masks that allow it."""
+        path, sep, query = target.partition(b"?")
+        if not sep:
+            return target
+        for mask, patterns in zip(self.masks, self._mask_hosts, strict=True):
+            if mask.query and any(pattern_matches(p, host, port) for p in patterns):
+                query = query.replace(mask.placeholder.encode(), _query_escape(mask.secret))
+        return path + sep + query
+
+
+def _query_escape(secret: str) -> bytes:
+    from urllib.parse import quote
+
+    return quote(secret, safe="").encode("ascii")
 
 
 def _basic_substitute(value: bytes, placeholder: bytes, secret: bytes) -> bytes:

@@ -578,7 +578,8 @@ CORE_KEYS: tuple[Key, ...] = (
             "otherwise it is absent, even if env.pass would pass it. The audit log records the "
             'names injected, never the values. "mask": the sandbox gets a random per-run '
             "placeholder and the egress proxy puts the secret in its place only in requests to "
-            '`hosts` (needs hosts and allowlist mode; headers: ["authorization"] by default). '
+            '`hosts` (needs hosts and allowlist mode; "headers": ["authorization"] by default; '
+            '"query": true also replaces it in the URL query). '
             '"!NAME" removes an earlier credential.'
         ),
     ),

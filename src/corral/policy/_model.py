@@ -165,6 +165,8 @@ class Credential(Record):
             place only in requests to ``hosts``; see docs/egress.md).
         headers: for ``"mask"``: the request headers (lower case) in which the
             proxy replaces the placeholder; ``Authorization`` when empty.
+        query: for ``"mask"``: also replace it in the request URL's query
+            string (``?access_token=...``).
     """
 
     name: str
@@ -173,6 +175,7 @@ class Credential(Record):
     hosts: tuple[str, ...] = ()
     mode: str = "env"
     headers: tuple[str, ...] = ()
+    query: bool = False
 
 
 class Policy(Record):

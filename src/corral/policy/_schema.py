@@ -160,6 +160,12 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
                     ),
                     "enum": ["env", "mask"],
                 },
+                "query": {
+                    "description": (
+                        'For "mask": also replace the placeholder in the URL\'s query string.'
+                    ),
+                    "type": "boolean",
+                },
                 "headers": {
                     "description": (
                         'For "mask": request headers in which the placeholder is replaced '

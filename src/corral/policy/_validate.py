@@ -55,7 +55,7 @@ __all__ = [
 ADD = "+"
 REMOVE = "-"
 
-_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode", "headers")
+_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode", "headers", "query")
 _REQUEST_RULE_KEYS = ("network.allowRequests", "network.denyRequests")
 #: The characters of an HTTP token (RFC 9110), e.g. a header name.
 _TOKEN_CHARS = frozenset(
@@ -532,8 +532,19 @@ class _Checker:
             )
         if headers and mode != "mask":
             self.fail(f"{key}.headers", 'headers apply to "mode": "mask" only')
+        query = raw.get("query", False)
+        if not isinstance(query, bool):
+            self.fail(f"{key}.query", f"expected true or false, got {describe(query)}")
+        if query and mode != "mask":
+            self.fail(f"{key}.query", 'query applies to "mode": "mask" only')
         return Credential(
-            name=name, source=source, commands=commands, hosts=hosts, mode=mode, headers=headers
+            name=name,
+            source=source,
+            commands=commands,
+            hosts=hosts,
+            mode=mode,
+            headers=headers,
+            query=query,
         )
 
     def header_name(self, raw: object, key: str) -> str:

@@ -444,7 +444,11 @@ class _Terminating:
         listener.listen(16)
         self.port = listener.getsockname()[1]
         mask = MaskSpec(
-            name="GH", placeholder="corral_masked_x", secret=SECRET, hosts=("api.example.test",)
+            name="GH",
+            placeholder="corral_masked_x",
+            secret=SECRET,
+            hosts=("api.example.test",),
+            query=True,
         )
         self.proxy = EgressProxy(
             allowlist=Allowlist(allow=["*.example.test", "evil.test", f"127.0.0.1:{good.port}"]),
@@ -524,15 +528,15 @@ def test_a_terminated_tunnel_serves_only_its_own_host(
         with proxy.tunnel("api.example.test", good.port) as tls:
             served = _exchange(
                 tls,
-                f"GET /ok HTTP/1.1\r\nHost: api.example.test:{good.port}\r\n"
+                f"GET /ok?t=corral_masked_x HTTP/1.1\r\nHost: api.example.test:{good.port}\r\n"
                 "Authorization: Bearer corral_masked_x\r\nConnection: close\r\n\r\n",
             )
     finally:
         attempts = proxy.close()
     assert fronted.startswith(b"HTTP/1.1 421"), fronted
     assert served.startswith(b"HTTP/1.1 200"), served
-    assert served.endswith(b"authorized GET /ok\n")
-    assert [p for _m, p, _h, _b in good.seen] == ["/ok"]
+    assert served.endswith(f"authorized GET /ok?t={SECRET}\n".encode())
+    assert [p for _m, p, _h, _b in good.seen] == [f"/ok?t={SECRET}"]
     assert any(a.decision == "deny" and "another host" in a.rule for a in attempts)
 
 

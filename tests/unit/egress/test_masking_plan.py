@@ -61,7 +61,7 @@ def test_a_masked_credential_gives_the_sandbox_a_placeholder_and_the_proxy_the_s
     assert "ghp_real" not in repr(plan.argv) + repr(plan.env) + repr(plan.fds)
     assert "ghp_real" not in repr(plan.egress)  # the spec's repr never shows secrets
     assert plan.egress.masks == (
-        ("GH_TOKEN", placeholder, "ghp_real", ("github.com",), ("authorization",)),
+        ("GH_TOKEN", placeholder, "ghp_real", ("github.com",), ("authorization",), False),
     )
     assert plan.egress.ca == CA
     # the merged bundle replaces the system's, and every tool is pointed at it

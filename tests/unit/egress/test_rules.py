@@ -199,3 +199,27 @@ def test_settings_load_rules_and_masks(world: SettingsWorld) -> None:
     assert policy.network.allow_requests == ("GET github.com/*",)
     (credential,) = policy.credentials
     assert credential.headers == ("authorization", "x-token")
+
+
+def test_substitutes_in_the_query_only_when_the_mask_says_so() -> None:
+    host = parse_host("api.example.test")
+    with_query = MaskSpec(
+        name="Q", placeholder="corral_masked_q", secret="s e/c", hosts=("api.example.test",),
+        query=True,
+    )  # fmt: skip
+    policy = RequestPolicy(masks=(with_query,))
+    target = b"/v1?token=corral_masked_q&x=corral_masked_q"
+    assert policy.substitute_query(host, 443, target) == b"/v1?token=s%20e%2Fc&x=s%20e%2Fc"
+    assert policy.substitute_query(host, 443, b"/corral_masked_q") == b"/corral_masked_q"
+    assert policy.substitute_query(parse_host("evil.test"), 443, target) == target
+    without = RequestPolicy(masks=(with_query.replace(query=False),))
+    assert without.substitute_query(host, 443, target) == target
+
+
+def test_settings_refuse_query_outside_mask_mode(world: SettingsWorld) -> None:
+    credential = {"name": "T", "from": "env:T", "commands": ["*"], "query": True}
+    err = _error(world, {"credentials": [credential]})
+    assert err.key == "credentials[0].query"
+    err = _error(world, {"credentials": [{**credential, "mode": "mask", "hosts": ["a.test"],
+                                          "query": "yes"}]})  # fmt: skip
+    assert "expected true or false" in err.message
