@@ -40,7 +40,7 @@ from fnmatch import fnmatchcase
 from urllib.parse import unquote_to_bytes
 
 from .._frozen import Record
-from ..policy._hosts import Host, parse_pattern, pattern_matches
+from ..policy._hosts import Host, parse_host, parse_pattern, pattern_matches
 
 __all__ = ["MaskSpec", "RequestPolicy", "RequestRule", "normalise_path", "parse_rule"]
 
@@ -83,13 +83,17 @@ def parse_rule(text: str) -> RequestRule:
     host, slash, path = rest.partition("/")
     if not host:
         raise ValueError('the rule names no host (use "*" for every host)')
-    if host.strip("*?") and "*" not in host and "?" not in host:
+    if ":" in host or "[" in host:
+        raise ValueError("a request rule's host takes no port and no IPv6 literal")
+    if "*" not in host and "?" not in host:
         try:
-            parse_pattern(host)
+            host = parse_host(host).text  # canonical: lower case, IDNA, no trailing dot
         except ValueError as exc:
             raise ValueError(f"{host!r} is not a valid host: {exc}") from None
-        host = host.lower().rstrip(".")
-    return RequestRule(text=f"{method} {rest}", method=method, host=host.lower(), path=slash + path)
+    host = host.lower()
+    return RequestRule(
+        text=f"{method} {host}{slash}{path}", method=method, host=host, path=slash + path
+    )
 
 
 def normalise_path(target: bytes) -> str:

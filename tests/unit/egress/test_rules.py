@@ -79,6 +79,8 @@ def test_normalises_paths() -> None:
         ("GET /x", "names no host"),
         ("GET a b/x", "cannot contain spaces"),
         ("GET exa%mple.com/x", "not a valid host"),
+        ("GET github.com:8443/x", "no port"),
+        ("GET [::1]/x", "no port"),
     ],
 )
 def test_refuses_malformed_rules(text: str, message: str) -> None:
@@ -223,3 +225,30 @@ def test_settings_refuse_query_outside_mask_mode(world: SettingsWorld) -> None:
     err = _error(world, {"credentials": [{**credential, "mode": "mask", "hosts": ["a.test"],
                                           "query": "yes"}]})  # fmt: skip
     assert "expected true or false" in err.message
+
+
+def test_rule_hosts_are_canonical() -> None:
+    assert parse_rule("GET GitHub.COM./x").text == "GET github.com/x"
+    assert parse_rule("GET bücher.example/x").host == "xn--bcher-kva.example"
+    assert RequestPolicy(deny=("GET bücher.example/*",)).terminates(
+        parse_host("xn--bcher-kva.example"), 443
+    )
+
+
+def test_the_name_check_refuses_encrypted_client_hellos() -> None:
+    from corral.egress._context import ProxyContext, ProxyLimits
+    from corral.egress._resolve import StaticResolver
+    from corral.egress._sni import ClientHello, NameRefused, check_name
+    from corral.egress.allowlist import Allowlist
+
+    ctx = ProxyContext(
+        allowlist=Allowlist(allow=["a.test", "10.0.0.1"]),
+        token="t",
+        resolver=StaticResolver({}),
+        limits=ProxyLimits(),
+    )
+    with pytest.raises(NameRefused, match="ECH"):
+        check_name(ctx, ClientHello(sni="a.test", encrypted=True), parse_host("a.test"), 443)
+    # an address-only tunnel with ECH: nothing named to check against
+    check_name(ctx, ClientHello(sni=None, encrypted=True), parse_host("10.0.0.1"), 443)
+    check_name(ctx, ClientHello(sni="A.TEST.", encrypted=False), parse_host("a.test"), 443)
