@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     import asyncio
     import socket
 
-__all__ = ["TLSChannel", "Terminator", "make_ca"]
+__all__ = ["TLSChannel", "Terminator", "leaf", "make_ca"]
 
 _CHUNK = 65536
 
@@ -100,8 +100,8 @@ def make_ca() -> tuple[bytes, bytes]:
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
-def _leaf(ca_cert_pem: bytes, ca_key_pem: bytes, host: str) -> bytes:
-    """A PEM chain (leaf certificate, its key) for *host*, signed by the CA."""
+def leaf(ca_cert_pem: bytes, ca_key_pem: bytes, host: str, *more: str) -> bytes:
+    """A PEM chain (leaf certificate, its key) for *host* (and *more* names), signed by the CA."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -111,10 +111,12 @@ def _leaf(ca_cert_pem: bytes, ca_key_pem: bytes, host: str) -> bytes:
     ca_key = serialization.load_pem_private_key(ca_key_pem, None)
     assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
     key = ec.generate_private_key(ec.SECP256R1())
-    try:
-        alt: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
-    except ValueError:
-        alt = x509.DNSName(host)
+    alt: list[x509.GeneralName] = []
+    for name in (host, *more):
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(name)))
+        except ValueError:
+            alt.append(x509.DNSName(name))
     now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
@@ -124,7 +126,7 @@ def _leaf(ca_cert_pem: bytes, ca_key_pem: bytes, host: str) -> bytes:
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([alt]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
@@ -170,7 +172,7 @@ class Terminator:
         """The context presenting a certificate for *host* (minted once per run)."""
         context = self._servers.get(host)
         if context is None:
-            chain = _leaf(self._ca_cert, self._ca_key, host)
+            chain = leaf(self._ca_cert, self._ca_key, host)
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.set_alpn_protocols(["http/1.1"])

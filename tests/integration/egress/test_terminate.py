@@ -159,48 +159,15 @@ class _TLSServer(http.server.ThreadingHTTPServer):
 @pytest.fixture(scope="module")
 def tls_files(tmp_path_factory: Any) -> tuple[str, str]:
     """(test CA certificate, server chain with key) for the test names, made here."""
-    from corral.egress._tls import make_ca
+    from corral.egress._tls import leaf, make_ca
 
     where = tmp_path_factory.mktemp("upstream-ca")
     ca_cert, ca_key = make_ca()
     ca_file, server_file = where / "ca.pem", where / "server.pem"
     ca_file.write_bytes(ca_cert)
-    server_file.write_bytes(_multi_name_leaf(ca_cert, ca_key))
-    return str(ca_file), str(server_file)
-
-
-def _multi_name_leaf(ca_cert: bytes, ca_key: bytes) -> bytes:
-    import datetime
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    issuer = x509.load_pem_x509_certificate(ca_cert)
-    signer = serialization.load_pem_private_key(ca_key, None)
-    assert isinstance(signer, ec.EllipticCurvePrivateKey)
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
     names = ("api.example.test", "registry.example.test", "git.test", "evil.test")
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-        .issuer_name(issuer.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.DNSName(n) for n in names]), critical=False
-        )
-        .sign(signer, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
+    server_file.write_bytes(leaf(ca_cert, ca_key, *names))
+    return str(ca_file), str(server_file)
 
 
 @pytest.fixture
