@@ -416,7 +416,7 @@ class _Checker:
 
     def request_rule(self, raw: object, key: str) -> str:
         """A ``"METHOD host/path"`` request rule, in canonical form."""
-        from ..egress._rules import parse_rule
+        from ._requests import parse_rule
 
         text = self.text(raw, key, what='a request rule "METHOD host/path"')
         try:

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from corral import _exceptions
-from corral.egress._rules import MaskSpec, RequestPolicy, normalise_path, parse_rule
+from corral.egress._rules import MaskSpec, RequestPolicy
 from corral.policy._hosts import parse_host
+from corral.policy._requests import normalise_path, parse_rule
 
 from ..policy.conftest import SettingsWorld
 
