@@ -184,7 +184,10 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
                 "Failed to start the egress proxy: cannot read the hosts file "
                 f"{spec.hosts_file}: {exc}"
             ) from None
-    requests = terminator = None
+    import os
+
+    requests = None
+    terminator = None
     if spec.allow_requests or spec.deny_requests or spec.masks:
         from ._rules import MaskSpec, RequestPolicy
 
@@ -199,9 +202,15 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
             )
             if not spec.ca:
                 raise ValueError("no CA was drawn for terminating TLS")
+            if spec.upstream_ca is not None and not os.access(spec.upstream_ca, os.R_OK):
+                raise ValueError(f"cannot read the upstream CA file {spec.upstream_ca}")
             from ._tls import Terminator
 
-            terminator = Terminator(spec.ca[0], spec.ca[1], spec.upstream_ca)
+            ca_cert, ca_key, upstream_ca = spec.ca[0], spec.ca[1], spec.upstream_ca
+
+            def terminator() -> Terminator:  # made in the proxy's thread, on first use
+                return Terminator(ca_cert, ca_key, upstream_ca)
+
         except (ValueError, ImportError, OSError) as exc:
             raise ProxyStartFailed(f"Failed to start the egress proxy: {exc}") from None
     return EgressProxy(

@@ -38,6 +38,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     import socket
+    from collections.abc import Callable
 
     from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
@@ -77,7 +78,9 @@ class EgressProxy:
         limits: timeouts and bounds.
         requests: request rules and masked credentials (see
             :mod:`corral.egress._rules`), or None.
-        terminator: the TLS contexts for terminated tunnels; required when
+        terminator: the TLS contexts for terminated tunnels, or a callable
+            that makes them (called in the proxy's thread when the first
+            client arrives, off the command's start); required when
             *requests* names any host.
     """
 
@@ -89,7 +92,7 @@ class EgressProxy:
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
         requests: RequestPolicy | None = None,
-        terminator: Terminator | None = None,
+        terminator: Terminator | Callable[[], Terminator] | None = None,
     ) -> None:
         if not token:
             raise ValueError("the proxy needs a non-empty token")
@@ -249,7 +252,7 @@ class EgressProxy:
             resolver=self._resolver or SystemResolver(),
             limits=self._limits,
             requests=self._requests,
-            terminator=self._terminator,
+            terminator=self._terminator() if callable(self._terminator) else self._terminator,
         )
         self._context = context
         listener = socket.socket(fileno=self._listener_fd)
