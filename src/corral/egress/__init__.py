@@ -31,10 +31,13 @@ from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..backends._plan import EgressSpec
     from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
     from ._server import EgressProxy
+    from ._tls import Terminator
 
 __all__ = [
     "NOT_ALLOWED",
@@ -187,7 +190,6 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
     import os
 
     requests = None
-    terminator = None
     if spec.allow_requests or spec.deny_requests or spec.masks:
         from ._rules import MaskSpec, RequestPolicy
 
@@ -204,13 +206,6 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
                 raise ValueError("no CA was drawn for terminating TLS")
             if spec.upstream_ca is not None and not os.access(spec.upstream_ca, os.R_OK):
                 raise ValueError(f"cannot read the upstream CA file {spec.upstream_ca}")
-            from ._tls import Terminator
-
-            ca_cert, ca_key, upstream_ca = spec.ca[0], spec.ca[1], spec.upstream_ca
-
-            def terminator() -> Terminator:  # made in the proxy's thread, on first use
-                return Terminator(ca_cert, ca_key, upstream_ca)
-
         except (ValueError, ImportError, OSError) as exc:
             raise ProxyStartFailed(f"Failed to start the egress proxy: {exc}") from None
     return EgressProxy(
@@ -218,5 +213,19 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
         token=spec.token,
         resolver=resolver,
         requests=requests,
-        terminator=terminator,
+        terminator=_terminator_maker(spec) if requests is not None else None,
     )
+
+
+def _terminator_maker(spec: EgressSpec) -> Callable[[], Terminator]:
+    """Makes the TLS contexts in the proxy's thread, on first use (``ssl`` loads there)."""
+    assert spec.ca, "checked by _proxy"
+    ca_cert, ca_key = spec.ca
+    upstream_ca = spec.upstream_ca
+
+    def make() -> Terminator:
+        from ._tls import Terminator
+
+        return Terminator(ca_cert, ca_key, upstream_ca)
+
+    return make
