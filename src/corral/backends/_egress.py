@@ -103,9 +103,10 @@ def check_request_rules(policy: Policy, *, terminating: bool, backend: str) -> N
         why = f"the {backend} backend's proxy does not terminate TLS"
     else:
         return
+    rule = "network.denyRequests" if network.deny_requests else "network.allowRequests"
     raise EnforcementUnavailable(
-        f"Failed to enforce network.allowRequests/denyRequests: {why}",
-        rule="network.denyRequests" if network.deny_requests else "network.allowRequests",
+        f"Failed to enforce {rule}: {why}",
+        rule=rule,
         hint='use network.mode "allowlist" with the bubblewrap backend',
     )
 
