@@ -38,6 +38,7 @@ TOOL_PACKAGES = {
     "fish": "fish",
     "groff": "groff-base",
     "node": "nodejs",
+    "npm": "nodejs",  # NodeSource's nodejs holds npm; else .ci/run installs Debian's npm
     "podman": "podman",
     "catatonit": "catatonit",
     "runsc": "runsc",
