@@ -45,6 +45,7 @@ TOOL_PACKAGES = {
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    "fuse-overlayfs": "fuse-overlayfs",
     "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)
     "claude": "npm:@anthropic-ai/claude-code",
