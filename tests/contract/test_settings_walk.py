@@ -131,9 +131,19 @@ def fetch(host: str, port: int) -> str:
     return f"curl -s --max-time 10 http://{host}:{port}/ || echo FAILED"
 
 
-def allowlist_reaches(world: World, allow: list[str], host: str, deny: list[str] = ()) -> bool:  # type: ignore[assignment]
+def allowlist_reaches(
+    world: World,
+    allow: list[str],
+    host: str,
+    deny: list[str] = (),  # type: ignore[assignment]
+    **requests: list[str],
+) -> bool:
     with http_server(world) as port:
-        network = {"mode": "allowlist", "allow": [a.replace("PORT", str(port)) for a in allow]}
+        network: dict[str, object] = {
+            "mode": "allowlist",
+            "allow": [a.replace("PORT", str(port)) for a in allow],
+            **requests,  # allowRequests / denyRequests
+        }
         if deny:
             network["deny"] = list(deny)
         result = run(world, {"network": network}, fetch(host, port))
@@ -404,6 +414,25 @@ def network_deny(world: World) -> None:
     assert not allowlist_reaches(world, allow, "api.walk.test", deny=["api.walk.test"])
 
 
+def network_requests(key: str) -> Proof:
+    """A request rule refuses the plain-HTTP request it names (HTTPS: tests/integration/egress)."""
+
+    def proof(world: World) -> None:
+        allow = ["walk.test:PORT", "127.0.0.1"]
+        if key == "denyRequests":
+            assert allowlist_reaches(world, allow, "walk.test", denyRequests=["PUT walk.test/*"])
+            assert not allowlist_reaches(
+                world, allow, "walk.test", denyRequests=["GET walk.test/*"]
+            )
+        else:
+            assert allowlist_reaches(world, allow, "walk.test", allowRequests=["GET walk.test/"])
+            assert not allowlist_reaches(
+                world, allow, "walk.test", allowRequests=["GET walk.test/other"]
+            )
+
+    return proof
+
+
 def unix_sockets(value: bool) -> Proof:
     def proof(world: World) -> None:
         path = world.ws("host.sock")
@@ -612,10 +641,15 @@ def credentials(shape: str) -> Proof:
         world.environ["WALK_TOKEN_SRC"] = "tok-123"
         entry: dict[str, object] = {"name": "WALK_TOKEN", "from": "env:WALK_TOKEN_SRC"}
         if shape == "mask":
+            # the sandbox holds a placeholder; the swap itself: tests/integration/egress
             entry.update(mode="mask", commands=["*"], hosts=["walk.test"])
             network = {"mode": "allowlist", "allow": ["walk.test"]}
             settings = {"credentials": [entry], "network": network}
-            refused(run(world, settings, "echo RAN"), "credentials")
+            out = ok(run(world, settings, "printenv WALK_TOKEN"))
+            assert out.startswith("corral_masked_")
+            assert "tok-123" not in out
+            open_mode = {"credentials": [entry], "network": {"mode": "open"}}
+            refused(run(world, open_mode, "echo RAN"), "credentials")  # no proxy to swap it
             return
         entry.update(commands=["printenv*"])
         assert "tok-123" in ok(run(world, {"credentials": [entry]}, "printenv WALK_TOKEN"))
@@ -781,6 +815,8 @@ PROOFS: dict[str, dict[str, Proof]] = {
     "network.allow": {s: network_allow(s) for s in ("host", "host:port", "wildcard", "ip", "cidr")},
     "network.deny": {"host": network_deny},
     "network.allowUnixSockets": {"true": unix_sockets(True), "false": unix_sockets(False)},
+    "network.allowRequests": {"rule": network_requests("allowRequests")},
+    "network.denyRequests": {"rule": network_requests("denyRequests")},
     "resources.memory": {s: memory(s) for s in ("value", "null")},
     "resources.pids": {s: pids(s) for s in ("value", "null")},
     "resources.cpus": {s: cpus(s) for s in ("value", "null")},

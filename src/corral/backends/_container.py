@@ -282,7 +282,7 @@ class ContainerBackend(Backend):
                     hint="use --backend bubblewrap, or --net none / --net open",
                 )
         if net.mode == "allowlist":
-            egress = egress_spec(policy, facts).replace(netns="fresh")
+            egress = egress_spec(policy, facts, backend=self.name).replace(netns="fresh")
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
