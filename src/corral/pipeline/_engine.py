@@ -110,9 +110,9 @@ class Running:
         cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
-        # a container engine's CLI keeps the command's stdio inside (the command would
-        # see no terminal), and podman, finding terminals on its stdin and stdout, sets
-        # up the user's terminal from a background process group: stopped by SIGTTOU
+        # a container engine's CLI relays the command's stdio itself (the command would see
+        # no terminal through a pty of ours), and podman with terminals on both its stdin and
+        # its stdout hung (observed through the server, where it has no controlling terminal)
         self._output_tty = output_tty and plan.backend not in _ENGINE_CLI_BACKENDS
         self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
         self._stdin_mode = stdin_mode

@@ -92,8 +92,8 @@ def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
 
     SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGWINCH sent to corral are forwarded to the command;
     SIGTSTP (Ctrl-Z) stops the whole sandbox and then corral itself, SIGCONT continues it
-    (:data:`corral.cli._client.FORWARDED_SIGNALS`). *pending* are signals that arrived before (the client tried the
-    server first).
+    (:data:`corral.cli._client.FORWARDED_SIGNALS`). *pending* are signals that arrived
+    before (the client tried the server first).
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
 
