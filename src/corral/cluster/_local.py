@@ -66,8 +66,8 @@ class LocalCluster:
         self.nodes: list[subprocess.Popen[bytes]] = []
         head = slots if head_slots is None else head_slots
         self._wait([self._spawn(["--head", f"--port={self.port}", "--include-dashboard=false"], head)])
-        # the workers join in parallel
-        self._wait([self._spawn([f"--address={self.address}"], slots) for _ in range(workers)])
+        for _ in range(workers):  # one at a time: parallel joins time out on a busy machine
+            self.add_node()
 
     def _ray_cli(self) -> str:
         return os.path.join(os.path.dirname(sys.executable), "ray")
@@ -90,18 +90,21 @@ class LocalCluster:
     def _wait(self, started: list[tuple[subprocess.Popen[bytes], Any]]) -> None:
         """Wait until every started node printed that it runs; stop all on a failure."""
         deadline = time.monotonic() + 120.0
-        for process, log in started:
-            while True:
-                log.seek(0)
-                if b"Ray runtime started" in log.read():
-                    break
-                if process.poll() is not None or time.monotonic() > deadline:
+        try:
+            for process, log in started:
+                while True:
                     log.seek(0)
-                    tail = log.read()[-2000:].decode(errors="replace")
-                    self.shutdown()
-                    raise RuntimeError(f"a Ray node did not start: {tail}")
-                time.sleep(0.2)
-            log.close()
+                    if b"Ray runtime started" in log.read():
+                        break
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        tail = log.read()[-2000:].decode(errors="replace")
+                        self.shutdown()
+                        raise RuntimeError(f"a Ray node did not start: {tail}")
+                    time.sleep(0.2)
+        finally:
+            for _process, log in started:
+                log.close()
 
     def add_node(self) -> subprocess.Popen[bytes]:
         """Start one more worker node; returns its ``ray start`` process."""
