@@ -31,7 +31,16 @@ if TYPE_CHECKING:
     from ._batch import MapReport
     from ._client import AsyncSandbox, Cluster, NoCapacity, NodeLost, Sandbox
 
-__all__ = ["AsyncSandbox", "Cluster", "MapReport", "NoCapacity", "NodeLost", "Sandbox", "connect", "map"]
+__all__ = [
+    "AsyncSandbox",
+    "Cluster",
+    "MapReport",
+    "NoCapacity",
+    "NodeLost",
+    "Sandbox",
+    "connect",
+    "map",
+]
 
 _LAZY = {
     "AsyncSandbox": "._client",
@@ -50,7 +59,7 @@ def connect(address: str | None = None, **options: Any) -> Cluster:
     return Cluster(address, **options)
 
 
-def map(  # noqa: A001 - the issue's name: corral.cluster.map(commands, workspaces, policy)
+def map(
     command: str | Sequence[str],
     workspaces: Sequence[str],
     policy: Policy | None = None,

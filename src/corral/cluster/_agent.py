@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
     from .._sandbox import AsyncSandbox
     from ..pipeline._outcome import Outcome
-    from ._pool import WarmPool
 
 __all__ = ["EXEC_METHODS", "SESSION_METHODS", "NodeAgent"]
 
@@ -45,13 +44,10 @@ class NodeAgent:
         node_id: the Ray node id the agent was placed on (checked at start).
         state_dir: the node's corral state directory (default: the node's own,
             ``$XDG_STATE_HOME/corral`` of the Ray worker).
-        pools: warm-pool sizes, ``{"backend or isolation": size}`` (see
-            :class:`corral.cluster._pool.WarmPool`).
     """
 
-    def __init__(
-        self, node_id: str, state_dir: str | None = None, pools: dict[str, int] | None = None
-    ) -> None:
+    def __init__(self, node_id: str, state_dir: str | None = None, launches: int = 8) -> None:
+        import asyncio
         import socket
 
         import ray
@@ -62,12 +58,10 @@ class NodeAgent:
         self._node = {"id": node_id, "hostname": socket.gethostname(), "pid": os.getpid()}
         self._state_dir = state_dir
         self._sandboxes: dict[str, AsyncSandbox] = {}
-        self._pool: WarmPool | None = None
         self._problem: Any = _UNCHECKED
-        if pools:
-            from ._pool import WarmPool
-
-            self._pool = WarmPool(pools, state_dir=state_dir)
+        # sandboxes being set up at once: a thousand set-ups at the same moment starve each
+        # other past the engine's set-up deadline; a running command holds no slot
+        self._launches = asyncio.Semaphore(launches)
 
     async def info(self) -> dict[str, Any]:
         """The node's name, whether corral works on it, and the sandboxes open on it.
@@ -81,8 +75,6 @@ class NodeAgent:
         info = dict(self._node)
         info["problem"] = self._problem
         info["sandboxes"] = len(self._sandboxes)
-        if self._pool is not None:
-            info["pools"] = self._pool.sizes()
         return info
 
     async def open(self, options: dict[str, Any], policy: Any = None) -> str:
@@ -96,15 +88,13 @@ class NodeAgent:
 
         if self._state_dir is not None:
             options = {"state_dir": self._state_dir, **options}
-        sandbox: AsyncSandbox | None = None
-        if self._pool is not None and policy is None:
-            sandbox = self._pool.take(options)
-        if sandbox is None:
-            sandbox = AsyncSandbox(policy, **options)
+        sandbox = AsyncSandbox(policy, **options)
         self._sandboxes[sandbox.id] = sandbox
         return sandbox.id
 
-    async def call(self, sandbox_id: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    async def call(
+        self, sandbox_id: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """Call *method* of the sandbox; for a command, ``(Outcome, audit record)``."""
         sandbox = self._sandboxes.get(sandbox_id)
         if sandbox is None:
@@ -112,11 +102,47 @@ class NodeAgent:
 
             raise SessionClosed(f"Failed to use sandbox {sandbox_id}: it is not open on this node")
         if method in EXEC_METHODS:
-            outcome: Outcome = await getattr(sandbox, method)(*args, **kwargs)
+            outcome = await self._launch(sandbox, method, args, kwargs)
             return outcome, self._record(sandbox, outcome, kwargs.get("cwd"))
         if method not in SESSION_METHODS:
             raise AttributeError(f"a cluster sandbox has no method {method!r}")
         return await getattr(sandbox, method)(*args, **kwargs)
+
+    async def _launch(
+        self, sandbox: AsyncSandbox, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Outcome:
+        """Run a command as ``exec``/``run_code`` do, holding a set-up slot until it started."""
+        import asyncio
+
+        from .._streaming import Cancellation
+
+        if method == "exec":
+            request = sandbox._request(*args, **kwargs)
+        else:
+            code, *rest = args
+            language = rest[0] if rest else kwargs.pop("language", "python")
+            request = sandbox._code_request(code, language, **kwargs)
+        loop = asyncio.get_running_loop()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._launches.release()
+
+        class Launch(Cancellation):
+            __slots__ = ()
+
+            def started(self, running: Any) -> None:
+                super().started(running)
+                loop.call_soon_threadsafe(release)
+
+        await self._launches.acquire()
+        try:
+            return await sandbox._run(request, None, Launch())
+        finally:
+            release()
 
     async def close(self, sandbox_id: str) -> None:
         """Close the sandbox (stops its commands, removes its ``/tmp``); idempotent."""
@@ -129,8 +155,6 @@ class NodeAgent:
         ids = list(self._sandboxes)
         for sandbox_id in ids:
             await self.close(sandbox_id)
-        if self._pool is not None:
-            self._pool.close()
         return len(ids)
 
     async def _smoke(self) -> str | None:

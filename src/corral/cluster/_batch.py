@@ -93,10 +93,20 @@ class MapReport:
             if item.outcome is not None and item.outcome.violations:
                 detail = f"{len(item.outcome.violations)} violation(s)"
             rows.append(
-                (item.workspace, item.status, exit_status, item.node[:12], f"{item.duration:.2f}", detail)
+                (
+                    item.workspace,
+                    item.status,
+                    exit_status,
+                    item.node[:12],
+                    f"{item.duration:.2f}",
+                    detail,
+                )
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-        lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+        lines = [
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            for row in rows
+        ]
         counts = ", ".join(f"{n} {status}" for status, n in self.counts().items() if n)
         lines.append(f"{len(self.items)} items in {self.duration:.1f} s: {counts}")
         return "\n".join(lines)
@@ -109,7 +119,7 @@ async def arun_map(
     policy: Policy | None = None,
     *,
     concurrency: int = 16,
-    timeout: float | str | None = None,
+    timeout: float | str | None = None,  # noqa: ASYNC109 - each item's wall-clock limit
     progress: TextIO | None = None,
     **options: Any,
 ) -> MapReport:
@@ -148,14 +158,26 @@ async def arun_map(
                     run = sandbox.exec(command, timeout=limit)
                     wait = None if limit is None else limit + _GRACE
                     outcome = await asyncio.wait_for(run, wait)
-                item = MapItem(workspace=workspace, node=sandbox.node, outcome=outcome, duration=time.monotonic() - begin)
+                item = MapItem(
+                    workspace=workspace,
+                    node=sandbox.node,
+                    outcome=outcome,
+                    duration=time.monotonic() - begin,
+                )
             except (CorralError, TimeoutError) as exc:
                 message = str(exc) or f"no result within {limit}+{_GRACE:g} s"
-                item = MapItem(workspace=workspace, node=sandbox.node, error=message, duration=time.monotonic() - begin)
+                item = MapItem(
+                    workspace=workspace,
+                    node=sandbox.node,
+                    error=message,
+                    duration=time.monotonic() - begin,
+                )
             results[index] = item
             done += 1
             if progress is not None:
-                progress.write(f"[{done}/{len(workspaces)}] {item.status:7} {workspace} {item.node[:12]} {item.duration:.2f}s\n")
+                progress.write(
+                    f"[{done}/{len(workspaces)}] {item.status:7} {workspace} {item.node[:12]} {item.duration:.2f}s\n"
+                )
                 progress.flush()
 
     await asyncio.gather(*(one(i, w) for i, w in enumerate(workspaces)))

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..pipeline._outcome import Outcome
     from ..policy import Policy
 
-__all__ = ["AsyncSandbox", "Cluster", "NodeLost", "NoCapacity", "Sandbox"]
+__all__ = ["AsyncSandbox", "Cluster", "NoCapacity", "NodeLost", "Sandbox"]
 
 #: how long placement waits for Ray to find a node with room
 PLACEMENT_TIMEOUT = 30.0
@@ -84,8 +84,8 @@ class Cluster:
             audit records are collected (default: the user's).
         node_state_dir: the state directory on every node (default: each
             node's own).
-        pools: warm pools per node, ``{"backend": size}`` (see
-            :mod:`corral.cluster._pool`).
+        launches_per_node: sandboxes a node sets up at the same time (more
+            wait; a running command does not count).
         init_options: extra keywords for ``ray.init``.
     """
 
@@ -95,7 +95,7 @@ class Cluster:
         *,
         state_dir: str | None = None,
         node_state_dir: str | None = None,
-        pools: Mapping[str, int] | None = None,
+        launches_per_node: int = 8,
         init_options: Mapping[str, Any] | None = None,
     ) -> None:
         from .. import _state
@@ -112,7 +112,7 @@ class Cluster:
             )
         self.state_dir = state_dir or _state.state_dir(os.environ)
         self._node_state_dir = node_state_dir
-        self._pools = dict(pools or {})
+        self._launches = launches_per_node
         self._agents: dict[str, Any] = {}  # node id -> actor handle
         self._broken: dict[str, str] = {}  # node id -> why corral does not work there
         self._closed = False
@@ -133,7 +133,9 @@ class Cluster:
         if agent is not None:
             return agent
         if node in self._broken:
-            raise NoCapacity(f"Failed to place the sandbox: corral does not work on node {node}: {self._broken[node]}")
+            raise NoCapacity(
+                f"Failed to place the sandbox: corral does not work on node {node}: {self._broken[node]}"
+            )
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -144,7 +146,7 @@ class Cluster:
             num_cpus=0,
             max_concurrency=100_000,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-        ).remote(node, self._node_state_dir, self._pools or None)
+        ).remote(node, self._node_state_dir, self._launches)
         try:
             info = ray.get(agent.info.remote())
         except ray.exceptions.RayError as exc:
@@ -152,7 +154,9 @@ class Cluster:
         if info["problem"] is not None:
             self._broken[node] = info["problem"]
             ray.kill(agent)
-            raise NoCapacity(f"Failed to place the sandbox: corral does not work on node {node}: {info['problem']}")
+            raise NoCapacity(
+                f"Failed to place the sandbox: corral does not work on node {node}: {info['problem']}"
+            )
         self._agents[node] = agent
         return agent
 
@@ -174,7 +178,9 @@ class Cluster:
                 self.forget(node)
         return result
 
-    def place(self, *, node: str | None = None, cpus: float | None = None, memory: int | None = None) -> tuple[str, Any, Any]:
+    def place(
+        self, *, node: str | None = None, cpus: float | None = None, memory: int | None = None
+    ) -> tuple[str, Any, Any]:
         """Reserve room for one sandbox; ``(node id, agent, placement group or None)``.
 
         With *node*, the sandbox goes to that node without a reservation (for
@@ -235,28 +241,54 @@ class Cluster:
         except OSError as exc:
             import sys
 
-            sys.stderr.write(f"corral: could not write the audit log in {self.state_dir}: {exc.strerror}\n")
+            sys.stderr.write(
+                f"corral: could not write the audit log in {self.state_dir}: {exc.strerror}\n"
+            )
 
     # ------------------------------------------------------------ the SDK's names
-    def Sandbox(self, policy: Policy | None = None, **options: Any) -> Sandbox:  # noqa: N802 - the SDK's name
+    def Sandbox(self, policy: Policy | None = None, **options: Any) -> Sandbox:
         """A :class:`Sandbox` on this cluster (the options of :class:`corral.Sandbox`)."""
         return Sandbox(policy, cluster=self, **options)
 
-    def AsyncSandbox(self, policy: Policy | None = None, **options: Any) -> AsyncSandbox:  # noqa: N802 - the SDK's name
+    def AsyncSandbox(self, policy: Policy | None = None, **options: Any) -> AsyncSandbox:
         """An :class:`AsyncSandbox` on this cluster (opened on ``async with`` or :meth:`AsyncSandbox.open`)."""
         return AsyncSandbox(policy, cluster=self, **options)
 
-    def run(self, command: str | Sequence[str], *, timeout: float | str | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None, cwd: str | None = None, **options: Any) -> Outcome:
+    def run(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        cwd: str | None = None,
+        **options: Any,
+    ) -> Outcome:
         """:func:`corral.run` on the cluster: one command in a fresh sandbox placed by Ray."""
         with self.Sandbox(**options) as sandbox:
             return sandbox.exec(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
 
-    async def arun(self, command: str | Sequence[str], *, timeout: float | str | None = None, env: Mapping[str, str] | None = None, stdin: bytes | str | None = None, cwd: str | None = None, **options: Any) -> Outcome:  # noqa: ASYNC109 - the sandbox's limit
+    async def arun(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout: float | str | None = None,  # noqa: ASYNC109 - the sandbox's wall-clock limit
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        cwd: str | None = None,
+        **options: Any,
+    ) -> Outcome:
         """:func:`corral.arun` on the cluster."""
         async with self.AsyncSandbox(**options) as sandbox:
             return await sandbox.exec(command, timeout=timeout, env=env, stdin=stdin, cwd=cwd)
 
-    def map(self, command: str | Sequence[str], workspaces: Sequence[str], policy: Policy | None = None, **kwargs: Any) -> Any:
+    def map(
+        self,
+        command: str | Sequence[str],
+        workspaces: Sequence[str],
+        policy: Policy | None = None,
+        **kwargs: Any,
+    ) -> Any:
         """See :func:`corral.cluster.map`."""
         from ._batch import run_map
 
@@ -295,7 +327,9 @@ class Cluster:
         self.close()
 
 
-def _reservation(options: Mapping[str, Any], policy: Policy | None) -> tuple[float | None, int | None]:
+def _reservation(
+    options: Mapping[str, Any], policy: Policy | None
+) -> tuple[float | None, int | None]:
     """The CPUs and memory a sandbox asks Ray for: its ``cpus`` and ``memory`` limits."""
     from ..policy._units import parse_size
 
@@ -314,7 +348,14 @@ def _reservation(options: Mapping[str, Any], policy: Policy | None) -> tuple[flo
 class _Remote:
     """State shared by the twins: the options, the placement, the remote id."""
 
-    def __init__(self, policy: Policy | None = None, *, cluster: Cluster, node: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        cluster: Cluster,
+        node: str | None = None,
+        **options: Any,
+    ) -> None:
         if "environ" in options:
             raise InvalidRequest(
                 "Failed to build the sandbox: environ= is not accepted on a cluster: "
@@ -338,11 +379,15 @@ class _Remote:
         if self._closed:
             raise SessionClosed(f"Failed to use sandbox {self.id}: it was closed")
         if self._agent is None:
-            raise SessionClosed("Failed to use the sandbox: it is not open yet", hint="use 'async with' or open()")
+            raise SessionClosed(
+                "Failed to use the sandbox: it is not open yet", hint="use 'async with' or open()"
+            )
 
     def _place(self) -> Any:
         cpus, memory = _reservation(self._options, self._policy)
-        self.node, self._agent, self._group = self._cluster.place(node=self._node_wanted, cpus=cpus, memory=memory)
+        self.node, self._agent, self._group = self._cluster.place(
+            node=self._node_wanted, cpus=cpus, memory=memory
+        )
         return self._agent.open.remote(self._options, self._policy)
 
     def _settle(self, method: str, value: Any) -> Any:
@@ -355,7 +400,11 @@ class _Remote:
     def _failed(self, exc: BaseException, action: str) -> BaseException:
         """The error to raise for a failed remote call: the node's own, or NodeLost."""
         ray = _ray()
-        if isinstance(exc, ray.exceptions.RayTaskError) and isinstance(exc.cause, Exception) and not isinstance(exc.cause, ray.exceptions.RayError):
+        if (
+            isinstance(exc, ray.exceptions.RayTaskError)
+            and isinstance(exc.cause, Exception)
+            and not isinstance(exc.cause, ray.exceptions.RayError)
+        ):
             return exc.cause
         if isinstance(exc, ray.exceptions.RayError):
             self._cluster.forget(self.node)
@@ -382,7 +431,14 @@ class Sandbox(_Remote):
         NoCapacity: no node had room for it.
     """
 
-    def __init__(self, policy: Policy | None = None, *, cluster: Cluster, node: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        policy: Policy | None = None,
+        *,
+        cluster: Cluster,
+        node: str | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__(policy, cluster=cluster, node=node, **options)
         ray = _ray()
         try:

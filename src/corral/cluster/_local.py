@@ -65,7 +65,9 @@ class LocalCluster:
         self._slots = slots
         self.nodes: list[subprocess.Popen[bytes]] = []
         head = slots if head_slots is None else head_slots
-        self._wait([self._spawn(["--head", f"--port={self.port}", "--include-dashboard=false"], head)])
+        self._wait(
+            [self._spawn(["--head", f"--port={self.port}", "--include-dashboard=false"], head)]
+        )
         for _ in range(workers):  # one at a time: parallel joins time out on a busy machine
             self.add_node()
 

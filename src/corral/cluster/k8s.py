@@ -47,7 +47,9 @@ def _quantity_cpu(cpus: float) -> str:
     return f"{round(cpus * 1000)}m"
 
 
-def _pod_spec(policy: Policy, *, name: str, image: str, claim: str, command: Sequence[str]) -> dict[str, Any]:
+def _pod_spec(
+    policy: Policy, *, name: str, image: str, claim: str, command: Sequence[str]
+) -> dict[str, Any]:
     fs, res = policy.filesystem, policy.resources
     limits: dict[str, str] = {}
     if res.memory is not None:
@@ -74,7 +76,14 @@ def _pod_spec(policy: Policy, *, name: str, image: str, claim: str, command: Seq
             {
                 "name": "sandbox",
                 "image": image,
-                "command": ["corral", "run", "--settings", f"{SETTINGS_DIR}/settings.json", "--", *command],
+                "command": [
+                    "corral",
+                    "run",
+                    "--settings",
+                    f"{SETTINGS_DIR}/settings.json",
+                    "--",
+                    *command,
+                ],
                 "workingDir": fs.workspace,
                 "env": env,
                 "resources": {"limits": limits, "requests": dict(limits)},
@@ -92,7 +101,10 @@ def _pod_spec(policy: Policy, *, name: str, image: str, claim: str, command: Seq
             }
         ],
         "volumes": [
-            {"name": "workspace", "persistentVolumeClaim": {"claimName": claim, "readOnly": fs.read_only}},
+            {
+                "name": "workspace",
+                "persistentVolumeClaim": {"claimName": claim, "readOnly": fs.read_only},
+            },
             {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
             {"name": "settings", "configMap": {"name": f"{name}-policy"}},
         ],
@@ -104,7 +116,9 @@ def _pod_spec(policy: Policy, *, name: str, image: str, claim: str, command: Seq
 
 def _network_policy(policy: Policy, name: str, labels: dict[str, str]) -> dict[str, Any]:
     spec: dict[str, Any] = {
-        "podSelector": {"matchLabels": {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]}},
+        "podSelector": {
+            "matchLabels": {"app.kubernetes.io/instance": labels["app.kubernetes.io/instance"]}
+        },
         "policyTypes": ["Ingress", "Egress"],
         "ingress": [],
     }
@@ -155,7 +169,9 @@ def render(
 
     digest = policy_digest(policy)
     labels = _labels(name, digest)
-    spec = _pod_spec(policy, name=name, image=image, claim=claim or f"{name}-workspace", command=command)
+    spec = _pod_spec(
+        policy, name=name, image=image, claim=claim or f"{name}-workspace", command=command
+    )
     manifests: list[dict[str, Any]] = [
         {
             "apiVersion": "node.k8s.io/v1",

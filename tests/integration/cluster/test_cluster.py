@@ -113,8 +113,8 @@ def test_security_properties_hold_on_a_worker(ray_cluster):
     thread.start()
     planted = os.path.join(w.outside, "planted.txt")
     connect = (
-        "import socket; s = socket.create_connection(('127.0.0.1', %d), timeout=3); "
-        "s.sendall(b'leak')" % port
+        f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=3); "
+        "s.sendall(b'leak')"
     )
     try:
         with ray_cluster.cluster.Sandbox(workspace=w.workspace, node=worker) as sbx:
@@ -221,7 +221,15 @@ def test_caller_killed_leaves_no_sandbox(ray_cluster, tmp_path):
     w = ray_cluster.world
     marker = f"{uuid.uuid4().int % 10_000}.{os.getpid() + 1}"
     driver = subprocess.Popen(
-        [sys.executable, "-c", _DRIVER, ray_cluster.local.address, str(tmp_path), w.workspace, marker],
+        [
+            sys.executable,
+            "-c",
+            _DRIVER,
+            ray_cluster.local.address,
+            str(tmp_path),
+            w.workspace,
+            marker,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "HOME": w.home},

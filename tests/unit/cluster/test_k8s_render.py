@@ -48,9 +48,18 @@ def validate(manifest: dict) -> None:
 @pytest.mark.parametrize(
     ("args", "kinds"),
     [
-        (["--memory", "2G", "--cpus", "1.5", "--", "make", "test"], ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Pod"]),
-        (["--net", "open", "--warm", "3"], ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Deployment"]),
-        (["--allow-host", "pypi.org", "--read-only", "--timeout", "10m"], ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Pod"]),
+        (
+            ["--memory", "2G", "--cpus", "1.5", "--", "make", "test"],
+            ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Pod"],
+        ),
+        (
+            ["--net", "open", "--warm", "3"],
+            ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Deployment"],
+        ),
+        (
+            ["--allow-host", "pypi.org", "--read-only", "--timeout", "10m"],
+            ["RuntimeClass", "ConfigMap", "NetworkPolicy", "Pod"],
+        ),
     ],
 )
 def test_manifests_validate(tmp_path, args, kinds):
@@ -64,7 +73,11 @@ def test_manifests_validate(tmp_path, args, kinds):
 
 
 def test_the_pod_carries_the_policy(tmp_path):
-    listing = json.loads(render(str(tmp_path), "--memory", "2G", "--cpus", "1.5", "--read-only", "--", "make", "test").stdout)
+    listing = json.loads(
+        render(
+            str(tmp_path), "--memory", "2G", "--cpus", "1.5", "--read-only", "--", "make", "test"
+        ).stdout
+    )
     items = {m["kind"]: m for m in listing["items"]}
     pod = items["Pod"]["spec"]
     container = pod["containers"][0]
@@ -74,16 +87,26 @@ def test_the_pod_carries_the_policy(tmp_path):
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert container["resources"]["limits"] == {"memory": str(2 * 1024**3), "cpu": "1500m"}
-    assert container["command"][-2:] == ["make", "test"] and container["command"][:2] == ["corral", "run"]
+    assert container["command"][-2:] == ["make", "test"] and container["command"][:2] == [
+        "corral",
+        "run",
+    ]
     mounts = {m["name"]: m for m in container["volumeMounts"]}
-    assert mounts["workspace"]["mountPath"] == str(tmp_path) and mounts["workspace"]["readOnly"] is True
+    assert (
+        mounts["workspace"]["mountPath"] == str(tmp_path)
+        and mounts["workspace"]["readOnly"] is True
+    )
     # nothing of a host is mounted: only the claim, an emptyDir and the ConfigMap
     assert all("hostPath" not in v for v in pod["volumes"])
     settings = json.loads(items["ConfigMap"]["data"]["settings.json"])
     assert settings["filesystem"]["readOnly"] is True
     # network none (the default): the NetworkPolicy lets nothing in or out
     net = items["NetworkPolicy"]["spec"]
-    assert net["egress"] == [] and net["ingress"] == [] and set(net["policyTypes"]) == {"Ingress", "Egress"}
+    assert (
+        net["egress"] == []
+        and net["ingress"] == []
+        and set(net["policyTypes"]) == {"Ingress", "Egress"}
+    )
 
 
 def test_a_bad_option_is_refused(tmp_path):

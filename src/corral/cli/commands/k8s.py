@@ -39,12 +39,20 @@ def main(args: list[str]) -> int:
         )
         return 0 if args else EXIT_USAGE
     if args[0] != "render":
-        print_error(f"unknown k8s action {args[0]!r}", "corral k8s render [OPTIONS] [-- COMMAND...]")
+        print_error(
+            f"unknown k8s action {args[0]!r}", "corral k8s render [OPTIONS] [-- COMMAND...]"
+        )
         return EXIT_USAGE
     try:
         opts = parse_run_options(
             args[1:],
-            extra={"--name": "value", "--image": "value", "--claim": "value", "--warm": "value", "--output": "value"},
+            extra={
+                "--name": "value",
+                "--image": "value",
+                "--claim": "value",
+                "--warm": "value",
+                "--output": "value",
+            },
             command_required=False,
         )
         from ...cluster.k8s import render
@@ -62,13 +70,17 @@ def main(args: list[str]) -> int:
         if not warm_text.isdigit():
             print_error(f"--warm: expected a number of Pods, got {warm_text!r}")
             return EXIT_USAGE
-        command = ["sh", "-c", opts.shell] if opts.shell is not None else (opts.argv or ["sleep", "infinity"])
+        command = (
+            ["sh", "-c", opts.shell]
+            if opts.shell is not None
+            else (opts.argv or ["sleep", "infinity"])
+        )
         manifests = render(
             resolved.policy,
             effective_settings_json(resolved),
             name=str(opts.extra.get("--name", "corral-sandbox")),
             image=str(opts.extra.get("--image", "corral:base")),
-            claim=opts.extra.get("--claim"),  # type: ignore[arg-type]
+            claim=opts.extra.get("--claim"),
             command=command,
             warm=int(warm_text),
         )
