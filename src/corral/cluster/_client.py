@@ -113,7 +113,10 @@ class Cluster:
         self.state_dir = state_dir or _state.state_dir(os.environ)
         self._node_state_dir = node_state_dir
         self._launches = launches_per_node
+        import threading
+
         self._agents: dict[str, Any] = {}  # node id -> actor handle
+        self._agents_lock = threading.Lock()  # placements run in worker threads (the async twin)
         self._broken: dict[str, str] = {}  # node id -> why corral does not work there
         self._closed = False
 
@@ -129,6 +132,10 @@ class Cluster:
 
     def _agent(self, node: str) -> Any:
         """The agent actor of *node* (started and smoke-checked on first use)."""
+        with self._agents_lock:
+            return self._agent_locked(node)
+
+    def _agent_locked(self, node: str) -> Any:
         agent = self._agents.get(node)
         if agent is not None:
             return agent

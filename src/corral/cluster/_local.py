@@ -168,9 +168,9 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """TERM the nodes' processes and all their descendants, KILL what is left after 10 s."""
+    """TERM the nodes' processes and all their descendants, KILL what is left after 5 s."""
     pids = [pid for process in processes for pid in (process.pid, *_descendants(process.pid))]
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         for pid in pids:
             try:
                 os.kill(pid, sig)
