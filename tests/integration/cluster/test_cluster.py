@@ -103,11 +103,13 @@ def test_security_properties_hold_on_a_worker(ray_cluster):
     finished = threading.Event()
 
     def accept() -> None:
-        while not finished.is_set():
+        while True:
+            last = finished.is_set()  # one more accept after the attempts: the backlog is drained
             try:
                 accepted.append(listener.accept())
             except OSError:
-                continue
+                if last:
+                    return
 
     thread = threading.Thread(target=accept)
     thread.start()
