@@ -6,6 +6,8 @@ Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
   ``exec(["true"])`` in an open :class:`corral.Sandbox` here and in an open
   cluster sandbox (steady state); the difference is the overhead per run.
   Target: <= 5 ms added.
+* ``ray round trip to the agent``: a no-op call of the node's agent, the
+  part of the overhead that is Ray's own.
 * ``run true, local`` / ``run true, cluster``: one-shot ``corral.run`` against
   ``cluster.run`` (a sandbox opened, placed and closed per run).
 * ``N x sleep 30``: N sandboxes (default 1,000) each running ``sleep 30``,
@@ -138,7 +140,7 @@ def _hold(
 def run(ctx: Context) -> list[Row]:
     """The rows described in the module docstring."""
     try:
-        import ray  # noqa: F401
+        import ray
     except ImportError:
         return [
             Row("cluster", float("nan"), note="Ray is not installed: pip install 'corral[ray]'")
@@ -164,7 +166,17 @@ def run(ctx: Context) -> list[Row]:
             local_exec, cluster_exec, added = _paired(
                 ctx.runs, lambda: sbx.exec(["true"]), lambda: remote.exec(["true"])
             )
+            agent = cluster._agent(remote.node)
+            round_trip = ctx.median_ms(lambda: ray.get(agent.info.remote()))
         rows.append(Row("exec true, local", local_exec, samples=ctx.runs))
+        rows.append(
+            Row(
+                "ray round trip to the agent",
+                round_trip,
+                samples=ctx.runs,
+                note="a no-op call: Ray's share",
+            )
+        )
         rows.append(
             Row(
                 "exec true, cluster",
