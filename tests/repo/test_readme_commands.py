@@ -44,6 +44,7 @@ TOOL_PACKAGES = {
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)
     "claude": "npm:@anthropic-ai/claude-code",
     "mcp-inspector": "npm:@modelcontextprotocol/inspector",

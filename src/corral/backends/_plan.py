@@ -70,6 +70,15 @@ class BrokerSpec(Record):
             runs as, whose files are root's on disk (idmapped mounts, see
             docs/design.md "Never the host's root identity"): the broker
             stores an owner the sandbox names as that id as 0.
+        through_idmap: the roots are reached through idmapped layers (a root
+            caller's overlay preview: overlayfs over idmapped clones, where
+            root's files appear as ``idmapped_id``): the broker acts with
+            fsuid/fsgid ``idmapped_id`` (stored as 0 by the layers) and keeps
+            the owners the sandbox names as they are.
+        git_configs: the caller's global git configs (``~/.gitconfig``, the XDG
+            one, or ``GIT_CONFIG_GLOBAL``): the ``core.hooksPath`` and
+            ``core.fsmonitor`` targets they name inside a root are protected
+            (see :func:`user_git_configs`).
     """
 
     roots: tuple[tuple[str, str], ...]
@@ -79,6 +88,8 @@ class BrokerSpec(Record):
     confine_metadata: bool = False
     launcher_ns: bool = False
     idmapped_id: int | None = None
+    through_idmap: bool = False
+    git_configs: tuple[str, ...] = ()
 
 
 class EgressSpec(Record):

@@ -281,8 +281,17 @@ class BubblewrapBackend(Backend):
 
         # --- bwrap arguments
         # --- identity: a root caller's command runs as an unprivileged host uid
-        as_user = facts.uid == 0 and preview is None  # previews: see docs/threat-model.md
-        if as_user and ({"isolation", "*"} & policy.allow_degraded):
+        as_user = facts.uid == 0
+        fuse = preview is not None and preview.mechanism == "fuse-overlayfs"
+        if as_user and fuse:
+            # a FUSE mount cannot be idmapped (the kernel overlay's layers can)
+            degrade.cannot(
+                "isolation",
+                "a fuse-overlayfs preview of a root caller would keep the host's root identity",
+                fix="use the overlay or copy preview mechanism (--mechanism overlay)",
+            )
+            as_user = False
+        elif as_user and ({"isolation", "*"} & policy.allow_degraded):
             # the caller's explicit way out where idmapped mounts do not work (NFS, FUSE)
             degrade.cannot(
                 "isolation",
@@ -400,6 +409,8 @@ class BubblewrapBackend(Backend):
                 syscall_names=broker_syscalls(facts.arch, metadata=as_user),
                 launcher_ns=preview is not None and not copy,
                 idmapped_id=ROOT_SANDBOX_ID if as_user else None,
+                through_idmap=as_user and preview is not None and not copy,
+                git_configs=user_git_configs(facts),
             )
             fds += [
                 FdSpec(
@@ -430,14 +441,17 @@ class BubblewrapBackend(Backend):
             args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
             env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
         prefix: list[str] = []
-        if preview is not None and not copy:
+        overlay: tuple[str, str, str] | None = None
+        if preview is not None and preview.mechanism not in ("overlay", "fuse-overlayfs", "copy"):
+            raise UsageError(
+                f"Failed to run in preview {preview.id}: unknown mechanism {preview.mechanism!r}"
+            )
+        if as_user and preview is not None and not copy:
+            # the --as-user stage mounts it, over idmapped layers (see _as_user)
+            overlay = (workspace, preview.upper, preview.work)
+        elif preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
-            kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
-            if preview.mechanism not in ("overlay", "fuse-overlayfs"):
-                raise UsageError(
-                    f"Failed to run in preview {preview.id}: "
-                    f"unknown mechanism {preview.mechanism!r}"
-                )
+            kind = "fuse" if fuse else "overlay"
             prefix = [
                 facts.helper,
                 "--mount-overlay",
@@ -454,7 +468,7 @@ class BubblewrapBackend(Backend):
         if as_user:
             # caches are read-write host directories the sandbox must own too
             owned = [*(source(w) for w in writable), *caches]
-            prefix, args = _as_user(facts, request, owned, args)
+            prefix, args = _as_user(facts, request, owned, args, overlay)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
@@ -475,7 +489,11 @@ class BubblewrapBackend(Backend):
 
 
 def _as_user(
-    facts: HostFacts, request: ExecRequest, writable: list[str], args: list[str]
+    facts: HostFacts,
+    request: ExecRequest,
+    writable: list[str],
+    args: list[str],
+    overlay: tuple[str, str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """The exec helper's ``--as-user`` stage for a root caller, and *args* rewritten for it.
 
@@ -484,6 +502,9 @@ def _as_user(
     Every bind source is staged by the helper (cloned as root onto
     ``STAGE_DIR/<k>``, a tmpfs private to that stage's mount namespace): the
     unprivileged bwrap may be unable to walk to it (a 0700 parent).
+    With *overlay* (``(lower, upper, work)``, a root caller's overlay preview)
+    the helper mounts the preview's overlay on *lower* over idmapped clones of
+    all three: overlayfs cannot be idmapped itself, its layers can.
     """
     assert facts.helper is not None
     prefix = [facts.helper, "--as-user", str(ROOT_SANDBOX_ID), "--status-fd", str(FD_STATUS)]
@@ -494,10 +515,15 @@ def _as_user(
         if facts.kind(home) == "dir" and home not in SYSTEM_DIRS:
             owned.append(home)
     mapped: list[str] = []
+    if overlay is not None:
+        # upper and work must stay on one mount: clone the preview directory holding both
+        owned += [overlay[0], overlay[1].rstrip("/").rpartition("/")[0] or "/"]
     for path in sorted(set(owned), key=len):
         if not any(is_under(path, p) for p in mapped):
             mapped.append(path)
             prefix += ["--idmap", path]
+    if overlay is not None:
+        prefix += ["--overlay", *overlay]
     rewritten: list[str] = []
     staged = 0
     i = 0
@@ -514,6 +540,16 @@ def _as_user(
         i += 1
     prefix.append("--")
     return prefix, rewritten
+
+
+def user_git_configs(facts: HostFacts) -> tuple[str, ...]:
+    """The global git configs the caller's git reads (:attr:`BrokerSpec.git_configs`)."""
+    env = dict(facts.environ)
+    if env.get("GIT_CONFIG_GLOBAL"):
+        return (env["GIT_CONFIG_GLOBAL"],)
+    home = facts.home.rstrip("/")
+    xdg = env.get("XDG_CONFIG_HOME") or f"{home}/.config"
+    return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
 
 
 def proc_masks(facts: HostFacts) -> list[str]:

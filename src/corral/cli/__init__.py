@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "what works on this machine, and how to fix what doesn't",
     ),
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
+    "ui": ("corral.cli.commands.ui", "local web page to review runs, previews and sessions"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
     "k8s": ("corral.cli.commands.k8s", "render Kubernetes manifests that carry the policy"),
     "image": (

@@ -67,7 +67,6 @@ PROBE_IMAGE = "corral:python"
 EXPECTED_REFUSALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("docker", "protected path"),
-        ("docker", "unix socket"),
         ("gvisor", "protected path"),
     }
 )
