@@ -47,7 +47,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "install": ("corral.cli.commands.install", "install the Claude Code hook into settings.json"),
     "wrap-plugin": (
         "corral.cli.commands.wrap_plugin",
-        "run another plugin's hooks and MCP servers in corral",
+        "run another plugin's hooks, servers and monitors in corral",
     ),
     "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
     "server": (
