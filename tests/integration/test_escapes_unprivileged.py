@@ -27,6 +27,7 @@ ESCAPE_MODULES = (
     "tests/integration/test_write_broker.py",
     "tests/integration/test_process_escapes.py",
     "tests/integration/test_git_persistence.py",
+    "tests/integration/test_git_worktree_workspace.py",
     "tests/integration/test_resident_sessions.py",
 )
 

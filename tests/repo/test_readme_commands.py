@@ -38,12 +38,14 @@ TOOL_PACKAGES = {
     "fish": "fish",
     "groff": "groff-base",
     "node": "nodejs",
+    "npm": "nodejs",  # NodeSource's nodejs holds npm; else .ci/run installs Debian's npm
     "podman": "podman",
     "catatonit": "catatonit",
     "runsc": "runsc",
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    "fuse-overlayfs": "fuse-overlayfs",
     "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)
     "claude": "npm:@anthropic-ai/claude-code",

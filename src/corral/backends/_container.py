@@ -282,7 +282,7 @@ class ContainerBackend(Backend):
                     hint="use --backend bubblewrap, or --net none / --net open",
                 )
         if net.mode == "allowlist":
-            egress = egress_spec(policy, facts).replace(netns="fresh")
+            egress = egress_spec(policy, facts, backend=self.name).replace(netns="fresh")
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
@@ -393,6 +393,8 @@ class ContainerBackend(Backend):
             for tmp in PRIVATE_TMP:
                 # before the binds: a workspace under /tmp is mounted over it
                 args += self.tmpfs(tmp, size=disk)
+            if disk:  # /dev/shm is writable too (64 MiB unless told)
+                args += ["--shm-size", str(disk)]
             if res.memory is not None:
                 args += ["--memory", str(res.memory), "--memory-swap", str(res.memory)]
             if res.pids is not None:

@@ -102,6 +102,17 @@ class EgressSpec(Record):
         token: the per-sandbox proxy credential (in the proxy URL).
         hosts_file: a hosts(5) file that replaces DNS for the proxy
             (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
+        allow_requests, deny_requests: request rules (``network.*Requests``).
+        masks: the masked credentials (:class:`corral.egress._rules.MaskSpec`
+            fields as ``(name, placeholder, secret, hosts, headers, query)``).
+        ca: the per-run CA ``(certificate PEM, key PEM)`` for terminated
+            tunnels (empty without rules and masks). The key stays in corral.
+        forwards: ``(port, rule)`` of the host's loopback services that
+            ``network.allow`` names (``localhost:PORT``, ``127.0.0.1:PORT``):
+            the proxy listens on ``127.0.0.1:PORT`` inside the sandbox too and
+            relays each connection to the host's ``127.0.0.1:PORT``.
+        upstream_ca: a PEM file that replaces the system trust store when
+            the proxy verifies terminated hosts (``CORRAL_EGRESS_UPSTREAM_CA``).
         netns: where the proxy listens. ``"sandbox"``: in the network
             namespace of the sandbox's first process, once it exists
             (bubblewrap's ``--unshare-net``). ``"fresh"``: in a namespace the
@@ -115,7 +126,21 @@ class EgressSpec(Record):
     port: int = 3128
     token: str = ""
     hosts_file: str | None = None
+    allow_requests: tuple[str, ...] = ()
+    deny_requests: tuple[str, ...] = ()
+    masks: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...], bool], ...] = ()
+    ca: tuple[bytes, bytes] | tuple[()] = ()
+    upstream_ca: str | None = None
+    forwards: tuple[tuple[int, str], ...] = ()
     netns: str = "sandbox"
+
+    def __repr__(self) -> str:  # the token, the secrets and the CA key never print
+        return (
+            f"EgressSpec(allow={self.allow!r}, deny={self.deny!r}, port={self.port}, "
+            f"rules={len(self.allow_requests) + len(self.deny_requests)}, "
+            f"masks={[m[0] for m in self.masks]!r}, forwards={self.forwards!r}, "
+            f"netns={self.netns!r})"
+        )
 
 
 #: In a plan's argv: the path of the network namespace the engine creates
@@ -179,6 +204,10 @@ class HostFacts(Record):
             by ``inspect_host`` in allowlist mode so that ``plan`` stays pure.
         credential_files: ``("file:/path", contents)`` of the credential
             files this command receives (read by ``inspect_host``).
+        egress_ca: a fresh per-run CA ``(certificate PEM, key PEM)`` when the
+            proxy terminates TLS (request rules, masked credentials), else ``()``.
+        trust_bundle: ``(path, contents)``: the host's CA bundle with that CA
+            appended, mounted over the same path in the sandbox, else ``()``.
     """
 
     uid: int
@@ -204,6 +233,8 @@ class HostFacts(Record):
 
     egress_token: str = ""
     credential_files: tuple[tuple[str, str], ...] = ()
+    egress_ca: tuple[bytes, bytes] | tuple[()] = ()
+    trust_bundle: tuple[str, bytes] | tuple[()] = ()
 
     def kind(self, path: str) -> str:
         """The kind recorded for *path* (``"missing"`` when not inspected)."""

@@ -44,7 +44,7 @@ from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from ._proxy_env import proxy_environment
+from ._proxy_env import proxy_environment, trust_environment
 from .base import (
     Backend,
     Degradations,
@@ -68,6 +68,7 @@ __all__ = ["BubblewrapBackend", "command_env", "sandbox_env"]
 
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
+FD_TRUST = 9  # the CA bundle with the egress proxy's per-run CA (--ro-bind-data)
 #: Where the ``--as-user`` stage clones bind sources (its own tmpfs, in its own
 #: mount namespace; bubblewrap gives the sandbox a fresh /dev). Mirrors STAGE_DIR
 #: in corral-exec.c.
@@ -260,8 +261,13 @@ class BubblewrapBackend(Backend):
             return path
 
         # --- network: allowlist keeps --unshare-net; the proxy listens inside (docs/egress.md)
-        egress = egress_spec(policy, facts) if net.mode == "allowlist" else None
-        credentials = injected_credentials(request, policy, facts)
+        egress = (
+            egress_spec(policy, facts, request=request, terminating=True, backend=self.name)
+            if net.mode == "allowlist"
+            else None
+        )
+        credentials = injected_credentials(request, policy, facts, masking=True)
+        trust = facts.trust_bundle if egress is not None and egress.ca else ()
 
         # --- which writable roots the broker supervises
         writable = [] if fs.read_only else [workspace]
@@ -384,6 +390,9 @@ class BubblewrapBackend(Backend):
             args += ["--ro-bind", source(carve), carve]
         for secret in later:
             args += ["--remount-ro", secret]
+        if trust:
+            # the per-run CA of the egress proxy joins the system's trust (docs/egress.md)
+            args += ["--ro-bind-data", str(FD_TRUST), trust[0]]
         args += ["--chdir", cwd]
         # the sandbox waits on --block-fd until its cgroup is set and its proxy listens
         hold = cgroup is not None or egress is not None
@@ -424,6 +433,8 @@ class BubblewrapBackend(Backend):
             helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
         if hold:
             fds += [FdSpec(number=FD_INFO, kind="info"), FdSpec(number=FD_BLOCK, kind="block")]
+        if trust:
+            fds.append(FdSpec(number=FD_TRUST, kind="data", data=trust[1]))
         if res.cpu_time is not None:
             seconds = max(1, int(res.cpu_time))
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
@@ -435,11 +446,18 @@ class BubblewrapBackend(Backend):
         if request.timeout is not None:
             timeout = request.timeout
         env = command_env(request, policy, facts_env(facts), egress, credentials)
+        if trust:
+            env = (*env, *trust_environment(trust[0]))
         if as_user and not any(name == "GIT_CONFIG_SYSTEM" for name, _value in env):
             # git would refuse the repositories the command only reads as "dubious
             # ownership" (they are not its uid's); the sandbox is the boundary here
             args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
             env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
+        if disk:
+            # bubblewrap's /dev is a tmpfs of half the RAM: /dev/shm gets the quota too,
+            # and /dev itself turns read-only once nothing more is mounted below it
+            # (device nodes stay usable; /dev/pts is its own mount)
+            args += ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         prefix: list[str] = []
         overlay: tuple[str, str, str] | None = None
         if preview is not None and preview.mechanism not in ("overlay", "fuse-overlayfs", "copy"):

@@ -265,6 +265,9 @@ class GvisorBackend(Backend):
             )
 
         # --- mounts (in order: later ones cover earlier ones)
+        caches = cache_dirs(policy, facts, degrade)
+        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
+        sized = [f"size={disk}"] if disk else []
         mounts: list[dict[str, object]] = [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {
@@ -274,16 +277,22 @@ class GvisorBackend(Backend):
                 "options": ["nosuid", "mode=755"],
             },
         ]
-        caches = cache_dirs(policy, facts, degrade)
-        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
+        if disk:  # /dev/shm is writable too: the quota holds there as well
+            mounts.append(
+                {
+                    "destination": "/dev/shm",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777", *sized],
+                }
+            )
         for tmp in PRIVATE_TMP:
             mounts.append(
                 {
                     "destination": tmp,
                     "type": "tmpfs",
                     "source": "tmpfs",
-                    "options": ["nosuid", "nodev", "mode=1777"]
-                    + ([f"size={disk}"] if disk else []),
+                    "options": ["nosuid", "nodev", "mode=1777", *sized],
                 }
             )
         mounts.append(

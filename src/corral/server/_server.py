@@ -86,7 +86,8 @@ DEFAULT_IDLE = 300.0
 #: launcher threads and their cgroups); the next client starts it again
 DEFAULT_POOL_IDLE = 30.0
 _REQUEST_TIMEOUT = 30.0
-_FORWARDED = frozenset({1, 2, 3, 15, 28})  # what corral run forwards: HUP, INT, QUIT, TERM, WINCH
+# what corral run forwards: HUP, INT, QUIT, TERM, WINCH, and CONT, TSTP (Ctrl-Z, fg)
+_FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
 _LOG_LIMIT = 1 << 20
 
 
