@@ -75,6 +75,17 @@ class _Stream:
         self.dropped = 0
         self.truncated = False
 
+    def count(self, chunk: bytes, limit: int | None, kept: int) -> bytes:
+        """Digest and count *chunk*; the part of it within the output cap (*kept* so far)."""
+        self.digest.update(chunk)
+        self.size += len(chunk)
+        if limit is None or kept + len(chunk) <= limit:
+            return chunk
+        keep = chunk[: max(0, limit - kept)]
+        self.dropped += len(chunk) - len(keep)
+        self.truncated = True
+        return keep
+
 
 class Running:
     """A launched plan. Use :func:`run_plan` unless you need :meth:`send_signal`.
@@ -843,13 +854,7 @@ class Running:
             self._stdin_fd = -1
 
     def _take(self, stream: _Stream, chunk: bytes, limit: int | None, kept: int) -> int:
-        stream.digest.update(chunk)
-        stream.size += len(chunk)
-        keep = chunk
-        if limit is not None and kept + len(chunk) > limit:
-            keep = chunk[: max(0, limit - kept)]
-            stream.dropped += len(chunk) - len(keep)
-            stream.truncated = True
+        keep = stream.count(chunk, limit, kept)
         if keep:
             if stream.sink is None:
                 stream.buf += keep

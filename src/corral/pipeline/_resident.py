@@ -566,13 +566,7 @@ class _Keeper:
 
 def _take(stream: _Stream, chunk: bytes, limit: int | None, kept: int) -> int:
     """Digest *chunk*, keep (or relay) it within the output cap; the new kept total."""
-    stream.digest.update(chunk)
-    stream.size += len(chunk)
-    keep = chunk
-    if limit is not None and kept + len(chunk) > limit:
-        keep = chunk[: max(0, limit - kept)]
-        stream.dropped += len(chunk) - len(keep)
-        stream.truncated = True
+    keep = stream.count(chunk, limit, kept)
     if keep:
         if stream.sink is None:
             stream.buf += keep
