@@ -49,6 +49,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "docker": ("corral.backends.docker", "DockerBackend"),
     "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
     "landlock": ("corral.backends.landlock", "LandlockBackend"),
+    "microvm": ("corral.backends.microvm", "MicrovmBackend"),
     "none": ("corral.backends.unsandboxed", "UnsandboxedBackend"),
     "podman": ("corral.backends.podman", "PodmanBackend"),
     "seatbelt": ("corral.backends.seatbelt", "SeatbeltBackend"),
@@ -64,15 +65,12 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
     "podman": ("namespace", 150.0, False),
     "docker": ("namespace", 200.0, False),
     "gvisor": ("kernel", 250.0, False),
+    "microvm": ("vm", 2000.0, False),
     "none": ("none", 1.0, True),
 }
 
 #: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
 UNREGISTERED: dict[str, str] = {
-    "microvm": (
-        "not implemented in this build; on this class of machine KVM is a nested PVM that "
-        "hangs standard guests, and TCG boots take ~1.7 s per VM"
-    ),
     "boxlite": (
         "not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
         "guests, which this class of machine lacks"

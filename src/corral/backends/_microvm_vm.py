@@ -1,0 +1,448 @@
+"""One micro-VM: qemu (and virtiofsd) on the host, corral's agent as the guest's pid 1.
+
+:class:`GuestVM` boots a VM from a :class:`~corral.images._vm.VmImage`,
+speaks the agent's frame protocol over a virtio-serial port (see
+``src/corral/native/corral-vm-agent.c``) and tears everything down again::
+
+    vm = GuestVM(VmConfig(...))
+    vm.boot()                       # qemu + virtiofsd started, agent ready
+    vm.mount_share()                # the workspace view at its own path
+    vm.start(ExecSpec(...))         # one command; then frames() until 'X'
+    vm.close()                      # power off, kill what is left
+
+Host-side hygiene, which the tests check after killing the host side:
+
+* qemu and virtiofsd get ``PR_SET_PDEATHSIG(SIGKILL)``: when the process
+  that started them dies, however it dies, they die too;
+* their sockets live in a fresh ``corral-vm-*`` directory that is emptied and
+  removed as soon as both ends are connected (about when the agent says
+  ready), so a running VM leaves no file behind; a directory left by a
+  process killed during boot is swept by the next boot (its pid is in the
+  name).
+
+:func:`qemu_argv` and :func:`virtiofsd_argv` are pure, for the unit tests
+and ``corral explain``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+import time
+
+from .._frozen import Record
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = [
+    "BootFailed",
+    "ExecSpec",
+    "GuestVM",
+    "ShareSpec",
+    "VmConfig",
+    "qemu_argv",
+    "sweep_stale_run_dirs",
+    "virtiofsd_argv",
+]
+
+#: The virtiofs tag of the workspace share.
+SHARE_TAG = "corral-ws"
+#: What the run directories of VMs are called (in the system's temp directory).
+RUN_DIR_PREFIX = "corral-vm-"
+
+
+class BootFailed(Exception):
+    """qemu exited, or the agent did not say ready in time (with qemu's console tail)."""
+
+
+class ShareSpec(Record):
+    """The workspace view the guest mounts (served by virtiofsd).
+
+    Attributes:
+        wrapper: argv run before virtiofsd (an exec chain ending in ``"$@"``):
+            prepares virtiofsd's private mount namespace (a preview's overlay,
+            a read-only bind, masks over secret paths).
+        source: the host directory virtiofsd serves (seen through *wrapper*).
+        guest_path: where the guest mounts it (the workspace's own path).
+        read_only: also mounted read-only in the guest (the host side already is).
+    """
+
+    wrapper: tuple[str, ...]
+    source: str
+    guest_path: str
+    read_only: bool
+
+
+class VmConfig(Record):
+    """What one VM is: engine binaries, boot artifacts, size, devices.
+
+    Attributes:
+        qemu: absolute path of qemu-system-x86_64.
+        virtiofsd: absolute path of virtiofsd ("" when no share).
+        kernel, initrd, disk: the boot artifacts (``VmImage``).
+        memory_mb: guest RAM in MiB.
+        cpus: vCPUs.
+        accel: ``"kvm"`` or ``"tcg"``.
+        tsc_khz: the host TSC frequency for ``tsc_early_khz`` (0: unknown).
+        share: the workspace share, or None.
+        boot_timeout: seconds until the agent must be ready.
+    """
+
+    qemu: str
+    virtiofsd: str
+    kernel: str
+    initrd: str
+    disk: str
+    memory_mb: int = 512
+    cpus: int = 1
+    accel: str = "tcg"
+    tsc_khz: int = 0
+    share: ShareSpec | None = None
+    boot_timeout: float = 60.0
+
+
+class ExecSpec(Record):
+    """One command for the agent (see the 'E' frame)."""
+
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    cwd: str
+    uid: int
+    gid: int
+    timeout_ms: int = 0
+    grace_ms: int = 2000
+    output_cap: int = 0
+    pids: int = 0
+    memory: int = 0
+
+
+def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> list[str]:
+    """qemu's argv for *config* (pure).
+
+    No network device at all (``-nodefaults``: no NIC, no default serial or
+    parallel port, no monitor); the root disk read-only; the agent's port
+    a unix socket qemu listens on.
+    """
+    cmdline = "console=ttyS0 panic=-1 reboot=t" + (
+        " quiet" if not os.environ.get("CORRAL_VM_DEBUG") else ""
+    )
+    if config.tsc_khz:
+        cmdline += f" tsc_early_khz={config.tsc_khz} tsc=reliable"
+    argv = [
+        config.qemu,
+        "-M",
+        "microvm,x-option-roms=off",
+        "-accel",
+        config.accel,
+        "-cpu",
+        "host" if config.accel == "kvm" else "max",
+        "-m",
+        f"{config.memory_mb}M",
+        "-smp",
+        str(config.cpus),
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-monitor",
+        "none",
+        "-no-reboot",
+        "-serial",
+        "stdio",
+        "-global",
+        "virtio-mmio.force-legacy=false",
+        "-kernel",
+        config.kernel,
+        "-initrd",
+        config.initrd,
+        "-append",
+        cmdline,
+        "-drive",
+        f"id=root,file={config.disk},format=raw,if=none,readonly=on",
+        "-device",
+        "virtio-blk-device,drive=root",
+        "-chardev",
+        f"socket,id=agent,path={agent_socket},server=on,wait=off",
+        "-device",
+        "virtio-serial-device",
+        "-device",
+        "virtserialport,chardev=agent,name=corral.agent",
+    ]
+    if fs_socket is not None:
+        argv += [
+            "-object",
+            f"memory-backend-memfd,id=mem,size={config.memory_mb}M,share=on",
+            "-machine",
+            "memory-backend=mem",
+            "-chardev",
+            f"socket,id=fs,path={fs_socket}",
+            "-device",
+            f"vhost-user-fs-device,chardev=fs,tag={SHARE_TAG}",
+        ]
+    return argv
+
+
+def virtiofsd_argv(config: VmConfig, fs_socket: str) -> list[str]:
+    """virtiofsd's argv, behind the share's wrapper (pure)."""
+    assert config.share is not None
+    return [
+        *config.share.wrapper,
+        config.virtiofsd,
+        f"--socket-path={fs_socket}",
+        "-o",
+        f"source={config.share.source}",
+        "-o",
+        "cache=auto",
+        "-o",
+        "sandbox=chroot",
+        "-o",
+        "no_xattr",
+        "-o",
+        "log_level=err",
+    ]
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    os.setpgid(0, 0)
+
+
+def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
+    """Remove run directories whose creator (pid in the name) is gone; return them."""
+    import shutil
+    import tempfile
+
+    base = tmp or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(RUN_DIR_PREFIX):
+            continue
+        pid = name[len(RUN_DIR_PREFIX) :].split("-")[0]
+        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            removed.append(name)
+    return removed
+
+
+class GuestVM:
+    """A booted (or booting) micro-VM; see the module docstring."""
+
+    def __init__(self, config: VmConfig) -> None:
+        self.config = config
+        self.release = ""
+        self.qemu: object = None
+        self._procs: list[object] = []
+        self._sock: socket.socket | None = None
+        self._buf = b""
+        self._console = bytearray()
+        self._send_lock = threading.Lock()
+        self._run_dir = ""
+
+    # ----------------------------------------------------------- lifecycle
+    def boot(self) -> None:
+        """Start virtiofsd and qemu and wait for the agent (raises BootFailed)."""
+        import subprocess
+        import tempfile
+
+        sweep_stale_run_dirs()
+        self._run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
+        agent_socket = os.path.join(self._run_dir, "agent.sock")
+        fs_socket = os.path.join(self._run_dir, "fs.sock") if self.config.share else None
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
+        try:
+            if fs_socket is not None:
+                fs = subprocess.Popen(
+                    virtiofsd_argv(self.config, fs_socket),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    env=env,
+                    preexec_fn=_die_with_parent,
+                )
+                self._procs.append(fs)
+                self._wait_for(fs_socket, fs, "virtiofsd")
+            qemu = subprocess.Popen(
+                qemu_argv(self.config, agent_socket, fs_socket),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+            self.qemu = qemu
+            self._procs.append(qemu)
+            threading.Thread(target=self._drain_console, args=(qemu.stdout,), daemon=True).start()
+            self._wait_for(agent_socket, qemu, "qemu")
+            self._sock = self._connect(agent_socket, qemu)
+            self._cleanup_run_dir()  # both ends connected: nothing needs the paths any more
+            kind, payload = self._read_frame(deadline=time.monotonic() + self.config.boot_timeout)
+            if kind != b"R":
+                raise BootFailed(f"the agent answered {kind!r} instead of ready")
+            self.release = payload.decode("utf-8", "replace")
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_for(self, path: str, proc: object, what: str) -> None:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(path):
+            if proc.poll() is not None:  # type: ignore[attr-defined]
+                raise BootFailed(
+                    f"{what} exited {proc.returncode} before listening: {self.console()}"
+                )  # type: ignore[attr-defined]
+            if time.monotonic() > deadline:
+                raise BootFailed(f"{what} did not create {path} within 20 s")
+            time.sleep(0.002)
+
+    def _connect(self, path: str, proc: object) -> socket.socket:
+        """Connect to qemu's agent socket (it binds before it listens: retry briefly)."""
+        deadline = time.monotonic() + 20
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                sock.connect(path)
+                return sock
+            except OSError:
+                sock.close()
+                if proc.poll() is not None or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                    raise BootFailed(
+                        f"qemu did not accept the agent connection: {self.console()}"
+                    ) from None
+                time.sleep(0.002)
+
+    def _drain_console(self, stream: object) -> None:
+        while True:
+            chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            if not chunk:
+                return
+            self._console += chunk
+            del self._console[:-8192]
+
+    def console(self) -> str:
+        """The last lines qemu and the guest kernel printed (for error messages)."""
+        return bytes(self._console[-2000:]).decode("utf-8", "replace").strip()
+
+    def _cleanup_run_dir(self) -> None:
+        if self._run_dir:
+            import shutil
+
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = ""
+
+    def close(self, grace: float = 2.0) -> None:
+        """Power the guest off (or kill qemu after *grace*), stop virtiofsd, remove the run dir."""
+        if self._sock is not None:
+            try:
+                self.send(b"Q")
+            except OSError:
+                pass
+        deadline = time.monotonic() + grace
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[attr-defined]
+            except Exception:  # noqa: BLE001 - TimeoutExpired: kill below
+                pass
+            if proc.poll() is None:  # type: ignore[attr-defined]
+                proc.kill()  # type: ignore[attr-defined]
+                proc.wait()  # type: ignore[attr-defined]
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._procs = []
+        self._cleanup_run_dir()
+
+    # ------------------------------------------------------------- protocol
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        """Send one frame to the agent (thread-safe)."""
+        assert self._sock is not None
+        with self._send_lock:
+            self._sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
+
+    def _read_frame(self, deadline: float | None = None) -> tuple[bytes, bytes]:
+        assert self._sock is not None
+        while True:
+            if len(self._buf) >= 5:
+                (length,) = struct.unpack(">I", self._buf[1:5])
+                if len(self._buf) >= 5 + length:
+                    kind, payload = self._buf[:1], self._buf[5 : 5 + length]
+                    self._buf = self._buf[5 + length :]
+                    return kind, payload
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BootFailed(f"the guest agent was not ready in time: {self.console()}")
+                self._sock.settimeout(left)
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except TimeoutError:
+                continue
+            finally:
+                self._sock.settimeout(None)
+            if not chunk:
+                raise BootFailed(f"the VM went away: {self.console()}")
+            self._buf += chunk
+
+    def fileno(self) -> int:
+        """The agent connection's fd (for select)."""
+        assert self._sock is not None
+        return self._sock.fileno()
+
+    def has_buffered(self) -> bool:
+        """Whether a frame may be waiting in the buffer (no need to select)."""
+        return len(self._buf) >= 5
+
+    def next_frame(self) -> tuple[bytes, bytes]:
+        """The agent's next frame (blocking)."""
+        return self._read_frame()
+
+    def mount_share(self) -> None:
+        """Mount the workspace share in the guest (raises BootFailed with the agent's error)."""
+        share = self.config.share
+        if share is None:
+            return
+        mode = b"ro" if share.read_only else b"rw"
+        self.send(b"M", b"\0".join((SHARE_TAG.encode(), share.guest_path.encode(), mode)) + b"\0")
+        kind, payload = self._read_frame()
+        if kind != b"m" or payload:
+            raise BootFailed(f"the guest could not mount the workspace: {payload.decode()}")
+
+    def start(self, spec: ExecSpec) -> None:
+        """Start one command (its frames follow: '1', '2', then 'X' or 'F')."""
+        fields = [
+            spec.cwd,
+            str(spec.uid),
+            str(spec.gid),
+            str(spec.timeout_ms),
+            str(spec.grace_ms),
+            str(spec.output_cap),
+            str(spec.pids),
+            str(spec.memory),
+            str(len(spec.argv)),
+            *spec.argv,
+            str(len(spec.env)),
+            *(f"{k}={v}" for k, v in spec.env),
+        ]
+        self.send(b"E", b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields))
+
+    def run(self, spec: ExecSpec, stdin: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        """Run one command to its end; yield its frames (the last is 'X' or 'F')."""
+        self.start(spec)
+        if stdin:
+            self.send(b"I", stdin)
+        self.send(b"i")
+        while True:
+            kind, payload = self._read_frame()
+            yield kind, payload
+            if kind in (b"X", b"F"):
+                return

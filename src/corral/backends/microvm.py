@@ -1,0 +1,479 @@
+"""The ``microvm`` backend: the command runs in a qemu micro-VM with its own kernel.
+
+Each run boots a VM (``-M microvm``) from the VM artifacts of a built image
+(``corral image build NAME --vm``: a Debian cloud kernel from apt, an
+initramfs, the image's rootfs as a read-only disk with a tmpfs overlay) and
+runs the command through corral's guest agent, pid 1 of the guest, over a
+virtio-serial port. A kernel exploit in the command attacks the guest
+kernel, not the host's (``isolation: "vm"``).
+
+Guarantees (with the default policy):
+  * the guest sees the image's root (pristine each run: writes go to a tmpfs
+    overlay that dies with the VM) and the workspace at its own path, served
+    by virtiofsd from a private mount namespace on the host: read-only
+    (``--read-only``: a read-only bind mount there), or a preview's
+    copy-on-write view (``corral preview``: the preview's overlay, or its
+    copy); secret paths in the workspace are masked there (an empty
+    read-only tmpfs, or ``/dev/null`` for files), literal ``denyWrite`` paths
+    bound read-only. Nothing else of the host's file system is in the guest;
+  * no network device at all (qemu ``-nodefaults``): not even the host's
+    loopback is reachable; no host unix socket, no host process is visible;
+  * the host environment passes only through the policy's ``env`` allowlist,
+    as on every backend; credentials are refused (they need the egress proxy);
+  * memory is the VM's size (guest RAM = the limit plus
+    :data:`GUEST_OVERHEAD_MB` for the guest kernel, and the guest cgroup's
+    ``memory.max`` = the limit); pids in the guest cgroup (``pids.max``);
+    CPUs as vCPUs (rounded up) and a host cgroup quota on qemu; wall clock
+    and output enforced by corral on the host and again by the agent in the
+    guest (backstops); when the command's first process exits, every other
+    guest process is killed.
+
+A writable workspace is written only through a preview: plain
+``corral run --backend microvm`` runs in a new preview (the CLI creates it,
+prints its id and keeps it when the command changed something). Where the
+plan is asked for a writable workspace without a preview it refuses (exit
+125, rule ``filesystem.workspace``).
+
+Refused unless degraded: ``network.mode`` ``open`` and ``allowlist`` (no NIC
+in this build), ``credentials``, ``filesystem.allowWrite`` and ``caches``
+(only the workspace is shared), ``resources.cpuTime`` and ``resources.disk``.
+
+KVM is used when ``/dev/kvm`` boots a standard guest (probed once per host
+boot, with a bounded timeout: see :func:`kvm_problem`); otherwise TCG,
+qemu's software emulation, which is one to two orders of magnitude slower
+(seconds per boot instead of ~100 ms).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from ..pipeline._request import redact
+from ._plan import CgroupSpec, FdSpec, LaunchPlan
+from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..pipeline._request import ExecRequest
+    from ..policy._model import Policy
+    from ._plan import HostFacts, PreviewSpec
+
+__all__ = [
+    "DEFAULT_IMAGE",
+    "GUEST_OVERHEAD_MB",
+    "MicrovmBackend",
+    "find_qemu",
+    "kvm_problem",
+    "share_wrapper",
+]
+
+FD_STATUS = 3
+FD_CONFIG = 4
+#: The image a run boots when the policy names none (``corral image build python --vm``).
+DEFAULT_IMAGE = "python"
+#: Guest RAM on top of ``resources.memory`` (guest kernel, agent, page cache).
+GUEST_OVERHEAD_MB = 160
+#: Guest RAM without ``resources.memory``.
+DEFAULT_MEMORY_MB = 512
+#: Seconds a KVM trial boot may take before KVM counts as hanging.
+KVM_PROBE_TIMEOUT = 8.0
+
+
+def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:
+    """``(qemu-system-x86_64, virtiofsd)`` absolute paths, or None each."""
+    from ._container import find_program
+
+    qemu = find_program("qemu-system-x86_64", environ)
+    virtiofsd = next(
+        (
+            p
+            for p in ("/usr/lib/qemu/virtiofsd", "/usr/libexec/virtiofsd", "/usr/bin/virtiofsd")
+            if os.access(p, os.X_OK)
+        ),
+        None,
+    )
+    return qemu, virtiofsd
+
+
+def tsc_khz() -> int:
+    """The host's TSC frequency in kHz (0: unknown), for the guest's ``tsc_early_khz``.
+
+    Without it, about one TCG boot in twenty hangs after a failed TSC
+    calibration (shared/notes/machine-recipes.md, section 8.2).
+    """
+    try:
+        with open("/sys/devices/system/cpu/cpu0/tsc_freq_khz", encoding="ascii") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        pass
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("cpu MHz"):
+                    return int(float(line.split(":")[1]) * 1000)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def kvm_problem(qemu: str, kernel: str) -> str | None:
+    """Why KVM cannot run standard guests here, or None when it can; cached per host boot.
+
+    The trial boots *kernel* under ``-accel kvm`` with no root file system:
+    a working KVM panics it in well under a second and qemu exits
+    (``panic=-1``, ``-no-reboot``); a KVM that hangs standard guests (the
+    nested PVM of Firecracker hosts) is killed after
+    :data:`KVM_PROBE_TIMEOUT` seconds.
+    """
+    if not os.path.exists("/dev/kvm"):
+        return "/dev/kvm does not exist (no hardware virtualisation exposed to this machine)"
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "/dev/kvm is not accessible to this user (add it to the kvm group)"
+    from .. import _state
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = "unknown"
+    key = f"kvm-guest:{boot}:{qemu}"
+    cached = _state.cache_get(key)
+    if isinstance(cached, list) and len(cached) == 1:
+        return cached[0] if isinstance(cached[0], str) else None
+    import subprocess
+
+    argv = [
+        qemu, "-M", "microvm", "-accel", "kvm", "-cpu", "host", "-m", "128M", "-nodefaults",
+        "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot", "-serial",
+        "stdio", "-kernel", kernel, "-append", "console=ttyS0 panic=-1 reboot=t",
+    ]  # fmt: skip
+    problem: str | None = None
+    try:
+        result = subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=KVM_PROBE_TIMEOUT,
+            check=False,
+        )
+        out = (result.stdout + result.stderr).decode("utf-8", "replace")
+        if b"Kernel panic" not in result.stdout:
+            last = out.strip().splitlines()[-1:] or [f"exit status {result.returncode}"]
+            problem = f"a trial KVM boot failed ({last[0][:200]})"
+    except subprocess.TimeoutExpired:
+        problem = (
+            f"a trial KVM boot hung for {KVM_PROBE_TIMEOUT:.0f} s (a nested KVM that does not "
+            "run standard guests, e.g. the PVM of a Firecracker host)"
+        )
+    except OSError as exc:
+        problem = f"qemu could not run: {exc}"
+    _state.cache_put(key, [problem])
+    return problem
+
+
+def share_wrapper(
+    *,
+    helper: str,
+    workspace: str,
+    preview: PreviewSpec | None,
+    read_only: bool,
+    masks: list[tuple[str, str]],
+    read_only_paths: list[str],
+) -> tuple[tuple[str, ...], str]:
+    """The argv run before virtiofsd and the directory it serves (pure).
+
+    virtiofsd runs in a private mount namespace of its own, where:
+
+    * with a preview: the preview's overlay is mounted over the workspace by
+      corral's exec helper (``--mount-overlay``, as for bubblewrap), or the
+      preview's copy is bound there;
+    * read-only: the workspace is bound read-only over itself;
+    * each ``(path, "dir"|"file")`` in *masks* is hidden (an empty read-only
+      tmpfs, or ``/dev/null``), each of *read_only_paths* bound read-only.
+
+    The guest can only ever reach what virtiofsd serves, and the kernel
+    enforces these mounts for virtiofsd as for any process.
+    """
+    lines = ["set -e"]
+    if preview is not None and preview.mechanism == "copy":
+        lines.append('mount --bind -- "$CORRAL_TREE" "$CORRAL_WS"')
+    if read_only:
+        lines.append('mount --bind -o ro -- "$CORRAL_WS" "$CORRAL_WS"')
+    words: list[str] = []
+    for path, kind in masks:
+        words.append(path)
+        if kind == "dir":
+            lines.append(f'mount -t tmpfs -o ro,nosuid,nodev,mode=700 tmpfs -- "${len(words)}"')
+        else:
+            lines.append(f'mount --bind -o ro -- /dev/null "${len(words)}"')
+    for path in read_only_paths:
+        words.append(path)
+        lines.append(f'mount --bind -o ro -- "${len(words)}" "${len(words)}"')
+    lines.append(f"shift {len(words)}" if words else ":")
+    lines.append('exec "$@"')
+    script = "\n".join(lines)
+    env = ["/usr/bin/env", f"CORRAL_WS={workspace}"]
+    if preview is not None and preview.mechanism == "copy":
+        env.append(f"CORRAL_TREE={preview.tree}")
+    shell = ["/bin/sh", "-c", script, "corral-share", *words]
+    if preview is not None and preview.mechanism in ("overlay", "fuse-overlayfs"):
+        kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
+        head = [helper, "--mount-overlay", kind, workspace, preview.upper, preview.work]
+        if kind == "fuse":
+            head += ["--fuse-binary", preview.fuse_binary]
+        return (*head, "--", *env, *shell), workspace
+    unshare = ["/usr/bin/unshare", "--mount", "--propagation", "private", "--"]
+    return (*unshare, *env, *shell), workspace
+
+
+class MicrovmBackend(Backend):
+    """qemu micro-VMs with corral's guest agent; see the module docstring."""
+
+    name = "microvm"
+    isolation = "vm"
+    cost_ms = 2000.0
+    preview_mechanisms = ("overlay", "fuse-overlayfs", "copy")
+    not_expressible: dict[str, str] = {}
+
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
+        from ..images import find_built
+        from ..images._vm import find_vm_image
+
+        qemu, virtiofsd = find_qemu(environ)
+        name = DEFAULT_IMAGE
+        image_problem = None
+        if policy.image is not None:
+            if not policy.image.startswith("corral:"):
+                image_problem = (
+                    f"the microvm backend boots images built by corral (corral:NAME), "
+                    f"not {policy.image!r}"
+                )
+            name = policy.image[len("corral:") :]
+        built = find_built(name, environ)
+        vm = find_vm_image(built) if built is not None else None
+        kvm = kvm_problem(qemu, vm.kernel) if qemu and vm and os.path.exists("/dev/kvm") else None
+        if kvm is None and not os.path.exists("/dev/kvm"):
+            kvm = "/dev/kvm does not exist"
+        return {
+            "qemu": qemu,
+            "virtiofsd": virtiofsd,
+            "image_name": name,
+            "image_problem": image_problem,
+            "vm_kernel": vm.kernel if vm else None,
+            "vm_initrd": vm.initrd if vm else None,
+            "vm_disk": vm.disk if vm else None,
+            "kvm_problem": kvm,
+            "tsc_khz": tsc_khz(),
+            "python": sys.executable,
+        }
+
+    def problem(self, facts: HostFacts) -> str | None:
+        if facts.detail("qemu") is None:
+            return (
+                "qemu is not installed; install it (Debian/Ubuntu: apt-get install qemu-system-x86)"
+            )
+        if facts.detail("virtiofsd") is None:
+            return "virtiofsd is not installed (Debian 12: part of qemu-system-common)"
+        if facts.helper is None:
+            return (
+                "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
+                "available (apt-get install gcc libc6-dev)"
+            )
+        if facts.uid != 0:
+            return "this build runs micro-VMs as root only (virtiofsd needs root to serve the workspace)"
+        if facts.detail("image_problem"):
+            return str(facts.detail("image_problem"))
+        if facts.detail("vm_kernel") is None:
+            name = facts.detail("image_name")
+            return f"no VM image of {name!r} is built; run 'corral image build {name} --vm'"
+        return None
+
+    def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
+        return paths_of_policy(request, policy)
+
+    def accel(self, facts: HostFacts) -> str:
+        """``kvm`` when KVM runs standard guests here, else ``tcg``."""
+        return "tcg" if facts.detail("kvm_problem") else "kvm"
+
+    def plan(
+        self,
+        request: ExecRequest,
+        policy: Policy,
+        facts: HostFacts,
+        preview: PreviewSpec | None = None,
+    ) -> LaunchPlan:
+        problem = self.problem(facts)
+        if problem is not None:
+            raise BackendUnavailable(f"Failed to use the microvm backend: {problem}")
+        assert facts.helper is not None
+        fs, net, res = policy.filesystem, policy.network, policy.resources
+        degrade = Degradations(policy.allow_degraded)
+        workspace = checked_workspace(fs, facts)
+        cwd = request.cwd or workspace
+        if not is_under(cwd, workspace):
+            raise UsageError(
+                f"Failed to run in {cwd} on the microvm backend: only the workspace "
+                f"({workspace}) exists in the guest",
+                hint="run from inside the workspace, or pass --workspace",
+            )
+        if net.mode != "none":
+            raise EnforcementUnavailable(
+                f"Failed to enforce network.mode={net.mode} on the microvm backend: the VM has no "
+                "network device in this build",
+                rule="network.mode",
+                hint="use --net none (the default), or another backend for network access",
+            )
+        if policy.credentials:
+            raise EnforcementUnavailable(
+                "Failed to enforce credentials on the microvm backend: scoped credentials need "
+                "the egress proxy",
+                rule="credentials",
+                hint="remove the credentials setting",
+            )
+        if preview is None and not fs.read_only:
+            raise EnforcementUnavailable(
+                "Failed to enforce filesystem.workspace on the microvm backend: the VM writes "
+                "the workspace only through a preview",
+                rule="filesystem.workspace",
+                hint="run it with 'corral preview --backend microvm', or with --read-only",
+            )
+        if fs.allow_write:
+            degrade.cannot(
+                "filesystem.allowWrite",
+                "only the workspace is shared with the VM",
+                fix="put the files in the workspace",
+            )
+        if policy.caches:
+            degrade.cannot("caches", "only the workspace is shared with the VM", fix="unset caches")
+        if res.cpu_time is not None:
+            degrade.cannot(
+                "resources.cpuTime",
+                "the guest agent does not set RLIMIT_CPU",
+                fix="use resources.timeout",
+            )
+        if res.disk is not None:
+            degrade.cannot(
+                "resources.disk",
+                "workspace writes land in the preview on the host, which has no per-sandbox quota",
+                fix="unset resources.disk",
+            )
+        masks: list[tuple[str, str]] = []
+        for secret in sorted(fs.deny_read):
+            kind = facts.kind(secret)
+            if kind in ("dir", "file") and is_under(secret, workspace) and secret != workspace:
+                masks.append((secret, "dir" if kind == "dir" else "file"))
+        for carve in fs.allow_read:
+            if any(is_under(carve, m) for m, _k in masks):
+                degrade.cannot(
+                    "filesystem.allowRead",
+                    f"{carve} lies inside a masked secret path; the VM's share cannot show it",
+                    fix="move it out of the secret path",
+                )
+        read_only_paths = [
+            p.rstrip("/")
+            for p in fs.deny_write
+            if p.startswith("/")
+            and not any(c in p for c in "*?[")
+            and facts.kind(p) in ("dir", "file")
+            and is_under(p, workspace)
+        ]
+        if preview is None:
+            read_only_paths = []  # the whole share is read-only
+        wrapper, source = share_wrapper(
+            helper=facts.helper,
+            workspace=workspace,
+            preview=preview,
+            read_only=fs.read_only,
+            masks=masks,
+            read_only_paths=read_only_paths,
+        )
+        memory_mb = res.memory // (1 << 20) + GUEST_OVERHEAD_MB if res.memory else DEFAULT_MEMORY_MB
+        cpus = max(1, int(-(-res.cpus // 1))) if res.cpus else 1
+        cgroup = None
+        if res.cpus is not None:
+            if facts.cgroup_problem is not None:
+                degrade.cannot("resources.cpus", facts.cgroup_problem, fix="unset resources.cpus")
+            else:
+                cgroup = CgroupSpec(cpus=res.cpus)
+        timeout = request.timeout if request.timeout is not None else res.timeout
+        env = _guest_env(request, policy, facts)
+        config = {
+            "vm": {
+                "qemu": facts.detail("qemu"),
+                "virtiofsd": facts.detail("virtiofsd"),
+                "kernel": facts.detail("vm_kernel"),
+                "initrd": facts.detail("vm_initrd"),
+                "disk": facts.detail("vm_disk"),
+                "memory_mb": memory_mb,
+                "cpus": cpus,
+                "accel": self.accel(facts),
+                "tsc_khz": facts.detail("tsc_khz"),
+                "share": {
+                    "wrapper": list(wrapper),
+                    "source": source,
+                    "guest_path": workspace,
+                    "read_only": fs.read_only,
+                },
+            },
+            "exec": {
+                "argv": list(request.argv),
+                "env": [list(kv) for kv in env],
+                "cwd": cwd,
+                "uid": facts.uid,
+                "gid": facts.gid,
+                # backstops inside the guest: corral's engine enforces both first
+                "timeout_ms": int((timeout + res.kill_grace + 2) * 1000) if timeout else 0,
+                "grace_ms": int(res.kill_grace * 1000),
+                "output_cap": (res.output + 1) if res.output is not None else 0,
+                "pids": res.pids or 0,
+                "memory": res.memory or 0,
+            },
+            "stdin": request.stdin_mode != "null",
+        }
+        runner = [str(facts.detail("python")), "-I", "-m", "corral.backends._microvm_run"]
+        helper = [
+            facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
+            "--setsid", "--die-with-parent", "0",
+        ]  # fmt: skip
+        return LaunchPlan(
+            backend=self.name,
+            sandbox_id=request.sandbox_id,
+            argv=(*helper, "--", *runner, str(FD_CONFIG)),
+            env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C.UTF-8")),
+            cwd="/",
+            fds=(
+                FdSpec(number=FD_STATUS, kind="status"),
+                FdSpec(
+                    number=FD_CONFIG,
+                    kind="data",
+                    data=json.dumps(config, sort_keys=True).encode(),
+                ),
+            ),
+            cgroup=cgroup,
+            timeout=timeout,
+            kill_grace=res.kill_grace,
+            output_limit=res.output,
+            degraded=degrade.recorded,
+            display_argv=redact(request.argv),
+        )
+
+
+def _guest_env(
+    request: ExecRequest, policy: Policy, facts: HostFacts
+) -> tuple[tuple[str, str], ...]:
+    """The command's environment in the guest: the policy's allowlist as everywhere.
+
+    ``TMPDIR`` is the guest's own ``/tmp``; ``HOME`` is ``/root`` or
+    ``/tmp`` (the host's home directory does not exist in the guest).
+    """
+    from .bubblewrap import sandbox_env
+
+    env = dict(sandbox_env(request, policy, facts.environ))
+    env["TMPDIR"] = "/tmp"
+    env["HOME"] = "/root" if facts.uid == 0 else "/tmp"
+    return tuple(env.items())
