@@ -1,11 +1,13 @@
-"""The host side of one ``microvm`` run: ``python -I -m corral.backends._microvm_run FD``.
+"""The relay of one ``microvm`` run: ``python -I -m corral.backends._microvm_run CONFIG AGENT``.
 
-The microvm backend's plan launches this program (through corral's exec
-helper, in its own session) instead of the command: it reads the run's
-configuration (JSON, written by :meth:`MicrovmBackend.plan
-<corral.backends.microvm.MicrovmBackend.plan>`) from fd *FD*, boots the VM,
-mounts the workspace share in the guest, runs the command through the guest
-agent and relays:
+:meth:`MicrovmBackend.launch <corral.backends.microvm.MicrovmBackend.launch>`
+boots the VM (or takes one from the warm pool) and mounts the workspace in
+it, then has corral's engine start this program (through corral's exec
+helper, in its own session) in place of the command, with the run's
+configuration (JSON) on fd *CONFIG* and the connection to the guest agent
+on fd *AGENT*. So the engine's clock (``resources.timeout``), output limit,
+signals and stdio apply to the command itself, not to the boot. It runs the
+command through the agent and relays:
 
 * its stdin (when the run has one) to the guest, its stdout and stderr back;
 * signals corral's engine sends it: SIGINT, SIGQUIT, SIGHUP, SIGUSR1,
@@ -13,10 +15,8 @@ agent and relays:
   SIGTERM (a timeout or a stop) stops the whole guest tree (SIGTERM there,
   SIGKILL after the grace period);
 * the command's end: it exits with the command's status, or kills itself
-  with the command's signal, after powering the VM off.
+  with the command's signal. ``launch`` then powers the VM off.
 
-If this process is killed (SIGKILL included), qemu and virtiofsd die with it
-(``PR_SET_PDEATHSIG``) and no file is left (see :mod:`._microvm_vm`).
 Errors before the command starts are printed on stderr and exit 125.
 """
 
@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 
-from ._microvm_vm import BootFailed, ExecSpec, GuestVM, ShareSpec, VmConfig
+from ._microvm_vm import BootFailed, Channel, ExecSpec
 
 RELAYED = (
     signal.SIGINT,
@@ -41,31 +41,18 @@ RELAYED = (
 )
 
 
-def load_config(fd: int) -> tuple[VmConfig, ExecSpec, bool]:
-    """The VM, the command and whether stdin is relayed, from the JSON on *fd*."""
+def load_config(fd: int) -> tuple[ExecSpec, bool]:
+    """The command and whether stdin is relayed, from the JSON on *fd*."""
     with os.fdopen(fd, "rb") as f:
         config = json.load(f)
-    vm = dict(config["vm"])
-    share = vm.pop("share", None)
-    vm_config = VmConfig(
-        **vm,
-        share=ShareSpec(
-            wrapper=tuple(share["wrapper"]),
-            source=share["source"],
-            guest_path=share["guest_path"],
-            read_only=share["read_only"],
-        )
-        if share
-        else None,
-    )
     ex = dict(config["exec"])
     spec = ExecSpec(
         **{**ex, "argv": tuple(ex["argv"]), "env": tuple(tuple(kv) for kv in ex["env"])}
     )
-    return vm_config, spec, bool(config.get("stdin"))
+    return spec, bool(config.get("stdin"))
 
 
-def _pump_stdin(vm: GuestVM) -> None:
+def _pump_stdin(vm: Channel) -> None:
     try:
         while True:
             chunk = os.read(0, 65536)
@@ -78,11 +65,14 @@ def _pump_stdin(vm: GuestVM) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """Boot, run, relay; see the module docstring."""
-    if len(argv) != 1 or not argv[0].isdigit():
-        sys.stderr.write("usage: python -m corral.backends._microvm_run FD\n")
+    """Run the command in the guest and relay; see the module docstring."""
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        sys.stderr.write("usage: python -m corral.backends._microvm_run CONFIG_FD AGENT_FD\n")
         return 125
-    config, spec, relay_stdin = load_config(int(argv[0]))
+    import socket
+
+    spec, relay_stdin = load_config(int(argv[0]))
+    vm = Channel(socket.socket(fileno=int(argv[1])))
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     pending: list[int] = []
 
@@ -92,14 +82,6 @@ def main(argv: list[str]) -> int:
     signal.set_wakeup_fd(wake_w)
     for sig in (*RELAYED, signal.SIGTERM):
         signal.signal(sig, on_signal)
-    vm = GuestVM(config)
-    try:
-        vm.boot()
-        vm.mount_share()
-    except BootFailed as exc:
-        sys.stderr.write(f"corral: Failed to start the micro-VM: {exc}\n")
-        vm.close()
-        return 125
     try:
         if signal.SIGTERM in pending:
             return 128 + signal.SIGTERM
@@ -135,7 +117,6 @@ def main(argv: list[str]) -> int:
             elif kind == b"X":
                 how, _, _reason = payload.partition(b"\0")
                 word, _, number = how.decode().partition(" ")
-                vm.close()
                 if word == "signal":
                     signum = int(number)
                     signal.signal(signum, signal.SIG_DFL)
@@ -146,8 +127,6 @@ def main(argv: list[str]) -> int:
     except BootFailed as exc:
         sys.stderr.write(f"corral: the micro-VM failed: {exc}\n")
         return 125
-    finally:
-        vm.close()
 
 
 def _write(fd: int, data: bytes) -> None:

@@ -5,10 +5,10 @@ speaks the agent's frame protocol over a virtio-serial port (see
 ``src/corral/native/corral-vm-agent.c``) and tears everything down again::
 
     vm = GuestVM(VmConfig(...))
-    vm.boot()                       # qemu + virtiofsd started, agent ready
-    vm.mount_share()                # the workspace view at its own path
-    vm.start(ExecSpec(...))         # one command; then frames() until 'X'
-    vm.close()                      # power off, kill what is left
+    vm.boot()                                   # qemu + virtiofsd started, agent ready
+    vm.channel.mount_share(config.share)        # the workspace view at its own path
+    for kind, data in vm.channel.run(spec): ... # one command: '1', '2', then 'X'
+    vm.close()                                  # power off, kill what is left
 
 Host-side hygiene, which the tests check after killing the host side:
 
@@ -36,10 +36,11 @@ from .._frozen import Record
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 __all__ = [
     "BootFailed",
+    "Channel",
     "ExecSpec",
     "GuestVM",
     "ShareSpec",
@@ -243,10 +244,8 @@ class GuestVM:
         self.release = ""
         self.qemu: object = None
         self._procs: list[object] = []
-        self._sock: socket.socket | None = None
-        self._buf = b""
+        self.channel: Channel | None = None
         self._console = bytearray()
-        self._send_lock = threading.Lock()
         self._run_dir = ""
 
     # ----------------------------------------------------------- lifecycle
@@ -284,9 +283,10 @@ class GuestVM:
             self._procs.append(qemu)
             threading.Thread(target=self._drain_console, args=(qemu.stdout,), daemon=True).start()
             self._wait_for(agent_socket, qemu, "qemu")
-            self._sock = self._connect(agent_socket, qemu)
+            self.channel = Channel(self._connect(agent_socket, qemu), self.console)
             self._cleanup_run_dir()  # both ends connected: nothing needs the paths any more
-            kind, payload = self._read_frame(deadline=time.monotonic() + self.config.boot_timeout)
+            deadline = time.monotonic() + self.config.boot_timeout
+            kind, payload = self.channel.read_frame(deadline=deadline)
             if kind != b"R":
                 raise BootFailed(f"the agent answered {kind!r} instead of ready")
             self.release = payload.decode("utf-8", "replace")
@@ -342,9 +342,9 @@ class GuestVM:
 
     def close(self, grace: float = 2.0) -> None:
         """Power the guest off (or kill qemu after *grace*), stop virtiofsd, remove the run dir."""
-        if self._sock is not None:
+        if self.channel is not None:
             try:
-                self.send(b"Q")
+                self.channel.send(b"Q")
             except OSError:
                 pass
         deadline = time.monotonic() + grace
@@ -356,21 +356,40 @@ class GuestVM:
             if proc.poll() is None:  # type: ignore[attr-defined]
                 proc.kill()  # type: ignore[attr-defined]
                 proc.wait()  # type: ignore[attr-defined]
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        if self.channel is not None:
+            self.channel.close()
+            self.channel = None
         self._procs = []
         self._cleanup_run_dir()
 
-    # ------------------------------------------------------------- protocol
+
+class Channel:
+    """The agent's frame protocol over a connected socket (see the agent's header).
+
+    Used by :class:`GuestVM` while booting and by the run's relay process,
+    which receives the connection as an inherited fd.
+    """
+
+    def __init__(self, sock: socket.socket, console: Callable[[], str] | None = None) -> None:
+        self._sock = sock
+        self._buf = b""
+        self._send_lock = threading.Lock()
+        self._console = console or (lambda: "")
+
+    def console(self) -> str:
+        """The guest console's tail, when known (for error messages)."""
+        return self._console()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self._sock.close()
+
     def send(self, kind: bytes, payload: bytes = b"") -> None:
         """Send one frame to the agent (thread-safe)."""
-        assert self._sock is not None
         with self._send_lock:
             self._sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
 
-    def _read_frame(self, deadline: float | None = None) -> tuple[bytes, bytes]:
-        assert self._sock is not None
+    def read_frame(self, deadline: float | None = None) -> tuple[bytes, bytes]:
         while True:
             if len(self._buf) >= 5:
                 (length,) = struct.unpack(">I", self._buf[1:5])
@@ -381,7 +400,7 @@ class GuestVM:
             if deadline is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise BootFailed(f"the guest agent was not ready in time: {self.console()}")
+                    raise BootFailed(f"the guest agent was not ready in time: {self._console()}")
                 self._sock.settimeout(left)
             try:
                 chunk = self._sock.recv(1 << 16)
@@ -390,12 +409,11 @@ class GuestVM:
             finally:
                 self._sock.settimeout(None)
             if not chunk:
-                raise BootFailed(f"the VM went away: {self.console()}")
+                raise BootFailed(f"the VM went away: {self._console()}")
             self._buf += chunk
 
     def fileno(self) -> int:
         """The agent connection's fd (for select)."""
-        assert self._sock is not None
         return self._sock.fileno()
 
     def has_buffered(self) -> bool:
@@ -404,16 +422,13 @@ class GuestVM:
 
     def next_frame(self) -> tuple[bytes, bytes]:
         """The agent's next frame (blocking)."""
-        return self._read_frame()
+        return self.read_frame()
 
-    def mount_share(self) -> None:
+    def mount_share(self, share: ShareSpec) -> None:
         """Mount the workspace share in the guest (raises BootFailed with the agent's error)."""
-        share = self.config.share
-        if share is None:
-            return
         mode = b"ro" if share.read_only else b"rw"
         self.send(b"M", b"\0".join((SHARE_TAG.encode(), share.guest_path.encode(), mode)) + b"\0")
-        kind, payload = self._read_frame()
+        kind, payload = self.read_frame()
         if kind != b"m" or payload:
             raise BootFailed(f"the guest could not mount the workspace: {payload.decode()}")
 
@@ -442,7 +457,7 @@ class GuestVM:
             self.send(b"I", stdin)
         self.send(b"i")
         while True:
-            kind, payload = self._read_frame()
+            kind, payload = self.read_frame()
             yield kind, payload
             if kind in (b"X", b"F"):
                 return

@@ -57,7 +57,13 @@ from .base import Backend, Degradations, checked_workspace, is_under, paths_of_p
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..pipeline._cgroups import Cgroup, CgroupLayout
+    from ..pipeline._engine import Running
+    from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
+    from ._microvm_vm import GuestVM, VmConfig
     from ..policy._model import Policy
     from ._plan import HostFacts, PreviewSpec
 
@@ -72,6 +78,7 @@ __all__ = [
 
 FD_STATUS = 3
 FD_CONFIG = 4
+FD_AGENT = 5
 #: The image a run boots when the policy names none (``corral image build python --vm``).
 DEFAULT_IMAGE = "python"
 #: Guest RAM on top of ``resources.memory`` (guest kernel, agent, page cache).
@@ -119,8 +126,9 @@ def tsc_khz() -> int:
     return 0
 
 
-def kvm_problem(qemu: str, kernel: str) -> str | None:
-    """Why KVM cannot run standard guests here, or None when it can; cached per host boot.
+def kvm_problem(qemu: str, kernel: str, environ: dict[str, str]) -> str | None:
+    """Why KVM cannot run standard guests here, or None when it can; cached per host boot
+    (in ``kvm-probe.json`` beside the image cache).
 
     The trial boots *kernel* under ``-accel kvm`` with no root file system:
     a working KVM panics it in well under a second and qemu exits
@@ -132,17 +140,24 @@ def kvm_problem(qemu: str, kernel: str) -> str | None:
         return "/dev/kvm does not exist (no hardware virtualisation exposed to this machine)"
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "/dev/kvm is not accessible to this user (add it to the kvm group)"
-    from .. import _state
+    from ._image_ref import image_cache_dir
 
     try:
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
     except OSError:
         boot = "unknown"
-    key = f"kvm-guest:{boot}:{qemu}"
-    cached = _state.cache_get(key)
-    if isinstance(cached, list) and len(cached) == 1:
-        return cached[0] if isinstance(cached[0], str) else None
+    # next to the images (shared by every state dir of this user), valid for this boot
+    record = os.path.join(os.path.dirname(image_cache_dir(environ)), "kvm-probe.json")
+    key = f"{boot}:{qemu}:{os.stat(qemu).st_mtime_ns}"
+    try:
+        with open(record, encoding="utf-8") as f:
+            cached = json.load(f)
+        if cached.get("key") == key:
+            problem = cached.get("problem")
+            return problem if isinstance(problem, str) else None
+    except (OSError, ValueError, AttributeError):
+        pass
     import subprocess
 
     argv = [
@@ -170,7 +185,13 @@ def kvm_problem(qemu: str, kernel: str) -> str | None:
         )
     except OSError as exc:
         problem = f"qemu could not run: {exc}"
-    _state.cache_put(key, [problem])
+    try:
+        os.makedirs(os.path.dirname(record), exist_ok=True)
+        with open(f"{record}.tmp-{os.getpid()}", "w", encoding="utf-8") as f:
+            json.dump({"key": key, "problem": problem}, f)
+        os.replace(f"{record}.tmp-{os.getpid()}", record)
+    except OSError:
+        pass  # probed again next time
     return problem
 
 
@@ -256,7 +277,11 @@ class MicrovmBackend(Backend):
             name = policy.image[len("corral:") :]
         built = find_built(name, environ)
         vm = find_vm_image(built) if built is not None else None
-        kvm = kvm_problem(qemu, vm.kernel) if qemu and vm and os.path.exists("/dev/kvm") else None
+        kvm = (
+            kvm_problem(qemu, vm.kernel, environ)
+            if qemu and vm and os.path.exists("/dev/kvm")
+            else None
+        )
         if kvm is None and not os.path.exists("/dev/kvm"):
             kvm = "/dev/kvm does not exist"
         return {
@@ -438,12 +463,12 @@ class MicrovmBackend(Backend):
         runner = [str(facts.detail("python")), "-I", "-m", "corral.backends._microvm_run"]
         helper = [
             facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
-            "--setsid", "--die-with-parent", "0",
+            "--keep-fd", str(FD_AGENT), "--setsid", "--die-with-parent", "0",
         ]  # fmt: skip
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
-            argv=(*helper, "--", *runner, str(FD_CONFIG)),
+            argv=(*helper, "--", *runner, str(FD_CONFIG), str(FD_AGENT)),
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C.UTF-8")),
             cwd="/",
             fds=(
@@ -461,6 +486,86 @@ class MicrovmBackend(Backend):
             degraded=degrade.recorded,
             display_argv=redact(request.argv),
         )
+
+    def launch(
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
+    ) -> Outcome:
+        """Boot the VM (or take one from the warm pool), mount the workspace, then let the
+        engine run the relay with the agent's connection; the VM is destroyed afterwards.
+
+        The engine's clock starts when the command does: ``resources.timeout``
+        does not count the boot (bounded on its own by ``VmConfig.boot_timeout``).
+
+        Raises:
+            BackendUnavailable: the VM did not boot (with qemu's console tail).
+        """
+        from ._microvm_vm import BootFailed
+
+        config = next(f for f in plan.fds if f.number == FD_CONFIG)
+        vm_config = vm_config_of(json.loads(config.data))
+        vm = boot_vm(vm_config)
+        try:
+            if vm_config.share is not None:
+                assert vm.channel is not None
+                vm.channel.mount_share(vm_config.share)
+        except BootFailed as exc:
+            vm.close()
+            raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
+        try:
+            assert vm.channel is not None
+            agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
+            return super().launch(
+                plan.replace(fds=(*plan.fds, agent)),
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+                streams=streams,
+            )
+        finally:
+            vm.close()
+
+
+def vm_config_of(config: dict[str, object]) -> VmConfig:
+    """The :class:`VmConfig` in a plan's configuration (the ``vm`` part of its JSON)."""
+    from ._microvm_vm import ShareSpec, VmConfig
+
+    vm = dict(config["vm"])  # type: ignore[call-overload]
+    share = vm.pop("share", None)
+    return VmConfig(
+        **vm,
+        share=ShareSpec(
+            wrapper=tuple(share["wrapper"]),
+            source=share["source"],
+            guest_path=share["guest_path"],
+            read_only=share["read_only"],
+        )
+        if share
+        else None,
+    )
+
+
+def boot_vm(config: VmConfig) -> GuestVM:
+    """A booted VM for *config* (raises BackendUnavailable when it does not boot)."""
+    from ._microvm_vm import BootFailed, GuestVM
+
+    vm = GuestVM(config)
+    try:
+        vm.boot()
+    except BootFailed as exc:
+        raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
+    except OSError as exc:
+        raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
+    return vm
 
 
 def _guest_env(
