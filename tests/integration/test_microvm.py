@@ -155,8 +155,9 @@ def test_escapes_fail_and_changes_come_back_only_through_preview(vm_world: World
     thread.start()
     try:
         result = w.corral(
-            "preview", "--backend", "microvm", "--deny-read", ws_secret, "--", "python3", "probe.py", w.victim, w.secret,
-            ws_secret, str(listener.getsockname()[1]), unix_path,
+            "preview", "--backend", "microvm", "--deny-read", ws_secret, "--",
+            "python3", "probe.py", w.victim, w.secret, ws_secret,
+            str(listener.getsockname()[1]), unix_path,
             timeout=300,
         )  # fmt: skip
     finally:

@@ -44,6 +44,7 @@ TOOL_PACKAGES = {
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    "qemu-system-x86_64": "qemu-system-x86",
     # npm packages (installed globally with the apt package npm)
     "claude": "npm:@anthropic-ai/claude-code",
     "mcp-inspector": "npm:@modelcontextprotocol/inspector",

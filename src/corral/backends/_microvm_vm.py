@@ -26,9 +26,11 @@ and ``corral explain``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
+import subprocess
 import threading
 import time
 
@@ -37,6 +39,7 @@ from .._frozen import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
+    from typing import IO
 
 __all__ = [
     "BootFailed",
@@ -221,7 +224,7 @@ def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
     import tempfile
 
     base = tmp or tempfile.gettempdir()
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(base)
     except OSError:
@@ -242,8 +245,8 @@ class GuestVM:
     def __init__(self, config: VmConfig) -> None:
         self.config = config
         self.release = ""
-        self.qemu: object = None
-        self._procs: list[object] = []
+        self.qemu: subprocess.Popen[bytes] | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
         self.channel: Channel | None = None
         self._console = bytearray()
         self._run_dir = ""
@@ -251,7 +254,6 @@ class GuestVM:
     # ----------------------------------------------------------- lifecycle
     def boot(self) -> None:
         """Start virtiofsd and qemu and wait for the agent (raises BootFailed)."""
-        import subprocess
         import tempfile
 
         sweep_stale_run_dirs()
@@ -294,18 +296,18 @@ class GuestVM:
             self.close()
             raise
 
-    def _wait_for(self, path: str, proc: object, what: str) -> None:
+    def _wait_for(self, path: str, proc: subprocess.Popen[bytes], what: str) -> None:
         deadline = time.monotonic() + 20
         while not os.path.exists(path):
-            if proc.poll() is not None:  # type: ignore[attr-defined]
+            if proc.poll() is not None:
                 raise BootFailed(
                     f"{what} exited {proc.returncode} before listening: {self.console()}"
-                )  # type: ignore[attr-defined]
+                )
             if time.monotonic() > deadline:
                 raise BootFailed(f"{what} did not create {path} within 20 s")
             time.sleep(0.002)
 
-    def _connect(self, path: str, proc: object) -> socket.socket:
+    def _connect(self, path: str, proc: subprocess.Popen[bytes]) -> socket.socket:
         """Connect to qemu's agent socket (it binds before it listens: retry briefly)."""
         deadline = time.monotonic() + 20
         while True:
@@ -315,13 +317,13 @@ class GuestVM:
                 return sock
             except OSError:
                 sock.close()
-                if proc.poll() is not None or time.monotonic() > deadline:  # type: ignore[attr-defined]
+                if proc.poll() is not None or time.monotonic() > deadline:
                     raise BootFailed(
                         f"qemu did not accept the agent connection: {self.console()}"
                     ) from None
                 time.sleep(0.002)
 
-    def _drain_console(self, stream: object) -> None:
+    def _drain_console(self, stream: IO[bytes]) -> None:
         while True:
             chunk = stream.read1(4096)  # type: ignore[attr-defined]
             if not chunk:
@@ -349,13 +351,11 @@ class GuestVM:
                 pass
         deadline = time.monotonic() + grace
         for proc in reversed(self._procs):
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))  # type: ignore[attr-defined]
-            except Exception:  # noqa: BLE001 - TimeoutExpired: kill below
-                pass
-            if proc.poll() is None:  # type: ignore[attr-defined]
-                proc.kill()  # type: ignore[attr-defined]
-                proc.wait()  # type: ignore[attr-defined]
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         if self.channel is not None:
             self.channel.close()
             self.channel = None

@@ -63,8 +63,8 @@ if TYPE_CHECKING:
     from ..pipeline._engine import Running
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
-    from ._microvm_vm import GuestVM, VmConfig
     from ..policy._model import Policy
+    from ._microvm_vm import GuestVM, VmConfig
     from ._plan import HostFacts, PreviewSpec
 
 __all__ = [
@@ -154,8 +154,8 @@ def kvm_problem(qemu: str, kernel: str, environ: dict[str, str]) -> str | None:
         with open(record, encoding="utf-8") as f:
             cached = json.load(f)
         if cached.get("key") == key:
-            problem = cached.get("problem")
-            return problem if isinstance(problem, str) else None
+            known = cached.get("problem")
+            return str(known) if isinstance(known, str) else None
     except (OSError, ValueError, AttributeError):
         pass
     import subprocess
@@ -257,7 +257,6 @@ class MicrovmBackend(Backend):
     isolation = "vm"
     cost_ms = 2000.0
     preview_mechanisms = ("overlay", "fuse-overlayfs", "copy")
-    not_expressible: dict[str, str] = {}
 
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]

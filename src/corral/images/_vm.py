@@ -262,7 +262,6 @@ def _build(
     try:
         downloads = os.path.join(scratch, "deb")
         os.mkdir(downloads)
-        os.chmod(downloads, 0o777)  # apt's _apt user writes there when it can
         stage(f"apt-get download {package} ({version})")
         _run(["apt-get", "download", "-q", package], "apt-get download", cwd=downloads)
         debs = [f for f in os.listdir(downloads) if f.endswith(".deb")]
@@ -305,7 +304,7 @@ def _build(
             f.write("\n".join(names) + "\n")
         with open(os.path.join(root, "init"), "w", encoding="utf-8") as f:
             f.write(INIT)
-        os.chmod(os.path.join(root, "init"), 0o755)
+        os.chmod(os.path.join(root, "init"), 0o755)  # noqa: S103 - the guest's init program
         shutil.copy(agent, os.path.join(root, "agent"))
         listing = subprocess.run(
             ["find", ".", "-mindepth", "1"], cwd=root, capture_output=True, check=True

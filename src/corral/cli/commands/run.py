@@ -169,7 +169,9 @@ def _run_in_new_preview(
 
     preview = Preview.create(resolved.workspace, state_dir=state_dir(caller.environ))
     try:
-        status = execute_options(opts, resolved=resolved, caller=caller, relay=relay, preview=preview)
+        status = execute_options(
+            opts, resolved=resolved, caller=caller, relay=relay, preview=preview
+        )
         changes = preview.changes()
     except BaseException:
         try:
