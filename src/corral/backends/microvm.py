@@ -257,6 +257,7 @@ class MicrovmBackend(Backend):
     isolation = "vm"
     cost_ms = 2000.0
     preview_mechanisms = ("overlay", "fuse-overlayfs", "copy")
+    writes_through_preview = True
 
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]

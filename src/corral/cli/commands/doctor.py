@@ -49,6 +49,8 @@ def _check_backend(name: str, workspace: str) -> dict[str, object]:
             ref for ref in ("corral:python", "corral:base") if resolve_image(ref).problem is None
         ]
         policy = policy.replace(image=built[0] if built else None)
+    if backend.writes_through_preview:  # the smoke run needs no preview
+        policy = policy.replace(filesystem=policy.filesystem.replace(read_only=True))
     request = ExecRequest.from_argv(["true"], cwd=workspace)
     entry: dict[str, object] = {"backend": name, "isolation": backend.isolation}
     facts, _layout = inspect_host(backend, request, policy, dict(os.environ))

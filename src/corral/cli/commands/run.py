@@ -140,7 +140,9 @@ def run(
     try:
         opts = parse_run_options(args)
         resolved = resolve(opts, caller.environ, caller=caller)
-        if resolved.policy.backend == "microvm" and not resolved.policy.filesystem.read_only:
+        if _writes_through_preview(resolved.policy.backend) and not (
+            resolved.policy.filesystem.read_only
+        ):
             return _run_in_new_preview(opts, resolved, caller, relay)
         return execute_options(
             opts,
@@ -153,6 +155,15 @@ def run(
     except CorralError as exc:
         caller.error(exc.message, exc.hint)
         return EXIT_USAGE
+
+
+def _writes_through_preview(name: str) -> bool:
+    """Whether the backend named *name* writes the workspace only through a preview."""
+    if name not in ("microvm",):  # BACKEND_TRAITS-like shortcut: no import on the hot path
+        return False
+    from ...backends import get_backend
+
+    return get_backend(name).writes_through_preview
 
 
 def _run_in_new_preview(
