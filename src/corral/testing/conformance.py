@@ -190,7 +190,9 @@ class Probe:
         state = self.environ["XDG_STATE_HOME"]
         preview = Preview.create(self.workspace, state_dir=state)
         try:
-            outcome = launch(prepare(request, policy, environ=self.environ, preview=preview), request)
+            outcome = launch(
+                prepare(request, policy, environ=self.environ, preview=preview), request
+            )
             try:
                 preview.apply(protect=_policy_patterns(policy, self.workspace))
             except CorralError:
