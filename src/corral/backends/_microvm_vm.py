@@ -6,7 +6,7 @@ speaks the agent's frame protocol over a virtio-serial port (see
 
     vm = GuestVM(VmConfig(...))
     vm.boot()                                   # qemu + virtiofsd started, agent ready
-    vm.channel.mount_share(config.share)        # the workspace view at its own path
+    vm.attach(ShareSpec(...))                   # the run's workspace view at its own path
     for kind, data in vm.channel.run(spec): ... # one command: '1', '2', then 'X'
     vm.close()                                  # power off, kill what is left
 
@@ -55,6 +55,9 @@ __all__ = [
 
 #: The virtiofs tag of the workspace share.
 SHARE_TAG = "corral-ws"
+#: Where virtiofsd's private tmpfs is mounted in its own mount namespace (any
+#: existing directory: the mount is invisible to the host); views go in ``ws``.
+VIEW_ROOT = "/mnt"
 #: What the run directories of VMs are called (in the system's temp directory).
 RUN_DIR_PREFIX = "corral-vm-"
 
@@ -64,19 +67,18 @@ class BootFailed(Exception):
 
 
 class ShareSpec(Record):
-    """The workspace view the guest mounts (served by virtiofsd).
+    """One run's view of the workspace, mounted in virtiofsd's namespace at attach time.
 
     Attributes:
-        wrapper: argv run before virtiofsd (an exec chain ending in ``"$@"``):
-            prepares virtiofsd's private mount namespace (a preview's overlay,
-            a read-only bind, masks over secret paths).
-        source: the host directory virtiofsd serves (seen through *wrapper*).
-        guest_path: where the guest mounts it (the workspace's own path).
-        read_only: also mounted read-only in the guest (the host side already is).
+        setup: argv run inside virtiofsd's mount namespace (``nsenter``) that
+            mounts the view at ``VIEW_ROOT/ws``: a preview's overlay or copy, or
+            the workspace read-only; masks over secret paths (see
+            :func:`corral.backends.microvm.view_setup`).
+        guest_path: where the guest shows it (the workspace's own path).
+        read_only: also bound read-only in the guest (the host side already is).
     """
 
-    wrapper: tuple[str, ...]
-    source: str
+    setup: tuple[str, ...]
     guest_path: str
     read_only: bool
 
@@ -86,14 +88,19 @@ class VmConfig(Record):
 
     Attributes:
         qemu: absolute path of qemu-system-x86_64.
-        virtiofsd: absolute path of virtiofsd ("" when no share).
+        virtiofsd: absolute path of virtiofsd ("" for a VM without a share).
         kernel, initrd, disk: the boot artifacts (``VmImage``).
         memory_mb: guest RAM in MiB.
         cpus: vCPUs.
         accel: ``"kvm"`` or ``"tcg"``.
         tsc_khz: the host TSC frequency for ``tsc_early_khz`` (0: unknown).
-        share: the workspace share, or None.
         boot_timeout: seconds until the agent must be ready.
+
+    A VM with a *virtiofsd* gets a share at boot: virtiofsd serves an empty
+    tmpfs (:data:`VIEW_ROOT`) in a private mount namespace of its own; a run's
+    view of the workspace is mounted there when the VM is handed to the run
+    (:meth:`GuestVM.attach`), so a VM can be booted before anyone knows
+    which workspace it will serve (the warm pool).
     """
 
     qemu: str
@@ -105,7 +112,6 @@ class VmConfig(Record):
     cpus: int = 1
     accel: str = "tcg"
     tsc_khz: int = 0
-    share: ShareSpec | None = None
     boot_timeout: float = 60.0
 
 
@@ -191,23 +197,17 @@ def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> lis
 
 
 def virtiofsd_argv(config: VmConfig, fs_socket: str) -> list[str]:
-    """virtiofsd's argv, behind the share's wrapper (pure)."""
-    assert config.share is not None
+    """virtiofsd's argv: in a private mount namespace, serving an empty tmpfs (pure)."""
+    prepare = (
+        f"mount -t tmpfs -o mode=755,size=1m corral-view {VIEW_ROOT} && "
+        f'mkdir {VIEW_ROOT}/ws && exec "$@"'
+    )
     return [
-        *config.share.wrapper,
-        config.virtiofsd,
-        f"--socket-path={fs_socket}",
-        "-o",
-        f"source={config.share.source}",
-        "-o",
-        "cache=auto",
-        "-o",
-        "sandbox=chroot",
-        "-o",
-        "no_xattr",
-        "-o",
-        "log_level=err",
-    ]
+        "/usr/bin/unshare", "--mount", "--propagation", "private", "--",
+        "/bin/sh", "-c", prepare, "corral-share",
+        config.virtiofsd, f"--socket-path={fs_socket}", "-o", f"source={VIEW_ROOT}",
+        "-o", "cache=none", "-o", "sandbox=chroot", "-o", "no_xattr", "-o", "log_level=err",
+    ]  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -246,6 +246,7 @@ class GuestVM:
         self.config = config
         self.release = ""
         self.qemu: subprocess.Popen[bytes] | None = None
+        self.virtiofsd: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self.channel: Channel | None = None
         self._console = bytearray()
@@ -259,7 +260,7 @@ class GuestVM:
         sweep_stale_run_dirs()
         self._run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         agent_socket = os.path.join(self._run_dir, "agent.sock")
-        fs_socket = os.path.join(self._run_dir, "fs.sock") if self.config.share else None
+        fs_socket = os.path.join(self._run_dir, "fs.sock") if self.config.virtiofsd else None
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
         try:
             if fs_socket is not None:
@@ -272,6 +273,7 @@ class GuestVM:
                     preexec_fn=_die_with_parent,
                 )
                 self._procs.append(fs)
+                self.virtiofsd = fs
                 self._wait_for(fs_socket, fs, "virtiofsd")
             qemu = subprocess.Popen(
                 qemu_argv(self.config, agent_socket, fs_socket),
@@ -295,6 +297,25 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
+
+    def attach(self, share: ShareSpec) -> None:
+        """Give the booted VM a run's view of the workspace (raises BootFailed).
+
+        The view is mounted in virtiofsd's namespace (``nsenter``), then the
+        agent binds it at the workspace's path in the guest.
+        """
+        if self.virtiofsd is None or self.channel is None:
+            raise BootFailed("this VM was booted without a share")
+        result = subprocess.run(
+            ["/usr/bin/nsenter", f"--mount=/proc/{self.virtiofsd.pid}/ns/mnt", "--", *share.setup],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=30,
+        )
+        if result.returncode != 0:
+            raise BootFailed(f"the workspace view could not be mounted: {result.stderr.strip()}")
+        self.channel.mount_share(share)
 
     def _wait_for(self, path: str, proc: subprocess.Popen[bytes], what: str) -> None:
         deadline = time.monotonic() + 20

@@ -64,7 +64,8 @@ if TYPE_CHECKING:
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
-    from ._microvm_vm import GuestVM, VmConfig
+    from ._microvm_pool import VmPool
+    from ._microvm_vm import GuestVM, ShareSpec, VmConfig
     from ._plan import HostFacts, PreviewSpec
 
 __all__ = [
@@ -73,7 +74,8 @@ __all__ = [
     "MicrovmBackend",
     "find_qemu",
     "kvm_problem",
-    "share_wrapper",
+    "set_pool",
+    "view_setup",
 ]
 
 FD_STATUS = 3
@@ -87,6 +89,17 @@ GUEST_OVERHEAD_MB = 160
 DEFAULT_MEMORY_MB = 512
 #: Seconds a KVM trial boot may take before KVM counts as hanging.
 KVM_PROBE_TIMEOUT = 8.0
+
+
+#: The warm pool runs take their VM from (None: boot one per run); see set_pool.
+_pool: VmPool | None = None
+
+
+def set_pool(pool: VmPool | None) -> VmPool | None:
+    """Make runs in this process take VMs from *pool* (the corral server's); return the old one."""
+    global _pool
+    previous, _pool = _pool, pool
+    return previous
 
 
 def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:
@@ -195,59 +208,58 @@ def kvm_problem(qemu: str, kernel: str, environ: dict[str, str]) -> str | None:
     return problem
 
 
-def share_wrapper(
+def view_setup(
     *,
-    helper: str,
     workspace: str,
     preview: PreviewSpec | None,
     read_only: bool,
     masks: list[tuple[str, str]],
     read_only_paths: list[str],
-) -> tuple[tuple[str, ...], str]:
-    """The argv run before virtiofsd and the directory it serves (pure).
+) -> tuple[str, ...]:
+    """The argv that mounts a run's workspace view in virtiofsd's namespace (pure).
 
-    virtiofsd runs in a private mount namespace of its own, where:
+    It runs there through ``nsenter`` when the VM is handed to the run, and
+    mounts at ``VIEW_ROOT/ws``:
 
-    * with a preview: the preview's overlay is mounted over the workspace by
-      corral's exec helper (``--mount-overlay``, as for bubblewrap), or the
-      preview's copy is bound there;
-    * read-only: the workspace is bound read-only over itself;
-    * each ``(path, "dir"|"file")`` in *masks* is hidden (an empty read-only
-      tmpfs, or ``/dev/null``), each of *read_only_paths* bound read-only.
+    * with a preview: the preview's overlay (kernel overlayfs: the workspace
+      as lower layer, the preview's upper and work directories), or its copy;
+    * otherwise the workspace, read-only (a writable run always has a preview);
+    * each ``(path, "dir"|"file")`` of *masks* hidden (an empty read-only tmpfs,
+      or ``/dev/null``), each of *read_only_paths* bound read-only.
 
     The guest can only ever reach what virtiofsd serves, and the kernel
     enforces these mounts for virtiofsd as for any process.
     """
-    lines = ["set -e"]
-    if preview is not None and preview.mechanism == "copy":
-        lines.append('mount --bind -- "$CORRAL_TREE" "$CORRAL_WS"')
-    if read_only:
-        lines.append('mount --bind -o ro -- "$CORRAL_WS" "$CORRAL_WS"')
+    from ._microvm_vm import VIEW_ROOT
+
+    lines = ["set -e", f"v={VIEW_ROOT}/ws"]
     words: list[str] = []
-    for path, kind in masks:
-        words.append(path)
-        if kind == "dir":
-            lines.append(f'mount -t tmpfs -o ro,nosuid,nodev,mode=700 tmpfs -- "${len(words)}"')
-        else:
-            lines.append(f'mount --bind -o ro -- /dev/null "${len(words)}"')
-    for path in read_only_paths:
-        words.append(path)
-        lines.append(f'mount --bind -o ro -- "${len(words)}" "${len(words)}"')
-    lines.append(f"shift {len(words)}" if words else ":")
-    lines.append('exec "$@"')
-    script = "\n".join(lines)
-    env = ["/usr/bin/env", f"CORRAL_WS={workspace}"]
+
+    def arg(value: str) -> str:
+        words.append(value)
+        return f'"${{{len(words)}}}"'
+
     if preview is not None and preview.mechanism == "copy":
-        env.append(f"CORRAL_TREE={preview.tree}")
-    shell = ["/bin/sh", "-c", script, "corral-share", *words]
-    if preview is not None and preview.mechanism in ("overlay", "fuse-overlayfs"):
-        kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
-        head = [helper, "--mount-overlay", kind, workspace, preview.upper, preview.work]
-        if kind == "fuse":
-            head += ["--fuse-binary", preview.fuse_binary]
-        return (*head, "--", *env, *shell), workspace
-    unshare = ["/usr/bin/unshare", "--mount", "--propagation", "private", "--"]
-    return (*unshare, *env, *shell), workspace
+        lines.append(f'mount --bind -- {arg(preview.tree)} "$v"')
+    elif preview is not None:
+        opts = f"lowerdir={workspace},upperdir={preview.upper},workdir={preview.work}"
+        lines.append(f'mount -t overlay -o {arg(opts)} corral-preview "$v"')
+    else:
+        lines.append(f'mount --bind -- {arg(workspace)} "$v"')
+    if read_only or preview is None:
+        lines.append('mount -o remount,bind,ro "$v"')
+    for path, kind in masks:
+        target = f'"$v"/{arg(path[len(workspace) + 1 :])}'
+        if kind == "dir":
+            lines.append(f"mount -t tmpfs -o ro,nosuid,nodev,mode=700 corral-mask {target}")
+        else:
+            lines.append(f"mount --bind /dev/null {target}")
+            lines.append(f"mount -o remount,bind,ro {target}")
+    for path in read_only_paths:
+        target = f'"$v"/{arg(path[len(workspace) + 1 :])}'
+        lines.append(f"mount --bind {target} {target}")
+        lines.append(f"mount -o remount,bind,ro {target}")
+    return ("/bin/sh", "-c", "\n".join(lines), "corral-view", *words)
 
 
 class MicrovmBackend(Backend):
@@ -256,7 +268,7 @@ class MicrovmBackend(Backend):
     name = "microvm"
     isolation = "vm"
     cost_ms = 2000.0
-    preview_mechanisms = ("overlay", "fuse-overlayfs", "copy")
+    preview_mechanisms = ("overlay", "copy")
     writes_through_preview = True
 
     def inspect(
@@ -409,8 +421,7 @@ class MicrovmBackend(Backend):
         ]
         if preview is None:
             read_only_paths = []  # the whole share is read-only
-        wrapper, source = share_wrapper(
-            helper=facts.helper,
+        setup = view_setup(
             workspace=workspace,
             preview=preview,
             read_only=fs.read_only,
@@ -438,13 +449,8 @@ class MicrovmBackend(Backend):
                 "cpus": cpus,
                 "accel": self.accel(facts),
                 "tsc_khz": facts.detail("tsc_khz"),
-                "share": {
-                    "wrapper": list(wrapper),
-                    "source": source,
-                    "guest_path": workspace,
-                    "read_only": fs.read_only,
-                },
             },
+            "share": {"setup": list(setup), "guest_path": workspace, "read_only": fs.read_only},
             "exec": {
                 "argv": list(request.argv),
                 "env": [list(kv) for kv in env],
@@ -510,12 +516,11 @@ class MicrovmBackend(Backend):
         from ._microvm_vm import BootFailed
 
         config = next(f for f in plan.fds if f.number == FD_CONFIG)
-        vm_config = vm_config_of(json.loads(config.data))
-        vm = boot_vm(vm_config)
+        vm_config, share = vm_config_of(json.loads(config.data))
+        pool = _pool
+        vm = pool.acquire(vm_config) if pool is not None else boot_vm(vm_config)
         try:
-            if vm_config.share is not None:
-                assert vm.channel is not None
-                vm.channel.mount_share(vm_config.share)
+            vm.attach(share)
         except BootFailed as exc:
             vm.close()
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
@@ -535,22 +540,13 @@ class MicrovmBackend(Backend):
             vm.close()
 
 
-def vm_config_of(config: dict[str, object]) -> VmConfig:
-    """The :class:`VmConfig` in a plan's configuration (the ``vm`` part of its JSON)."""
+def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:
+    """The VM and the workspace view in a plan's configuration (its JSON)."""
     from ._microvm_vm import ShareSpec, VmConfig
 
-    vm = dict(config["vm"])  # type: ignore[call-overload]
-    share = vm.pop("share", None)
-    return VmConfig(
-        **vm,
-        share=ShareSpec(
-            wrapper=tuple(share["wrapper"]),
-            source=share["source"],
-            guest_path=share["guest_path"],
-            read_only=share["read_only"],
-        )
-        if share
-        else None,
+    share = dict(config["share"])  # type: ignore[call-overload]
+    return VmConfig(**config["vm"]), ShareSpec(  # type: ignore[arg-type]
+        setup=tuple(share["setup"]), guest_path=share["guest_path"], read_only=share["read_only"]
     )
 
 

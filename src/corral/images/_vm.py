@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["INIT", "MODULES", "VmImage", "build_vm_image", "find_vm_image", "kernel_package"]
 
 #: Bumped when the procedure changes what it produces (part of the key).
-VM_BUILDER_VERSION = 1
+VM_BUILDER_VERSION = 2
 
 #: Kernel modules loaded by the guest's init, in load order (paths below
 #: ``lib/modules/<release>/kernel``). virtio_ring must precede virtio.
@@ -102,6 +102,7 @@ class VmImage(Record):
         kernel, initrd, disk: the three files qemu boots.
         release: the guest kernel's release (``uname -r`` inside).
         key: 16 hex digits of the inputs' digest.
+        agent: the sha256 of the guest agent in the initramfs.
     """
 
     name: str
@@ -111,6 +112,7 @@ class VmImage(Record):
     disk: str
     release: str
     key: str
+    agent: str = ""
 
 
 def agent_path() -> str | None:
@@ -167,7 +169,11 @@ def _digest(path: str) -> str:
 
 
 def find_vm_image(image: BuiltImage) -> VmImage | None:
-    """The newest VM artifacts built for *image* (any kernel), or None."""
+    """The newest VM artifacts built for *image* (any kernel), or None.
+
+    None too when they hold another guest agent than this corral's (an
+    upgrade changed the protocol): ``corral image build NAME --vm`` again.
+    """
     pointer = os.path.join(image.directory, "vm.json")
     try:
         with open(pointer, encoding="utf-8") as f:
@@ -176,6 +182,9 @@ def find_vm_image(image: BuiltImage) -> VmImage | None:
     except (OSError, ValueError, TypeError):
         return None
     if not all(os.path.isfile(p) for p in (vm.kernel, vm.initrd, vm.disk)):
+        return None
+    agent = agent_path()
+    if agent is None or vm.agent != _digest(agent):
         return None
     return vm
 
@@ -364,6 +373,7 @@ def _build(
             "disk": os.path.join(directory, "rootfs.ext4"),
             "release": release,
             "key": key,
+            "agent": _digest(agent),
         }
         _write_json(os.path.join(scratch, "vm.json"), record)
         shutil.rmtree(directory, ignore_errors=True)

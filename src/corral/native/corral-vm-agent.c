@@ -18,8 +18,9 @@
  *     'S'  deliver signal payload[0] to the command's process group
  *     'T'  stop: SIGTERM to every process of the command, SIGKILL after grace
  *     'K'  SIGKILL every process of the command now
- *     'M'  mount the virtiofs share TAG at PATH; payload: TAG, PATH, "ro" or "rw"
- *          (NUL-terminated; answered by 'm' with an empty payload or the error)
+ *     'M'  show the workspace at PATH: the virtiofs share TAG's directory "ws"
+ *          (where the host mounted this run's view); payload: TAG, PATH, "ro" or
+ *          "rw" (NUL-terminated; answered by 'm' with an empty payload or the error)
  *     'Q'  power the VM off
  *   guest -> host
  *     'R'  ready; payload: the guest kernel's release
@@ -383,6 +384,8 @@ static void make_dirs(char *path) {
     mkdir(path, 0755);
 }
 
+/* The share (virtiofs TAG) is mounted once at /.corral/share; its "ws" directory, where
+ * the host put this run's view of the workspace, is bound at PATH (read-only if asked). */
 static void mount_share(char *data, uint32_t len) {
     char *tag = data, *path = NULL, *mode = NULL, *end = data + len;
     if (tag < end)
@@ -393,15 +396,22 @@ static void mount_share(char *data, uint32_t len) {
         send_frame('m', "malformed mount frame", 21);
         return;
     }
-    make_dirs(path);
-    unsigned long flags = MS_NOSUID | MS_NODEV | (strcmp(mode, "ro") == 0 ? MS_RDONLY : 0);
-    if (mount(tag, path, "virtiofs", flags, NULL) < 0) {
-        char msg[256];
-        int n = snprintf(msg, sizeof msg, "mount virtiofs %s on %s: %s", tag, path, strerror(errno));
-        send_frame('m', msg, (uint32_t)n);
-        return;
+    char msg[512];
+    int n = 0;
+    struct stat st;
+    mkdir("/.corral/share", 0700);
+    if (stat("/.corral/share/ws", &st) != 0 &&
+        mount(tag, "/.corral/share", "virtiofs", MS_NOSUID | MS_NODEV, NULL) < 0)
+        n = snprintf(msg, sizeof msg, "mount virtiofs %s: %s", tag, strerror(errno));
+    if (n == 0) {
+        make_dirs(path);
+        if (mount("/.corral/share/ws", path, NULL, MS_BIND, NULL) < 0)
+            n = snprintf(msg, sizeof msg, "bind the workspace on %s: %s", path, strerror(errno));
+        else if (strcmp(mode, "ro") == 0 &&
+                 mount(NULL, path, NULL, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV, NULL) < 0)
+            n = snprintf(msg, sizeof msg, "make %s read-only: %s", path, strerror(errno));
     }
-    send_frame('m', "", 0);
+    send_frame('m', msg, (uint32_t)(n > 0 ? n : 0));
 }
 
 int main(int argc, char **argv) {

@@ -13,7 +13,7 @@ import pytest
 from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from corral.backends import HostFacts, PreviewSpec, get_backend
 from corral.backends._microvm_vm import ShareSpec, VmConfig, qemu_argv, virtiofsd_argv
-from corral.backends.microvm import FD_AGENT, FD_CONFIG, share_wrapper, vm_config_of
+from corral.backends.microvm import FD_AGENT, FD_CONFIG, view_setup, vm_config_of
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy
 
@@ -81,13 +81,14 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
         str(FD_AGENT),
     ]  # fmt: skip
     config = _config(plan)
-    vm = vm_config_of(config)
+    vm, share = vm_config_of(config)
     assert vm.accel == "tcg"
-    assert vm.share is not None and vm.share.read_only and vm.share.guest_path == WS
-    script = vm.share.wrapper[vm.share.wrapper.index("-c") + 1]
-    assert 'mount --bind -o ro -- "$CORRAL_WS" "$CORRAL_WS"' in script
-    assert SECRET_FILE in vm.share.wrapper and SECRET_DIR in vm.share.wrapper
-    assert "/root/.ssh" not in vm.share.wrapper  # outside the workspace: never shared at all
+    assert share.read_only and share.guest_path == WS
+    script = share.setup[2]
+    assert 'mount -o remount,bind,ro "$v"' in script
+    assert share.setup[4:] == (WS, ".env", "keys")  # masks, relative to the view
+    assert 'mount -t tmpfs -o ro,nosuid,nodev,mode=700 corral-mask "$v"/"${3}"' in script
+    assert not any("/root/.ssh" in word for word in share.setup)  # never shared at all
     env = dict(config["exec"]["env"])  # type: ignore[index]
     assert "SECRET_TOKEN" not in env and env["TMPDIR"] == "/tmp"
     argv = qemu_argv(vm, "/run/a.sock", "/run/f.sock")
@@ -101,7 +102,7 @@ def test_kvm_is_used_where_it_boots_guests() -> None:
     plan = get_backend("microvm").plan(
         _request(), _policy(read_only=True), _facts(kvm_problem=None)
     )
-    vm = vm_config_of(_config(plan))
+    vm, _share = vm_config_of(_config(plan))
     assert vm.accel == "kvm"
     argv = qemu_argv(vm, "/run/a.sock", None)
     assert argv[argv.index("-accel") + 1] == "kvm"
@@ -111,31 +112,24 @@ def test_kvm_is_used_where_it_boots_guests() -> None:
 
 def test_preview_plan_serves_the_previews_overlay() -> None:
     plan = get_backend("microvm").plan(_request(), _policy(), _facts(), preview=PREVIEW)
-    vm = vm_config_of(_config(plan))
-    assert vm.share is not None and not vm.share.read_only
-    wrapper = list(vm.share.wrapper)
-    assert wrapper[:6] == [
-        "/opt/corral-exec", "--mount-overlay", "overlay", WS, PREVIEW.upper, PREVIEW.work,
-    ]  # fmt: skip
+    vm, share = vm_config_of(_config(plan))
+    assert not share.read_only
+    script = share.setup[2]
+    assert 'mount -t overlay -o "${1}" corral-preview "$v"' in script
+    assert 'remount,bind,ro "$v"' not in script
+    assert share.setup[4] == f"lowerdir={WS},upperdir={PREVIEW.upper},workdir={PREVIEW.work}"
     fsd = virtiofsd_argv(vm, "/run/f.sock")
-    assert fsd[len(wrapper)] == "/usr/lib/qemu/virtiofsd"
-    assert f"source={WS}" in fsd
+    assert fsd[0] == "/usr/bin/unshare" and "/usr/lib/qemu/virtiofsd" in fsd
+    assert "source=/mnt" in fsd
 
 
 def test_copy_preview_binds_the_copy() -> None:
     copy = PreviewSpec(id="pv-2", mechanism="copy", workspace=WS, tree="/state/pv-2/tree")
-    wrapper, source = share_wrapper(
-        helper="/opt/corral-exec",
-        workspace=WS,
-        preview=copy,
-        read_only=False,
-        masks=[],
-        read_only_paths=[],
+    setup = view_setup(
+        workspace=WS, preview=copy, read_only=False, masks=[], read_only_paths=[WS + "/.git"]
     )
-    assert source == WS
-    assert wrapper[0] == "/usr/bin/unshare"
-    assert "CORRAL_TREE=/state/pv-2/tree" in wrapper
-    assert 'mount --bind -- "$CORRAL_TREE" "$CORRAL_WS"' in wrapper[wrapper.index("-c") + 1]
+    assert 'mount --bind -- "${1}" "$v"' in setup[2]
+    assert setup[4:] == ("/state/pv-2/tree", ".git")
 
 
 def test_writable_workspace_without_a_preview_is_refused() -> None:
@@ -200,7 +194,7 @@ def test_cwd_outside_the_workspace_is_a_usage_error() -> None:
         get_backend("microvm").plan(request, _policy(read_only=True), _facts())
 
 
-def test_share_spec_round_trips_through_the_plan_json() -> None:
-    share = ShareSpec(wrapper=("/usr/bin/unshare",), source=WS, guest_path=WS, read_only=True)
-    vm = VmConfig(qemu="q", virtiofsd="v", kernel="k", initrd="i", disk="d", share=share)
-    assert vm.share == share
+def test_vm_configs_are_pool_keys() -> None:
+    one = VmConfig(qemu="q", virtiofsd="v", kernel="k", initrd="i", disk="d")
+    assert {one: 1}[VmConfig(qemu="q", virtiofsd="v", kernel="k", initrd="i", disk="d")] == 1
+    assert ShareSpec(setup=("a",), guest_path=WS, read_only=True).read_only
