@@ -227,3 +227,37 @@ def test_timeout_stops_the_guest_command(vm_world: World) -> None:
     assert result.returncode == 124, result.stderr.decode()
     assert result.stdout == b"before\n"
     assert b"timed out after 3s" in result.stderr
+
+
+def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
+    """Pooled runs: the second run takes a VM booted in the background, never the first's;
+    closing the pool destroys the idle VMs."""
+    from corral.backends._microvm_pool import VmPool
+    from corral.backends.microvm import set_pool
+    from corral.pipeline._request import ExecRequest
+    from corral.pipeline._runner import launch, prepare
+    from corral.policy import load_settings
+
+    w = vm_world
+    policy = load_settings(
+        cwd=w.workspace,
+        workspace=w.workspace,
+        environ=w.environ,
+        flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
+    ).policy
+    script = "test -e /tmp/used && echo REUSED; touch /tmp/used; cat README"
+    pool = VmPool(size=1)
+    previous = set_pool(pool)
+    try:
+        outputs = []
+        for _ in range(2):
+            request = ExecRequest.from_argv(["sh", "-c", script], cwd=w.workspace)
+            prepared = prepare(request, policy, environ=w.environ)
+            outcome = launch(prepared, request)
+            assert outcome.returncode == 0, outcome.text("stderr")
+            outputs.append(outcome.text("stdout"))
+        assert outputs == ["hello\n", "hello\n"]  # never the same VM twice
+    finally:
+        set_pool(previous)
+        pool.close()
+    assert _qemu_processes() == []
