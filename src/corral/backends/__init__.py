@@ -41,6 +41,7 @@ __all__ = [
     "helper_path",
     "inspect_host",
     "select_backend",
+    "unregistered",
 ]
 
 #: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
@@ -69,13 +70,23 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
     "none": ("none", 1.0, True),
 }
 
-#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
+#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``;
+#: :func:`unregistered` adds what this host lacks for them).
 UNREGISTERED: dict[str, str] = {
     "boxlite": (
         "not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
         "guests, which this class of machine lacks"
     ),
+    "firecracker": "not implemented in this build (a second engine of microvm); needs KVM",
 }
+
+
+def unregistered(environ: dict[str, str]) -> dict[str, str]:
+    """:data:`UNREGISTERED` with the precise reasons for this host (binaries, KVM)."""
+    from .microvm import engine_problems
+
+    return {**UNREGISTERED, **engine_problems(environ)}
+
 
 _instances: dict[str, Backend] = {}
 
