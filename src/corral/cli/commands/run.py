@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...pipeline._launchers import LauncherPool
     from ...pipeline._outcome import Outcome
     from ...pipeline._request import ExecRequest
+    from ...policy._model import Policy
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
 
@@ -140,9 +141,7 @@ def run(
     try:
         opts = parse_run_options(args)
         resolved = resolve(opts, caller.environ, caller=caller)
-        if _writes_through_preview(resolved.policy.backend) and not (
-            resolved.policy.filesystem.read_only
-        ):
+        if _writes_through_preview(resolved.policy) and not resolved.policy.filesystem.read_only:
             return _run_in_new_preview(opts, resolved, caller, relay)
         return execute_options(
             opts,
@@ -157,9 +156,13 @@ def run(
         return EXIT_USAGE
 
 
-def _writes_through_preview(name: str) -> bool:
-    """Whether the backend named *name* writes the workspace only through a preview."""
-    if name not in ("microvm",):  # BACKEND_TRAITS-like shortcut: no import on the hot path
+def _writes_through_preview(policy: Policy) -> bool:
+    """Whether the policy's backend writes the workspace only through a preview
+    (``microvm``, named or the only one ``auto`` can pick for ``isolation: "vm"``)."""
+    name = policy.backend
+    if name == "auto" and policy.isolation == "vm":
+        name = "microvm"
+    if name != "microvm":  # no backend import on the hot path
         return False
     from ...backends import get_backend
 
