@@ -47,6 +47,7 @@ __all__ = [
     "GuestVM",
     "ShareSpec",
     "VmConfig",
+    "exec_payload",
     "qemu_argv",
     "sweep_stale_run_dirs",
     "virtiofsd_argv",
@@ -127,6 +128,25 @@ class ExecSpec(Record):
     output_cap: int = 0
     pids: int = 0
     memory: int = 0
+
+
+def exec_payload(spec: ExecSpec) -> bytes:
+    """The agent's 'E' frame payload for *spec* (pure)."""
+    fields = [
+        spec.cwd,
+        str(spec.uid),
+        str(spec.gid),
+        str(spec.timeout_ms),
+        str(spec.grace_ms),
+        str(spec.output_cap),
+        str(spec.pids),
+        str(spec.memory),
+        str(len(spec.argv)),
+        *spec.argv,
+        str(len(spec.env)),
+        *(f"{k}={v}" for k, v in spec.env),
+    ]
+    return b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields)
 
 
 def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> list[str]:
@@ -297,6 +317,10 @@ class GuestVM:
             if kind != b"R":
                 raise BootFailed(f"the agent answered {kind!r} instead of ready")
             self.release = payload.decode("utf-8", "replace")
+        except OSError as exc:
+            console = self.console()
+            self.close()
+            raise BootFailed(f"{exc}; console: {console[-600:]}") from None
         except BaseException:
             self.close()
             raise
@@ -463,21 +487,7 @@ class Channel:
 
     def start(self, spec: ExecSpec) -> None:
         """Start one command (its frames follow: '1', '2', then 'X' or 'F')."""
-        fields = [
-            spec.cwd,
-            str(spec.uid),
-            str(spec.gid),
-            str(spec.timeout_ms),
-            str(spec.grace_ms),
-            str(spec.output_cap),
-            str(spec.pids),
-            str(spec.memory),
-            str(len(spec.argv)),
-            *spec.argv,
-            str(len(spec.env)),
-            *(f"{k}={v}" for k, v in spec.env),
-        ]
-        self.send(b"E", b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields))
+        self.send(b"E", exec_payload(spec))
 
     def run(self, spec: ExecSpec, stdin: bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         """Run one command to its end; yield its frames (the last is 'X' or 'F')."""

@@ -510,7 +510,8 @@ class MicrovmBackend(Backend):
             },
             "stdin": request.stdin_mode != "null",
         }
-        runner = [str(facts.detail("python")), "-I", "-m", "corral.backends._microvm_run"]
+        relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_microvm_run.py")
+        runner = [str(facts.detail("python")), "-I", "-S", relay]
         helper = [
             facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
             "--keep-fd", str(FD_AGENT), "--setsid", "--die-with-parent", "0",
@@ -571,8 +572,10 @@ class MicrovmBackend(Backend):
         try:
             assert vm.channel is not None
             agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
+            command = FdSpec(number=FD_CONFIG, kind="data", data=exec_data(json.loads(config.data)))
+            fds = tuple(f for f in plan.fds if f.number != FD_CONFIG)
             return super().launch(
-                plan.replace(fds=(*plan.fds, agent)),
+                plan.replace(fds=(*fds, command, agent)),
                 request,
                 cgroup_layout=cgroup_layout,
                 on_start=on_start,
@@ -592,6 +595,17 @@ def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:
     return VmConfig(**config["vm"]), ShareSpec(  # type: ignore[arg-type]
         setup=tuple(share["setup"]), guest_path=share["guest_path"], read_only=share["read_only"]
     )
+
+
+def exec_data(config: dict[str, object]) -> bytes:
+    """What the relay reads on its first fd: ``1``/``0`` (stdin relayed), then the 'E' payload."""
+    from ._microvm_vm import ExecSpec, exec_payload
+
+    ex = dict(config["exec"])  # type: ignore[call-overload]
+    spec = ExecSpec(
+        **{**ex, "argv": tuple(ex["argv"]), "env": tuple(tuple(kv) for kv in ex["env"])}
+    )
+    return (b"1" if config.get("stdin") else b"0") + exec_payload(spec)
 
 
 def boot_vm(config: VmConfig) -> GuestVM:

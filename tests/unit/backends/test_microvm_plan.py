@@ -76,10 +76,9 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
     policy = _policy(read_only=True, deny_read=(SECRET_FILE, SECRET_DIR, "/root/.ssh"))
     plan = backend.plan(_request(), policy, _facts())
     assert plan.argv[0] == "/opt/corral-exec"
-    assert list(plan.argv[-6:]) == [
-        "/venv/bin/python3", "-I", "-m", "corral.backends._microvm_run", str(FD_CONFIG),
-        str(FD_AGENT),
-    ]  # fmt: skip
+    assert plan.argv[-6:-3] == ("/venv/bin/python3", "-I", "-S")
+    assert plan.argv[-3].endswith("/corral/backends/_microvm_run.py")
+    assert plan.argv[-2:] == (str(FD_CONFIG), str(FD_AGENT))
     config = _config(plan)
     vm, share = vm_config_of(config)
     assert vm.accel == "tcg"
