@@ -260,4 +260,7 @@ def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
     finally:
         set_pool(previous)
         pool.close()
+    deadline = time.monotonic() + 10  # handed-out VMs are destroyed in the background
+    while _qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert _qemu_processes() == []

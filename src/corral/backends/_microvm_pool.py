@@ -18,6 +18,8 @@ Rules:
   (one booting VM at a time per configuration, up to *size* idle);
 * the VMs are booted by the pool's own long-lived worker thread, because
   qemu's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends;
+* each VM runs :data:`WARM_UP` (``sh -c true``, as root, nothing of any run)
+  once before it is idle, so a run does not pay the guest's cold caches;
 * idle VMs carry nothing of a run: no workspace is mounted before
   :meth:`GuestVM.attach <corral.backends._microvm_vm.GuestVM.attach>`.
 
@@ -38,6 +40,21 @@ if TYPE_CHECKING:
     from ._microvm_vm import VmConfig
 
 __all__ = ["VmPool"]
+
+
+#: Run in every pooled VM before it is handed out: under TCG the first exec in a fresh
+#: guest pays for its page cache and qemu's code translation (hundreds of ms).
+WARM_UP = ("/bin/sh", "-c", "true")
+
+
+def _warm_up(vm: GuestVM) -> None:
+    from ._microvm_vm import ExecSpec
+
+    assert vm.channel is not None
+    spec = ExecSpec(argv=WARM_UP, env=(("PATH", "/usr/bin:/bin"),), cwd="/", uid=0, gid=0)
+    for kind, payload in vm.channel.run(spec):
+        if kind == b"F":
+            raise BootFailed(f"the warm-up command failed: {payload.decode(errors='replace')}")
 
 
 class VmPool:
@@ -62,7 +79,9 @@ class VmPool:
             vm = GuestVM(config)
             try:
                 vm.boot()
+                _warm_up(vm)
             except (BootFailed, OSError) as exc:
+                vm.close()
                 reply.put(exc)
                 continue
             reply.put(vm)
@@ -119,8 +138,12 @@ class VmPool:
                 vm.close()
                 return
 
+    def destroy(self, vm: GuestVM) -> None:
+        """Destroy a VM that was handed out, off the caller's path (a background thread)."""
+        threading.Thread(target=vm.close, daemon=True).start()
+
     def close(self) -> None:
-        """Power every idle VM off and stop the worker (VMs handed out are their runs')."""
+        """Destroy every idle VM and stop the worker (VMs handed out are their runs')."""
         with self._lock:
             self._closed = True
             vms = [vm for vms in self._idle.values() for vm in vms]

@@ -584,7 +584,10 @@ class MicrovmBackend(Backend):
                 streams=streams,
             )
         finally:
-            vm.close()
+            if pool is not None:
+                pool.destroy(vm)  # off the run's path: the server lives on
+            else:
+                vm.close()
 
 
 def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:
