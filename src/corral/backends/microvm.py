@@ -102,6 +102,28 @@ def set_pool(pool: VmPool | None) -> VmPool | None:
     return previous
 
 
+def pool_from_environ(environ: dict[str, str]) -> VmPool | None:
+    """The warm pool the corral server owns: ``CORRAL_VM_POOL=N`` idle VMs per VM
+    configuration (0 or unset: none); installed with :func:`set_pool`.
+
+    The first run of a configuration boots its VM; from then on the pool
+    keeps *N* booted and warmed up for the next runs.
+
+    Raises:
+        UsageError: the value is not a non-negative integer.
+    """
+    value = environ.get("CORRAL_VM_POOL", "").strip()
+    if not value or value == "0":
+        return None
+    if not value.isdigit():
+        raise UsageError(f"CORRAL_VM_POOL={value!r}: expected a number of idle VMs (0: none)")
+    from ._microvm_pool import VmPool
+
+    pool = VmPool(size=int(value))
+    set_pool(pool)
+    return pool
+
+
 def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:
     """``(qemu-system-x86_64, virtiofsd)`` absolute paths, or None each."""
     from ._container import find_program
