@@ -32,7 +32,16 @@ if TYPE_CHECKING:
 
     from .pipeline._outcome import Outcome
 
-__all__ = ["GENESIS", "append", "audit_path", "iter_records", "record_for", "verify"]
+__all__ = [
+    "GENESIS",
+    "ChainCheck",
+    "append",
+    "audit_path",
+    "iter_records",
+    "read_new",
+    "record_for",
+    "verify",
+]
 
 GENESIS = "0" * 64
 _TAIL = 65536
@@ -145,6 +154,89 @@ def iter_records(state_dir: str) -> Iterator[tuple[int, bytes]]:
             yield number, line.rstrip(b"\n")
 
 
+def read_new(path: str, position: int) -> tuple[list[bytes], int]:
+    """The complete records written to the log at *path* after byte *position*.
+
+    Returns ``(lines, new position)``; a record still being written (no
+    newline yet) is left for the next call. When the log shrank below
+    *position* (it was rotated or cut), reading starts over from its
+    beginning: the caller sees ``new position < position`` only then, with the
+    lines from the start. ``corral audit --follow`` and ``corral ui``'s live
+    updates both read the log through this function.
+    """
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return [], 0
+    if size < position:
+        position = 0
+    if size == position:
+        return [], position
+    with open(path, "rb") as f:
+        f.seek(position)
+        data = f.read(size - position)
+    end = data.rfind(b"\n")
+    if end < 0:
+        return [], position
+    return [line for line in data[:end].split(b"\n") if line], position + end + 1
+
+
+class ChainCheck:
+    """The hash chain walked record by record: what :func:`verify` checks, kept incremental.
+
+    Feed every line in order with :meth:`add`; :attr:`broken` names the first
+    bad record (``None`` while the chain holds); :meth:`finish` adds the check
+    of ``audit.head``. ``corral ui`` keeps one across refreshes of the log.
+    """
+
+    __slots__ = ("broken", "count", "prev")
+
+    def __init__(self) -> None:
+        self.prev = GENESIS  # the hash of the last line added
+        self.count = 0
+        self.broken: str | None = None
+
+    def add(self, line: bytes, record: object, error: str | None = None) -> None:
+        """Add the next *line*, parsed as *record* (or not JSON: *error* says why)."""
+        self.count += 1
+        number = self.count
+        if self.broken is None:
+            if error is not None:
+                self.broken = f"line {number}: not valid JSON ({error}): the record was edited"
+            elif not isinstance(record, dict):
+                self.broken = f"line {number}: not a record"
+            elif record.get("prev") != self.prev:
+                self.broken = (
+                    f"line {number}: its 'prev' does not match the hash of line {number - 1}: "
+                    "a record before it was edited, inserted or deleted"
+                )
+            elif record.get("seq") != number:
+                self.broken = f"line {number}: sequence number {record.get('seq')} where {number} was expected"
+        self.prev = _sha256(line).hexdigest()
+
+    def finish(self, state_dir: str) -> tuple[bool, str]:
+        """``(ok, message)`` for the lines added so far and ``audit.head`` as it is now."""
+        if self.broken is not None:
+            return False, self.broken
+        count = self.count
+        try:
+            with open(os.path.join(state_dir, "audit.head"), encoding="ascii") as f:
+                head_seq, head_hash = f.read().split()
+            recorded = int(head_seq)
+        except FileNotFoundError:
+            if count == 0:
+                return True, "the audit log is empty"
+            return False, "audit.head is missing: the log's end cannot be checked"
+        except (OSError, ValueError, UnicodeDecodeError):
+            return False, "audit.head is corrupt"
+        if recorded != count or head_hash != self.prev:
+            return False, (
+                f"the log ends at record {count} but audit.head records {head_seq}: "
+                "records were deleted from (or added to) the end"
+            )
+        return True, f"{count} records, chain intact"
+
+
 def verify(state_dir: str) -> tuple[bool, str]:
     """Check the hash chain and the head; return ``(ok, message)``.
 
@@ -152,43 +244,12 @@ def verify(state_dir: str) -> tuple[bool, str]:
     ``prev`` of the next one; a deleted or inserted record breaks ``prev`` or
     ``seq``; deleting the last records disagrees with ``audit.head``.
     """
-    prev = GENESIS
-    expected_seq = 1
-    count = 0
-    last_hash = GENESIS
-    for number, line in iter_records(state_dir):
-        count += 1
+    check = ChainCheck()
+    for _number, line in iter_records(state_dir):
         try:
-            record = loads(line)
+            check.add(line, loads(line))
         except JSONError as exc:
-            return False, f"line {number}: not valid JSON ({exc}): the record was edited"
-        if not isinstance(record, dict):
-            return False, f"line {number}: not a record"
-        if record.get("prev") != prev:
-            return False, (
-                f"line {number}: its 'prev' does not match the hash of line {number - 1}: "
-                "a record before it was edited, inserted or deleted"
-            )
-        if record.get("seq") != expected_seq:
-            return (
-                False,
-                f"line {number}: sequence number {record.get('seq')} where {expected_seq} was expected",
-            )
-        prev = last_hash = _sha256(line).hexdigest()
-        expected_seq += 1
-    head_path = os.path.join(state_dir, "audit.head")
-    try:
-        with open(head_path, encoding="ascii") as f:
-            head_seq, head_hash = f.read().split()
-    except FileNotFoundError:
-        if count == 0:
-            return True, "the audit log is empty"
-        return False, "audit.head is missing: the log's end cannot be checked"
-    except ValueError:
-        return False, "audit.head is corrupt"
-    if int(head_seq) != count or head_hash != last_hash:
-        return False, (
-            f"the log ends at record {count} but audit.head records {head_seq}: "
-            "records were deleted from (or added to) the end"
-        )
-    return True, f"{count} records, chain intact"
+            check.add(line, None, str(exc))
+        if check.broken is not None:
+            return False, check.broken
+    return check.finish(state_dir)

@@ -107,8 +107,11 @@ class FileRequests:
         return self._request(["/bin/sh", "-c", script, "corral-read", path], env={"LC_ALL": "C"})
 
     def _list_request(self, path: str) -> ExecRequest:
+        # find reads a word starting with -, ! or ( as its expression (-delete, -exec):
+        # such a name is given as ./NAME, which find can only take for a path
+        start = f"./{path}" if path[:1] in ("-", "!", "(") else path
         return self._request(
-            ["find", "-H", path, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y\\t%s\\t%p\\0"],
+            ["find", "-H", start, "-mindepth", "1", "-maxdepth", "1", "-printf", "%y\\t%s\\t%p\\0"],
             env={"LC_ALL": "C"},
         )
 
@@ -239,7 +242,9 @@ def _checked_members(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
     directories, regular files, and links; relative names without ``..``,
     each at most once; no member below a link; a symbolic link's target,
     walked from its directory, stays inside and passes no link; a hard link
-    names a regular file of the archive.
+    names a regular file of the archive by a relative name without ``..``
+    (tarfile links ``os.path.join(DIR, linkname)``: an absolute name would be
+    the host's file, then chmodded and chowned).
 
     Raises:
         ValueError: a member breaks one of these rules.
@@ -278,9 +283,11 @@ def _checked_members(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
                 if index < len(steps) - 1 and "/".join(walked) in links:
                     raise ValueError(f"link {member.name!r} leads through a link")
         elif member.islnk():
-            target = names.get(
-                "/".join(p for p in member.linkname.split("/") if p not in ("", "."))
-            )
+            # tarfile links os.path.join(DIR, linkname): an absolute name is the host's file
+            steps = member.linkname.split("/")
+            target = names.get("/".join(p for p in steps if p not in ("", ".")))
+            if member.linkname.startswith("/") or ".." in steps:
+                raise ValueError(f"hard link {member.name!r} leads outside")
             if target is None or not target.isfile():
                 raise ValueError(f"hard link {member.name!r} names no file of the archive")
         member.mode &= 0o755  # no set-id, sticky or group/other write bits

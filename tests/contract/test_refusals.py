@@ -18,7 +18,8 @@ CANNOT: dict[str, tuple[dict[str, object], str]] = {
         {
             "image": "corral:python",
             "network": {"mode": "allowlist", "allow": ["example.org"]},
-            # rootful podman runs the egress proxy; no backend rewrites requests inside TLS
+            # rootful podman runs the egress proxy but cannot give the container the
+            # per-run CA: masked credentials are bubblewrap's only
             "credentials": [
                 {
                     "name": "TOKEN",
@@ -32,20 +33,11 @@ CANNOT: dict[str, tuple[dict[str, object], str]] = {
         "credentials" if os.geteuid() == 0 else "network.mode",
     ),
     "docker": ({"image": "corral:python"}, "filesystem.protect"),
+    # bubblewrap enforces masked credentials and request rules through its proxy;
+    # with the host's network ("open") nothing would check the rules
     "bubblewrap": (
-        {
-            "network": {"mode": "allowlist", "allow": ["example.org"]},
-            "credentials": [
-                {
-                    "name": "TOKEN",
-                    "from": "env:HOME",
-                    "commands": ["*"],
-                    "hosts": ["example.org"],
-                    "mode": "mask",
-                }
-            ],
-        },
-        "credentials",
+        {"network": {"mode": "open", "denyRequests": ["POST */git-receive-pack"]}},
+        "network.denyRequests",
     ),
 }
 ISOLATION = {"landlock": "process", "gvisor": "kernel"}

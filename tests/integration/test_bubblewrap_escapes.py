@@ -114,6 +114,39 @@ def test_allow_read_reexposes_a_path_under_a_hidden_directory(world: World) -> N
     assert not os.path.exists(os.path.join(world.home, ".ssh", "new"))
 
 
+@pytest.mark.parametrize("rule", ["--allow-read", "--deny-read"])
+def test_a_link_in_the_workspace_cannot_steer_a_later_runs_read_rules(
+    world: World, rule: str
+) -> None:
+    """A read rule reached through a link the command can re-point is refused (exit 125).
+
+    Links in a rule are resolved at each start: an ``allowRead`` through a
+    workspace link re-pointed at ``~/.ssh`` re-exposed the key to the next run,
+    and a ``denyRead`` through one re-pointed elsewhere left the directory it
+    hid readable.
+    """
+    public = os.path.join(world.outside, "public")
+    private = os.path.join(world.outside, "private")
+    os.makedirs(public)
+    World.write(os.path.join(private, "id_ed25519"), "corral-test-private-key\n")
+    if rule == "--allow-read":  # shows a public directory; aimed at a hidden one
+        first, then, secret = public, os.path.join(world.home, ".ssh"), "corral-test-key"
+    else:  # hides a private directory; aimed away from it
+        first, then, secret = private, public, "corral-test-private-key"
+    os.symlink(first, os.path.join(world.workspace, "deps"))
+    # a hostile command re-points the link in its own workspace
+    assert world.run(f"rm deps && ln -s {then} deps").returncode == 0
+    later = world.run(
+        f"cat {world.home}/.ssh/id_ed25519 {private}/id_ed25519 deps/id_ed25519; echo RAN",
+        rule,
+        os.path.join(world.workspace, "deps"),
+    )
+    out = later.stdout + later.stderr
+    assert secret.encode() not in out
+    assert later.returncode == 125, out
+    assert b"re-point" in later.stderr
+
+
 def test_does_not_leak_host_environment(world: World) -> None:
     result = world.run("env; cat /proc/self/environ | tr '\\0' '\\n'")
     assert result.returncode == 0

@@ -19,13 +19,14 @@ import tempfile
 
 import pytest
 
-from tests.conftest import needs_bwrap, unreadable_for
+from tests.conftest import TEST_ROOT, needs_bwrap, unreadable_for
 
 #: The modules whose tests attempt escapes (paths from the repository root).
 ESCAPE_MODULES = (
     "tests/integration/test_bubblewrap_escapes.py",
     "tests/integration/test_write_broker.py",
     "tests/integration/test_process_escapes.py",
+    "tests/integration/test_git_persistence.py",
 )
 
 #: An unprivileged user has no cgroup to put limits in on a cgroup v1 host: the
@@ -52,7 +53,10 @@ def test_escape_battery_passes_as_an_unprivileged_user() -> None:
     )
     if problem is not None:
         pytest.skip(problem)
-    scratch = tempfile.mkdtemp(prefix="corral-unprivileged-", dir="/var/tmp")
+    # where root's worlds live too: outside the private /tmp and /var/tmp of a sandbox,
+    # so a world's "outside" directory is visible (read-only) to its commands
+    os.makedirs(TEST_ROOT, mode=0o755, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="corral-unprivileged-", dir=TEST_ROOT)
     try:
         os.chmod(scratch, 0o755)  # the test user must reach its own home below
         home, worlds = os.path.join(scratch, "home"), os.path.join(scratch, "worlds")

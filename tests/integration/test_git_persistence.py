@@ -56,7 +56,11 @@ def run(
     degrade = (
         ("--allow-degraded", "isolation") if backend == "landlock" and os.geteuid() == 0 else ()
     )
-    result = world.run(script, "--backend", backend, "--isolation", "process", *degrade)
+    env = {}
+    if backend == "podman":  # the image built for the user (the world has its own HOME)
+        home_cache = os.path.join(os.path.expanduser("~"), ".cache")
+        env["XDG_CACHE_HOME"] = os.environ.get("XDG_CACHE_HOME", home_cache)
+    result = world.run(script, "--backend", backend, "--isolation", "process", *degrade, env=env)
     assert result.returncode != 125, result.stderr
     return result
 
@@ -79,32 +83,114 @@ def assert_safe(world: World) -> None:
     assert not os.path.exists(marker(world)), "the host's git ran planted code"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+#: Build a gitdir-shaped directory under another name, in every order of its pieces
+#: (the config first, the config last through git's config.lock rename, or written
+#: directly last), and point a planted .git file at each.
+_SHAPES = (
+    "mkdir -p a && cp {cfg} a/config; mkdir a/objects; echo 'ref: refs/heads/m' > a/HEAD;"
+    " mkdir a/refs",
+    "mkdir -p b/objects b/refs && echo 'ref: refs/heads/m' > b/HEAD; cp {cfg} b/config.lock;"
+    " mv b/config.lock b/config",
+    "mkdir -p c/objects c/refs && echo 'ref: refs/heads/m' > c/HEAD; cp {cfg} c/config",
+    "mkdir -p d && cp {cfg} d/config; echo x > d/commondir",
+)
+
+
+def backend_problem(name: str) -> str | None:
+    """Why *name* cannot run here (podman: also its default image), or None."""
+    from corral.backends import get_backend, inspect_host
+    from corral.pipeline._request import ExecRequest
+    from corral.policy import Policy
+
+    backend = get_backend(name)
+    policy = Policy.for_workspace(os.getcwd(), home=os.environ.get("HOME", "/root"))
+    facts, _ = inspect_host(backend, ExecRequest.from_argv(["true"]), policy, dict(os.environ))
+    problem = backend.problem(facts)
+    image = facts.detail("image")
+    return problem or getattr(image, "problem", None)
+
+
+@pytest.mark.parametrize("backend", [*BACKENDS, "podman"])
 def test_a_dot_git_file_pointing_at_a_planted_repository(world: World, backend: str) -> None:
-    World.write(os.path.join(world.outside, "cfg"), payload_config(world))
-    result = run(
-        world,
-        f"mkdir -p evil/objects evil/refs src && echo 'ref: refs/heads/main' > evil/HEAD"
-        f" && cp {world.outside}/cfg evil/config && printf 'gitdir: ../evil\\n' > src/.git",
-        backend,
+    if backend == "podman" and (problem := backend_problem("podman")) is not None:
+        pytest.skip(f"podman is not available here: {problem}")
+    # in the workspace: the containers see only it (and the image)
+    cfg = World.write(world.ws("payload.cfg"), payload_config(world))
+    script = "; ".join(shape.format(cfg=cfg) for shape in _SHAPES)
+    links = "; ".join(f"mkdir -p s{n} && printf 'gitdir: ../{n}\\n' > s{n}/.git" for n in "abcd")
+    result = run(world, f"{script}; {links}; echo done", backend)
+    assert result.stdout == b"done\n", result.stderr
+    # refused while the run lasts (what is left is checked again after it)
+    assert result.stderr.count(b"blocked write") >= 4, result.stderr
+    assert_safe(world)
+
+
+def test_a_planted_repository_is_inert_while_the_run_lasts(world: World) -> None:
+    """The host runs git in the planted directories *during* the run: nothing runs.
+
+    The command holds a descriptor to ``evil/config`` from before the directory
+    became repository-shaped and writes the payload through it afterwards; the
+    broker's own copy, landed when the shape completed, is what git reads.
+    """
+    import time
+
+    cfg = World.write(os.path.join(world.outside, "cfg"), payload_config(world))
+    ready, done = world.ws("READY"), world.ws("DONE")
+    script = (
+        "import os, subprocess, time\n"
+        "os.makedirs('evil'); os.makedirs('src')\n"
+        "held = open('evil/config', 'w'); held.write('[core]\\n\\tbare = false\\n'); held.flush()\n"
+        "os.mkdir('evil/objects'); os.mkdir('evil/refs')\n"
+        "open('evil/HEAD', 'w').write('ref: refs/heads/main\\n')\n"
+        f"held.seek(0); held.write(open({cfg!r}).read()); held.close()\n"
+        "open('src/.git', 'w').write('gitdir: ../evil\\n')\n"
+        "open('READY', 'w').close()\n"
+        "deadline = time.monotonic() + 60\n"
+        "while not os.path.exists('DONE') and time.monotonic() < deadline:\n"
+        "    time.sleep(0.05)\n"
     )
-    assert result.returncode == 0, result.stderr
-    assert b"git check" in result.stderr or b"quarantined" in result.stderr, result.stderr
+    import subprocess
+
+    from tests.conftest import PROBE_PYTHON, client_command
+
+    environ = dict(world.environ)
+    child = subprocess.Popen(
+        [*client_command("corral"), "run", "--", PROBE_PYTHON, "-c", script],
+        cwd=world.workspace,
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready) and child.poll() is None:
+            assert time.monotonic() < deadline, "the command never got ready"
+            time.sleep(0.05)
+        assert child.poll() is None, child.communicate()
+        for where in ("src", "evil"):  # the user's editor polls git meanwhile
+            host_git(world, world.ws(where), "status")
+        assert not os.path.exists(marker(world)), "the host's git ran planted code mid-run"
+        with open(world.ws("evil", "config"), encoding="utf-8") as f:
+            assert "fsmonitor" not in f.read()
+    finally:
+        World.write(done, "")
+        _out, err = child.communicate(timeout=60)
+    assert child.returncode == 0, err
     assert_safe(world)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_bare_repository_shaped_directory(world: World, backend: str) -> None:
     World.write(os.path.join(world.outside, "cfg"), payload_config(world) + "\tworktree = ..\n")
-    run(
+    result = run(
         world,
-        f"mkdir -p bare/objects bare/refs && echo 'ref: refs/heads/main' > bare/HEAD"
-        f" && cp {world.outside}/cfg bare/config",
+        f"mkdir -p bare && cp {world.outside}/cfg bare/config && mkdir bare/objects"
+        " && echo 'ref: refs/heads/main' > bare/HEAD && mkdir bare/refs",
         backend,
     )
+    assert b"would become a repository whose config runs code" in result.stderr, result.stderr
+    assert not os.path.exists(world.ws("bare", "refs"))
     assert_safe(world)
-    assert not os.path.exists(world.ws("bare", "config"))
-    assert os.path.exists(world.ws("bare", "config.corral-quarantined"))
 
 
 def read_if_file(path: str) -> bytes | None:
@@ -303,6 +389,43 @@ def test_hook_paths_named_by_the_trusted_config_are_protected(world: World, back
     assert_safe(world)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_hook_paths_named_by_nested_and_global_configs_are_protected(
+    world: World, backend: str
+) -> None:
+    """A nested repository's config and the user's ~/.gitconfig name hook paths in the
+    workspace (inside and outside the nested work tree): planting there is refused."""
+    os.rmdir(world.ws(".git"))
+    seed_repo(world, world.workspace)
+    lib = world.ws("lib")
+    seed_repo(world, lib)
+    host_git(world, lib, "config", "core.hooksPath", ".githooks")
+    host_git(world, lib, "config", "core.fsmonitor", "../tools/fsmon.sh")
+    World.write(
+        os.path.join(world.home, ".gitconfig"),
+        f"[core]\n\thooksPath = .hooks-everywhere\n\tfsmonitor = {world.ws('bin', 'mon')}\n",
+    )
+    World.write(world.ws("hook.txt"), hook_script(world))
+    targets = (
+        "lib/.githooks/pre-commit",
+        "tools/fsmon.sh",
+        ".hooks-everywhere/pre-commit",
+        "lib/.hooks-everywhere/pre-commit",
+        "bin/mon",
+    )
+    script = "; ".join(
+        f"mkdir -p {os.path.dirname(t)} && cp hook.txt {t} && chmod +x {t} && echo WROTE {t}"
+        for t in targets
+    )
+    result = run(world, f"{script}; true", backend)
+    assert b"WROTE" not in result.stdout, result.stdout
+    for target in targets:
+        assert not os.path.lexists(world.ws(target)), target
+    os.remove(os.path.join(world.home, ".gitconfig"))  # the host's own fsmonitor would fail
+    host_git(world, lib, "config", "--unset", "core.fsmonitor")
+    assert_safe(world)
+
+
 def test_a_repository_moved_into_place_is_checked(world: World) -> None:
     # a pre-existing bare-shaped directory (e.g. a test fixture) moved under a new name:
     # the moved tree was never journaled entry by entry, so the check walks it
@@ -323,11 +446,16 @@ def test_each_session_exec_is_checked(world: World) -> None:
 
     World.write(os.path.join(world.outside, "cfg"), payload_config(world))
     with Sandbox(workspace=world.workspace, environ=world.environ) as sbx:
-        first = sbx.exec(["sh", "-c", "mkdir -p evil/objects evil/refs && echo ref > evil/HEAD"])
-        assert first.violations == ()
-        second = sbx.exec(["sh", "-c", f"cp {world.outside}/cfg evil/config"])
-        assert [v.operation for v in second.violations] == ["git-check"], second.violations
-    assert os.path.exists(world.ws("evil", "config.corral-quarantined"))
+        first = sbx.exec(
+            ["sh", "-c", f"mkdir -p evil/objects && cp {world.outside}/cfg evil/config"]
+        )
+        assert first.violations == ()  # no repository shape yet: plain files
+        second = sbx.exec(["sh", "-c", "mkdir evil/refs"])  # would complete it: refused live
+        assert [v.operation for v in second.violations] == ["mkdir"], second.violations
+        # a redirect is judged after the exec (its content is written through an fd)
+        third = sbx.exec(["sh", "-c", "mkdir sub && printf 'gitdir: ../evil\\n' > sub/.git"])
+        assert [v.operation for v in third.violations] == ["git-check"], third.violations
+    assert os.path.exists(world.ws("sub", ".git.corral-quarantined"))
     assert_safe(world)
 
 

@@ -293,3 +293,91 @@ def test_a_root_callers_command_changes_metadata_of_its_own_files(world: World) 
     assert result.returncode == 0 and result.stdout == b"ok\n", result.stderr
     st = os.stat(world.ws("made"))
     assert (st.st_uid, st.st_mode & 0o777) == (0, 0o640)
+
+
+# ------------------------------------------------------------ previews
+@pytest.mark.parametrize("mechanism", ["overlay", "copy"])
+def test_a_preview_never_holds_the_hosts_root_identity(world: World, mechanism: str) -> None:
+    """Every mechanism, root and unprivileged callers: no root-only file, no sysctl,
+    protected paths refused, and what the command made lands as the caller's."""
+    secret = World.write(os.path.join(world.outside, "root-only"), "ROOT-ONLY-7c2\n")
+    os.chmod(secret, 0o600 if is_root() else 0o000)  # unreadable to the command either way
+    World.write(world.ws("old", "deep", "f"), "old\n")
+    before = _read("/proc/sys/kernel/core_pattern")
+    result = world.corral(
+        "preview",
+        "--mechanism",
+        mechanism,
+        "-c",
+        f"cat {secret}; head -c 40 /etc/shadow; "
+        "(echo '|/bin/false' > /proc/sys/kernel/core_pattern) 2>/dev/null && echo WROTE; "
+        "(echo evil > .git/hooks/pre-commit) 2>/dev/null && echo HOOKED; "
+        "echo made > made.txt; mkdir -p sub/dir && echo deep > sub/dir/f; rm -r old; echo done",
+    )
+    out = result.stdout.decode()
+    assert result.returncode == 0, result.stderr
+    assert out.split() == ["done"], (out, result.stderr)
+    assert _read("/proc/sys/kernel/core_pattern") == before
+    assert not os.path.exists(world.ws("made.txt"))  # only in the preview so far
+    applied = world.corral("apply")
+    assert applied.returncode == 0, applied.stderr
+    assert not os.path.exists(world.ws(".git", "hooks", "pre-commit"))
+    for path in (world.ws("made.txt"), world.ws("sub"), world.ws("sub", "dir", "f")):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid()), path
+    assert World.read(world.ws("sub", "dir", "f")) == "deep\n"
+    assert not os.path.exists(world.ws("old"))
+
+
+@root_caller
+def test_a_root_callers_fuse_overlayfs_preview_is_refused(world: World) -> None:
+    """FUSE cannot be idmapped: that mechanism would keep uid 0, so it is refused (125)."""
+    import shutil
+
+    if shutil.which("fuse-overlayfs") is None:
+        pytest.skip("fuse-overlayfs is not installed (apt-get install fuse-overlayfs)")
+    result = world.corral(
+        "preview", "--mechanism", "fuse-overlayfs", "-c", "head -c 40 /etc/shadow"
+    )
+    assert result.returncode == 125, result
+    assert b"Failed to enforce isolation" in result.stderr
+    assert b"root:" not in result.stdout
+
+
+@root_caller
+def test_a_root_callers_command_removes_a_tree_through_directory_fds(world: World) -> None:
+    """``rm -r`` unlinks relative to a directory fd: the broker must resolve it as root's."""
+    World.write(world.ws("tree", "sub", "f"), "x\n")
+    result = world.run("rm -r tree && echo gone")
+    assert result.returncode == 0 and result.stdout == b"gone\n", result.stderr
+    assert not os.path.exists(world.ws("tree"))
+
+
+# ------------------------------------------------------------ gVisor
+@root_caller
+def test_a_root_callers_gvisor_command_does_not_hold_uid_0_over_the_hosts_root(
+    world: World,
+) -> None:
+    """Over the host's / (no image), root-only files are not the command's; its files are root's."""
+    import shutil
+
+    if shutil.which("runsc") is None:
+        pytest.skip("runsc (gVisor) is not installed (apt-get install runsc)")
+    secret = World.write(os.path.join(world.outside, "root-only"), "ROOT-ONLY-9d4\n")
+    os.chmod(secret, 0o600)
+    gvisor = ("--backend", "gvisor", "--allow-degraded", "filesystem.protect")
+    result = world.run(
+        f"id -u; cat {secret}; head -c 40 /etc/shadow; "
+        "echo made > made.txt; mkdir -p sub && echo deep > sub/f; echo more >> README; echo done",
+        *gvisor,
+    )
+    out = result.stdout.decode()
+    assert out.split() == [str(65533), "done"], (out, result.stderr)
+    assert "ROOT-ONLY" not in out and "root:" not in out
+    for path in (world.ws("made.txt"), world.ws("sub"), world.ws("sub", "f"), world.ws("README")):
+        st = os.stat(path)
+        assert (st.st_uid, st.st_gid) == (0, 0), path
+    assert World.read(world.ws("README")) == "hello\nmore\n"
+    # the caller's explicit way back to uid 0 is recorded
+    kept = world.run("id -u", *gvisor, "--allow-degraded", "isolation")
+    assert kept.returncode == 0 and kept.stdout == b"0\n", kept.stderr

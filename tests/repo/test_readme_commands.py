@@ -38,6 +38,7 @@ TOOL_PACKAGES = {
     "fish": "fish",
     "groff": "groff-base",
     "node": "nodejs",
+    "npm": "nodejs",  # NodeSource's nodejs holds npm; else .ci/run installs Debian's npm
     "podman": "podman",
     "catatonit": "catatonit",
     "runsc": "runsc",
@@ -45,6 +46,7 @@ TOOL_PACKAGES = {
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
     "qemu-system-x86_64": "qemu-system-x86",
+    "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)
     "claude": "npm:@anthropic-ai/claude-code",
     "mcp-inspector": "npm:@modelcontextprotocol/inspector",

@@ -17,7 +17,7 @@ import types
 import pytest
 
 from corral._exceptions import CommandFailed
-from corral._files import extract_download
+from corral._files import _checked_members, extract_download
 
 
 def _archive(*members: tuple[str, str, str]) -> bytes:
@@ -52,6 +52,12 @@ def _attacks(outside: str) -> dict[str, bytes]:
         "hard link to a host file": _archive(
             ("lnk", "h", os.path.join(outside, "victim")), ("file", "h", "overwritten")
         ),
+        # the absolute link name, stripped of its "/", names a file of the archive, but
+        # tarfile links os.path.join(target, "/abs") = the host's file, then chmods it
+        "hard link to a host file named like a member": _archive(
+            ("file", os.path.join(outside, "victim").lstrip("/"), "decoy"),
+            ("lnk", "h", os.path.join(outside, "victim")),
+        ),
         "absolute name": _archive(("file", os.path.join(outside, "planted"), "x")),
         "dotdot name": _archive(("file", "../planted", "x")),
     }
@@ -64,6 +70,7 @@ def _attacks(outside: str) -> dict[str, bytes]:
         "file through a relative link",
         "link through a link",
         "hard link to a host file",
+        "hard link to a host file named like a member",
         "absolute name",
         "dotdot name",
     ],
@@ -72,15 +79,27 @@ def test_a_hostile_archive_plants_nothing_outside(tmp_path: object, attack: str)
     root = str(tmp_path)
     outside = os.path.join(root, "outside")
     os.makedirs(outside)
-    with open(os.path.join(outside, "victim"), "w") as f:
+    victim = os.path.join(outside, "victim")
+    with open(victim, "w") as f:
         f.write("original\n")
+    os.chmod(victim, 0o600)
+    before = os.stat(victim)
     local = os.path.join(root, "back", "down")
     outcome = types.SimpleNamespace(stdout=_attacks(outside)[attack])
     with pytest.raises(CommandFailed):
         extract_download(outcome, local, "/tmp/evil")  # type: ignore[arg-type]
+    # corral's own checks, without tarfile's data filter (absent on Debian 12's Python)
+    with tarfile.open(fileobj=io.BytesIO(outcome.stdout)) as archive, pytest.raises(ValueError):
+        _checked_members(archive.getmembers())
     assert sorted(os.listdir(outside)) == ["victim"]
-    with open(os.path.join(outside, "victim")) as f:
+    with open(victim) as f:
         assert f.read() == "original\n"
+    after = os.stat(victim)
+    assert (after.st_mode, after.st_nlink, after.st_mtime) == (
+        before.st_mode,
+        before.st_nlink,
+        before.st_mtime,
+    )
     assert not os.path.lexists(os.path.join(root, "back", "planted"))
     assert not os.path.lexists(os.path.join(root, "planted"))
 

@@ -248,6 +248,22 @@ def inspect_host(
                 secret = read_credential_file(credential.source[5:])
                 if secret is not None:
                     credential_files.append((credential.source, secret))
+    egress_ca: tuple[bytes, bytes] | tuple[()] = ()
+    bundle: tuple[str, bytes] | tuple[()] = ()
+    from ._egress import check_request_rules, needs_termination
+
+    check_request_rules(policy, terminating=True, backend=backend.name)  # "open" mode
+    if needs_termination(request, policy):  # request rules, masked credentials: docs/egress.md
+        from ..egress._tls import make_ca
+
+        try:
+            egress_ca = make_ca()
+        except ImportError:
+            pass  # no cryptography: the plan refuses with the reason
+        else:
+            from ._egress import trust_bundle
+
+            bundle = trust_bundle(egress_ca[0])
     facts = HostFacts(
         uid=os.getuid(),
         gid=os.getgid(),
@@ -264,6 +280,8 @@ def inspect_host(
         details=tuple(sorted(backend.inspect(request, policy, environ).items())),
         egress_token=os.urandom(16).hex() if policy.network.mode == "allowlist" else "",
         credential_files=tuple(credential_files),
+        egress_ca=egress_ca,
+        trust_bundle=bundle,
     )
     return facts, layout
 

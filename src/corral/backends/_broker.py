@@ -68,6 +68,8 @@ from ._broker_abi import (
     _RESP_FLAG_CONTINUE,
     _SYS_CAPGET,
     _SYS_CAPSET,
+    _SYS_SETFSGID,
+    _SYS_SETFSUID,
     _SYS_UNSHARE,
     _Continue,
     _Denied,
@@ -133,6 +135,7 @@ class Broker(_Emulator):
         self._arch = os.uname().machine
         self._libc: ctypes.CDLL | None = None
         self._caps: ctypes.Array[ctypes.c_uint32] | None = None
+        self._tracing = False
         self._stopping = False
 
     # ------------------------------------------------------------ lifecycle
@@ -265,6 +268,7 @@ class Broker(_Emulator):
                             # ctypes is loaded on the first notification only: runs
                             # that never write the workspace do not pay for it
                             self._load_native()
+                            self._protect_other_hook_paths()
                         notif[:] = bytes(_NOTIF_SIZE)
                         try:
                             fcntl.ioctl(self._listener, _IOCTL_RECV, notif, True)
@@ -296,9 +300,10 @@ class Broker(_Emulator):
             self._listener = -1
 
     def _isolate_thread(self) -> None:
-        """Give this thread its own umask and no effective capabilities.
+        """Give this thread its own umask and no effective capabilities
+        (and, with ``through_idmap``, the fsuid/fsgid the idmapped layers map to root).
 
-        SAFETY: both calls affect only the calling thread. After them, an
+        SAFETY: these calls affect only the calling thread. After them, an
         emulated operation gets the same permission checks the sandboxed
         process would (same uid, no capabilities), and os.umask here does not
         change the umask of corral's other threads.
@@ -309,6 +314,15 @@ class Broker(_Emulator):
         assert libc is not None
         if libc.syscall(_SYS_UNSHARE[self._arch], _CLONE_FS) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_FS) for the broker thread")
+        if self._spec.through_idmap and self._spec.idmapped_id is not None:
+            # the idmapped layers store this id as root's. setfsuid/setfsgid are
+            # per thread, need CAP_SETUID (so before the capset below), report the
+            # previous value and never fail: read them back
+            wanted = self._spec.idmapped_id
+            for call in (_SYS_SETFSGID, _SYS_SETFSUID):
+                libc.syscall(call[self._arch], wanted)
+                if libc.syscall(call[self._arch], -1) != wanted:
+                    raise OSError(errno.EPERM, "setfsuid/setfsgid for the broker thread")
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
         data = (ctypes.c_uint32 * 6)()
         if libc.syscall(_SYS_CAPGET[self._arch], header, data) != 0:

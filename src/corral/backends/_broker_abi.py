@@ -48,6 +48,8 @@ _SYS_CAPGET = {"x86_64": 125, "aarch64": 90}
 _SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
 #: CAP_DAC_OVERRIDE | CAP_DAC_READ_SEARCH | CAP_SYS_PTRACE (see _Resolver._as_tracer)
 _TRACER_CAPS = (1 << 1) | (1 << 2) | (1 << 19)
+_SYS_SETFSUID = {"x86_64": 122, "aarch64": 151}
+_SYS_SETFSGID = {"x86_64": 123, "aarch64": 152}
 _SYS_UNSHARE = {"x86_64": 272, "aarch64": 97}
 _SYS_UTIMENSAT = {"x86_64": 280, "aarch64": 88}
 _SYS_PIDFD_GETFD = {"x86_64": 438, "aarch64": 438}

@@ -35,7 +35,7 @@ from ._broker_abi import (
     _signed64,
     _signed_fd,
 )
-from ._broker_policy import _Policy
+from ._broker_policy import _land_copy, _Policy, _read_regular_file
 
 __all__: list[str] = []
 
@@ -286,6 +286,7 @@ class _Emulator(_Policy):
             if creates:
                 _refuse_existing(r)
             self._check(r, content=content, symlink=symlink)
+            self._check_git_shape(r, creates=creates, content=content, symlink=symlink)
             if changes_inode:
                 self._check_single_link(r)
             action()  # type: ignore[operator]
@@ -329,6 +330,8 @@ class _Emulator(_Policy):
                 inside, outside, count = (int(x) for x in line.split())
                 if inside <= value < inside + count:
                     host = outside + (value - inside)
+                    if self._spec.through_idmap:
+                        return host  # the idmapped layers store it as root's
                     return 0 if host == self._spec.idmapped_id else host
         raise OSError(errno.EINVAL, "id not mapped in the sandbox")
 
@@ -381,6 +384,10 @@ class _Emulator(_Policy):
                 raise _Continue  # FIFOs, devices, sockets: the kernel decides on the sandbox's mount
             if existing is not None:
                 self._check_single_link(r, existing)
+            if check and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC):
+                self._check_git_shape(
+                    r, creates=existing is None and bool(flags & os.O_CREAT), content=True
+                )
             open_flags = (flags | os.O_NOFOLLOW | os.O_CLOEXEC) & ~os.O_NOCTTY
             holder: list[int] = []
             self._as_target(
@@ -414,6 +421,7 @@ class _Emulator(_Policy):
         try:
             _refuse_existing(dst)
             self._check(dst, content=True)
+            self._check_git_shape(dst, creates=True, content=True)
             if flags & _AT_EMPTY_PATH and not old:
                 # Linking an open file (O_TMPFILE): the classic /proc/self/fd route.
                 src_fd = self._as_tracer(
@@ -483,6 +491,9 @@ class _Emulator(_Policy):
                     self._land_git_config(src, dst, config_row)
                     return 0
                 self._check(dst)
+                self._check_git_shape(dst, creates=not _exists(dst.parent_fd, dst.name), moved=True)
+                if flags & _RENAME_EXCHANGE:
+                    self._check_git_shape(src, moved=True)
                 self._check_subtree_move(src, dst)
                 if flags & _RENAME_EXCHANGE:
                     self._check_subtree_move(dst, src)
@@ -515,35 +526,24 @@ class _Emulator(_Policy):
         """
         from ._gitcheck import config_problem
 
-        data = _read_regular(src.parent_fd, src.name)
+        data = _read_regular_file(src.parent_fd, src.name)
         if data is None:
             raise _Denied(dst.sandbox_path, f"{row} (the new config is no regular file)")
-        own = self._own_repository(dst)
+        parts = dst.rel.split("/")
+        if ".git" in parts[:-1]:
+            own = self._own_repository(dst)
+        else:  # a directory shaped like a gitdir: the run's own if it made it
+            own = self.journal.is_new(dst.root.sandbox_path, "/".join(parts[:-1]))
         before: bytes | None = None
         if not own and _exists(dst.parent_fd, dst.name):
-            before = _read_regular(dst.parent_fd, dst.name)
+            before = _read_regular_file(dst.parent_fd, dst.name)
             if before is None:  # a symlink or special file stands there: not git's
                 raise _Denied(dst.sandbox_path, row)
         problem = config_problem(data, before=before)
         if problem is not None:
             raise _Denied(dst.sandbox_path, f"{row} ({problem})")
         mode = os.stat(src.name, dir_fd=src.parent_fd, follow_symlinks=False).st_mode & 0o777
-        temp = f".corral-config-{os.urandom(6).hex()}"
-        fd = os.open(
-            temp,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-            dir_fd=dst.parent_fd,
-        )
-        try:
-            os.write(fd, data)
-            os.fchmod(fd, mode)
-        except BaseException:
-            os.close(fd)
-            os.unlink(temp, dir_fd=dst.parent_fd)
-            raise
-        os.close(fd)
-        os.rename(temp, dst.name, src_dir_fd=dst.parent_fd, dst_dir_fd=dst.parent_fd)
+        _land_copy(dst.parent_fd, dst.name, data, mode)
         os.unlink(src.name, dir_fd=src.parent_fd)
         if own:  # checked whole again after the run, with the rest of the repository
             self.journal.change(dst.root.sandbox_path, dst.rel)
@@ -600,23 +600,6 @@ class _Emulator(_Policy):
             )
 
         return self._with(r, touch, changes_inode=True)
-
-
-def _read_regular(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
-    """The bytes of the regular file *name* (never through a symlink); None otherwise."""
-    try:
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
-        return data if len(data) <= limit else None
-    finally:
-        os.close(fd)
 
 
 def _exists(dir_fd: int, name: str) -> bool:

@@ -107,14 +107,118 @@ class _Policy(_Resolver):
         return self.journal.is_new(root, (parent + "/" if parent else "") + ".git")
 
     def _git_config_row(self, r: _Resolved) -> str | None:
-        """The git row protecting *r* if it is a repository's ``config`` or ``config.worktree``."""
+        """The git row protecting *r* if it is a repository's ``config`` or ``config.worktree``
+        (in a ``.git``, or in a directory shaped like a gitdir: see :meth:`_check_git_shape`)."""
         parts = r.rel.split("/")
-        if parts[-1] not in _CONFIG_NAMES or ".git" not in parts[:-1]:
+        if parts[-1] not in _CONFIG_NAMES:
             return None
         if r.root.sandbox_path in self._spec.open_roots:
             return None
+        if ".git" not in parts[:-1]:
+            return _SHAPE_CONFIG if _git_shaped(r.parent_fd) else None
         label = self._denied_by(r.rel, r.sandbox_path)
         return label if label in self._git_rows else None
+
+    def _check_git_shape(
+        self,
+        r: _Resolved,
+        *,
+        creates: bool = False,
+        content: bool = False,
+        symlink: bool = False,
+        moved: bool = False,
+    ) -> None:
+        """Refuse the operation on *r* that would let git run code from a directory
+        shaped like a gitdir under another name than ``.git`` (a bare-shaped ``evil/``
+        a planted ``.git`` file leads to), while the run lasts.
+
+        A directory is *shaped* when it has ``objects`` and ``refs``, or ``commondir``:
+        git reads the config (``config``, ``config.worktree``) and hooks of a gitdir,
+        or of a common dir, only there. *creates*: the operation makes the name;
+        *content*: it writes the file's bytes; *symlink*: it makes a symlink;
+        *moved*: a rename binds the name. The rule (docs/threat-model.md "Git"):
+
+        * making the last of ``objects``/``refs``/``commondir`` judges the directory
+          as the git check would a new repository - its configs must be regular
+          files holding only keys git writes itself, ``hooks`` no symlink and
+          holding ``*.sample`` files only - and lands the broker's own copies of
+          the configs (the sandbox may hold a descriptor to the old ones);
+        * in a shaped directory, a config is written only through a rename (git's
+          ``config.lock``), validated by :meth:`_land_git_config`; never directly,
+          as a symlink or by a hard link; ``hooks`` is not bound by a rename or a
+          symlink; a hook that is not a ``*.sample`` is not made;
+        * a ``.git`` is never made a symlink (git never does).
+
+        Names inside a ``.git`` are the git rows' (:meth:`_denied_by`).
+        """
+        if r.root.sandbox_path in self._spec.open_roots:
+            return
+        parts = r.rel.split("/")
+        name = parts[-1]
+        if name == ".git" and symlink:
+            raise _Denied(r.sandbox_path, "git: a .git made a symlink")
+        if ".git" in parts[:-1] or not (creates or content or symlink or moved):
+            return
+        if name in _CONFIG_NAMES:
+            if (content or symlink or (creates and not moved)) and _git_shaped(r.parent_fd):
+                raise _Denied(r.sandbox_path, _SHAPE_CONFIG)
+        elif name == "hooks":
+            if (symlink or moved) and _git_shaped(r.parent_fd):
+                raise _Denied(r.sandbox_path, _SHAPE_HOOK)
+        elif len(parts) >= 2 and parts[-2] == "hooks" and not name.endswith(".sample"):
+            if _git_shaped(r.parent_fd, up=True):
+                raise _Denied(r.sandbox_path, _SHAPE_HOOK)
+        elif (
+            name in _SHAPE_NAMES
+            and not _exists_at(r.parent_fd, name)
+            and not _git_shaped(r.parent_fd)
+            and _git_shaped(r.parent_fd, adding=name)
+        ):
+            self._judge_git_shape(r)
+
+    def _judge_git_shape(self, r: _Resolved) -> None:
+        """The directory holding *r* becomes shaped like a gitdir: refuse (with the
+        reason) unless its configs and hooks are inert; land own copies of the configs."""
+        from ._gitcheck import config_problem
+
+        where = r.sandbox_path.rpartition("/")[0]
+        copies: list[tuple[str, bytes, int]] = []
+        for config in _CONFIG_NAMES:
+            try:
+                st = os.stat(config, dir_fd=r.parent_fd, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            data = _read_regular_file(r.parent_fd, config) if stat.S_ISREG(st.st_mode) else None
+            problem = "no regular file" if data is None else config_problem(data)
+            if problem is not None:
+                raise _Denied(
+                    r.sandbox_path,
+                    f"git: {where} would become a repository whose {config} runs code ({problem})",
+                )
+            copies.append((config, data or b"", st.st_mode & 0o777))
+        hooks: os.stat_result | None
+        try:
+            hooks = os.stat("hooks", dir_fd=r.parent_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            hooks = None
+        if hooks is not None and stat.S_ISLNK(hooks.st_mode):
+            raise _Denied(
+                r.sandbox_path, f"git: {where} would become a repository with linked hooks"
+            )
+        if hooks is not None and stat.S_ISDIR(hooks.st_mode):
+            fd = os.open(
+                "hooks",
+                os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                dir_fd=r.parent_fd,
+            )
+            try:
+                names = os.listdir(fd)
+            finally:
+                os.close(fd)
+            if any(not n.endswith(".sample") for n in names):
+                raise _Denied(r.sandbox_path, f"git: {where} would become a repository with hooks")
+        for config, data, mode in copies:
+            _land_copy(r.parent_fd, config, data, mode)
 
     def _check_single_link(self, r: _Resolved, st: os.stat_result | None = None) -> None:
         """Refuse to change a file that has other hard links.
@@ -222,12 +326,55 @@ class _Policy(_Resolver):
             data = os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
         finally:
             os.close(fd)
-        for rel in trusted_code_paths(data, root.sandbox_path):
-            label = f"git: a path the repository's config runs code from: {rel}"
+        self._protect_code_paths(trusted_code_paths(data, root.sandbox_path), "the repository's")
+
+    def _protect_code_paths(self, rels: list[str], whose: str) -> None:
+        for rel in rels:
+            label = f"git: a path {whose} config runs code from: {rel}"
             try:
                 self._patterns += [(PathPattern(rel), label), (PathPattern(rel + "/**"), label)]
             except ValueError:
                 continue
+
+    def _protect_other_hook_paths(self) -> None:
+        """Protect what the user's global git configs and the nested repositories'
+        configs name as code (``core.hooksPath``, ``core.fsmonitor``) inside a root.
+
+        Read once, before the broker serves its first notification (runs that
+        never write do not pay for the walk), which is the pre-run view: the
+        configs of repositories that existed before the run are protected rows,
+        and the ones the run makes hold only keys git writes itself (neither
+        of these). A relative value of a global config applies in every work
+        tree: it is protected at any depth (``**/VALUE``). The walk visits at
+        most :data:`_NESTED_SCAN_LIMIT` directories per root, never through a
+        symlink, and not into ``.git`` directories.
+        """
+        from ._gitcheck import trusted_code_paths
+
+        for path in self._spec.git_configs:
+            data = _read_config_file(path)
+            if not data:
+                continue
+            for root in self._roots:
+                if root.sandbox_path not in self._spec.open_roots:
+                    found = trusted_code_paths(data, root.sandbox_path, "*")
+                    self._protect_code_paths(found, f"the user's global ({path})")
+        for root in self._roots:
+            if root.sandbox_path in self._spec.open_roots:
+                continue
+            walk = os.fwalk(".", dir_fd=root.host_fd)
+            for seen, (top, dirs, files, dfd) in enumerate(walk):
+                if seen >= _NESTED_SCAN_LIMIT:
+                    break
+                rel = top[2:] if top.startswith("./") else ""
+                if rel and (".git" in dirs or ".git" in files):
+                    data = _nested_repository_config(dfd)
+                    worktree = f"{root.sandbox_path.rstrip('/')}/{rel}"
+                    self._protect_code_paths(
+                        trusted_code_paths(data, root.sandbox_path, worktree),
+                        f"the nested repository {rel}'s",
+                    )
+                dirs[:] = [d for d in dirs if d != ".git"]
 
     def _check_git(self) -> None:
         """Run the git check over what this run touched (all its processes are gone)."""
@@ -261,6 +408,114 @@ class _Policy(_Resolver):
 
 
 _CONFIG_NAMES = ("config", "config.worktree")
+
+#: Directories visited per root when looking for nested repositories' configs.
+_NESTED_SCAN_LIMIT = 100_000
+
+
+def _read_config_file(path: str) -> bytes:
+    """A global git config's bytes (b"" if absent or not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+
+
+def _nested_repository_config(dir_fd: int) -> bytes:
+    """The config a nested repository's work tree (*dir_fd*) uses: ``.git/config``,
+    or through a ``.git`` file (a submodule, a worktree) its gitdir's common config,
+    never through a symlink; plus ``config.worktree``."""
+    data = b""
+    gitdir = ".git"
+    link = _read_regular_file(dir_fd, ".git", 4096)
+    if link is not None:
+        text = link.strip()
+        if not text.startswith(b"gitdir:"):
+            return b""
+        gitdir = os.fsdecode(text[len(b"gitdir:") :].strip())
+    common = _read_regular_file(dir_fd, f"{gitdir}/commondir", 4096)
+    base = gitdir
+    if common is not None:
+        target = os.fsdecode(common.strip())
+        base = target if target.startswith("/") else f"{gitdir}/{target}"
+    for name in (f"{base}/config", f"{gitdir}/config.worktree"):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                data += os.read(fd, 1 << 20) + b"\n"
+        finally:
+            os.close(fd)
+    return data
+
+
+#: The names that make a directory shaped like a gitdir (see _Policy._check_git_shape).
+_SHAPE_NAMES = ("objects", "refs", "commondir")
+_SHAPE_CONFIG = (
+    "git: the config of a directory shaped like a repository is written only through "
+    "config.lock, as git does"
+)
+_SHAPE_HOOK = "git: a hook in a directory shaped like a repository"
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _git_shaped(dir_fd: int, *, adding: str | None = None, up: bool = False) -> bool:
+    """Whether the directory *dir_fd* (its parent with *up*) has ``objects`` and ``refs``,
+    or ``commondir`` - counting *adding* as present."""
+    prefix = "../" if up else ""
+    have = {n for n in _SHAPE_NAMES if n == adding or _exists_at(dir_fd, prefix + n)}
+    return "commondir" in have or {"objects", "refs"} <= have
+
+
+def _read_regular_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of the regular file *name* (never through a symlink); None otherwise."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+        return data if len(data) <= limit else None
+    finally:
+        os.close(fd)
+
+
+def _land_copy(dir_fd: int, name: str, data: bytes, mode: int) -> None:
+    """Replace *name* by a new file holding *data*: no descriptor of the sandbox's
+    reaches it, so the content cannot change after it was checked."""
+    temp = f".corral-config-{os.urandom(6).hex()}"
+    fd = os.open(
+        temp,
+        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+        0o600,
+        dir_fd=dir_fd,
+    )
+    try:
+        os.write(fd, data)
+        os.fchmod(fd, mode)
+    except BaseException:
+        os.close(fd)
+        os.unlink(temp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
 
 
 def _live_code(rel: str, *, content: bool, symlink: bool) -> bool:

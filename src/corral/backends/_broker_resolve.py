@@ -54,6 +54,7 @@ class _Resolver:
     _mem_fds: dict[int, int]
     _libc: ctypes.CDLL | None
     _caps: ctypes.Array[ctypes.c_uint32] | None  # this thread's capabilities, effective 0
+    _tracing: bool  # inside _as_tracer (capabilities raised)
     _arch: str
     _roots: list[_Root]
 
@@ -66,8 +67,8 @@ class _Resolver:
         operation itself, which runs with no capabilities) this thread raises
         CAP_SYS_PTRACE, CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH, then drops them.
         """
-        if self._spec.idmapped_id is None:
-            return fn()
+        if self._spec.idmapped_id is None or self._tracing:
+            return fn()  # nested (resolution duplicates a dirfd): the outermost call drops
         import ctypes
 
         libc, caps = self._libc, self._caps
@@ -77,9 +78,11 @@ class _Resolver:
         caps[0] = _TRACER_CAPS
         if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
             raise OSError(ctypes.get_errno(), "capset (raise the tracer's capabilities)")
+        self._tracing = True
         try:
             return fn()
         finally:
+            self._tracing = False
             caps[0] = 0
             header = (ctypes.c_uint32 * 2)(0x20080522, 0)
             if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:

@@ -15,7 +15,9 @@ Engines that can pass file descriptors into a container (podman:
 ``/dev/.corral-exec``: it installs corral's seccomp deny filter and the write
 broker's notification filter inside the container, so protected paths are
 refused at any depth exactly as with bubblewrap. Engines that cannot (docker)
-refuse those rules unless the caller allows degrading them.
+still run every process under the helper and its deny filter (bound in as a
+file, the helper as the entrypoint), but refuse the broker's rules unless the
+caller allows degrading them.
 
 Sessions (:class:`ContainerSession`): ``ENGINE run -d`` once with an init
 process, then ``ENGINE exec`` per command, ``ENGINE rm -f`` on close.
@@ -38,7 +40,7 @@ from .base import (
     is_under,
     paths_of_policy,
 )
-from .bubblewrap import SANDBOX_HELPER, command_env
+from .bubblewrap import SANDBOX_HELPER, command_env, user_git_configs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -55,6 +57,10 @@ if TYPE_CHECKING:
 __all__ = ["ContainerBackend", "ContainerSession", "container_name"]
 
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_ENV = 3, 4, 5, 6, 9
+
+#: Where an engine that cannot pass fds (docker) finds corral's deny filter:
+#: the compiled program, bound read-only from corral's state dir.
+SANDBOX_FILTER = "/dev/.corral-seccomp"
 
 #: Directories that get a private, empty tmpfs in every container.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
@@ -74,6 +80,23 @@ _ENGINE_ENV = (
 def container_name(sandbox_id: str) -> str:
     """The engine-side name of the sandbox's container."""
     return f"corral-{sandbox_id}"
+
+
+def write_filter_files(plan: LaunchPlan) -> None:
+    """Write the plan's content-addressed filter programs that are not on disk yet.
+
+    Each name is the hash of its content, so an existing file is the same
+    program; a new one appears whole (written aside, then renamed).
+    """
+    for path, data in plan.files:
+        if os.path.exists(path):
+            continue
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        scratch = f"{path}.{os.getpid()}.tmp"
+        with open(scratch, "wb") as f:
+            f.write(data)
+        os.chmod(scratch, 0o644)
+        os.replace(scratch, path)
 
 
 def find_program(name: str, environ: dict[str, str]) -> str | None:
@@ -122,6 +145,10 @@ class ContainerBackend(Backend):
             "image_is_default": policy.image is None,
         }
         details["engine_problem"] = self.engine_problem(environ) if engine is not None else None
+        if not self.passes_fds:
+            from .. import _state
+
+            details["filters"] = os.path.join(_state.state_dir(environ), "filters")
         return details
 
     def problem(self, facts: HostFacts) -> str | None:
@@ -130,7 +157,7 @@ class ContainerBackend(Backend):
         engine_problem = facts.detail("engine_problem")
         if engine_problem:
             return str(engine_problem)
-        if self.passes_fds and facts.helper is None:
+        if facts.helper is None:
             return (
                 "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
                 "available (apt-get install gcc libc6-dev)"
@@ -255,7 +282,7 @@ class ContainerBackend(Backend):
                     hint="use --backend bubblewrap, or --net none / --net open",
                 )
         if net.mode == "allowlist":
-            egress = egress_spec(policy, facts).replace(netns="fresh")
+            egress = egress_spec(policy, facts, backend=self.name).replace(netns="fresh")
         credentials = injected_credentials(request, policy, facts)
 
         # --- protected paths: the broker through the helper, or refuse
@@ -293,13 +320,6 @@ class ContainerBackend(Backend):
                 fix="use Linux 5.14 or newer",
             )
             use_broker = False
-        if not self.passes_fds and not net.allow_unix_sockets:
-            degrade.cannot(
-                "network.allowUnixSockets",
-                f"{self.name} cannot pass corral's seccomp filter (which denies AF_UNIX sockets) "
-                "into the container",
-                fix="use --backend podman, or allow unix sockets",
-            )
 
         # --- limits (the engine's own cgroups)
         if facts.uid != 0 and facts.cgroup_problem is not None:
@@ -368,13 +388,13 @@ class ContainerBackend(Backend):
                 "--env-file",
                 f"/dev/fd/{FD_ENV}",
             ]
-            if detached and not self.passes_fds:
-                args.append("--init")  # docker: its own init (no corral filter anywhere there)
             volumes = [f"the cache volume corral-cache-{name}" for name, _path in policy.caches]
             disk = disk_limit(policy, [*writable, *volumes], degrade, self.name)
             for tmp in PRIVATE_TMP:
                 # before the binds: a workspace under /tmp is mounted over it
                 args += self.tmpfs(tmp, size=disk)
+            if disk:  # /dev/shm is writable too (64 MiB unless told)
+                args += ["--shm-size", str(disk)]
             if res.memory is not None:
                 args += ["--memory", str(res.memory), "--memory-swap", str(res.memory)]
             if res.pids is not None:
@@ -406,16 +426,43 @@ class ContainerBackend(Backend):
                     args += ["-v", f"/dev/null:{secret}:ro"]
             for name, path in policy.caches:
                 args += self.cache_volume(name, path)
-            if self.passes_fds:
-                helper_path = str(facts.helper)
-                args += ["-v", f"{helper_path}:{SANDBOX_HELPER}:ro"]
+            args += ["-v", f"{facts.helper}:{SANDBOX_HELPER}:ro"]
         broker = None
-        command = list(request.argv)
-        if self.passes_fds:
-            from ._seccomp import compile_filter
-            from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+        from ._seccomp import compile_filter
+        from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
 
-            deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+        deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+        files: tuple[tuple[str, bytes], ...] = ()
+        if not self.passes_fds:
+            # every process runs under corral's filter: the helper, bound in with
+            # the program as a file, is the entrypoint - pid 1 in --init mode (not
+            # dumpable; forks the command once the filter is installed), or the
+            # session's --hold init - and each `docker exec` starts under it too
+            program = compile_filter(deny_rules, arch=facts.arch, deny_unknown=True)
+            import hashlib
+
+            digest = hashlib.sha256(program).hexdigest()[:32]
+            filters = facts.detail("filters")
+            if not isinstance(filters, str):
+                raise BackendUnavailable(
+                    f"Failed to use the {self.name} backend: no directory for corral's "
+                    "seccomp filter files was inspected"
+                )
+            host_filter = os.path.join(filters, f"{digest}.bpf")
+            files = ((host_filter, program),)
+            if session is None:
+                args += ["-v", f"{host_filter}:{SANDBOX_FILTER}:ro"]
+                args += ["--entrypoint", SANDBOX_HELPER]
+            if detached:
+                command = ["--hold"]
+            elif session is not None:
+                command = [SANDBOX_HELPER, "--seccomp-file", SANDBOX_FILTER, "--", *request.argv]
+            else:
+                # on a terminal the command must keep docker's pty as its controlling
+                # terminal, so it is pid 1 itself (under the filter all the same)
+                init = [] if request.tty else ["--init"]
+                command = [*init, "--seccomp-file", SANDBOX_FILTER, "--", *request.argv]
+        else:
             fds += [
                 FdSpec(number=FD_STATUS, kind="status"),
                 FdSpec(
@@ -444,6 +491,7 @@ class ContainerBackend(Backend):
                     roots=tuple((w, w) for w in writable),
                     patterns=tuple(patterns),
                     syscall_names=tuple(names),
+                    git_configs=user_git_configs(facts),
                 )
                 fds += [
                     FdSpec(
@@ -487,6 +535,7 @@ class ContainerBackend(Backend):
             display_argv=redact(request.argv, [value for _name, value in credentials]),
             egress=egress,
             credentials=tuple(name for name, _value in credentials),
+            files=files,
         )
 
     # ------------------------------------------------------------ launch
@@ -504,6 +553,7 @@ class ContainerBackend(Backend):
         """Run the engine CLI; remove the container if the CLI was stopped before it."""
         if cgroup is not None:
             cgroup.remove()  # the engine applies the limits in its own cgroups
+        write_filter_files(plan)
         try:
             outcome = super().launch(
                 plan,
@@ -574,6 +624,7 @@ class ContainerSession:
             ExecRequest.from_argv(["true"], sandbox_id=sandbox_id), policy, facts
         )
         env_data = next(f.data for f in env_plan.fds if f.number == FD_ENV)
+        write_filter_files(env_plan)  # the session's plan binds the same filter
         read_fd, write_fd = os.pipe()
         os.write(write_fd, env_data)
         os.close(write_fd)
@@ -632,13 +683,10 @@ class ContainerSession:
         return outcome.replace(sandbox_id=self.sandbox_id)
 
     def _stop_commands(self) -> None:
-        """SIGKILL every process of the session except its init (and, with docker's init,
-        the init's first child, ``sleep infinity``)."""
-        from ..pipeline._engine import _children_of, _pids_in_pidns_of
+        """SIGKILL every process of the session except its init (corral's ``--hold``)."""
+        from ..pipeline._engine import _pids_in_pidns_of
 
         keep = {self.init_pid}
-        if not self.backend.passes_fds:
-            keep.update(_children_of(self.init_pid))
         for pid in _pids_in_pidns_of(self.init_pid):
             if pid not in keep:
                 try:

@@ -245,12 +245,14 @@ def _value_ok(kind: str, value: str) -> bool:
     return True
 
 
-def trusted_code_paths(data: bytes, root: str) -> list[str]:
-    """Root-relative paths a trusted repository config at *root* runs code from.
+def trusted_code_paths(data: bytes, root: str, worktree: str | None = None) -> list[str]:
+    """Root-relative paths a trusted git config runs code from, inside *root*.
 
-    ``core.hooksPath`` and a ``core.fsmonitor`` program, when they lie inside
-    *root* (relative values are relative to the work tree, *root*). Git parses
-    *data* only when one of the keys is spelled in it (case-insensitively).
+    ``core.hooksPath`` and a ``core.fsmonitor`` program; relative values are
+    relative to the work tree *worktree* (default: *root*). With *worktree*
+    ``"*"`` (a global config: every work tree), a relative value comes back as
+    a pattern ``**/VALUE``. Git parses *data* only when one of the keys is
+    spelled in it (case-insensitively).
     """
     low = data.lower()
     if b"hookspath" not in low and b"fsmonitor" not in low:
@@ -281,12 +283,19 @@ def trusted_code_paths(data: bytes, root: str) -> list[str]:
     )
     found: list[str] = []
     base = root.rstrip("/")
+    tree = base if worktree is None else worktree.rstrip("/")
     for entry in proc.stdout.split(b"\0"):
         _name, _, value_b = entry.partition(b"\n")
         value = os.fsdecode(value_b).strip()
         if not value or value.lower() in _BOOLS:
             continue
-        path = os.path.normpath(value if value.startswith("/") else f"{base}/{value}")
+        if not value.startswith("/") and tree == "*":
+            relative = os.path.normpath(value)
+            if not relative.startswith(".."):
+                found.append(f"**/{relative}")
+                continue
+            continue  # above every work tree: outside the roots as far as can be told
+        path = os.path.normpath(value if value.startswith("/") else f"{tree}/{value}")
         if path.startswith(base + "/"):
             found.append(path[len(base) + 1 :])
     return found

@@ -72,6 +72,15 @@ class BrokerSpec(Record):
             runs as, whose files are root's on disk (idmapped mounts, see
             docs/design.md "Never the host's root identity"): the broker
             stores an owner the sandbox names as that id as 0.
+        through_idmap: the roots are reached through idmapped layers (a root
+            caller's overlay preview: overlayfs over idmapped clones, where
+            root's files appear as ``idmapped_id``): the broker acts with
+            fsuid/fsgid ``idmapped_id`` (stored as 0 by the layers) and keeps
+            the owners the sandbox names as they are.
+        git_configs: the caller's global git configs (``~/.gitconfig``, the XDG
+            one, or ``GIT_CONFIG_GLOBAL``): the ``core.hooksPath`` and
+            ``core.fsmonitor`` targets they name inside a root are protected
+            (see :func:`user_git_configs`).
     """
 
     roots: tuple[tuple[str, str], ...]
@@ -81,6 +90,8 @@ class BrokerSpec(Record):
     confine_metadata: bool = False
     launcher_ns: bool = False
     idmapped_id: int | None = None
+    through_idmap: bool = False
+    git_configs: tuple[str, ...] = ()
 
 
 class EgressSpec(Record):
@@ -92,6 +103,17 @@ class EgressSpec(Record):
         token: the per-sandbox proxy credential (in the proxy URL).
         hosts_file: a hosts(5) file that replaces DNS for the proxy
             (``CORRAL_EGRESS_HOSTS``), or ``None`` for the system resolver.
+        allow_requests, deny_requests: request rules (``network.*Requests``).
+        masks: the masked credentials (:class:`corral.egress._rules.MaskSpec`
+            fields as ``(name, placeholder, secret, hosts, headers, query)``).
+        ca: the per-run CA ``(certificate PEM, key PEM)`` for terminated
+            tunnels (empty without rules and masks). The key stays in corral.
+        forwards: ``(port, rule)`` of the host's loopback services that
+            ``network.allow`` names (``localhost:PORT``, ``127.0.0.1:PORT``):
+            the proxy listens on ``127.0.0.1:PORT`` inside the sandbox too and
+            relays each connection to the host's ``127.0.0.1:PORT``.
+        upstream_ca: a PEM file that replaces the system trust store when
+            the proxy verifies terminated hosts (``CORRAL_EGRESS_UPSTREAM_CA``).
         netns: where the proxy listens. ``"sandbox"``: in the network
             namespace of the sandbox's first process, once it exists
             (bubblewrap's ``--unshare-net``). ``"fresh"``: in a namespace the
@@ -105,7 +127,21 @@ class EgressSpec(Record):
     port: int = 3128
     token: str = ""
     hosts_file: str | None = None
+    allow_requests: tuple[str, ...] = ()
+    deny_requests: tuple[str, ...] = ()
+    masks: tuple[tuple[str, str, str, tuple[str, ...], tuple[str, ...], bool], ...] = ()
+    ca: tuple[bytes, bytes] | tuple[()] = ()
+    upstream_ca: str | None = None
+    forwards: tuple[tuple[int, str], ...] = ()
     netns: str = "sandbox"
+
+    def __repr__(self) -> str:  # the token, the secrets and the CA key never print
+        return (
+            f"EgressSpec(allow={self.allow!r}, deny={self.deny!r}, port={self.port}, "
+            f"rules={len(self.allow_requests) + len(self.deny_requests)}, "
+            f"masks={[m[0] for m in self.masks]!r}, forwards={self.forwards!r}, "
+            f"netns={self.netns!r})"
+        )
 
 
 #: In a plan's argv: the path of the network namespace the engine creates
@@ -169,6 +205,10 @@ class HostFacts(Record):
             by ``inspect_host`` in allowlist mode so that ``plan`` stays pure.
         credential_files: ``("file:/path", contents)`` of the credential
             files this command receives (read by ``inspect_host``).
+        egress_ca: a fresh per-run CA ``(certificate PEM, key PEM)`` when the
+            proxy terminates TLS (request rules, masked credentials), else ``()``.
+        trust_bundle: ``(path, contents)``: the host's CA bundle with that CA
+            appended, mounted over the same path in the sandbox, else ``()``.
     """
 
     uid: int
@@ -194,6 +234,8 @@ class HostFacts(Record):
 
     egress_token: str = ""
     credential_files: tuple[tuple[str, str], ...] = ()
+    egress_ca: tuple[bytes, bytes] | tuple[()] = ()
+    trust_bundle: tuple[str, bytes] | tuple[()] = ()
 
     def kind(self, path: str) -> str:
         """The kind recorded for *path* (``"missing"`` when not inspected)."""

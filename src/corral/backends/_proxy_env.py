@@ -14,7 +14,7 @@ hand; Java does not take credentials from the URL).
 
 from __future__ import annotations
 
-__all__ = ["NO_PROXY", "PROXY_ENV", "proxy_environment"]
+__all__ = ["NO_PROXY", "PROXY_ENV", "TRUST_ENV", "proxy_environment", "trust_environment"]
 
 #: Destinations reached directly: the sandbox's own loopback services.
 NO_PROXY = "localhost,127.0.0.1,::1"
@@ -42,3 +42,22 @@ def proxy_environment(port: int, token: str) -> tuple[tuple[str, str], ...]:
     http = f"http://corral:{token}@127.0.0.1:{port}"
     socks = f"socks5h://corral:{token}@127.0.0.1:{port}"
     return tuple((name, value.format(http=http, socks=socks)) for name, value, _reason in PROXY_ENV)
+
+
+#: Variables that make the usual tools trust the CA bundle with corral's per-run CA
+#: (only when the proxy terminates TLS for some hosts: request rules, masked
+#: credentials). The bundle is also mounted over the system's bundle path, so
+#: tools that read the default location need nothing.
+TRUST_ENV: tuple[tuple[str, str], ...] = (
+    ("SSL_CERT_FILE", "OpenSSL's default (Python's ssl, Ruby, many C programs)"),
+    ("REQUESTS_CA_BUNDLE", "Python requests (and pip's vendored copy) use certifi otherwise"),
+    ("CURL_CA_BUNDLE", "curl and libcurl users"),
+    ("GIT_SSL_CAINFO", "git over HTTPS"),
+    ("PIP_CERT", "pip"),
+    ("NODE_EXTRA_CA_CERTS", "Node.js (npm, Claude Code) adds these to its built-in roots"),
+)
+
+
+def trust_environment(bundle_path: str) -> tuple[tuple[str, str], ...]:
+    """The ``(name, value)`` pairs pointing every tool of :data:`TRUST_ENV` at *bundle_path*."""
+    return tuple((name, bundle_path) for name, _reason in TRUST_ENV)

@@ -44,7 +44,7 @@ from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
-from ._proxy_env import proxy_environment
+from ._proxy_env import proxy_environment, trust_environment
 from .base import (
     Backend,
     Degradations,
@@ -68,6 +68,7 @@ __all__ = ["BubblewrapBackend", "command_env", "sandbox_env"]
 
 # child fd numbers (fixed, so plans compare equal)
 FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 5, 6, 7, 8
+FD_TRUST = 9  # the CA bundle with the egress proxy's per-run CA (--ro-bind-data)
 #: Where the ``--as-user`` stage clones bind sources (its own tmpfs, in its own
 #: mount namespace; bubblewrap gives the sandbox a fresh /dev). Mirrors STAGE_DIR
 #: in corral-exec.c.
@@ -260,8 +261,13 @@ class BubblewrapBackend(Backend):
             return path
 
         # --- network: allowlist keeps --unshare-net; the proxy listens inside (docs/egress.md)
-        egress = egress_spec(policy, facts) if net.mode == "allowlist" else None
-        credentials = injected_credentials(request, policy, facts)
+        egress = (
+            egress_spec(policy, facts, request=request, terminating=True, backend=self.name)
+            if net.mode == "allowlist"
+            else None
+        )
+        credentials = injected_credentials(request, policy, facts, masking=True)
+        trust = facts.trust_bundle if egress is not None and egress.ca else ()
 
         # --- which writable roots the broker supervises
         writable = [] if fs.read_only else [workspace]
@@ -281,8 +287,17 @@ class BubblewrapBackend(Backend):
 
         # --- bwrap arguments
         # --- identity: a root caller's command runs as an unprivileged host uid
-        as_user = facts.uid == 0 and preview is None  # previews: see docs/threat-model.md
-        if as_user and ({"isolation", "*"} & policy.allow_degraded):
+        as_user = facts.uid == 0
+        fuse = preview is not None and preview.mechanism == "fuse-overlayfs"
+        if as_user and fuse:
+            # a FUSE mount cannot be idmapped (the kernel overlay's layers can)
+            degrade.cannot(
+                "isolation",
+                "a fuse-overlayfs preview of a root caller would keep the host's root identity",
+                fix="use the overlay or copy preview mechanism (--mechanism overlay)",
+            )
+            as_user = False
+        elif as_user and ({"isolation", "*"} & policy.allow_degraded):
             # the caller's explicit way out where idmapped mounts do not work (NFS, FUSE)
             degrade.cannot(
                 "isolation",
@@ -375,6 +390,9 @@ class BubblewrapBackend(Backend):
             args += ["--ro-bind", source(carve), carve]
         for secret in later:
             args += ["--remount-ro", secret]
+        if trust:
+            # the per-run CA of the egress proxy joins the system's trust (docs/egress.md)
+            args += ["--ro-bind-data", str(FD_TRUST), trust[0]]
         args += ["--chdir", cwd]
         # the sandbox waits on --block-fd until its cgroup is set and its proxy listens
         hold = cgroup is not None or egress is not None
@@ -400,6 +418,8 @@ class BubblewrapBackend(Backend):
                 syscall_names=broker_syscalls(facts.arch, metadata=as_user),
                 launcher_ns=preview is not None and not copy,
                 idmapped_id=ROOT_SANDBOX_ID if as_user else None,
+                through_idmap=as_user and preview is not None and not copy,
+                git_configs=user_git_configs(facts),
             )
             fds += [
                 FdSpec(
@@ -413,6 +433,8 @@ class BubblewrapBackend(Backend):
             helper += ["--notify-fd", str(FD_NOTIFY_BPF), "--notify-sock", str(FD_NOTIFY_SOCK)]
         if hold:
             fds += [FdSpec(number=FD_INFO, kind="info"), FdSpec(number=FD_BLOCK, kind="block")]
+        if trust:
+            fds.append(FdSpec(number=FD_TRUST, kind="data", data=trust[1]))
         if res.cpu_time is not None:
             seconds = max(1, int(res.cpu_time))
             helper += ["--rlimit", f"cpu={seconds}:{seconds + 1}"]
@@ -424,20 +446,30 @@ class BubblewrapBackend(Backend):
         if request.timeout is not None:
             timeout = request.timeout
         env = command_env(request, policy, facts_env(facts), egress, credentials)
+        if trust:
+            env = (*env, *trust_environment(trust[0]))
         if as_user and not any(name == "GIT_CONFIG_SYSTEM" for name, _value in env):
             # git would refuse the repositories the command only reads as "dubious
             # ownership" (they are not its uid's); the sandbox is the boundary here
             args += ["--ro-bind", GITCONFIG_SOURCE, SANDBOX_GITCONFIG]
             env = (*env, ("GIT_CONFIG_SYSTEM", SANDBOX_GITCONFIG))
+        if disk:
+            # bubblewrap's /dev is a tmpfs of half the RAM: /dev/shm gets the quota too,
+            # and /dev itself turns read-only once nothing more is mounted below it
+            # (device nodes stay usable; /dev/pts is its own mount)
+            args += ["--size", str(disk), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
         prefix: list[str] = []
-        if preview is not None and not copy:
+        overlay: tuple[str, str, str] | None = None
+        if preview is not None and preview.mechanism not in ("overlay", "fuse-overlayfs", "copy"):
+            raise UsageError(
+                f"Failed to run in preview {preview.id}: unknown mechanism {preview.mechanism!r}"
+            )
+        if as_user and preview is not None and not copy:
+            # the --as-user stage mounts it, over idmapped layers (see _as_user)
+            overlay = (workspace, preview.upper, preview.work)
+        elif preview is not None and not copy:
             # the exec helper mounts the overlay in a private mount namespace, then execs bwrap
-            kind = "fuse" if preview.mechanism == "fuse-overlayfs" else "overlay"
-            if preview.mechanism not in ("overlay", "fuse-overlayfs"):
-                raise UsageError(
-                    f"Failed to run in preview {preview.id}: "
-                    f"unknown mechanism {preview.mechanism!r}"
-                )
+            kind = "fuse" if fuse else "overlay"
             prefix = [
                 facts.helper,
                 "--mount-overlay",
@@ -454,7 +486,7 @@ class BubblewrapBackend(Backend):
         if as_user:
             # caches are read-write host directories the sandbox must own too
             owned = [*(source(w) for w in writable), *caches]
-            prefix, args = _as_user(facts, request, owned, args)
+            prefix, args = _as_user(facts, request, owned, args, overlay)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
@@ -475,7 +507,11 @@ class BubblewrapBackend(Backend):
 
 
 def _as_user(
-    facts: HostFacts, request: ExecRequest, writable: list[str], args: list[str]
+    facts: HostFacts,
+    request: ExecRequest,
+    writable: list[str],
+    args: list[str],
+    overlay: tuple[str, str, str] | None = None,
 ) -> tuple[list[str], list[str]]:
     """The exec helper's ``--as-user`` stage for a root caller, and *args* rewritten for it.
 
@@ -484,6 +520,9 @@ def _as_user(
     Every bind source is staged by the helper (cloned as root onto
     ``STAGE_DIR/<k>``, a tmpfs private to that stage's mount namespace): the
     unprivileged bwrap may be unable to walk to it (a 0700 parent).
+    With *overlay* (``(lower, upper, work)``, a root caller's overlay preview)
+    the helper mounts the preview's overlay on *lower* over idmapped clones of
+    all three: overlayfs cannot be idmapped itself, its layers can.
     """
     assert facts.helper is not None
     prefix = [facts.helper, "--as-user", str(ROOT_SANDBOX_ID), "--status-fd", str(FD_STATUS)]
@@ -494,10 +533,15 @@ def _as_user(
         if facts.kind(home) == "dir" and home not in SYSTEM_DIRS:
             owned.append(home)
     mapped: list[str] = []
+    if overlay is not None:
+        # upper and work must stay on one mount: clone the preview directory holding both
+        owned += [overlay[0], overlay[1].rstrip("/").rpartition("/")[0] or "/"]
     for path in sorted(set(owned), key=len):
         if not any(is_under(path, p) for p in mapped):
             mapped.append(path)
             prefix += ["--idmap", path]
+    if overlay is not None:
+        prefix += ["--overlay", *overlay]
     rewritten: list[str] = []
     staged = 0
     i = 0
@@ -514,6 +558,16 @@ def _as_user(
         i += 1
     prefix.append("--")
     return prefix, rewritten
+
+
+def user_git_configs(facts: HostFacts) -> tuple[str, ...]:
+    """The global git configs the caller's git reads (:attr:`BrokerSpec.git_configs`)."""
+    env = dict(facts.environ)
+    if env.get("GIT_CONFIG_GLOBAL"):
+        return (env["GIT_CONFIG_GLOBAL"],)
+    home = facts.home.rstrip("/")
+    xdg = env.get("XDG_CONFIG_HOME") or f"{home}/.config"
+    return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
 
 
 def proc_masks(facts: HostFacts) -> list[str]:

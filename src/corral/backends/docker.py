@@ -4,15 +4,21 @@ Guarantees (with the default policy, where it is accepted): own network,
 pid, ipc, uts and mount namespaces; no capabilities; no new privileges;
 Docker's default seccomp profile; read-only image root; private tmpfs /tmp;
 the workspace at its own path with files owned by the invoking user
-(``--user``); memory, pids and CPU limits in Docker's cgroups.
+(``--user``); memory, pids and CPU limits in Docker's cgroups; and corral's
+own seccomp deny filter (AF_UNIX sockets included) in every process: the
+Docker daemon cannot pass file descriptors into a container, so corral's
+exec helper is bound in read-only with the compiled filter as a file
+(content-addressed, in corral's state dir) and is the entrypoint - pid 1 in
+``--init`` mode (not dumpable; it forks the command once the filter is
+installed; a command on a terminal is pid 1 itself, filtered), and a
+session's ``--hold`` init whose ``docker exec`` commands start under the
+helper too. Docker's own init (``--init``) is not used.
 
 Refused unless the caller allows degrading them (``allowDegraded``), because
-the Docker daemon cannot pass file descriptors into a container, so corral's
-exec helper and write broker cannot run there:
+the write broker's listener cannot come back out of the container:
 
 * ``filesystem.protect`` and glob ``filesystem.denyWrite`` rules (protected
   paths at any depth): use podman or bubblewrap;
-* ``network.allowUnixSockets = false`` (corral's AF_UNIX deny filter);
 
 and always refused: ``network.mode = "allowlist"`` and ``credentials``
 (docker cannot start a container in a network namespace corral prepares,

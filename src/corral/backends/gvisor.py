@@ -10,6 +10,13 @@ Guarantees (with the default policy):
     ``/tmp`` and ``/var/tmp``; the workspace read-write at its own path (files
     owned by the invoking user, who is the command's uid); secret paths
     masked (empty read-only tmpfs, or ``/dev/null`` for files);
+  * a root caller's command over the host's ``/`` runs as uid 65533, not 0
+    (root-only host files such as ``/etc/shadow`` are not its): runsc starts
+    in a private mount namespace where the writable roots and the homes are
+    idmapped clones (``corral-exec --as-user --keep-root``), so the command
+    owns root's files there and what it creates is stored as root's;
+    ``--allow-degraded isolation`` keeps uid 0. With an ``image`` it stays
+    the image's uid 0 (the image's files, not the host's);
   * ``--network=none`` (loopback only) or the host network for ``open``;
   * no host unix sockets (runsc's default ``--host-uds=none``), own pid,
     ipc and uts namespaces, no capabilities, no new privileges;
@@ -47,7 +54,7 @@ from .base import (
     is_under,
     paths_of_policy,
 )
-from .bubblewrap import sandbox_env
+from .bubblewrap import ROOT_HOME, ROOT_SANDBOX_ID, SYSTEM_DIRS, sandbox_env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -198,7 +205,7 @@ class GvisorBackend(Backend):
         return None
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
-        return paths_of_policy(request, policy)
+        return paths_of_policy(request, policy) | {ROOT_HOME}
 
     def platform(self, facts: HostFacts) -> str:
         """``systrap`` where runsc has it (mid-2023 on), else ``ptrace``; never KVM by default."""
@@ -258,6 +265,9 @@ class GvisorBackend(Backend):
             )
 
         # --- mounts (in order: later ones cover earlier ones)
+        caches = cache_dirs(policy, facts, degrade)
+        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
+        sized = [f"size={disk}"] if disk else []
         mounts: list[dict[str, object]] = [
             {"destination": "/proc", "type": "proc", "source": "proc"},
             {
@@ -267,16 +277,22 @@ class GvisorBackend(Backend):
                 "options": ["nosuid", "mode=755"],
             },
         ]
-        caches = cache_dirs(policy, facts, degrade)
-        disk = disk_limit(policy, [*writable, *caches], degrade, self.name)
+        if disk:  # /dev/shm is writable too: the quota holds there as well
+            mounts.append(
+                {
+                    "destination": "/dev/shm",
+                    "type": "tmpfs",
+                    "source": "tmpfs",
+                    "options": ["nosuid", "nodev", "mode=1777", *sized],
+                }
+            )
         for tmp in PRIVATE_TMP:
             mounts.append(
                 {
                     "destination": tmp,
                     "type": "tmpfs",
                     "source": "tmpfs",
-                    "options": ["nosuid", "nodev", "mode=1777"]
-                    + ([f"size={disk}"] if disk else []),
+                    "options": ["nosuid", "nodev", "mode=1777", *sized],
                 }
             )
         mounts.append(
@@ -368,12 +384,25 @@ class GvisorBackend(Backend):
             if limits.cpus is not None:
                 resources["cpu"] = {"quota": int(limits.cpus * 100_000), "period": 100_000}
         env = sandbox_env(request, policy, facts.environ)
+        uid, gid = facts.uid, facts.gid
+        stage: list[str] = []
+        if facts.uid == 0 and image.kind == "host":
+            # over the host's /, uid 0 would read root-only files (/etc/shadow)
+            if {"isolation", "*"} & policy.allow_degraded:
+                degrade.cannot(
+                    "isolation",
+                    "kept the host's root identity for a root caller",
+                    fix="(not refused: allowed by allowDegraded)",
+                )
+            else:
+                uid = gid = ROOT_SANDBOX_ID
+                stage = _idmap_stage(facts, [*writable, *caches])
         spec = oci_spec(
             argv=request.argv,
             env=env,
             cwd=cwd,
-            uid=facts.uid,
-            gid=facts.gid,
+            uid=uid,
+            gid=gid,
             root=root,
             mounts=mounts,
             cpu_time=res.cpu_time,
@@ -399,7 +428,7 @@ class GvisorBackend(Backend):
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
-            argv=(*helper, "--", *runsc),
+            argv=(*helper, "--", *stage, *runsc),
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),),
             cwd="/",
             fds=tuple(fds),
@@ -425,7 +454,7 @@ class GvisorBackend(Backend):
         """Write the bundle, run runsc, then delete the sandbox's state and the bundle."""
         import shutil
 
-        runsc_argv = plan.argv[plan.argv.index("--") + 1 :]
+        runsc_argv = plan.argv[len(plan.argv) - plan.argv[::-1].index("--") :]
         root = runsc_argv[runsc_argv.index("--root") + 1]
         for path, data in plan.files:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
@@ -455,6 +484,27 @@ class GvisorBackend(Backend):
             )
             for path, _data in plan.files:
                 shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def _idmap_stage(facts: HostFacts, owned: list[str]) -> list[str]:
+    """The exec helper's ``--as-user --keep-root`` stage for a root caller's run over the host's /.
+
+    The command runs as :data:`ROOT_SANDBOX_ID` on gVisor's kernel, which
+    takes file ownership from the host: runsc (root) is started in a private
+    mount namespace where the writable roots and the homes are idmapped
+    clones (root's files appear as that id), as bubblewrap's sandbox sees them.
+    """
+    assert facts.helper is not None
+    stage = [facts.helper, "--as-user", str(ROOT_SANDBOX_ID), "--keep-root"]
+    for home in (facts.home, ROOT_HOME):  # read-only inside, but root's 0700 homes stay usable
+        if facts.kind(home) == "dir" and home not in SYSTEM_DIRS:
+            owned = [*owned, home]
+    mapped: list[str] = []
+    for path in sorted(set(owned), key=len):
+        if not any(is_under(path, p) for p in mapped):
+            mapped.append(path)
+            stage += ["--idmap", path]
+    return [*stage, "--status-fd", str(FD_STATUS), "--"]
 
 
 def _is_pipe_or_tty(fd: int) -> bool:

@@ -77,7 +77,7 @@ from .base import (
     disk_limit,
     refuse_image,
 )
-from .bubblewrap import sandbox_env
+from .bubblewrap import sandbox_env, user_git_configs
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -321,6 +321,7 @@ class LandlockBackend(Backend):
             syscall_names=tuple(names),
             open_roots=open_roots,
             confine_metadata=True,
+            git_configs=user_git_configs(facts),
         )
 
         # --- seccomp

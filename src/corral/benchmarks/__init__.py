@@ -31,6 +31,7 @@ SUITES: dict[str, str] = {
     "preview": "corral.benchmarks.preview",
     "egress": "corral.benchmarks.egress",
     "broker": "corral.benchmarks.broker",
+    "ui": "corral.benchmarks.ui",
 }
 
 

@@ -15,8 +15,10 @@ Rows: the median time of a connection (connect, request, reply, close) both
 ways and the difference (target: at most 2 ms added); the median throughput
 of a 100 MB transfer both ways, with a raw-socket client and with curl
 (target: at least 80 % of direct); 500 tunnels open at once, each verified
-with an echo (target: all 500, no error); and what allowlist mode adds to
-``corral run -- true``.
+with an echo (target: all 500, no error); the time of an HTTPS request (a
+new connection each) through a plain tunnel and through a tunnel the proxy
+terminates (request rules, masked credentials); and what allowlist mode
+adds to ``corral run -- true``.
 """
 
 from __future__ import annotations
@@ -221,13 +223,17 @@ def _direct(ctx: Context, argv: list[str]) -> str:
     return out.stdout
 
 
-def _sandboxed(ctx: Context, policy: Policy, argv: list[str]) -> tuple[str, int]:
+def _sandboxed(
+    ctx: Context, policy: Policy, argv: list[str], extra_env: dict[str, str] | None = None
+) -> tuple[str, int]:
     """Run *argv* in an allowlist sandbox; return its stdout and how many attempts were allowed."""
     from ..pipeline._request import ExecRequest
     from ..pipeline._runner import execute
 
     outcome = execute(
-        ExecRequest.from_argv(argv, cwd=ctx.workspace), policy, environ=dict(os.environ)
+        ExecRequest.from_argv(argv, cwd=ctx.workspace),
+        policy,
+        environ={**os.environ, **(extra_env or {})},
     )
     if outcome.returncode != 0:
         raise RuntimeError(f"{argv[0]} failed in the sandbox: {outcome.text('stderr')[-500:]}")
@@ -284,12 +290,60 @@ def _certificate(ctx: Context) -> tuple[str, str] | None:
             "-subj",
             "/CN=127.0.0.1",
             "-addext",
-            "subjectAltName=IP:127.0.0.1",
+            "subjectAltName=IP:127.0.0.1,DNS:bench.test",
         ],
         check=True,
         capture_output=True,
     )
     return cert, key
+
+
+def _termination_rows(
+    ctx: Context, policy: Policy, curl: str, certificate: tuple[str, str], port: int
+) -> list[Row]:
+    """One HTTPS request per connection: plain tunnel against a terminated one (same run)."""
+    count = max(20, ctx.runs)
+    # a name (resolved by the proxy from a hosts file): 127.0.0.1 itself is a forwarded
+    # local service, which clients reach without the proxy
+    hosts = os.path.join(ctx.workspace, "bench-hosts")
+    with open(hosts, "w", encoding="utf-8") as f:
+        f.write("127.0.0.1 bench.test\n")
+    env = {"CORRAL_EGRESS_HOSTS": hosts, "CORRAL_EGRESS_UPSTREAM_CA": certificate[0]}
+    policy = policy.replace(
+        network=policy.network.replace(allow=(*policy.network.allow, "bench.test"))
+    )
+    url = f"https://bench.test:{port}/bytes/1024"
+    loop = (
+        f"for i in $(seq {count}); do {curl} -sS -o /dev/null -w '%{{time_total}}\\n' "
+        f'"$@" {url}; done'
+    )
+    # the plain tunnel's client loads as many roots as the terminated one (the system's
+    # bundle plus one certificate), so the rows differ by the termination only
+    from ..backends._egress import trust_bundle
+
+    with open(certificate[0], "rb") as f:
+        _path, roots = trust_bundle(f.read())
+    bundle = os.path.join(ctx.workspace, "bench-roots.pem")
+    with open(bundle, "wb") as f:
+        f.write(roots)
+    plain, _ = _sandboxed(ctx, policy, ["sh", "-c", loop, "sh", "--cacert", bundle], env)
+    terminated_policy = policy.replace(
+        network=policy.network.replace(allow_requests=("GET bench.test/*",))
+    )
+    # the sandbox trusts the per-run CA (CURL_CA_BUNDLE)
+    terminated, _ = _sandboxed(ctx, terminated_policy, ["sh", "-c", loop, "sh"], env)
+    plain_ms = statistics.median(float(x) * 1000 for x in plain.split())
+    terminated_ms = statistics.median(float(x) * 1000 for x in terminated.split())
+    return [
+        Row("HTTPS request, new connection, plain tunnel (curl)", plain_ms, samples=count),
+        Row(
+            "HTTPS request, new connection, TLS terminated by the proxy",
+            terminated_ms,
+            samples=count,
+            baseline="plain tunnel",
+            note=f"+{terminated_ms - plain_ms:.1f} ms (two handshakes, request checked)",
+        ),
+    ]
 
 
 def _startup_rows(ctx: Context, port: int) -> list[Row]:
@@ -366,6 +420,7 @@ def run(ctx: Context) -> list[Row]:
                 tls = ["--cacert", certificate[0]]
                 d, p = _interleaved(ctx, policy, repeats, [*fetch, *tls, url], [*tunnel, *tls, url])
                 rows += _throughput_rows("curl 100 MB HTTPS download", d / 1e6, p / 1e6, repeats)
+                rows += _termination_rows(ctx, policy, curl, certificate, tls_port)
 
         out, allowed = _sandboxed(ctx, policy, [*py, "concurrent", str(port), str(CONCURRENT)])
         held = json.loads(out)

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "what works on this machine, and how to fix what doesn't",
     ),
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
+    "ui": ("corral.cli.commands.ui", "local web page to review runs, previews and sessions"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
     "image": (
         "corral.cli.commands.image",
@@ -45,7 +46,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "install": ("corral.cli.commands.install", "install the Claude Code hook into settings.json"),
     "wrap-plugin": (
         "corral.cli.commands.wrap_plugin",
-        "run another plugin's hooks and MCP servers in corral",
+        "run another plugin's hooks, servers and monitors in corral",
     ),
     "mcp": ("corral.cli.commands.mcp", "MCP server on stdio"),
     "server": (

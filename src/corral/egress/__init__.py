@@ -26,15 +26,18 @@ This module stays light (it is imported on the ``corral run`` path):
 from __future__ import annotations
 
 from .._exceptions import ProxyStartFailed
-from ._netns import fresh_listener, open_listener
+from ._netns import fresh_listener, listen_in, open_listener
 from .allowlist import NOT_ALLOWED, Allowlist, Decision, special_range
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..backends._plan import EgressSpec
     from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
     from ._server import EgressProxy
+    from ._tls import Terminator
 
 __all__ = [
     "NOT_ALLOWED",
@@ -116,9 +119,23 @@ def start_for_sandbox(
             the rules are invalid or the hosts file cannot be read.
     """
     proxy = _proxy(spec, resolver)
-    fd = open_listener(sandbox_pid, spec.port)
-    proxy.start(fd)
+    fds: list[int] = []
+    try:
+        fds.append(open_listener(sandbox_pid, spec.port))
+        for port, _rule in spec.forwards:  # the host's local services, at the same address
+            fds.append(open_listener(sandbox_pid, port))
+    except BaseException:
+        import os
+
+        for fd in fds:
+            os.close(fd)
+        raise
+    proxy.start(fds[0], _forwards(spec, fds[1:]))
     return EgressHandle(proxy)
+
+
+def _forwards(spec: EgressSpec, fds: list[int]) -> tuple[tuple[int, int, str], ...]:
+    return tuple((fd, port, rule) for fd, (port, rule) in zip(fds, spec.forwards, strict=True))
 
 
 def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = None) -> EgressHandle:
@@ -134,11 +151,19 @@ def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = No
     """
     proxy = _proxy(spec, resolver)
     netns_fd, fd = fresh_listener(spec.port)
-    try:
-        proxy.start(fd)
-    except BaseException:
-        import os
+    import os
 
+    extra: list[int] = []
+    try:
+        for port, _rule in spec.forwards:
+            extra.append(listen_in(netns_fd, port))
+    except BaseException:
+        for other in (fd, *extra, netns_fd):
+            os.close(other)
+        raise
+    try:
+        proxy.start(fd, _forwards(spec, extra))  # owns the listeners from here on
+    except BaseException:
         os.close(netns_fd)
         raise
     return EgressHandle(proxy, netns_fd=netns_fd)
@@ -162,4 +187,45 @@ def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:
                 "Failed to start the egress proxy: cannot read the hosts file "
                 f"{spec.hosts_file}: {exc}"
             ) from None
-    return EgressProxy(allowlist=allowlist, token=spec.token, resolver=resolver)
+    import os
+
+    requests = None
+    if spec.allow_requests or spec.deny_requests or spec.masks:
+        from ._rules import MaskSpec, RequestPolicy
+
+        try:
+            requests = RequestPolicy(
+                allow=spec.allow_requests,
+                deny=spec.deny_requests,
+                masks=tuple(
+                    MaskSpec(name=n, placeholder=p, secret=v, hosts=h, headers=hd, query=q)
+                    for n, p, v, h, hd, q in spec.masks
+                ),
+            )
+            if not spec.ca:
+                raise ValueError("no CA was drawn for terminating TLS")
+            if spec.upstream_ca is not None and not os.access(spec.upstream_ca, os.R_OK):
+                raise ValueError(f"cannot read the upstream CA file {spec.upstream_ca}")
+        except (ValueError, ImportError, OSError) as exc:
+            raise ProxyStartFailed(f"Failed to start the egress proxy: {exc}") from None
+    return EgressProxy(
+        allowlist=allowlist,
+        token=spec.token,
+        resolver=resolver,
+        requests=requests,
+        terminator=_terminator_maker(spec) if requests is not None else None,
+    )
+
+
+def _terminator_maker(spec: EgressSpec) -> Callable[[], Terminator]:
+    """Makes the TLS contexts in the proxy's thread, on first use (``ssl`` loads there)."""
+    assert spec.ca, "checked by _proxy"
+    ca_cert, ca_key = spec.ca
+    upstream_ca = spec.upstream_ca
+
+    def make() -> Terminator:
+        from ._tls import Terminator
+
+        return Terminator(ca_cert, ca_key, upstream_ca)
+
+    return make

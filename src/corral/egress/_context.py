@@ -11,7 +11,10 @@ from ..pipeline._outcome import NetworkAttempt
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..policy._hosts import Host
     from ._resolve import Resolver
+    from ._rules import RequestPolicy
+    from ._tls import Terminator
     from .allowlist import Allowlist
 
 __all__ = ["Attempt", "AttemptLog", "ProxyContext", "ProxyLimits", "printable"]
@@ -95,18 +98,36 @@ class Attempt:
 
 
 class ProxyContext:
-    """The shared state of one proxy (one sandbox)."""
+    """The shared state of one proxy (one sandbox).
 
-    __slots__ = ("allowlist", "limits", "log", "resolver", "token")
+    ``requests`` holds the request rules and masked credentials (None when
+    there are none); ``terminator`` the TLS contexts for the hosts they name
+    (None when no tunnel is ever terminated).
+    """
+
+    __slots__ = ("allowlist", "limits", "log", "requests", "resolver", "terminator", "token")
 
     def __init__(
-        self, *, allowlist: Allowlist, token: str, resolver: Resolver, limits: ProxyLimits
+        self,
+        *,
+        allowlist: Allowlist,
+        token: str,
+        resolver: Resolver,
+        limits: ProxyLimits,
+        requests: RequestPolicy | None = None,
+        terminator: Terminator | None = None,
     ) -> None:
         self.allowlist = allowlist
         self.token = token
         self.resolver = resolver
         self.limits = limits
+        self.requests = requests
+        self.terminator = terminator
         self.log = AttemptLog(limits.max_attempts)
+
+    def terminates(self, host: Host, port: int) -> bool:
+        """Whether a tunnel to *host*:*port* is opened up (its requests read)."""
+        return self.requests is not None and self.requests.terminates(host, port)
 
 
 def printable(text: str, limit: int = 255) -> str:

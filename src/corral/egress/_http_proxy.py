@@ -25,6 +25,16 @@ server, each upstream as an HTTP/1.1 client. For each request head:
    dropped (WebSockets use ``CONNECT``).
 
 Every request becomes one attempt in the log, with its bytes and duration.
+
+When the run has request rules or masked credentials
+(:mod:`corral.egress._rules`), plain-HTTP requests are checked against the
+rules and get their placeholders replaced, and a ``CONNECT`` to a host the
+rules or masks name is *terminated*: after ``200`` the proxy speaks TLS to
+the client with a certificate of the per-run CA for that host, TLS to the
+real host (verified), and serves the HTTP/1.1 requests inside through the
+same path as plain HTTP (a second :class:`_Session` whose target is fixed).
+A refused request gets a ``403`` inside the tunnel and is recorded as a
+violation. See docs/egress.md.
 """
 
 from __future__ import annotations
@@ -38,7 +48,8 @@ import h11
 from ..policy._hosts import Host, parse_host, split_authority
 from ._context import Attempt, printable
 from ._relay import Counter, relay
-from ._upstream import Refused, Upstream, open_upstream
+from ._sni import NameRefused, first_flight
+from ._upstream import Refused, Upstream, connect_local, open_upstream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -46,6 +57,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from ._context import ProxyContext
+    from ._tls import TLSChannel
 
 __all__ = ["serve_http"]
 
@@ -53,6 +65,7 @@ _CHUNK = 65536
 _STATUS_TEXT = {
     400: "Bad Request",
     403: "Forbidden",
+    421: "Misdirected Request",
     407: "Proxy Authentication Required",
     408: "Request Timeout",
     431: "Request Header Fields Too Large",
@@ -176,21 +189,95 @@ def _forwardable(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, by
     ]
 
 
-class _Session:
-    """One client connection, possibly carrying several requests (keep-alive)."""
+class _SockChannel:
+    """A plain socket with the interface of :class:`~corral.egress._tls.TLSChannel`."""
 
-    def __init__(self, ctx: ProxyContext, sock: socket.socket) -> None:
+    __slots__ = ("_loop", "sock")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self._loop = loop
+        self.sock = sock
+
+    async def recv(self, size: int = _CHUNK) -> bytes:
+        return await self._loop.sock_recv(self.sock, size)
+
+    async def sendall(self, data: bytes | bytearray | memoryview) -> None:
+        await self._loop.sock_sendall(self.sock, data)
+
+
+class _Terminated:
+    """The fixed destination of a session whose requests the proxy reads.
+
+    A terminated tunnel (TLS both ways), or a forwarded local service
+    (*forward*: the rule that forwards it; plain or TLS as the client speaks,
+    always to the host's ``127.0.0.1:port``).
+    """
+
+    __slots__ = ("forward", "host", "port", "tls")
+
+    def __init__(self, host: Host, port: int, *, tls: bool = True, forward: str = "") -> None:
+        self.host = host
+        self.port = port
+        self.tls = tls
+        self.forward = forward
+
+
+def _same_host(value: bytes, host: Host, port: int) -> bool:
+    """Whether a ``Host`` header *value* names *host* (with *port* or the HTTPS default)."""
+    try:
+        text, named_port = split_authority(value.decode("ascii").strip(), default_port=443)
+        return parse_host(text) == host and named_port == port
+    except (UnicodeDecodeError, ValueError):
+        return False
+
+
+async def _upstream_tls(ctx: ProxyContext, upstream: Upstream, host: Host) -> TLSChannel:
+    """TLS to the real *host* over *upstream*, its certificate and name verified."""
+    from ._tls import TLSChannel
+
+    assert ctx.terminator is not None
+    channel = TLSChannel(
+        asyncio.get_running_loop(),
+        upstream.sock,
+        ctx.terminator.upstream_context,
+        server_side=False,
+        server_hostname=host.text,
+    )
+    async with asyncio.timeout(ctx.limits.connect_timeout):
+        await channel.handshake()
+    return channel
+
+
+class _Session:
+    """One client connection, possibly carrying several requests (keep-alive).
+
+    *client* is the channel requests arrive on (the socket, or TLS over it
+    in a terminated tunnel, where *terminated* names the destination).
+    """
+
+    def __init__(
+        self,
+        ctx: ProxyContext,
+        sock: socket.socket,
+        *,
+        client: _SockChannel | TLSChannel | None = None,
+        terminated: _Terminated | None = None,
+    ) -> None:
         self.ctx = ctx
         self.sock = sock
         self.loop = asyncio.get_running_loop()
+        self.client = client if client is not None else _SockChannel(self.loop, sock)
+        self.terminated = terminated
         self.conn = h11.Connection(
             h11.SERVER, max_incomplete_event_size=ctx.limits.max_header_bytes
         )
         self.upstream: Upstream | None = None
+        self.upstream_io: _SockChannel | TLSChannel | None = None
         self.upstream_conn: h11.Connection | None = None
 
     async def run(self, initial: bytes, deadline: float) -> None:
-        self.conn.receive_data(initial)
+        if initial:  # (h11 takes b"" for the end of the stream)
+            self.conn.receive_data(initial)
         try:
             while True:
                 request = await self._read_head(deadline)
@@ -206,9 +293,9 @@ class _Session:
     # ------------------------------------------------------------ client side
     async def _recv(self, deadline: float | None) -> bytes:
         if deadline is None:
-            return await self.loop.sock_recv(self.sock, _CHUNK)
+            return await self.client.recv(_CHUNK)
         async with asyncio.timeout_at(deadline):
-            return await self.loop.sock_recv(self.sock, _CHUNK)
+            return await self.client.recv(_CHUNK)
 
     async def _read_head(self, deadline: float) -> h11.Request | None:
         while True:
@@ -254,19 +341,21 @@ class _Session:
             status, reason=reason, rule=rule, message=message, decision=decision, extra=extra
         )
         try:
-            await self.loop.sock_sendall(self.sock, response)
+            await self.client.sendall(response)
         except OSError:
             pass
 
     async def _send(self, event: h11.Event) -> None:
         data = self.conn.send(event)
         if data:
-            await self.loop.sock_sendall(self.sock, data)
+            await self.client.sendall(data)
 
     # ------------------------------------------------------------ one request
     async def _handle(self, request: h11.Request) -> bool:
         """Serve one request; return whether the connection may carry another."""
         method = request.method.decode("ascii", "replace")
+        if self.terminated is not None:
+            return await self._handle_inside(request, method, self.terminated)
         try:
             host, port, path = _parse_target(request)
         except _BadTarget as exc:
@@ -297,7 +386,53 @@ class _Session:
         if request.method == b"CONNECT":
             await self._tunnel(host, port, attempt)
             return False
+        if await self._request_refused(method, host, path, attempt):
+            return False
         return await self._forward(request, host, port, path, attempt)
+
+    async def _handle_inside(
+        self, request: h11.Request, method: str, terminated: _Terminated
+    ) -> bool:
+        """Serve one request read inside a terminated tunnel (origin-form target)."""
+        host, port = terminated.host, terminated.port
+        attempt = Attempt(host.text, port, method)
+        target = request.target
+        if request.method == b"CONNECT" or not target.startswith(b"/"):
+            rule = "invalid request inside a tunnel: an origin-form target (/path) is required"
+            self.ctx.log.add(attempt.finish(decision="deny", rule=rule))
+            await self._send_error(400, reason="bad-target", rule=rule, message=rule)
+            return False
+        for name, value in request.headers:
+            # the tunnel is for this host only: another Host is domain fronting
+            # (a forward always goes to the local port, whatever Host says)
+            if name == b"host" and not terminated.forward and not _same_host(value, host, port):
+                rule = f"the Host header names another host than the tunnel ({host.text})"
+                self.ctx.log.add(attempt.finish(decision="deny", rule=rule))
+                await self._send_error(421, reason="host-mismatch", rule=rule, message=rule)
+                return False
+        if await self._request_refused(method, host, target, attempt):
+            return False
+        return await self._forward(request, host, port, target, attempt)
+
+    async def _request_refused(
+        self, method: str, host: Host, path: bytes, attempt: Attempt
+    ) -> bool:
+        """Refuse (403, a violation) a request the request rules deny; True if refused."""
+        rules = self.ctx.requests
+        if rules is None:
+            return False
+        rule = rules.decide(method, host.text, path.decode("latin-1"))
+        if rule is None:
+            return False
+        self.ctx.log.add(attempt.finish(decision="deny", rule=rule))
+        where = printable(host.text + path.decode("latin-1"), 200)
+        await self._send_error(
+            403,
+            reason="denied-by-request-rule",
+            rule=rule,
+            message=f"blocked request {method} {where} ({rule})",
+        )
+        return True
 
     async def _refuse(self, refused: Refused, host: Host, port: int, attempt: Attempt) -> None:
         self.ctx.log.add(
@@ -322,23 +457,84 @@ class _Session:
         except Refused as refused:
             await self._refuse(refused, host, port, attempt)
             return
+        if self.ctx.terminates(host, port):
+            await self._terminate(host, port, upstream, attempt)
+            return
         counter = Counter()
+        mismatch: NameRefused | None = None
         try:
             await self._send(
                 h11.Response(status_code=200, headers=[], reason=b"Connection established")
             )
-            early = self.conn.trailing_data[0]
-            await relay(self.sock, upstream.sock, counter, to_upstream=bytes(early))
+            early = bytes(self.conn.trailing_data[0])
+            up, down = await first_flight(self.ctx, self.sock, upstream.sock, host, port, early)
+            await relay(self.sock, upstream.sock, counter, to_upstream=up, to_client=down)
+        except NameRefused as exc:
+            mismatch = exc
         except OSError:
             pass
         finally:
             upstream.sock.close()
             self.ctx.log.add(
-                attempt.finish(
+                attempt.finish(decision="deny", rule=mismatch.rule)
+                if mismatch is not None
+                else attempt.finish(
                     decision="allow",
                     rule=upstream.decision.rule,
                     bytes_up=counter.up,
                     bytes_down=counter.down,
+                )
+            )
+
+    async def _terminate(self, host: Host, port: int, upstream: Upstream, attempt: Attempt) -> None:
+        """Open up a tunnel to *host*: TLS to the client and to the host, requests read."""
+        from ._tls import TLSChannel
+
+        terminator = self.ctx.terminator
+        error = ""
+        try:
+            if terminator is None:
+                raise OSError("no TLS terminator for this proxy")
+            await self._send(
+                h11.Response(status_code=200, headers=[], reason=b"Connection established")
+            )
+            early = bytes(self.conn.trailing_data[0])
+            client = TLSChannel(
+                self.loop,
+                self.sock,
+                terminator.server_context(host.text),
+                server_side=True,
+                initial=early,
+            )
+            async with asyncio.timeout(self.ctx.limits.header_timeout):
+                await client.handshake()
+            inner = _Session(self.ctx, self.sock, client=client, terminated=_Terminated(host, port))
+            inner.upstream = upstream
+            try:
+                inner.upstream_io = await _upstream_tls(self.ctx, upstream, host)
+            except (OSError, TimeoutError) as exc:
+                error = f"TLS to {host.authority(port)} failed: {exc}"
+                inner.upstream = None
+                await inner._send_error(
+                    502,
+                    reason="upstream-tls-failed",
+                    rule=upstream.decision.rule,
+                    message=error,
+                    decision="allow",
+                )
+                return
+            inner.upstream_conn = h11.Connection(h11.CLIENT)
+            await inner.run(b"", self.loop.time() + self.ctx.limits.header_timeout)
+            await client.close()
+        except (OSError, TimeoutError) as exc:
+            error = error or f"TLS with the client failed: {exc}"
+        finally:
+            upstream.sock.close()
+            self.ctx.log.add(
+                attempt.finish(
+                    decision="allow",
+                    rule=upstream.decision.rule + " (TLS terminated: requests checked)",
+                    error=error,
                 )
             )
 
@@ -347,7 +543,33 @@ class _Session:
         if self.upstream is not None:
             self.upstream.sock.close()
         self.upstream = None
+        self.upstream_io = None
         self.upstream_conn = None
+
+    async def _open_upstream(self, host: Host, port: int) -> None:
+        """Connect (and, in a terminated tunnel, speak TLS) to *host*:*port*. Raises Refused."""
+        fixed = self.terminated
+        if fixed is not None and fixed.forward:
+            upstream = await connect_local(self.ctx, host, port, fixed.forward)
+        else:
+            upstream = await open_upstream(self.ctx, host, port)
+        if fixed is None or not fixed.tls:
+            io: _SockChannel | TLSChannel = _SockChannel(self.loop, upstream.sock)
+        else:
+            try:
+                io = await _upstream_tls(self.ctx, upstream, host)
+            except (OSError, TimeoutError) as exc:
+                upstream.sock.close()
+                raise Refused(
+                    status=502,
+                    socks_reply=0,
+                    reason="upstream-tls-failed",
+                    rule=upstream.decision.rule,
+                    decision="allow",
+                    error=f"TLS failed: {exc}",
+                ) from None
+        self.upstream, self.upstream_io = upstream, io
+        self.upstream_conn = h11.Connection(h11.CLIENT)
 
     async def _forward(
         self, request: h11.Request, host: Host, port: int, path: bytes, attempt: Attempt
@@ -357,12 +579,12 @@ class _Session:
             self._drop_upstream()
         if self.upstream is None:
             try:
-                self.upstream = await open_upstream(self.ctx, host, port)
+                await self._open_upstream(host, port)
             except Refused as refused:
                 await self._refuse(refused, host, port, attempt)
                 return False
-            self.upstream_conn = h11.Connection(h11.CLIENT)
         upstream, upstream_conn = self.upstream, self.upstream_conn
+        assert upstream is not None
         assert upstream_conn is not None
         counter = Counter()
         complete = False
@@ -401,14 +623,27 @@ class _Session:
     ) -> bool:
         """Send one request upstream and stream the response back; True if both completed."""
         authority = host.authority(port)
-        if port == 80:
+        if port == (443 if self.terminated is not None and self.terminated.tls else 80):
             authority = authority.rpartition(":")[0]
         headers = [(b"host", authority.encode("ascii")), *_forwardable(request.headers)]
+        fixed = self.terminated
+        if (
+            fixed is not None
+            and (fixed.tls or fixed.forward)
+            and self.ctx.requests is not None
+            and self.ctx.requests.masks
+        ):
+            # secrets go out inside TLS (or to a forwarded service on the host's own
+            # loopback), never in clear text on the network
+            headers, _used = self.ctx.requests.substitute(host, port, headers)
+            path = self.ctx.requests.substitute_query(host, port, path)
+        io = self.upstream_io
+        assert io is not None
 
         async def send_up(event: h11.Event) -> None:
             data = upstream_conn.send(event)
             if data:
-                await self.loop.sock_sendall(upstream.sock, data)
+                await io.sendall(data)
                 counter.up += len(data)
 
         await send_up(h11.Request(method=request.method, target=path, headers=headers))
@@ -433,7 +668,7 @@ class _Session:
             except h11.RemoteProtocolError as exc:
                 answer = exc
             if answer is h11.NEED_DATA:
-                data = await self.loop.sock_recv(upstream.sock, _CHUNK)
+                data = await io.recv(_CHUNK)
                 counter.down += len(data)
                 upstream_conn.receive_data(data)
                 continue
@@ -469,6 +704,45 @@ class _Session:
                     decision="allow",
                 )
             return False
+
+
+async def serve_forwarded(
+    ctx: ProxyContext, sock: socket.socket, host: Host, port: int, rule: str
+) -> None:
+    """Serve a connection to a forwarded local service whose requests must be read.
+
+    Request rules or a masked credential name the service, so its bytes are
+    not relayed blindly: a client that starts with a TLS handshake gets TLS
+    terminated (the per-run CA's certificate for *host*; the service is
+    verified like any terminated host), anything else is parsed as HTTP/1.1.
+    Either way each request is checked and its placeholders replaced, exactly
+    as in a terminated tunnel; what is not HTTP is refused (fails closed).
+    """
+    from ._tls import TLSChannel
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + ctx.limits.header_timeout
+    try:
+        async with asyncio.timeout_at(deadline):
+            first = await loop.sock_recv(sock, _CHUNK)
+        if not first:
+            return
+        tls = first[0] == 0x16
+        session = _Session(ctx, sock, terminated=_Terminated(host, port, tls=tls, forward=rule))
+        if tls:
+            if ctx.terminator is None:
+                return
+            client = TLSChannel(
+                loop, sock, ctx.terminator.server_context(host.text), server_side=True,
+                initial=first,
+            )  # fmt: skip
+            async with asyncio.timeout_at(deadline):
+                await client.handshake()
+            session.client = client
+            first = b""
+        await session.run(first, deadline)
+    except (OSError, TimeoutError, h11.ProtocolError):
+        pass
 
 
 async def serve_http(

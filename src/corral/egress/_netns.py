@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 
-__all__ = ["fresh_listener", "open_listener"]
+__all__ = ["fresh_listener", "listen_in", "open_listener"]
 
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWNET = 0x40000000
@@ -309,4 +309,20 @@ def fresh_listener(port: int, *, timeout: float = 10.0) -> tuple[int, int]:
     except OSError as exc:
         raise ProxyStartFailed(
             f"Failed to start the egress proxy in a new network namespace: {exc.strerror or exc}"
+        ) from exc
+
+
+def listen_in(netns_fd: int, port: int, *, timeout: float = 10.0) -> int:
+    """Listen on ``127.0.0.1:port`` in the namespace *netns_fd* (one :func:`fresh_listener` made).
+
+    Root only, like :func:`fresh_listener`.
+
+    Raises:
+        ProxyStartFailed: the port is taken or the namespace cannot be entered.
+    """
+    try:
+        return _listen_from_thread(netns_fd, port, timeout)
+    except OSError as exc:
+        raise ProxyStartFailed(
+            f"Failed to forward 127.0.0.1:{port} into the sandbox: {exc.strerror or exc}"
         ) from exc

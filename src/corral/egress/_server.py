@@ -38,9 +38,12 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     import asyncio
     import socket
+    from collections.abc import Callable
 
     from ..pipeline._outcome import NetworkAttempt
     from ._resolve import Resolver
+    from ._rules import RequestPolicy
+    from ._tls import Terminator
     from .allowlist import Allowlist
 
 __all__ = ["EgressProxy", "raise_fd_limit"]
@@ -73,6 +76,12 @@ class EgressProxy:
         token: the credential clients must present (proxy URL password).
         resolver: how allowed names are resolved (default: the system's).
         limits: timeouts and bounds.
+        requests: request rules and masked credentials (see
+            :mod:`corral.egress._rules`), or None.
+        terminator: the TLS contexts for terminated tunnels, or a callable
+            that makes them (called in the proxy's thread when the first
+            client arrives, off the command's start); required when
+            *requests* names any host.
     """
 
     def __init__(
@@ -82,9 +91,15 @@ class EgressProxy:
         token: str,
         resolver: Resolver | None = None,
         limits: ProxyLimits | None = None,
+        requests: RequestPolicy | None = None,
+        terminator: Terminator | Callable[[], Terminator] | None = None,
     ) -> None:
         if not token:
             raise ValueError("the proxy needs a non-empty token")
+        if requests and terminator is None:
+            raise ValueError("request rules and masked credentials need a TLS terminator")
+        self._requests = requests or None
+        self._terminator = terminator
         self._allowlist = allowlist
         self._token = token
         self._resolver = resolver
@@ -97,6 +112,7 @@ class EgressProxy:
         self._stopping = False
         self._ready = threading.Event()
         self._listener_fd = -1
+        self._forward_fds: list[tuple[int, int, str]] = []  # (listener fd, host port, rule)
         self._wake: tuple[int, int] = (-1, -1)  # a pipe that ends the wait for the first client
         self._connections: set[asyncio.Task[None]] = set()
         self._served = 0
@@ -106,22 +122,29 @@ class EgressProxy:
         self.address: tuple[str, int] | None = None
 
     # ------------------------------------------------------------ control (any thread)
-    def start(self, listener_fd: int) -> None:
+    def start(self, listener_fd: int, forwards: tuple[tuple[int, int, str], ...] = ()) -> None:
         """Serve *listener_fd* (a listening TCP socket; the proxy takes ownership).
 
+        *forwards* are ``(listener fd, port, rule)``: listeners (owned from
+        now on too) whose connections are relayed to the host's
+        ``127.0.0.1:port``, each recorded as a ``FORWARD`` attempt.
+
         Raises:
-            OSError: *listener_fd* is not a socket (it is closed).
+            OSError: a fd is not a socket (all of them are closed).
         """
         if self._thread is not None:
             raise RuntimeError("the proxy was started already")
         import _socket
 
         try:
-            _socket.socket(fileno=listener_fd).detach()  # a socket, or ENOTSOCK now
+            for fd in (listener_fd, *(f[0] for f in forwards)):
+                _socket.socket(fileno=fd).detach()  # a socket, or ENOTSOCK now
         except OSError:
-            os.close(listener_fd)
+            for fd in (listener_fd, *(f[0] for f in forwards)):
+                os.close(fd)
             raise
         self._listener_fd = listener_fd
+        self._forward_fds = list(forwards)
         self._wake = os.pipe2(os.O_CLOEXEC)
         self._thread = threading.Thread(target=self._thread_main, name="corral-egress", daemon=True)
         self._thread.start()
@@ -152,6 +175,7 @@ class EgressProxy:
         elif self._listener_fd >= 0:
             os.close(self._listener_fd)
             self._listener_fd = -1
+        self._close_forwards()
         for fd in self._wake:
             if fd >= 0:
                 os.close(fd)
@@ -190,21 +214,30 @@ class EgressProxy:
             if self._listener_fd >= 0:
                 os.close(self._listener_fd)  # fail closed: the sandbox's connections are refused
                 self._listener_fd = -1
+            self._close_forwards()
             self._ready.set()
+
+    def _close_forwards(self) -> None:
+        forwards, self._forward_fds = self._forward_fds, []
+        for fd, _port, _rule in forwards:
+            if fd >= 0:
+                os.close(fd)
 
     def _wait_for_first_client(self) -> bool:
         """Poll the listener and the wake pipe; True when a client is waiting to be accepted."""
         import select
 
         poller = select.poll()
-        poller.register(self._listener_fd, select.POLLIN)
+        listeners = [self._listener_fd, *(f[0] for f in self._forward_fds)]
+        for fd in listeners:
+            poller.register(fd, select.POLLIN)
         poller.register(self._wake[0], select.POLLIN)
         self._ready.set()
         while True:
             events = dict(poller.poll())
             if self._wake[0] in events:
                 return False
-            if events.get(self._listener_fd, 0) & select.POLLIN:
+            if any(events.get(fd, 0) & select.POLLIN for fd in listeners):
                 return True
 
     async def _serve(self) -> None:
@@ -218,12 +251,20 @@ class EgressProxy:
             token=self._token,
             resolver=self._resolver or SystemResolver(),
             limits=self._limits,
+            requests=self._requests,
+            terminator=self._terminator() if callable(self._terminator) else self._terminator,
         )
         self._context = context
         listener = socket.socket(fileno=self._listener_fd)
         self._listener_fd = -1
         listener.setblocking(False)
         self.address = listener.getsockname()[:2]
+        forwards = []
+        for fd, port, rule in self._forward_fds:
+            forward = socket.socket(fileno=fd)
+            forward.setblocking(False)
+            forwards.append((forward, port, rule))
+        self._forward_fds = []
         stop = asyncio.Event()
         with self._lock:
             self._loop, self._stop = asyncio.get_running_loop(), stop
@@ -231,17 +272,29 @@ class EgressProxy:
                 stop.set()
         try:
             async with asyncio.TaskGroup() as group:
-                accepting = group.create_task(self._accept(listener, group, context))
+                accepting = [group.create_task(self._accept(listener, group, context))]
+                accepting += [
+                    group.create_task(self._accept(sock, group, context, forward=(port, rule)))
+                    for sock, port, rule in forwards
+                ]
                 self._ready.set()
                 await stop.wait()
-                accepting.cancel()
+                for task in accepting:
+                    task.cancel()
                 for task in list(self._connections):
                     task.cancel()
         finally:
             listener.close()
+            for sock, _port, _rule in forwards:
+                sock.close()
 
     async def _accept(
-        self, listener: socket.socket, group: asyncio.TaskGroup, context: ProxyContext
+        self,
+        listener: socket.socket,
+        group: asyncio.TaskGroup,
+        context: ProxyContext,
+        *,
+        forward: tuple[int, str] | None = None,
     ) -> None:
         import asyncio
 
@@ -258,9 +311,77 @@ class EgressProxy:
                 conn.close()
                 continue
             self._served += 1
-            task = group.create_task(self._connection(conn, context))
+            if forward is None:
+                task = group.create_task(self._connection(conn, context))
+            else:
+                task = group.create_task(self._forwarded(conn, context, *forward))
             self._connections.add(task)
             task.add_done_callback(self._connections.discard)
+
+    async def _forwarded(
+        self, conn: socket.socket, context: ProxyContext, port: int, rule: str
+    ) -> None:
+        """Relay a connection to a forwarded local service to the host's ``127.0.0.1:port``.
+
+        Raw bytes, unless request rules or a masked credential name the
+        service: then its requests are read like a terminated tunnel's.
+        """
+        import asyncio
+        import socket
+
+        from ..policy._hosts import parse_host, split_authority
+        from ._context import Attempt
+        from ._relay import Counter, relay
+        from ._upstream import tune
+
+        # the host the rule names (localhost, 127.0.0.1, ::1): what rules and masks match
+        host = parse_host(split_authority(rule.removeprefix("network.allow: "))[0])
+        if context.terminates(host, port):  # rules or masks name it: its requests are read
+            from ._http_proxy import serve_forwarded
+
+            try:
+                tune(conn)
+                await serve_forwarded(context, conn, host, port, rule)
+            except Exception:  # a bug must cost one connection, never the proxy
+                self._handler_errors += 1
+            finally:
+                conn.close()
+            return
+        loop = asyncio.get_running_loop()
+        attempt = Attempt("127.0.0.1", port, "FORWARD")
+        counter = Counter()
+        error = ""
+        upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            tune(conn)
+            tune(upstream)
+            try:
+                async with asyncio.timeout(context.limits.connect_timeout):
+                    await loop.sock_connect(upstream, ("127.0.0.1", port))
+            except (OSError, TimeoutError) as exc:
+                error = f"127.0.0.1:{port}: " + (
+                    os.strerror(exc.errno).lower()
+                    if isinstance(exc, OSError) and exc.errno
+                    else "timed out"
+                )
+                return
+            await relay(conn, upstream, counter)
+        except OSError:
+            pass
+        except Exception:  # a bug must cost one connection, never the proxy
+            self._handler_errors += 1
+        finally:
+            upstream.close()
+            conn.close()
+            context.log.add(
+                attempt.finish(
+                    decision="allow",
+                    rule=rule,
+                    bytes_up=counter.up,
+                    bytes_down=counter.down,
+                    error=error,
+                )
+            )
 
     async def _connection(self, conn: socket.socket, context: ProxyContext) -> None:
         import asyncio

@@ -26,7 +26,8 @@ from hmac import compare_digest
 from ..policy._hosts import Host, format_address, parse_host
 from ._context import Attempt, printable
 from ._relay import Counter, relay
-from ._upstream import Refused, open_upstream
+from ._sni import NameRefused, first_flight
+from ._upstream import SOCKS_NOT_ALLOWED, Refused, open_upstream
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,6 +168,14 @@ async def serve_socks5(
         host, port = destination
         attempt = Attempt(host.text, port, _METHOD)
         try:
+            if ctx.terminates(host, port):
+                # its requests must be read (rules, masked credentials): HTTP proxy only
+                raise Refused(
+                    status=403,
+                    socks_reply=SOCKS_NOT_ALLOWED,
+                    reason="terminated-host",
+                    rule=f"requests to {host.text} are checked: use HTTPS_PROXY, not SOCKS5",
+                )
             upstream = await open_upstream(ctx, host, port)
         except Refused as refused:
             ctx.log.add(
@@ -175,13 +184,21 @@ async def serve_socks5(
             await loop.sock_sendall(sock, _reply(refused.socks_reply))
             return
         counter = Counter()
+        mismatch: NameRefused | None = None
         try:
             await loop.sock_sendall(sock, _reply(_REPLY_OK))
-            await relay(sock, upstream.sock, counter, to_upstream=bytes(reader.buffer))
+            up, down = await first_flight(
+                ctx, sock, upstream.sock, host, port, bytes(reader.buffer)
+            )
+            await relay(sock, upstream.sock, counter, to_upstream=up, to_client=down)
+        except NameRefused as exc:
+            mismatch = exc
         finally:
             upstream.sock.close()
             ctx.log.add(
-                attempt.finish(
+                attempt.finish(decision="deny", rule=mismatch.rule)
+                if mismatch is not None
+                else attempt.finish(
                     decision="allow",
                     rule=upstream.decision.rule,
                     bytes_up=counter.up,

@@ -91,6 +91,31 @@ def tune(sock: socket.socket) -> None:
         pass
 
 
+async def connect_local(ctx: ProxyContext, host: Host, port: int, rule: str) -> Upstream:
+    """Connect to the host's ``127.0.0.1:port``: a local service *rule* forwards. Raises Refused."""
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    tune(sock)
+    try:
+        async with asyncio.timeout(ctx.limits.connect_timeout):
+            await loop.sock_connect(sock, ("127.0.0.1", port))
+    except (OSError, TimeoutError) as exc:
+        sock.close()
+        why = "timed out" if isinstance(exc, TimeoutError) else (exc.strerror or str(exc)).lower()
+        raise Refused(
+            status=502,
+            socks_reply=SOCKS_CONNECTION_REFUSED,
+            reason="connect-failed",
+            rule=rule,
+            decision="allow",
+            error=f"127.0.0.1:{port}: {why}",
+        ) from None
+    except BaseException:
+        sock.close()
+        raise
+    return Upstream(sock, host, port, Decision(allowed=True, rule=rule, reason="allowed"))
+
+
 async def open_upstream(ctx: ProxyContext, host: Host, port: int) -> Upstream:
     """Connect to *host*:*port* if the policy allows it.
 

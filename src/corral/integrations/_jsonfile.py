@@ -18,7 +18,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["load_object", "save", "write_text"]
+__all__ = ["load_document", "load_object", "save", "write_text"]
 
 
 def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
@@ -26,6 +26,19 @@ def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
 
     Raises:
         UsageError: unreadable, not JSON, or not an object; the hint says nothing changed.
+    """
+    data = load_document(path, missing_ok=missing_ok)
+    if not isinstance(data, dict):
+        raise UsageError(f"{path}: the file is not a JSON object", hint="nothing was changed")
+    return data
+
+
+def load_document(path: str, *, missing_ok: bool = True) -> dict[str, Any] | list[Any]:
+    """The JSON object or array in *path* (``{}`` for a missing or empty file when *missing_ok*).
+
+    Raises:
+        UsageError: unreadable, not JSON, or neither an object nor an array; the hint
+            says nothing changed.
     """
     try:
         with open(path, encoding="utf-8") as f:
@@ -51,12 +64,14 @@ def load_object(path: str, *, missing_ok: bool = True) -> dict[str, Any]:
             f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})",
             hint="fix the file first; nothing was changed",
         ) from None
-    if not isinstance(data, dict):
-        raise UsageError(f"{path}: the file is not a JSON object", hint="nothing was changed")
+    if not isinstance(data, (dict, list)):
+        raise UsageError(
+            f"{path}: the file is neither a JSON object nor an array", hint="nothing was changed"
+        )
     return data
 
 
-def save(path: str, data: dict[str, Any]) -> str:
+def save(path: str, data: dict[str, Any] | list[Any]) -> str:
     """Replace *path* with *data* as indented JSON, atomically, keeping the file's mode.
 
     Returns the text written.

@@ -501,8 +501,8 @@ static int mount_overlay_main(int argc, char **argv) {
 
 /* ------------------------------------------------------------- identity
  *
- * corral-exec --as-user UID [--idmap PATH]... [--stage PATH]... [--status-fd N]
- *             -- PROGRAM [ARG...]
+ * corral-exec --as-user UID [--idmap PATH]... [--overlay LOWER UPPER WORK]
+ *             [--stage PATH]... [--keep-root] [--status-fd N] -- PROGRAM [ARG...]
  *
  * Runs before bubblewrap for a *root* caller, as corral's direct child (and
  * after --mount-overlay when both are used), never inside a sandbox:
@@ -512,12 +512,20 @@ static int mount_overlay_main(int argc, char **argv) {
  *      the caller's home) is replaced by an *idmapped* clone of itself in which
  *      the host's uid/gid 0 appear as UID: the sandbox, running as UID, owns
  *      what root owns there, and what it creates is stored as root's;
+ *   2a. with --overlay (a root caller's preview), a kernel overlay is mounted
+ *      on LOWER whose layers are the idmapped clones of step 2 (LOWER, UPPER
+ *      and WORK must be --idmap paths or lie below one): overlayfs itself
+ *      cannot be idmapped, its layers can, so the sandbox owns the merged
+ *      view as it owns a plain workspace, and copy-ups land as root's;
  *   2b. the k-th --stage PATH is cloned onto STAGE_DIR/k (a private tmpfs; a
  *      clone keeps the idmapping of step 2): bubblewrap binds it from there,
  *      as UID may be unable to walk to PATH itself;
  *   3. drop to UID/UID with no supplementary groups (all capabilities go with
  *      the uid change) and exec PROGRAM (bubblewrap, which then runs
- *      unprivileged and maps the sandbox's uid 0 to UID).
+ *      unprivileged and maps the sandbox's uid 0 to UID). With --keep-root,
+ *      PROGRAM runs as root instead (runsc, which serves the command as UID
+ *      from its own kernel and creates the command's files itself, as root:
+ *      the idmapping then maps UID to 0 too, see idmap_userns).
  *
  * SAFETY: the command never holds the host's uid 0: the kernel interfaces that
  * trust the global root uid (sysctls, sysrq) and root-only host files
@@ -525,7 +533,13 @@ static int mount_overlay_main(int argc, char **argv) {
  * are remapped, in a mount namespace nobody else uses. UID must be a uid no
  * host process or file uses (corral's Python side picks and documents it).
  */
-static int idmap_userns(unsigned uid) {
+/* A user namespace for idmapped mounts in which the host's 0 appears as UID.
+ * With SWAP, UID also appears as 0: a root process creating files through the
+ * clones (an overlay's mounter doing its work-directory chores, gVisor's gofer
+ * before it hands a file to the command's uid) can then do so - the files are
+ * stored as UID, which no host file uses, until chowned to UID (stored as 0);
+ * without it, the kernel refuses (EOVERFLOW). */
+static int idmap_userns(unsigned uid, int swap) {
     int go[2], ready[2];
     if (pipe2(go, O_CLOEXEC) < 0 || pipe2(ready, O_CLOEXEC) < 0)
         fail("idmap", errno, "pipe: %s", strerror(errno));
@@ -558,7 +572,10 @@ static int idmap_userns(unsigned uid) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
         fail("idmap", errno, "open %s: %s", path, strerror(errno));
-    snprintf(map, sizeof map, "0 %u 1\n", uid);
+    if (swap)
+        snprintf(map, sizeof map, "0 %u 1\n%u 0 1\n", uid, uid);
+    else
+        snprintf(map, sizeof map, "0 %u 1\n", uid);
     snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
     write_file(path, map);
     snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
@@ -599,11 +616,17 @@ static int as_user_main(int argc, char **argv) {
     int npaths = 0;
     const char *stages[MAX_STAGES];
     int nstages = 0;
+    const char *overlay[3] = {NULL, NULL, NULL};
+    int keep_root = 0;
     int i = 3;
     for (; i < argc; i++) {
         if (strcmp(argv[i], "--") == 0) {
             i++;
             break;
+        }
+        if (strcmp(argv[i], "--keep-root") == 0) {
+            keep_root = 1;
+            continue;
         }
         if (i + 1 >= argc)
             usage();
@@ -617,6 +640,14 @@ static int as_user_main(int argc, char **argv) {
             if (nstages == MAX_STAGES)
                 fail("parse-arguments", E2BIG, "too many --stage");
             stages[nstages++] = argv[++i];
+        } else if (strcmp(argv[i], "--overlay") == 0) {
+            if (i + 3 >= argc)
+                usage();
+            for (int k = 0; k < 3; k++) {
+                overlay[k] = argv[++i];
+                if (overlay[k][0] != '/')
+                    fail("parse-arguments", EINVAL, "overlay directories must be absolute paths");
+            }
         } else
             fail("parse-arguments", EINVAL, "unknown option %s", argv[i]);
     }
@@ -643,17 +674,21 @@ static int as_user_main(int argc, char **argv) {
     }
     if (!host_root)
         npaths = 0;
+    if (overlay[0] != NULL && npaths == 0)
+        fail("as-user", EINVAL, "--overlay needs the host's root and --idmap paths for its layers");
     if (npaths > 0 || nstages > 0) {
         if (unshare(CLONE_NEWNS) < 0)
             fail("enter-mount-namespace", errno, "unshare: %s", strerror(errno));
         if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
             fail("make-mounts-private", errno, "%s", strerror(errno));
-        int userns = npaths > 0 ? idmap_userns(uid) : -1;
+        int userns = npaths > 0 ? idmap_userns(uid, overlay[0] != NULL || keep_root) : -1;
         for (int k = 0; k < npaths; k++) {
             if (paths[k][0] != '/')
                 fail("parse-arguments", EINVAL, "--idmap needs an absolute path: %s", paths[k]);
             clone_tree(paths[k], paths[k], userns);
         }
+        if (overlay[0] != NULL)
+            mount_kernel_overlay(overlay[0], overlay[1], overlay[2], 0);
         /* bubblewrap, as UID, may be unable to walk to a bind source (root's
          * 0700 home, /tmp/pytest-of-root): each is cloned to STAGE_DIR/<k>, a
          * private tmpfs of this mount namespace only (the sandbox gets its own
@@ -675,7 +710,7 @@ static int as_user_main(int argc, char **argv) {
         if (userns >= 0)
             close(userns);
     }
-    if (!host_root) {
+    if (!host_root || keep_root) {
         execv(argv[i], argv + i);
         fail("exec-sandbox", errno, "%s: %s", argv[i], strerror(errno));
     }
@@ -906,7 +941,7 @@ static int hold_main(void) {
 }
 
 static void usage(void) {
-    fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N]... [--notify-fd N --notify-sock N]\n"
+    fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N | --seccomp-file PATH]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
           "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--die-with-parent PPID]\n"
           "                   -- COMMAND [ARG...]\n",
@@ -960,6 +995,14 @@ int main(int argc, char **argv) {
             if (nseccomp == MAX_FILTERS)
                 fail("parse-arguments", E2BIG, "too many --seccomp-fd");
             seccomp_fds[nseccomp++] = (int)parse_long(argv[++i], a);
+        } else if (strcmp(a, "--seccomp-file") == 0) {
+            /* an engine that cannot pass fds (docker) binds the program in read-only */
+            if (nseccomp == MAX_FILTERS)
+                fail("parse-arguments", E2BIG, "too many --seccomp-fd");
+            int fd = open(argv[++i], O_RDONLY | O_CLOEXEC);
+            if (fd < 0)
+                fail("install-seccomp-filter", errno, "%s: %s", argv[i], strerror(errno));
+            seccomp_fds[nseccomp++] = fd;
         } else if (strcmp(a, "--notify-fd") == 0) {
             notify_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--notify-sock") == 0) {

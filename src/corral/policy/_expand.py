@@ -23,6 +23,14 @@ dotfiles tool as a link to ``~/dotfiles/aws``) is replaced by the path it
 resolves to. Hiding the link's own name would leave the target readable under
 its real path, and a mount cannot be placed on a link at all.
 
+A link the sandboxed command can re-point never steers a rule: an entry (or a
+glob's literal directory) whose resolution follows a link lying below the
+workspace, an ``allowWrite`` path or a cache refuses the run (exit 125). The
+command could aim it elsewhere between two runs, so an ``allowRead`` would
+re-expose whatever it names (``~/.ssh``) and a ``denyRead`` would stop hiding
+what it hid. (A link a glob *matches* is harmless: it and its target are
+hidden, and its old target was hidden when it was planted.)
+
 What the glob matches is fixed at start-up: a file the *host* creates under a
 matching name while the command runs is not hidden (docs/threat-model.md).
 A file the command itself creates it wrote, so it has nothing to learn.
@@ -39,6 +47,8 @@ from ._glob import PathPattern
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ._model import Policy
 
 __all__ = ["MAX_MATCHES", "MAX_VISITED", "expand_deny_read", "expand_glob", "is_glob"]
@@ -116,6 +126,49 @@ def expand_glob(pattern: str) -> list[str]:
     return sorted(set(matches))
 
 
+def _steerable_link(path: str, writable: Sequence[str]) -> str | None:
+    """The first link resolving *path* follows that lies below a *writable* root, if any.
+
+    Links are followed as the kernel would (relative and absolute targets,
+    links in targets); a loop stops the walk after 40 links, as it stops
+    ``realpath``.
+    """
+    done, pending, hops = "/", [p for p in path.split("/") if p], 0
+    while pending:
+        part = pending.pop(0)
+        if part == ".":
+            continue
+        if part == "..":
+            done = posixpath.dirname(done)
+            continue
+        here = posixpath.join(done, part)
+        try:
+            target = os.readlink(here)
+        except OSError:  # not a link, or missing: nothing to follow
+            done = here
+            continue
+        if any(here.startswith(root.rstrip("/") + "/") for root in writable):
+            return here
+        hops += 1
+        if hops > 40:
+            return None
+        if target.startswith("/"):
+            done = "/"
+        pending[:0] = [p for p in target.split("/") if p]
+    return None
+
+
+def _refuse_steerable(key: str, entry: str, writable: Sequence[str]) -> None:
+    link = _steerable_link(entry, writable)
+    if link is not None:
+        raise UsageError(
+            f"Failed to enforce filesystem.{key} {entry}: it is reached through the link "
+            f"{link}, which the sandboxed command can re-point (it lies where the sandbox "
+            "writes)",
+            hint="name the path the link points to instead",
+        )
+
+
 def _resolved(path: str) -> str:
     """*path* with its links resolved, when it exists; else *path* itself."""
     if not os.path.lexists(path):
@@ -133,16 +186,23 @@ def expand_deny_read(policy: Policy) -> Policy:
     when nothing changes.
 
     Raises:
-        UsageError: a glob cannot be expanded within the bounds (exit 125).
+        UsageError: a glob cannot be expanded within the bounds, or an entry is
+            reached through a link the sandbox can re-point (exit 125).
     """
     fs = policy.filesystem
+    # what the sandbox may have written, in this run or an earlier one
+    writable = (fs.workspace, *fs.allow_write, *(path for _name, path in policy.caches))
+    for entry in fs.allow_read:
+        _refuse_steerable("allowRead", entry, writable)
     expanded: list[str] = []
     for entry in fs.deny_read:
         if not is_glob(entry):
+            _refuse_steerable("denyRead", entry, writable)
             expanded.append(entry)
             continue
         if not entry.startswith("/"):
             raise _refuse(entry, "a glob must be absolute once the settings are resolved")
+        _refuse_steerable("denyRead", _literal_prefix(entry), writable)
         expanded += [posixpath.normpath(p) for p in expand_glob(entry)]
     deny_read = tuple(dict.fromkeys(_resolved(p) for p in expanded))
     allow_read = tuple(dict.fromkeys(_resolved(p) for p in fs.allow_read))

@@ -415,7 +415,9 @@ CORE_KEYS: tuple[Key, ...] = (
             "canonicalisation. Over-broad patterns (*, *.com, public or multi-tenant suffixes "
             "such as *.co.uk or *.ngrok.io, networks wider than /8 or /16) are refused. A name "
             "that resolves to a loopback, private, link-local, shared (CGNAT) or cloud-metadata "
-            "address is refused unless that address is allowed too."
+            "address is refused unless that address is allowed too. localhost:PORT, "
+            "127.0.0.1:PORT and [::1]:PORT name a local service on the host: it is forwarded "
+            "to the same address inside the sandbox."
         ),
     ),
     Key(
@@ -436,6 +438,31 @@ CORE_KEYS: tuple[Key, ...] = (
         description=(
             "Let the command create AF_UNIX sockets, and so reach host sockets it can see "
             "(docker.sock, ssh-agent)."
+        ),
+    ),
+    Key(
+        path="network.allowRequests",
+        kind=STRINGS,
+        tighten=REMOVALS,
+        attr="network.allow_requests",
+        description=(
+            'Request rules "METHOD host/path" (globs: * matches anything, also "/"; METHOD may '
+            'be *), e.g. "GET github.com/*". Once a rule names a host, only the requests to it '
+            "that some rule allows pass. Checked on plain HTTP and on HTTPS to the hosts whose "
+            "TLS the proxy terminates: every host a request rule or a masked credential names "
+            "(a rule for * terminates every host). Allowlist mode on bubblewrap only (refused "
+            "elsewhere)."
+        ),
+    ),
+    Key(
+        path="network.denyRequests",
+        kind=STRINGS,
+        tighten=ADDITIONS,
+        attr="network.deny_requests",
+        description=(
+            'Request rules refused with 403, checked before allowRequests: "POST '
+            '*/git-receive-pack" (no git push), "PUT registry.npmjs.org/*" (no npm publish). '
+            "Same syntax and scope as allowRequests."
         ),
     ),
     Key(
@@ -499,7 +526,10 @@ CORE_KEYS: tuple[Key, ...] = (
         attr="resources.disk",
         description=(
             "Disk space the command may fill: each private temporary directory (/tmp, "
-            "/var/tmp) is a tmpfs of this size (bubblewrap, gVisor, podman, docker). Writes to "
+            "/var/tmp) and /dev/shm is a tmpfs of this size (bubblewrap, gVisor, podman, "
+            "docker); on bubblewrap /dev itself is then read-only. Not covered: /dev of podman "
+            "and docker (their own 64 MiB tmpfs) and of gVisor (bounded by resources.memory "
+            "only). Writes to "
             "the workspace, `allowWrite` paths and `caches` go to the host filesystem, which "
             "has no per-sandbox quota: with any of them writable the run is refused (exit 125) "
             "unless `allowDegraded` lists resources.disk. Landlock and Seatbelt (host "
@@ -549,7 +579,10 @@ CORE_KEYS: tuple[Key, ...] = (
             '"env" or "mask"}. The variable exists in the sandbox only when a command glob '
             "matches the command line and every host is reachable under the network policy; "
             "otherwise it is absent, even if env.pass would pass it. The audit log records the "
-            'names injected, never the values. "mask" is not supported yet (refused). '
+            'names injected, never the values. "mask": the sandbox gets a random per-run '
+            "placeholder and the egress proxy puts the secret in its place only in requests to "
+            '`hosts` (needs hosts and allowlist mode; "headers": ["authorization"] by default; '
+            '"query": true also replaces it in the URL query). '
             '"!NAME" removes an earlier credential.'
         ),
     ),

@@ -95,12 +95,18 @@ class NetworkPolicy(Record):
         allow_unix_sockets: let the command create ``AF_UNIX`` sockets (and so
             connect to host sockets such as ``docker.sock`` that it can see).
             ``socketpair`` works either way.
+        allow_requests, deny_requests: request rules (``"METHOD host/path"``
+            globs, see :mod:`corral.egress._rules`) for the hosts whose
+            traffic the proxy reads: plain HTTP, and HTTPS to hosts it
+            terminates TLS for (every host a rule or a masked credential names).
     """
 
     mode: str = "none"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
     allow_unix_sockets: bool = False
+    allow_requests: tuple[str, ...] = ()
+    deny_requests: tuple[str, ...] = ()
 
 
 class ResourceLimits(Record):
@@ -154,8 +160,13 @@ class Credential(Record):
         commands: command globs (``"npm publish*"``) that receive it.
         hosts: host patterns it is meant for; it is injected only while all of
             them are reachable under the network policy.
-        mode: ``"env"`` (plain variable) or ``"mask"`` (reserved for
-            proxy-side substitution).
+        mode: ``"env"`` (plain variable) or ``"mask"`` (the sandbox gets a
+            random per-run placeholder; the egress proxy puts the secret in its
+            place only in requests to ``hosts``; see docs/egress.md).
+        headers: for ``"mask"``: the request headers (lower case) in which the
+            proxy replaces the placeholder; ``Authorization`` when empty.
+        query: for ``"mask"``: also replace it in the request URL's query
+            string (``?access_token=...``).
     """
 
     name: str
@@ -163,6 +174,8 @@ class Credential(Record):
     commands: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
     mode: str = "env"
+    headers: tuple[str, ...] = ()
+    query: bool = False
 
 
 class Policy(Record):

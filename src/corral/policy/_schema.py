@@ -154,10 +154,25 @@ def _definitions(table: k.KeyTable) -> dict[str, Any]:
                 },
                 "mode": {
                     "description": (
-                        '"env": a plain variable; "mask": proxy-side substitution (not '
-                        "supported yet: a run that would inject it is refused)."
+                        '"env": a plain variable; "mask": the sandbox gets a per-run '
+                        "placeholder, the egress proxy sends the secret in its place to `hosts` "
+                        "only (needs hosts and allowlist mode on bubblewrap)."
                     ),
                     "enum": ["env", "mask"],
+                },
+                "query": {
+                    "description": (
+                        'For "mask": also replace the placeholder in the URL\'s query string.'
+                    ),
+                    "type": "boolean",
+                },
+                "headers": {
+                    "description": (
+                        'For "mask": request headers in which the placeholder is replaced '
+                        '(default ["authorization"]; Basic credentials are decoded first).'
+                    ),
+                    "type": "array",
+                    "items": {"type": "string", "pattern": "^[!#$%&'*+.^_`|~0-9A-Za-z-]+$"},
                 },
             },
         },

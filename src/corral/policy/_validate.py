@@ -55,7 +55,12 @@ __all__ = [
 ADD = "+"
 REMOVE = "-"
 
-_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode")
+_CREDENTIAL_FIELDS = ("name", "from", "commands", "hosts", "mode", "headers", "query")
+_REQUEST_RULE_KEYS = ("network.allowRequests", "network.denyRequests")
+#: The characters of an HTTP token (RFC 9110), e.g. a header name.
+_TOKEN_CHARS = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
 _CREDENTIAL_MODES = ("env", "mask")
 _MAX_INT = (1 << 31) - 1
 
@@ -405,7 +410,23 @@ class _Checker:
         if kind == k.RULES:
             return self.pattern(raw, key) if removal else self.rule(raw, key)
         assert kind == k.STRINGS, kind
+        if row.path in _REQUEST_RULE_KEYS:
+            return self.request_rule(raw, key)
         return self.text(raw, key)
+
+    def request_rule(self, raw: object, key: str) -> str:
+        """A ``"METHOD host/path"`` request rule, in canonical form."""
+        from ._requests import parse_rule
+
+        text = self.text(raw, key, what='a request rule "METHOD host/path"')
+        try:
+            return parse_rule(text).text
+        except ValueError as exc:
+            self.fail(
+                key,
+                f"invalid request rule {describe(text)}: {exc}",
+                hint='e.g. "POST */git-receive-pack" or "GET github.com/*"',
+            )
 
     def pattern(self, raw: object, key: str) -> str:
         text = self.text(raw, key, what="a glob")
@@ -502,7 +523,38 @@ class _Checker:
                 f"unknown mode {describe(mode)}" + did_you_mean(mode, _CREDENTIAL_MODES),
                 hint='use "env" or "mask"',
             )
-        return Credential(name=name, source=source, commands=commands, hosts=hosts, mode=mode)
+        headers = self.plain_list(raw.get("headers", []), f"{key}.headers", self.header_name)
+        if mode == "mask" and not hosts:
+            self.fail(
+                f"{key}.hosts",
+                "a masked credential needs the hosts its secret may be sent to",
+                hint='e.g. "hosts": ["api.github.com"]',
+            )
+        if headers and mode != "mask":
+            self.fail(f"{key}.headers", 'headers apply to "mode": "mask" only')
+        query = raw.get("query", False)
+        if not isinstance(query, bool):
+            self.fail(f"{key}.query", f"expected true or false, got {describe(query)}")
+        if query and mode != "mask":
+            self.fail(f"{key}.query", 'query applies to "mode": "mask" only')
+        return Credential(
+            name=name,
+            source=source,
+            commands=commands,
+            hosts=hosts,
+            mode=mode,
+            headers=headers,
+            query=query,
+        )
+
+    def header_name(self, raw: object, key: str) -> str:
+        """An HTTP header name (a token), in lower case."""
+        text = self.text(raw, key, what="a header name")
+        if not set(text) <= _TOKEN_CHARS:
+            self.fail(key, f"{describe(text)} is not an HTTP header name")
+        if text.lower() in ("host", "proxy-authorization", "content-length", "transfer-encoding"):
+            self.fail(key, f"{describe(text)} cannot carry a credential")
+        return text.lower()
 
     def credential_source(self, raw: object, key: str) -> str:
         text = self.text(raw, key, what='"env:NAME" or "file:/path"')

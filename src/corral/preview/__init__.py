@@ -22,7 +22,8 @@ from __future__ import annotations
 from ._apply import ApplyResult
 from ._changes import Change, ChangeSet
 from ._mechanism import MECHANISMS
-from ._preview import Preview, recover_interrupted
+from ._preview import Preview
+from ._recovery import recover_interrupted
 from ._render import render_diff, render_stat
 
 __all__ = [

@@ -21,6 +21,31 @@ import os
 from .._exceptions import ApplyConflict, PreviewError
 from ._apply import ApplyResult
 from ._mechanism import remove_tree
+from ._recovery import recover_interrupted
+from ._review import (
+    _allowed,
+    _git_check,
+    _overlaps,
+    _protected,
+    _quote,
+    _touched,
+    _without,
+)
+from ._review import (
+    _policy_patterns as _policy_patterns,  # re-exported: the CLI's apply and preview use it
+)
+from ._store import (
+    _BASE,
+    _ID_PREFIX,
+    _LOCK,
+    _MANIFEST,
+    _META,
+    _Lock,
+    _previews_dir,
+    _read_json,
+    _valid_id,
+    _write_json,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,90 +58,7 @@ if TYPE_CHECKING:
     from ._changes import Change, ChangeSet
     from ._layers import Layer
 
-__all__ = ["Preview", "recover_interrupted"]
-
-_META = "preview.json"
-_BASE = "base.json"
-_MANIFEST = "manifest.json"
-_LOCK = "lock"
-_ID_PREFIX = "pv-"
-_SETID = 0o6000
-
-
-def _valid_id(preview_id: str) -> bool:
-    rest = preview_id[len(_ID_PREFIX) :]
-    return (
-        preview_id.startswith(_ID_PREFIX)
-        and len(rest) == 12
-        and all(c in "0123456789abcdef" for c in rest)
-    )
-
-
-def _previews_dir(state_dir: str) -> str:
-    return os.path.join(state_dir, "previews")
-
-
-def _read_json(path: str) -> Any:
-    from .._jsonfast import loads
-
-    with open(path, "rb") as f:
-        return loads(f.read())
-
-
-def _write_json(path: str, data: object, *, durable: bool = False) -> None:
-    from .._jsonfast import dumps
-
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        payload = memoryview(dumps(data).encode())
-        while payload:
-            payload = payload[os.write(fd, payload) :]
-        if durable:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-
-
-class _Lock:
-    """An exclusive ``flock`` on a file, released on exit (and by the kernel if we die)."""
-
-    __slots__ = ("_fd", "_path", "_what")
-
-    def __init__(self, path: str, what: str) -> None:
-        self._path = path
-        self._what = what
-        self._fd = -1
-
-    def acquire(self, *, wait: bool) -> bool:
-        import fcntl
-
-        self._fd = os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(self._fd)
-            self._fd = -1
-            return False
-        return True
-
-    def __enter__(self) -> _Lock:
-        if self._fd < 0 and not self.acquire(wait=False):
-            raise PreviewError(
-                f"Failed to use {self._what}: another corral command is using it "
-                "(a run, an apply or a discard)",
-                hint="wait for it to finish",
-            )
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+__all__ = ["Preview"]
 
 
 class Preview:
@@ -625,232 +567,3 @@ class _DefaultAbsent(dict[str, str]):
     def get(self, key: str, default: str | None = None) -> str | None:  # type: ignore[override]
         value = super().get(key)
         return self._default if value is None else value
-
-
-# ---------------------------------------------------------------- helpers
-def _overlaps(a: str, b: str) -> bool:
-    return a == b or a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")
-
-
-def _quote(path: str) -> str:
-    import shlex
-
-    return shlex.quote(path)
-
-
-def _touched(changes: Iterable[Change]) -> list[str]:
-    paths: list[str] = []
-    for change in changes:
-        paths.append(change.path)
-        if change.old_path is not None:
-            paths.append(change.old_path)
-    return paths
-
-
-def _policy_patterns(policy: Policy, workspace: str) -> list[tuple[str, str]]:
-    fs = policy.filesystem
-    patterns = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-    for p in fs.deny_write:
-        if not p.startswith("/") or _overlaps(p.rstrip("/*") or "/", workspace):
-            patterns.append((p, f"filesystem.denyWrite: {p}"))
-    return patterns
-
-
-def _protected(
-    changes: Iterable[Change], patterns: list[tuple[str, str]], workspace: str
-) -> list[tuple[str, str]]:
-    from ..policy._glob import PathPattern
-
-    compiled = []
-    for pattern, label in patterns:
-        try:
-            compiled.append((PathPattern(pattern), label))
-        except ValueError:
-            continue
-    found: list[tuple[str, str]] = []
-    for change in changes:
-        if change.kind == "unsupported":
-            continue
-        for rel in (change.path, change.old_path):
-            if rel is None:
-                continue
-            for compiled_pattern, label in compiled:
-                if compiled_pattern.matches(
-                    f"{workspace}/{rel}" if compiled_pattern.absolute else rel
-                ):
-                    if _new_repository_dir(change, rel):
-                        continue  # what lands inside it is judged by the rows inside .git
-                    found.append((rel, label))
-                    break
-        if change.new_mode is not None and change.new_mode & _SETID and change.new_type == "file":
-            found.append((change.path, "a set-user-ID or set-group-ID bit"))
-    return found
-
-
-def _git_check(
-    workspace: str, landed: tuple[str, ...], allow_protected: tuple[str, ...]
-) -> tuple[tuple[str, str], ...]:
-    """Run the git check over what an apply landed (each landed path counts as changed).
-
-    The runs in the preview were checked already; this holds for a change set
-    however it was made. Every landed path is listed on its own, so each is
-    journaled exactly (not as a prefix): paths the user allowed by name
-    (``allow_protected``) are theirs and stay unchecked, even below a new
-    directory.
-    """
-    from ..backends._gitcheck import Journal, check_root
-
-    journal = Journal()
-    for rel in landed:
-        if not _allowed(rel, allow_protected, workspace):
-            journal.change(workspace, rel)
-    if not journal.roots():
-        return ()
-    fd = os.open(workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        findings = check_root(fd, workspace, journal)
-    finally:
-        os.close(fd)
-    return tuple((f.path, f"{f.reason}; quarantined as {f.quarantined_as}") for f in findings)
-
-
-def _new_repository_dir(change: Change, rel: str) -> bool:
-    """Whether *change* makes (or only touches the metadata of) a ``.git`` directory at *rel*.
-
-    The ``**/.git`` row refuses replacing, renaming or deleting a repository's
-    ``.git``; a new ``.git`` directory is a new repository, whose
-    administrative files the rows for ``.git/config``, ``.git/hooks`` ... judge.
-    """
-    return (
-        rel == change.path
-        and rel.rpartition("/")[2] == ".git"
-        and change.kind in ("added", "modified")
-        and change.new_type == "dir"
-        and change.old_type in (None, "dir")
-    )
-
-
-def _allowed(rel: str, allowed: Iterable[str], workspace: str) -> bool:
-    for entry in allowed:
-        name = entry
-        if name.startswith("/"):
-            if not _overlaps(name, workspace) or len(name.rstrip("/")) <= len(workspace):
-                continue
-            name = name[len(workspace) :]
-        name = name.strip("/")
-        while name.startswith("./"):
-            name = name[2:]
-        if name and (rel == name or rel.startswith(name + "/")):
-            return True
-    return False
-
-
-def _without(
-    changes: list[Change], conflicts: tuple[str, ...]
-) -> tuple[list[Change], tuple[str, ...]]:
-    """Drop changes touching *conflicts*, and deletions of directories above them."""
-    blocked = set(conflicts)
-    kept: list[Change] = []
-    skipped: list[str] = []
-    for change in changes:
-        paths = [change.path] + ([change.old_path] if change.old_path else [])
-        hit = any(p in blocked for p in paths)
-        if not hit and change.old_type == "dir" and change.new_type != "dir":
-            hit = any(c.startswith(change.path + "/") for c in blocked)
-        if hit:
-            skipped.append(change.path)
-        else:
-            kept.append(change)
-    return kept, tuple(skipped)
-
-
-def recover_interrupted(state_dir: str) -> list[str]:
-    """Complete every apply that was interrupted (its process died); return one message each.
-
-    An apply in progress holds its preview's lock; a journal whose lock is
-    free belongs to a dead process and is rolled forward (see
-    :mod:`corral.preview._apply`). Cheap when there is nothing to do: one
-    ``listdir`` of a directory that normally does not exist.
-    """
-    from ._apply import journal_dir
-
-    directory = journal_dir(state_dir)
-    try:
-        entries = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    names = sorted(n for n in entries if n.endswith(".json"))
-    for stale in (n for n in entries if n.endswith(".json.tmp")):
-        _remove_stale_journal(state_dir, directory, stale)
-    messages: list[str] = []
-    for name in names:
-        preview_id = name[: -len(".json")]
-        if not _valid_id(preview_id):
-            continue
-        path = os.path.join(_previews_dir(state_dir), preview_id)
-        lock = _Lock(os.path.join(path, _LOCK), f"preview {preview_id}")
-        try:
-            if not lock.acquire(wait=False):
-                continue  # a live apply owns it
-        except FileNotFoundError:
-            os.makedirs(
-                path, mode=0o700, exist_ok=True
-            )  # the preview is gone; still finish the journal
-            if not lock.acquire(wait=False):
-                continue
-        try:
-            try:
-                journal = _read_json(os.path.join(directory, name))
-            except FileNotFoundError:
-                continue  # finished meanwhile
-            except ValueError:
-                messages.append(
-                    f"could not read the interrupted apply journal {name}; left in place"
-                )
-                continue
-            meta_path = os.path.join(path, _META)
-            if os.path.exists(meta_path):
-                preview = Preview(state_dir, _read_json(meta_path))
-            else:
-                preview = Preview(
-                    state_dir,
-                    {
-                        "id": preview_id,
-                        "workspace": journal["workspace"],
-                        "mechanism": "overlay",
-                        "created": 0.0,
-                        "base_ns": 0,
-                    },
-                )
-            with preview._workspace_lock():
-                failures = preview._complete(journal)
-            text = f"completed the interrupted apply of {preview_id} to {journal['workspace']}"
-            if failures:
-                text += f"; {len(failures)} operation(s) failed: " + "; ".join(
-                    f"{p}: {e}" for p, e in failures[:5]
-                )
-            messages.append(text)
-            if not os.path.exists(meta_path) and os.path.isdir(path):
-                remove_tree(path)
-        finally:
-            lock.release()
-    return messages
-
-
-def _remove_stale_journal(state_dir: str, directory: str, name: str) -> None:
-    """Remove a journal that was never committed (its writer died before the rename)."""
-    preview_id = name[: -len(".json.tmp")]
-    if not _valid_id(preview_id):
-        return
-    lock = _Lock(os.path.join(_previews_dir(state_dir), preview_id, _LOCK), f"preview {preview_id}")
-    try:
-        if not lock.acquire(wait=False):
-            return  # being written right now
-    except FileNotFoundError:
-        pass
-    try:
-        os.unlink(os.path.join(directory, name))
-    except FileNotFoundError:
-        pass
-    finally:
-        lock.release()

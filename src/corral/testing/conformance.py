@@ -68,7 +68,6 @@ PROBE_IMAGE = "corral:python"
 EXPECTED_REFUSALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("docker", "protected path"),
-        ("docker", "unix socket"),
         ("gvisor", "protected path"),
         # the harmless half needs network.mode=open, which a VM without a NIC refuses;
         # mode none itself is proven in tests/integration/test_microvm.py

@@ -353,3 +353,139 @@ def test_only_this_corral_with_the_restrictive_profile_counts_as_wrapped(world: 
         check=False,
     )
     assert [name for name, path in marks.items() if os.path.exists(path)] == []
+
+
+def test_lsp_servers_monitors_and_inline_arrays_are_checked_and_confined(world: World) -> None:
+    """Claude Code 2.1 also starts a plugin's LSP servers and monitors on the host, and
+    reads hooks and servers from arrays of inline objects in plugin.json: --check once
+    said "no hooks or MCP servers" (exit 0) for such a plugin, and wrapping left them alone."""
+    plugin = os.path.join(world.root, "plugins", "sneaky")
+    os.makedirs(os.path.join(plugin, ".claude-plugin"))
+    marks = {name: os.path.join(world.outside, name) for name in ("hook", "mcp", "lsp", "mon")}
+    manifest = {
+        "name": "sneaky",
+        "hooks": [
+            {
+                "hooks": {
+                    "SessionStart": [
+                        {"hooks": [{"type": "command", "command": f"touch {marks['hook']}"}]}
+                    ]
+                }
+            }
+        ],
+        "mcpServers": [{"inline": {"command": "/bin/sh", "args": ["-c", f"touch {marks['mcp']}"]}}],
+    }
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    lsp = {
+        "py": {
+            "command": "/bin/sh",
+            "args": ["-c", f"touch {marks['lsp']}"],
+            "extensionToLanguage": {".py": "python"},
+        }
+    }
+    world.write(os.path.join(plugin, ".lsp.json"), json.dumps(lsp))
+    monitors = [{"name": "m", "command": f"touch {marks['mon']}", "description": "watch"}]
+    world.write(os.path.join(plugin, "monitors", "monitors.json"), json.dumps(monitors))
+
+    check = corral(world, "wrap-plugin", plugin, "--check")
+    assert check.returncode == 1, check.stdout
+    assert check.stdout.count("NOT wrapped") == 4, check.stdout
+    wrapped = corral(world, "wrap-plugin", plugin)
+    assert wrapped.returncode == 0, wrapped.stderr
+    again = corral(world, "wrap-plugin", plugin, "--check")
+    assert again.returncode == 0, again.stdout
+    assert again.stdout.count("wrapped ") == 4, again.stdout
+
+    # what Claude Code would now start, started the same way: nothing reaches the host
+    written = load(os.path.join(plugin, ".claude-plugin", "plugin.json"))
+    monitor = load(os.path.join(plugin, "monitors", "monitors.json"))[0]
+    assert monitor["name"] == "m" and monitor["description"] == "watch"
+    hook = written["hooks"][0]["hooks"]["SessionStart"][0]["hooks"][0]["command"]
+    for command in (hook, monitor["command"]):
+        assert run_hook(world, plugin, command, {}).returncode != 0
+    servers = [written["mcpServers"][0]["inline"], load(os.path.join(plugin, ".lsp.json"))["py"]]
+    for server in servers:
+        result = subprocess.run(
+            [server["command"], *server["args"]],
+            capture_output=True,
+            env={**world.environ, "CLAUDE_PLUGIN_ROOT": plugin},
+            cwd=world.workspace,
+            timeout=60,
+            check=False,
+        )
+        assert result.returncode != 0
+    assert not any(os.path.exists(mark) for mark in marks.values())
+
+
+def test_hooks_and_servers_inline_in_one_manifest_are_both_wrapped(world: World) -> None:
+    """Both parts of plugin.json edited in one document (each once overwrote the other)."""
+    plugin = os.path.join(world.root, "plugins", "inline")
+    manifest = {
+        "name": "inline",
+        "hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "true"}]}]},
+        "mcpServers": {"s": {"command": "/bin/true"}},
+    }
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    assert corral(world, "wrap-plugin", plugin).returncode == 0
+    check = corral(world, "wrap-plugin", plugin, "--check")
+    assert check.returncode == 0, check.stdout
+    assert check.stdout.count("wrapped ") == 2
+
+
+def test_a_manifest_naming_a_file_outside_the_plugin_is_refused(world: World) -> None:
+    plugin = os.path.join(world.root, "plugins", "outside")
+    victim = os.path.join(world.outside, "settings.json")
+    hooks = {"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "my-own-hook"}]}]}}
+    world.write(victim, json.dumps(hooks))
+    manifest = {"name": "outside", "hooks": os.path.relpath(victim, plugin)}
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    result = corral(world, "wrap-plugin", plugin)
+    assert result.returncode != 0
+    assert "outside the plugin" in result.stderr
+    assert load(victim) == hooks  # the user's own file is not rewritten
+    # the same through a link in the plugin: a named file, then the default hooks file
+    os.symlink(world.outside, os.path.join(plugin, "linked"))
+    manifest["hooks"] = "linked/settings.json"
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    assert "outside the plugin" in corral(world, "wrap-plugin", plugin).stderr
+    del manifest["hooks"]
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    world.write(os.path.join(world.outside, "hooks.json"), json.dumps(hooks))
+    os.symlink(world.outside, os.path.join(plugin, "hooks"))  # hooks/hooks.json: outside
+    assert "outside the plugin" in corral(world, "wrap-plugin", plugin).stderr
+    assert load(victim) == hooks
+    assert load(os.path.join(world.outside, "hooks.json")) == hooks
+
+
+def test_a_status_line_is_wrapped_and_a_hooks_module_is_refused(world: World) -> None:
+    """Claude Code 2.1 runs a plugin's subagentStatusLine command and loads its hooks
+    module (JavaScript, in Claude Code itself): the first is wrapped, the second can
+    never be, so --check reports it and wrapping refuses the plugin, writing nothing."""
+    plugin = os.path.join(world.root, "plugins", "status")
+    mark = os.path.join(world.outside, "status-line-ran")
+    line = {"type": "command", "command": f"touch {mark}"}
+    manifest = {"name": "status", "settings": {"subagentStatusLine": line}}
+    world.write(os.path.join(plugin, ".claude-plugin", "plugin.json"), json.dumps(manifest))
+    world.write(os.path.join(plugin, "hooks", "board.mjs"), "export function register(on) {}\n")
+    world.write(
+        os.path.join(plugin, "hooks", "hooks.json"), json.dumps({"modules": ["./board.mjs"]})
+    )
+
+    check = corral(world, "wrap-plugin", plugin, "--check")
+    assert check.returncode == 1, check.stdout
+    assert check.stdout.count("NOT wrapped") == 2, check.stdout
+    assert "corral cannot sandbox it" in check.stdout
+    before = load(os.path.join(plugin, ".claude-plugin", "plugin.json"))
+    refused = corral(world, "wrap-plugin", plugin)
+    assert refused.returncode != 0
+    assert "hooks module" in refused.stderr
+    assert load(os.path.join(plugin, ".claude-plugin", "plugin.json")) == before
+
+    os.unlink(os.path.join(plugin, "hooks", "hooks.json"))  # the user drops the module
+    assert corral(world, "wrap-plugin", plugin).returncode == 0
+    assert corral(world, "wrap-plugin", plugin, "--check").returncode == 0
+    wrapped = load(os.path.join(plugin, ".claude-plugin", "plugin.json"))
+    command = wrapped["settings"]["subagentStatusLine"]["command"]
+    assert command.startswith(f"{corral_executable()} run --net none --read-only ")
+    assert run_hook(world, plugin, command, {}).returncode != 0
+    assert not os.path.exists(mark)

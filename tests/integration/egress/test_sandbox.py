@@ -365,7 +365,9 @@ def test_a_direct_connection_to_the_host_loopback_fails(world: World) -> None:
         "        print(type(exc).__name__)\n"
     )
     outcome = world.run(
-        [sys.executable, "-I", "-c", code, str(world.upstream.port), str(world.evil.port)]
+        [sys.executable, "-I", "-c", code, str(world.upstream.port), str(world.evil.port)],
+        # names only: an allowed 127.0.0.1:PORT would be forwarded (test_local_services.py)
+        world.policy(allow=("example.test", "*.example.test")),
     )
     assert _ok(outcome) == "ConnectionRefusedError\nConnectionRefusedError\n"
     assert world.upstream.seen.connections == 0

@@ -346,6 +346,25 @@ def test_list_files_shows_the_sandbox_view(open_sandbox: Open, world: World) -> 
         sbx.list_files("missing")
 
 
+@pytest.mark.parametrize("name", ["-delete", "!", "(", "-exec"])
+def test_list_files_reads_a_name_like_an_expression_as_a_path(
+    open_sandbox: Open, world: World, name: str
+) -> None:
+    """list_files (MCP: sandbox_list_files, annotated read-only) never runs find's actions.
+
+    ``find -H -delete -mindepth 1 ...`` once deleted every file at the top of
+    the workspace.
+    """
+    sbx = sandbox_in(open_sandbox, world)
+    sbx.write_file("keep.txt", "kept\n")
+    os.makedirs(os.path.join(world.workspace, name))
+    World.write(os.path.join(world.workspace, name, "inner.txt"), "inner\n")
+    entries = sbx.list_files(name)
+    assert [(e.name, e.kind) for e in entries] == [("inner.txt", "file")]
+    assert world.read(os.path.join(world.workspace, "keep.txt")) == "kept\n"
+    assert world.read(os.path.join(world.workspace, name, "inner.txt")) == "inner\n"
+
+
 # ---------------------------------------------------------------- code
 def test_run_code_python_and_bash(open_sandbox: Open, world: World) -> None:
     sbx = sandbox_in(open_sandbox, world)

@@ -139,14 +139,41 @@ def test_docker_refuses_what_it_cannot_pass_into_the_container() -> None:
         engine="/usr/bin/docker",
         engine_problem=None,
         image=ImageRef(kind="ref", value="debian", engine_ref="debian"),
+        filters="/state/filters",
     )
     with pytest.raises(EnforcementUnavailable) as info:
         get_backend("docker").plan(_request(), _policy(), facts)
     assert info.value.rule == "filesystem.protect"
-    policy = _policy(allow_degraded=frozenset({"filesystem.protect", "network.allowUnixSockets"}))
+    policy = _policy(allow_degraded=frozenset({"filesystem.protect"}))
     plan = get_backend("docker").plan(_request(), policy, facts)
-    assert set(plan.degraded) == {"filesystem.protect", "network.allowUnixSockets"}
+    assert set(plan.degraded) == {"filesystem.protect"}  # AF_UNIX: corral's filter, bound in
     assert f"{WS}:{WS}:rw" in plan.argv
+
+
+def test_docker_runs_corrals_helper_as_init_with_the_filter_bound_in() -> None:
+    from corral.backends._seccomp import compile_filter
+    from corral.backends._seccomp_rules import DENY_RULES, unix_socket_rule
+
+    facts = _facts(
+        engine="/usr/bin/docker",
+        engine_problem=None,
+        image=ImageRef(kind="ref", value="debian", engine_ref="debian"),
+        filters="/state/filters",
+    )
+    policy = _policy(allow_degraded=frozenset({"filesystem.protect"}))
+    plan = get_backend("docker").plan(_request(), policy, facts)
+    argv = list(plan.argv)
+    ((path, program),) = plan.files
+    assert path.startswith("/state/filters/") and path.endswith(".bpf")
+    assert program == compile_filter(
+        (*DENY_RULES, unix_socket_rule()), arch="x86_64", deny_unknown=True
+    )
+    assert f"{path}:/dev/.corral-seccomp:ro" in argv
+    assert "/opt/corral-exec:/dev/.corral-exec:ro" in argv
+    assert argv[argv.index("--entrypoint") + 1] == "/dev/.corral-exec"
+    assert "--init" not in argv[: argv.index("debian")]  # not docker's own init
+    after = argv[argv.index("debian") + 1 :]
+    assert after == ["--init", "--seccomp-file", "/dev/.corral-seccomp", "--", "make", "test"]
 
 
 def test_seatbelt_is_unavailable_off_macos_with_the_reason() -> None:

@@ -182,6 +182,7 @@ def test_default_plan_in_full() -> None:
                 ("**/.bashrc", "filesystem.protect: **/.bashrc"),
             ),
             syscall_names=broker_names(),
+            git_configs=(f"{HOME}/.gitconfig", f"{HOME}/.config/git/config"),
         ),
         cgroup=CgroupSpec(memory=1 << 30, pids=64),
         timeout=30.0,
@@ -384,3 +385,16 @@ def test_a_root_caller_may_keep_root_only_by_degrading_isolation() -> None:
     plan = BubblewrapBackend().plan(request(), p, facts(uid=0, gid=0))
     assert "--as-user" not in plan.argv
     assert plan.degraded == ("isolation",)
+
+
+def test_the_broker_reads_the_global_git_configs_the_callers_git_reads() -> None:
+    from corral.backends.bubblewrap import user_git_configs
+
+    assert user_git_configs(facts(environ=())) == (
+        f"{HOME}/.gitconfig",
+        f"{HOME}/.config/git/config",
+    )
+    xdg = facts(environ=(("XDG_CONFIG_HOME", "/cfg"),))
+    assert user_git_configs(xdg) == (f"{HOME}/.gitconfig", "/cfg/git/config")
+    chosen = facts(environ=(("GIT_CONFIG_GLOBAL", "/etc/my.gitconfig"),))
+    assert user_git_configs(chosen) == ("/etc/my.gitconfig",)

@@ -111,3 +111,50 @@ def test_refuses_a_preview_of_another_workspace():
     )
     with pytest.raises(UsageError, match="belongs to the workspace /elsewhere"):
         plans(spec)
+
+
+def _root_plans(spec, allow_degraded=frozenset()):
+    backend = BubblewrapBackend()
+    policy = Policy.for_workspace(WS, home="/root").replace(allow_degraded=allow_degraded)
+    request = ExecRequest.from_argv(["make"], cwd=WS).replace(sandbox_id="sbx-000000000000")
+    root = facts().replace(uid=0, gid=0, home="/root")
+    return backend.plan(request, policy, root), backend.plan(request, policy, root, preview=spec)
+
+
+def test_a_root_callers_overlay_preview_mounts_it_over_idmapped_layers_as_the_sandbox_id():
+    from corral.backends.bubblewrap import ROOT_SANDBOX_ID
+
+    spec = PreviewSpec(
+        id="pv-1", mechanism="overlay", workspace=WS, upper="/st/pv-1/upper", work="/st/pv-1/work"
+    )
+    plain, preview = _root_plans(spec)
+    assert "--mount-overlay" not in preview.argv  # no stage of its own, never as uid 0
+    argv = list(preview.argv)
+    stage = argv[: argv.index("--") + 1]
+    assert stage[:3] == ["/opt/corral/corral-exec", "--as-user", str(ROOT_SANDBOX_ID)]
+    i = stage.index("--overlay")
+    assert stage[i + 1 : i + 4] == [WS, "/st/pv-1/upper", "/st/pv-1/work"]
+    idmapped = {stage[k + 1] for k, arg in enumerate(stage) if arg == "--idmap"}
+    assert {WS, "/st/pv-1"} <= idmapped  # upper and work through one clone: one mount
+    # the rest is the plain root plan's
+    assert argv[len(stage) :] == list(plain.argv)[list(plain.argv).index("--") + 1 :]
+    assert plain.broker is not None and preview.broker is not None
+    assert preview.broker == plain.broker.replace(launcher_ns=True, through_idmap=True)
+
+
+def test_a_root_callers_fuse_preview_is_refused_unless_degraded():
+    from corral._exceptions import EnforcementUnavailable
+
+    spec = PreviewSpec(
+        id="pv-1",
+        mechanism="fuse-overlayfs",
+        workspace=WS,
+        upper="/st/u",
+        work="/st/w",
+        fuse_binary="/usr/bin/fuse-overlayfs",
+    )
+    with pytest.raises(EnforcementUnavailable, match="keep the host's root identity"):
+        _root_plans(spec)
+    _plain, preview = _root_plans(spec, frozenset({"isolation"}))
+    assert preview.argv[1] == "--mount-overlay" and "--as-user" not in preview.argv
+    assert preview.degraded == ("isolation",)

@@ -203,12 +203,13 @@ def test_refuses_a_run_whose_credential_source_is_missing() -> None:
 
 def test_refuses_mask_credentials_it_cannot_enforce() -> None:
     masked = NPM.replace(mode="mask")
-    with pytest.raises(
-        EnforcementUnavailable, match="mode 'mask' needs the proxy to rewrite"
-    ) as info:
+    with pytest.raises(EnforcementUnavailable, match='mode "mask" needs') as info:
         _plan(_policy(NetworkPolicy(mode="open"), masked), "npm", "publish")
     assert info.value.rule == "credentials"
     assert _plan(_policy(NetworkPolicy(mode="open"), masked), "npm", "install").credentials == ()
+    allowlist = _policy(NetworkPolicy(mode="allowlist", allow=("registry.npmjs.org",)), masked)
+    with pytest.raises(EnforcementUnavailable, match='mode "mask" needs'):
+        UnsandboxedBackend().plan(_request("npm", "publish"), allowlist, FACTS)
 
 
 def test_refuses_invalid_credential_hosts_in_a_policy_built_in_code() -> None:

@@ -87,3 +87,17 @@ def test_code_running_or_unknown_keys_fail(text: str) -> None:
 
 def test_ipv6_urls_are_not_transport_helpers() -> None:
     assert config_problem(b'[remote "o"]\n\turl = http://[::1]:8080/r.git\n') is None
+
+
+def test_trusted_code_paths_of_a_nested_and_of_a_global_config() -> None:
+    from corral.backends._gitcheck import trusted_code_paths
+
+    data = b"[core]\n\thooksPath = .githooks\n\tfsmonitor = ../tools/mon\n"
+    # a nested work tree: relative to it, kept while inside the root
+    assert sorted(trusted_code_paths(data, "/ws", "/ws/lib")) == ["lib/.githooks", "tools/mon"]
+    # a global config: every work tree (any depth); absolute values as they are
+    found = trusted_code_paths(b"[core]\n\thooksPath = h\n\tfsmonitor = /ws/bin/m\n", "/ws", "*")
+    assert sorted(found) == ["**/h", "bin/m"]
+    # above every work tree, or outside the root: nothing of the root's
+    assert trusted_code_paths(b"[core]\n\thooksPath = ../x\n", "/ws", "*") == []
+    assert trusted_code_paths(b"[core]\n\thooksPath = /elsewhere\n", "/ws", "*") == []

@@ -80,3 +80,30 @@ def test_entries_reached_through_links_are_resolved(tmp_path: object) -> None:
     resolved = expand_deny_read(linked).filesystem
     assert resolved.deny_read == (f"{root}/dotfiles/aws",)  # the target is what must be hidden
     assert resolved.allow_read == (f"{root}/home/.aws/public",)  # missing: kept as written
+
+
+def test_a_rule_through_a_link_the_sandbox_can_repoint_is_refused(tmp_path: object) -> None:
+    """Followed from outside into the workspace, in a glob's directory, or in allowRead."""
+    root = str(tmp_path)
+    touch(f"{root}/elsewhere/credentials")
+    touch(f"{root}/ws/real/a.pem")
+    os.makedirs(f"{root}/home")
+    os.symlink(f"{root}/elsewhere", f"{root}/ws/aws")  # the sandbox writes ws: it may re-point
+    os.symlink("../ws/aws", f"{root}/home/.aws")  # the user's link leads through it
+    os.symlink("real", f"{root}/ws/certs")
+    os.symlink(f"{root}/elsewhere/credentials", f"{root}/ws/matched.pem")
+    policy = Policy.for_workspace(f"{root}/ws", home=f"{root}/home")
+    fs = policy.filesystem
+    for deny, allow in (
+        ((f"{root}/home/.aws",), ()),
+        ((f"{root}/ws/certs/**/*.pem",), ()),
+        ((), (f"{root}/home/.aws/public",)),
+    ):
+        steered = policy.replace(filesystem=fs.replace(deny_read=deny, allow_read=allow))
+        with pytest.raises(
+            UsageError, match=r"through the link .*/ws/aws|through the link .*/ws/certs"
+        ):
+            expand_deny_read(steered)
+    # a link a glob matches is hidden with its target: nothing to steer
+    matched = policy.replace(filesystem=fs.replace(deny_read=(f"{root}/ws/*.pem",)))
+    assert expand_deny_read(matched).filesystem.deny_read == (f"{root}/elsewhere/credentials",)

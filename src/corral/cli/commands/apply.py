@@ -21,9 +21,43 @@ from .._preview_lookup import add_lookup_arguments, find_preview
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ...preview import ApplyResult
+    from ...preview import ApplyResult, Preview
 
-__all__ = ["main", "report"]
+__all__ = ["apply_with_settings", "main", "report", "settings_protections"]
+
+
+def settings_protections(workspace: str) -> list[tuple[str, str]]:
+    """The protections of today's settings for *workspace*, as ``(pattern, rule)``.
+
+    An apply honours them as well as those the preview's runs saw.
+    """
+    from ...policy import load_settings
+    from ...preview._preview import _policy_patterns
+
+    return _policy_patterns(load_settings(workspace=workspace).policy, workspace)
+
+
+def apply_with_settings(
+    preview: Preview,
+    *,
+    allow_protected: tuple[str, ...] = (),
+    force: bool = False,
+    skip_conflicts: bool = False,
+    keep: bool = False,
+) -> ApplyResult:
+    """What ``corral apply`` does to *preview* (``corral ui``'s Apply button does the same).
+
+    Raises:
+        PreviewError: protected paths changed and not allowed, or the preview is busy or gone.
+        ApplyConflict: files changed in the workspace meanwhile and neither option was given.
+    """
+    return preview.apply(
+        allow_protected=allow_protected,
+        force=force,
+        skip_conflicts=skip_conflicts,
+        protect=settings_protections(preview.workspace),
+        keep=keep,
+    )
 
 
 def report(result: ApplyResult) -> None:
@@ -54,8 +88,6 @@ def report(result: ApplyResult) -> None:
 def main(args: list[str]) -> int:
     """Entry point."""
     from ..._state import state_dir
-    from ...policy import load_settings
-    from ...preview._preview import _policy_patterns
 
     parser = argparse.ArgumentParser(prog="corral apply", description=__doc__.split("\n\n")[0])
     add_lookup_arguments(parser)
@@ -79,13 +111,11 @@ def main(args: list[str]) -> int:
         return 0 if exc.code == 0 else EXIT_USAGE
     try:
         preview = find_preview(ns.id, ns.workspace, state_dir=state_dir())
-        # the protections of today's settings apply too, not only those the runs saw
-        policy = load_settings(workspace=preview.workspace).policy
-        result = preview.apply(
+        result = apply_with_settings(
+            preview,
             allow_protected=tuple(ns.allow_protected),
             force=ns.force,
             skip_conflicts=ns.skip_conflicts,
-            protect=_policy_patterns(policy, preview.workspace),
             keep=ns.keep,
         )
     except ApplyConflict as exc:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
-from ..._audit import audit_path, verify
+from ..._audit import audit_path, read_new, verify
 from ..._jsonfast import JSONError, loads
 from ..._state import state_dir
 from .. import EXIT_USAGE, print_error
@@ -91,24 +90,13 @@ def main(args: list[str]) -> int:
     try:
         while True:
             time.sleep(0.25)
-            if not os.path.exists(path):
-                continue
-            size = os.path.getsize(path)
-            if size < position:
+            lines, new_position = read_new(path, position)
+            if new_position < position:
                 print_error("the audit log shrank; starting over from its beginning")
-                position = 0
-            if size == position:
-                continue
-            with open(path, "rb") as f:
-                f.seek(position)
-                data = f.read()
-            complete, _, _rest = data.rpartition(b"\n")
-            if not complete and not data.endswith(b"\n"):
-                continue
-            for line in complete.split(b"\n"):
-                if line:
-                    _show(line, ns.json)
-            position += len(complete) + 1
-            sys.stdout.flush()
+            position = new_position
+            for line in lines:
+                _show(line, ns.json)
+            if lines:
+                sys.stdout.flush()
     except KeyboardInterrupt:
         return 0

@@ -1,4 +1,4 @@
-"""``corral wrap-plugin DIR [--check]``: run a plugin's hooks and MCP servers under corral.
+"""``corral wrap-plugin DIR [--check]``: run a plugin's hooks, servers and monitors under corral.
 
 See :mod:`corral.integrations.plugin_wrap`. ``--check`` changes nothing: it
 lists every hook and server and exits 1 when any runs unwrapped.
@@ -19,7 +19,7 @@ def main(args: list[str]) -> int:
     """Entry point."""
     parser = argparse.ArgumentParser(
         prog="corral wrap-plugin",
-        description="Rewrite a Claude Code plugin's hooks and MCP servers to run under "
+        description="Rewrite a Claude Code plugin's hooks, MCP and LSP servers and monitors to run under "
         "'corral run' "
         "with no network, the plugin directory and the workspace read-only.",
     )
@@ -27,7 +27,7 @@ def main(args: list[str]) -> int:
     parser.add_argument(
         "--check",
         action="store_true",
-        help="change nothing; list hooks and servers, exit 1 if any is not wrapped",
+        help="change nothing; list hooks, servers and monitors, exit 1 if any is not wrapped",
     )
     parser.add_argument(
         "--allow-host",
@@ -64,7 +64,7 @@ def main(args: list[str]) -> int:
                 sys.stdout.write(finding.describe() + "\n")
             unwrapped = [f for f in findings if f.wrapped is False]
             if not findings:
-                sys.stdout.write("corral: the plugin has no hooks or MCP servers\n")
+                sys.stdout.write("corral: the plugin has no hooks, servers or monitors\n")
             elif unwrapped:
                 sys.stdout.write(
                     f"corral: {len(unwrapped)} of {len(findings)} run without corral; "
