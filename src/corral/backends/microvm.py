@@ -23,7 +23,7 @@ Guarantees (with the default policy):
   * memory is the VM's size (guest RAM = the limit plus
     :data:`GUEST_OVERHEAD_MB` for the guest kernel, and the guest cgroup's
     ``memory.max`` = the limit); pids in the guest cgroup (``pids.max``);
-    CPUs as vCPUs (rounded up) and a host cgroup quota on qemu; wall clock
+    CPUs as whole vCPUs (a fraction is refused); wall clock
     and output enforced by corral on the host and again by the agent in the
     guest (backstops); when the command's first process exits, every other
     guest process is killed.
@@ -52,7 +52,7 @@ import sys
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
-from ._plan import CgroupSpec, FdSpec, LaunchPlan
+from ._plan import FdSpec, LaunchPlan
 from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
 
 TYPE_CHECKING = False
@@ -495,13 +495,15 @@ class MicrovmBackend(Backend):
             read_only_paths=read_only_paths,
         )
         memory_mb = res.memory // (1 << 20) + GUEST_OVERHEAD_MB if res.memory else DEFAULT_MEMORY_MB
-        cpus = max(1, int(-(-res.cpus // 1))) if res.cpus else 1
-        cgroup = None
+        cpus = 1
         if res.cpus is not None:
-            if facts.cgroup_problem is not None:
-                degrade.cannot("resources.cpus", facts.cgroup_problem, fix="unset resources.cpus")
-            else:
-                cgroup = CgroupSpec(cpus=res.cpus)
+            cpus = max(1, int(res.cpus))
+            if cpus != res.cpus:
+                degrade.cannot(
+                    "resources.cpus",
+                    f"a VM's CPU limit is a whole number of vCPUs (not {res.cpus})",
+                    fix="use a whole number of CPUs",
+                )
         timeout = request.timeout if request.timeout is not None else res.timeout
         env = _guest_env(request, policy, facts)
         config = {
@@ -552,7 +554,6 @@ class MicrovmBackend(Backend):
                     data=json.dumps(config, sort_keys=True).encode(),
                 ),
             ),
-            cgroup=cgroup,
             timeout=timeout,
             kill_grace=res.kill_grace,
             output_limit=res.output,

@@ -145,6 +145,7 @@ def test_writable_workspace_without_a_preview_is_refused() -> None:
         ({"allow_write": ("/srv/out",)}, "filesystem.allowWrite"),
         ({"cpu_time": 5.0}, "resources.cpuTime"),
         ({"disk": 1 << 20}, "resources.disk"),
+        ({"cpus": 1.5}, "resources.cpus"),
     ],
 )
 def test_what_a_vm_cannot_enforce_is_refused(change: dict[str, object], rule: str) -> None:
@@ -157,6 +158,8 @@ def test_what_a_vm_cannot_enforce_is_refused(change: dict[str, object], rule: st
         )
     if "cpu_time" in change:
         policy = policy.replace(resources=policy.resources.replace(cpu_time=change["cpu_time"]))
+    if "cpus" in change:
+        policy = policy.replace(resources=policy.resources.replace(cpus=change["cpus"]))
     if "disk" in change:
         policy = policy.replace(resources=policy.resources.replace(disk=change["disk"]))
     with pytest.raises(EnforcementUnavailable) as info:
@@ -166,9 +169,10 @@ def test_what_a_vm_cannot_enforce_is_refused(change: dict[str, object], rule: st
 
 def test_limits_become_the_vm_size_and_the_guest_cgroup() -> None:
     policy = _policy(read_only=True)
-    policy = policy.replace(resources=policy.resources.replace(memory=256 << 20, pids=64))
+    policy = policy.replace(resources=policy.resources.replace(memory=256 << 20, pids=64, cpus=2.0))
     config = _config(get_backend("microvm").plan(_request(), policy, _facts()))
     assert config["vm"]["memory_mb"] == 256 + 160  # type: ignore[index]
+    assert config["vm"]["cpus"] == 2  # type: ignore[index]
     assert config["exec"]["pids"] == 64 and config["exec"]["memory"] == 256 << 20  # type: ignore[index]
 
 
