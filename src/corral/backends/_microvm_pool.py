@@ -115,7 +115,13 @@ class VmPool:
             vm.close()
             vm = None  # died while idle
         self.refill(config)
-        return vm if vm is not None else self._boot(config)
+        if vm is not None:
+            return vm
+        # none idle: boot on the caller's thread (not behind a refill on the worker); the
+        # run destroys this VM anyway, so its qemu may die with the calling thread
+        vm = GuestVM(config)
+        vm.boot()
+        return vm
 
     def refill(self, config: VmConfig) -> None:
         """Boot VMs for *config* in the background until *size* are idle."""
