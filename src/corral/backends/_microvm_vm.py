@@ -15,8 +15,8 @@ Host-side hygiene, which the tests check after killing the host side:
 * qemu and virtiofsd get ``PR_SET_PDEATHSIG(SIGKILL)``: when the process
   that started them dies, however it dies, they die too;
 * their sockets live in a fresh ``corral-vm-*`` directory that is emptied and
-  removed as soon as both ends are connected (about when the agent says
-  ready), so a running VM leaves no file behind; a directory left by a
+  removed as soon as the agent says ready (every end is connected by then),
+  so a running VM leaves no file behind; a directory left by a
   process killed during boot is swept by the next boot (its pid is in the
   name).
 
@@ -194,14 +194,10 @@ def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> lis
         f"id=root,file={config.disk},format=raw,if=none,readonly=on",
         "-device",
         "virtio-blk-device,drive=root",
-        "-chardev",
-        f"socket,id=agent,path={agent_socket},server=on,wait=off",
-        "-device",
-        "virtio-serial-device",
-        "-device",
-        "virtserialport,chardev=agent,name=corral.agent",
     ]
     if fs_socket is not None:
+        # before the agent's chardev: qemu creates chardevs in order, so once the agent
+        # socket exists, virtiofsd's is connected
         argv += [
             "-object",
             f"memory-backend-memfd,id=mem,size={config.memory_mb}M,share=on",
@@ -212,7 +208,15 @@ def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> lis
             "-device",
             f"vhost-user-fs-device,chardev=fs,tag={SHARE_TAG}",
         ]
-    return argv
+    return [
+        *argv,
+        "-chardev",
+        f"socket,id=agent,path={agent_socket},server=on,wait=off",
+        "-device",
+        "virtio-serial-device",
+        "-device",
+        "virtserialport,chardev=agent,name=corral.agent",
+    ]
 
 
 def virtiofsd_argv(config: VmConfig, fs_socket: str) -> list[str]:
@@ -311,11 +315,12 @@ class GuestVM:
             self._drainer.start()
             self._wait_for(agent_socket, qemu, "qemu")
             self.channel = Channel(self._connect(agent_socket, qemu), self.console)
-            self._cleanup_run_dir()  # both ends connected: nothing needs the paths any more
             deadline = time.monotonic() + self.config.boot_timeout
             kind, payload = self.channel.read_frame(deadline=deadline)
             if kind != b"R":
                 raise BootFailed(f"the agent answered {kind!r} instead of ready")
+            # the guest runs: qemu connected every device long ago, nothing needs the paths
+            self._cleanup_run_dir()
             self.release = payload.decode("utf-8", "replace")
         except OSError as exc:
             console = self.console()
