@@ -202,7 +202,7 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     line = proc.stdout.readline()
     assert line == b"started\n", proc.stderr.read() if proc.stderr else b""
     assert _qemu_processes()
-    assert _run_dirs() == []  # removed as soon as both ends were connected
+    assert _run_dirs() == []  # removed once the agent was ready
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
