@@ -27,6 +27,7 @@ ESCAPE_MODULES = (
     "tests/integration/test_write_broker.py",
     "tests/integration/test_process_escapes.py",
     "tests/integration/test_git_persistence.py",
+    "tests/integration/test_git_worktree_workspace.py",
 )
 
 #: An unprivileged user has no cgroup to put limits in on a cgroup v1 host: the

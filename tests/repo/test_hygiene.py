@@ -63,6 +63,7 @@ def test_lower_layers_do_not_import_upward() -> None:
         "corral._sandbox",
         "corral._api",
         "corral.benchmarks",
+        "corral.cluster",  # the SDK on a Ray cluster: built on the SDK
         "corral.ui",  # `corral ui`: an entry point like the CLI
     )
     for module, path in modules().items():

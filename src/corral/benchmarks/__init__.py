@@ -32,6 +32,7 @@ SUITES: dict[str, str] = {
     "egress": "corral.benchmarks.egress",
     "broker": "corral.benchmarks.broker",
     "ui": "corral.benchmarks.ui",
+    "cluster": "corral.benchmarks.cluster",
 }
 
 

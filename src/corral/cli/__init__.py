@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("corral.cli.commands.audit", "show, follow or verify the audit log"),
     "ui": ("corral.cli.commands.ui", "local web page to review runs, previews and sessions"),
     "bench": ("corral.cli.commands.bench", "overhead benchmarks"),
+    "k8s": ("corral.cli.commands.k8s", "render Kubernetes manifests that carry the policy"),
     "image": (
         "corral.cli.commands.image",
         "build a Debian image from apt (no registry) for container backends",

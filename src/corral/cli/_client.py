@@ -46,11 +46,28 @@ import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, MutableMapping
+    from collections.abc import Callable, Mapping, MutableMapping
 
-__all__ = ["HANDOFF", "main", "spawn_server", "start_server_later", "take_handoff"]
+__all__ = [
+    "FORWARDED_SIGNALS",
+    "HANDOFF",
+    "SIGTSTP",
+    "main",
+    "spawn_server",
+    "start_server_later",
+    "stop_like_a_job",
+    "take_handoff",
+]
 
-_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH
+SIGTSTP = 20
+#: The terminal's signals ``corral run`` passes on to its command: SIGHUP, SIGINT, SIGQUIT,
+#: SIGTERM, SIGCONT, SIGTSTP, SIGWINCH. The command runs in a session of its own, so corral
+#: (the terminal's foreground job) gets them. Ctrl-Z (SIGTSTP) stops the whole sandbox
+#: (every process in it gets SIGSTOP: ``Running.send_signal``), then corral stops itself
+#: (:func:`stop_like_a_job`) so the shell's job control sees a stopped job; ``fg``/``bg``
+#: send SIGCONT, which corral passes on to continue the sandbox.
+FORWARDED_SIGNALS = (1, 2, 3, 15, 18, SIGTSTP, 28)
+
 _NO_SERVER = "no-server"  # nothing listens: run here, start one afterwards
 _STALE = "stale"  # it runs other code and retires: run here, start a new one
 _REFUSED = "refused"  # it will not serve us: run here
@@ -63,7 +80,8 @@ def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | N
 
     Returns ``(result, signals)``: why the server did not serve the call
     (``"no-server"``, ``"stale"`` or ``"refused"``) and the signals
-    (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH) that arrived before, in order.
+    (SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGCONT, SIGTSTP, SIGWINCH) that arrived before,
+    in order.
     """
     value = environ.pop(HANDOFF, None)
     if value is None:
@@ -73,7 +91,7 @@ def take_handoff(environ: MutableMapping[str, str]) -> tuple[str, list[int]] | N
         return None
     signals = []
     for word in rest.split(",") if rest else ():
-        if not word.isdigit() or int(word) not in _FORWARDED_SIGNALS:
+        if not word.isdigit() or int(word) not in FORWARDED_SIGNALS:
             return None
         signals.append(int(word))
     return result, signals
@@ -105,8 +123,10 @@ def main(args: list[str], *, console: bool = False) -> int:
             _send_signal(link[0], signum)
         else:
             pending.append(signum)
+        if signum == SIGTSTP:  # Ctrl-Z: the sandbox stops (server side), then this process
+            stop_like_a_job(forward)
 
-    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    previous = {sig: _signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
         if handoff is not None:  # corral-client asked the server already
             result: int | str = handoff[0]
@@ -309,3 +329,20 @@ def spawn_server(state: str, environ: Mapping[str, str], *, idle: str | None = N
         except OSError:
             pass  # the directory listing's own fd, closed by now
     return os.posix_spawn(sys.executable, argv, dict(environ), file_actions=actions, setsid=True)
+
+
+def stop_like_a_job(handler: Callable[[int, object], None]) -> None:
+    """Stop this process as SIGTSTP's default action would; return once it is continued.
+
+    *handler* is put back afterwards. The signal is sent to the calling
+    thread, so it is delivered before this returns (a process-directed one
+    could reach the re-installed handler first and never stop the process).
+    """
+    import _signal  # not signal: it imports enum
+    import _thread
+
+    _signal.signal(SIGTSTP, _signal.SIG_DFL)
+    try:
+        _signal.pthread_kill(_thread.get_ident(), SIGTSTP)
+    finally:
+        _signal.signal(SIGTSTP, handler)

@@ -11,6 +11,8 @@ messages and ``corral policy --explain`` shows it as coming from ``flags``.
 
 from __future__ import annotations
 
+import os
+
 from .._exceptions import UsageError
 
 TYPE_CHECKING = False
@@ -91,6 +93,7 @@ RUN_OPTIONS: tuple[tuple[str, str, str, str], ...] = (
     ("--agent-session", "value", "@agent_session", "agent session id for the audit log"),
     ("-c", "value", "@shell", "run STRING with /bin/sh -c"),
     ("--shell", "value", "@shell_program", "run the -c STRING with this shell instead of /bin/sh"),
+    ("--command-file", "value", "@command_file", "like -c, with the STRING read from FILE"),
 )
 _BY_NAME = {opt: (kind, target) for opt, kind, target, _ in RUN_OPTIONS}
 _INT_KEYS = {"resources.pids"}
@@ -149,6 +152,7 @@ def parse_run_options(
     """
     opts = RunOptions()
     extra = extra or {}
+    from_file = False  # the -c STRING came from --command-file
     i = 0
     while i < len(args):
         word = args[i]
@@ -198,8 +202,11 @@ def parse_run_options(
             opts.json_out = value
         elif target == "@agent_session":
             opts.agent_session = value
-        elif target == "@shell":
-            opts.shell = value
+        elif target in ("@shell", "@command_file"):
+            if opts.shell is not None and (target == "@command_file" or from_file):
+                raise UsageError("give either -c STRING or --command-file FILE, not both")
+            from_file = target == "@command_file"
+            opts.shell = _read_command_file(value) if from_file else value
         elif target == "@shell_program":
             opts.shell_program = value
         elif target == "@env":
@@ -247,6 +254,18 @@ def option_for_key(key: str) -> str | None:
         if target == base:
             return opt
     return None
+
+
+def _read_command_file(path: str) -> str:
+    """The text of *path* for ``--command-file`` (no NUL byte, as for ``-c``)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise UsageError(f"--command-file {path}: {exc.strerror}") from None
+    if b"\0" in data:
+        raise UsageError(f"--command-file {path}: the command contains a NUL byte")
+    return os.fsdecode(data)  # as the words of -c are decoded
 
 
 def _value(args: list[str], i: int, name: str, inline: str | None) -> tuple[str, int]:

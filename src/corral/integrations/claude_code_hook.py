@@ -76,6 +76,7 @@ __all__ = [
     "corral_command",
     "decide",
     "expand_user",
+    "handoff_command",
     "rewrite_command",
 ]
 
@@ -217,6 +218,58 @@ def rewrite_command(
             f'{prefix} --shell {SHELL} -c "${{{VARIABLE}%?}}"'
         )
     return _cwd_carrying(command, delimiter, inner, prefix, workspace)
+
+
+#: Handed-off commands older than this are removed when the hook writes a new one.
+HANDOFF_MAX_AGE = 24 * 3600.0
+
+
+def handoff_command(
+    command: str, *, session_id: str, corral: Sequence[str], env: Mapping[str, str]
+) -> str:
+    """A rewritten command that names neither the original nor any shell syntax.
+
+    For a workspace that is a linked git worktree: Claude Code 2.1.331 refuses,
+    in a session isolated in a worktree, every command it cannot parse as plain
+    simple commands (the heredoc of :func:`rewrite_command`) and every one that
+    hands text naming git to a shell (``corral run -c 'git status'``). So the
+    original goes into a new private file in corral's state directory
+    (``hook-commands/``, hidden from every sandbox by the default secret
+    paths), and the rewritten command is the simple command
+    ``/abs/corral-client run --agent-session ID --shell bash --command-file FILE``.
+    Claude Code's own shell does not run the original, so a ``cd`` does not
+    carry to the next call here (docs/integrations.md, "Limits"). Files older
+    than :data:`HANDOFF_MAX_AGE` are removed as new ones are written.
+
+    Raises:
+        HookError: *command* contains a NUL byte, or the file cannot be written.
+    """
+    import secrets
+    import time
+
+    from ..policy._locations import default_home, state_dir
+
+    if "\0" in command:
+        raise HookError("cannot sandbox the command: it contains a NUL byte")
+    directory = posixpath.join(state_dir(home=default_home(env), environ=env), "hook-commands")
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        now = time.time()
+        for name in os.listdir(directory):
+            path = posixpath.join(directory, name)
+            try:
+                if now - os.lstat(path).st_mtime > HANDOFF_MAX_AGE:
+                    os.unlink(path)
+            except OSError:
+                pass
+        path = posixpath.join(directory, f"{secrets.token_hex(16)}.sh")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.fsencode(command))
+    except OSError as exc:
+        raise HookError(f"cannot hand the command to corral: {exc}") from None
+    words = [*corral, "run", "--agent-session", session_id, "--shell", SHELL]
+    return " ".join(quote(word) for word in [*words, "--command-file", path])
 
 
 def _delimiter(base: str, lines: set[str]) -> str:
@@ -495,12 +548,19 @@ def _shell_decision(
                 f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
                 "before you approve it.",
             )
-    rewritten = rewrite_command(
-        command,
-        session_id=payload["session_id"],
-        corral=corral,
-        workspace=posixpath.realpath(resolved.workspace),
-    )
+    from ..policy._worktree import linked_worktree_common_dir
+
+    if linked_worktree_common_dir(resolved.workspace) is not None:
+        rewritten = handoff_command(
+            command, session_id=payload["session_id"], corral=corral, env=env
+        )
+    else:
+        rewritten = rewrite_command(
+            command,
+            session_id=payload["session_id"],
+            corral=corral,
+            workspace=posixpath.realpath(resolved.workspace),
+        )
     updated = {**tool_input, "command": rewritten}
     if verdict is not None:
         return _decision(

@@ -357,14 +357,32 @@ class SandboxRegistry:
         }
 
     async def write_file(
-        self, sandbox_id: str, path: str, content: str, parents: bool
+        self,
+        sandbox_id: str,
+        path: str,
+        content: str,
+        parents: bool,
+        encoding: Literal["text", "base64"] = "text",
     ) -> WriteResult:
+        """Write *content* (UTF-8 text, or base64 of any bytes) to *path* from inside the sandbox."""
         sandbox = self.get(sandbox_id)
+        data: bytes | str = content
+        if encoding == "base64":
+            import base64
+            import binascii
+
+            try:
+                data = base64.b64decode(content, validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise self.error(
+                    f"content is not valid base64 ({exc}); nothing was written. Send standard "
+                    'base64 (RFC 4648, with padding, no line breaks), or text with encoding="text".'
+                ) from None
         try:
-            await sandbox.write_file(path, content, parents=parents)
+            await sandbox.write_file(path, data, parents=parents)
         except CorralError as exc:
             raise self._failure(exc) from None
-        return {"path": path, "bytes": len(content.encode())}
+        return {"path": path, "bytes": len(data if isinstance(data, bytes) else data.encode())}
 
     async def read_file(
         self,
@@ -627,11 +645,17 @@ def build_server(registry: SandboxRegistry) -> "MCPServer":
         path: Annotated[
             str, Field(description="path, relative to the workspace or absolute", min_length=1)
         ],
-        content: Annotated[str, Field(description="the text to write")],
+        content: Annotated[
+            str, Field(description="the text to write, or its bytes in base64 (see encoding)")
+        ],
         parents: Annotated[bool, Field(description="create missing parent directories")] = False,
+        encoding: Annotated[
+            Literal["text", "base64"],
+            Field(description='"text" (written as UTF-8) or "base64" for binary content'),
+        ] = "text",
     ) -> WriteResult:
         """Write a file from inside the sandbox (so the policy's write rules apply)."""
-        return await registry.write_file(sandbox_id, path, content, parents)
+        return await registry.write_file(sandbox_id, path, content, parents, encoding)
 
     @server.tool(annotations=hints(read_only=True, idempotent=True))
     async def sandbox_read_file(

@@ -16,7 +16,7 @@
  *         $HOME/.local/state/corral/...), check that the socket belongs to our
  *         uid, send {"op":"run", argv, cwd, whole environment, pid, code stamp}
  *         with fds 0, 1, 2 attached (SCM_RIGHTS), forward SIGHUP, SIGINT, SIGQUIT,
- *         SIGTERM and SIGWINCH as {"signal": N} frames, exit with the server's
+ *         SIGTERM, SIGCONT, SIGTSTP and SIGWINCH as {"signal": N} frames, exit with the server's
  *         {"exit": N}.
  *   hook: connect, then read the hook's JSON from stdin (bounded), send
  *         {"op":"hook", "integration":"claude-code", stdin, cwd, environment,
@@ -779,7 +779,7 @@ out:
 
 /* ---------------------------------------------------------------- signals (run mode) */
 static int signal_pipe[2] = {-1, -1};
-static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH};
+static const int forwarded[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGCONT, SIGTSTP, SIGWINCH};
 #define NFORWARDED ((int)(sizeof forwarded / sizeof forwarded[0]))
 static struct sigaction saved_forwarded[NFORWARDED], saved_pipe;
 static int caught, pipe_ignored;
@@ -792,7 +792,9 @@ static void on_signal(int sig) {
     errno = saved;
 }
 
-/* SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH go to the self-pipe, to be forwarded to the command. */
+/* SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGCONT, SIGTSTP, SIGWINCH go to the self-pipe, to be
+ * forwarded to the command (SIGTSTP, Ctrl-Z: the server stops the whole sandbox; then this
+ * process stops itself, see stop_like_a_job). */
 static void catch_signals(void) {
     if (pipe2(signal_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
         die(NULL, "cannot create a pipe: %s", strerror(errno));
@@ -1118,11 +1120,28 @@ static void send_signal(struct link *l, int sig) {
     }
 }
 
+/* Ctrl-Z was forwarded: stop as SIGTSTP's default action would (the shell sees a stopped
+ * job), return once continued; the SIGCONT that continues us is forwarded in turn. */
+static void stop_like_a_job(void) {
+    struct sigaction dfl, ours;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGTSTP, &dfl, &ours);
+    raise(SIGTSTP); /* single-threaded: delivered before raise returns */
+    sigaction(SIGTSTP, &ours, NULL);
+}
+
 static void forward_pending(struct link *l) {
     drain_signals(&pending);
-    for (int i = 0; i < pending.count; i++)
+    int stop = 0;
+    for (int i = 0; i < pending.count; i++) {
         send_signal(l, pending.sig[i]);
+        stop |= pending.sig[i] == SIGTSTP;
+    }
     pending.count = 0;
+    if (stop)
+        stop_like_a_job();
 }
 
 /* After the server accepted, the connection broke: exit 125, as the Python

@@ -42,6 +42,7 @@ from ._outcome import NetworkAttempt, Outcome, Violation, command_status
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+    from typing import Any
 
     from ..backends._broker import Broker
     from ..backends._plan import LaunchPlan
@@ -87,7 +88,8 @@ class Running:
     (``stdin_mode="inherit"``) and its output is relayed to (default: this
     process's 0, 1, 2; the corral server passes its client's); with
     *output_tty* an output stream whose destination is a terminal is relayed
-    from a pseudo-terminal instead of a pipe (:func:`_output_pty`). *stdio*
+    from a pseudo-terminal instead of a pipe (:func:`_output_pty`; not for the
+    container engines' CLIs, :data:`_ENGINE_CLI_BACKENDS`: pipes as with ``--no-tty``). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -108,7 +110,10 @@ class Running:
         cgroup: Cgroup | None = None,
     ) -> None:
         self.plan = plan
-        self._output_tty = output_tty
+        # a container engine's CLI relays the command's stdio itself (the command would see
+        # no terminal through a pty of ours), and podman with terminals on both its stdin and
+        # its stdout hung (observed through the server, where it has no controlling terminal)
+        self._output_tty = output_tty and plan.backend not in _ENGINE_CLI_BACKENDS
         self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
@@ -223,7 +228,13 @@ class Running:
             try:
                 # Python ignores SIGPIPE/SIGXFSZ; ignored dispositions survive exec,
                 # so restore the defaults for the child (as subprocess does).
-                group = {} if _starts_a_session(argv) else {"setpgroup": 0}
+                group: dict[str, Any] = {"setpgroup": 0}
+                if _starts_a_session(argv):
+                    group = {}
+                elif plan.backend in _ENGINE_CLI_BACKENDS and spawn is os.posix_spawn:
+                    # a session of its own: the user's terminal on its stdin must not be
+                    # its controlling terminal, or reading it from a background group stops it
+                    group = {"setsid": True}
                 self.pid = spawn(
                     argv[0],
                     list(argv),
@@ -508,6 +519,9 @@ class Running:
         """
         if self._reaped:
             return  # its pids may belong to other processes by now
+        if signum in (18, 20):  # SIGCONT, SIGTSTP: the terminal's job control, for the sandbox
+            self._suspend(signum == 20)
+            return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
         init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
@@ -541,6 +555,33 @@ class Running:
                     os.kill(pid, signum)
                 except ProcessLookupError:
                     pass
+
+    def _suspend(self, stop: bool) -> None:
+        """Stop (SIGSTOP) or continue (SIGCONT) every process of the command (Ctrl-Z, ``fg``).
+
+        SIGSTOP, not the terminal's SIGTSTP: a program that catches or ignores
+        SIGTSTP stops all the same, and so do processes in other groups
+        (background jobs of the sandboxed shell). Processes forked while the
+        tree is being stopped are caught by a second pass. The timeout keeps
+        counting while the command is stopped.
+        """
+        signum = 19 if stop else 18
+        seen: set[int] = set()
+        for _ in range(3 if stop else 1):
+            pids = [p for p in self._command_pids(top_only=False) if p not in seen]
+            if not pids:
+                break
+            for pid in pids:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
+            seen.update(pids)
+        if self.sandbox_pid <= 0 and self.pid > 0:  # no pid namespace: the command's group
+            try:
+                os.killpg(self.pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _sync_window_sizes(self) -> None:
         """Give each output pty the window size of the terminal it is relayed to."""
@@ -1007,6 +1048,10 @@ def _output_pty(terminal: int) -> tuple[int, int]:
         os.close(slave)
         raise
     return master, slave
+
+
+#: Backends whose first process is a container engine's CLI (their stdio is relayed by it).
+_ENGINE_CLI_BACKENDS = frozenset({"podman", "docker", "gvisor"})
 
 
 def _starts_a_session(argv: Sequence[str]) -> bool:

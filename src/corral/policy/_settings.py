@@ -390,6 +390,37 @@ def _protect_own_files(state: MergeState, dirs: tuple[str, ...], files: Sequence
             state.add_entry("filesystem.denyWrite", directory + "/**", label)
 
 
+def _expose_worktree_git(state: MergeState, home: str) -> None:
+    """A linked worktree's shared git directory: usable like a workspace's own ``.git``.
+
+    Writable (read-only with ``filesystem.readOnly``), with every ``**/.git/...``
+    persistence point of ``filesystem.protect`` denied in it (see
+    :mod:`._worktree`). Left hidden, with a warning, when it overlaps a secret
+    path or contains the home directory.
+    """
+    from ._worktree import GIT_PATTERN_PREFIX, linked_worktree_common_dir
+
+    values = state.values
+    common = linked_worktree_common_dir(values["filesystem.workspace"])
+    if common is None:
+        return
+    if _inside(home, common) or any(_overlaps(common, s) for s in values["filesystem.denyRead"]):
+        state.warnings.append(
+            f"the workspace is a git worktree whose repository {common} overlaps a secret path "
+            "or the home directory: it stays hidden, and git fails in the sandbox"
+        )
+        return
+    label = "defaults (the linked worktree's git directory)"
+    if values["filesystem.readOnly"]:
+        state.add_entry("filesystem.allowRead", common, label)
+        return
+    state.add_entry("filesystem.allowWrite", common, label)
+    for pattern in values["filesystem.protect"]:
+        if pattern.startswith(GIT_PATTERN_PREFIX):
+            rest = pattern[len(GIT_PATTERN_PREFIX) :]
+            state.add_entry("filesystem.denyWrite", f"{common}/{rest}", label)
+
+
 def _own_installation() -> list[str]:
     """The directories whose code runs unsandboxed as corral: its package and its environment.
 
@@ -568,6 +599,7 @@ def load_settings(
 
     # 6. The result.
     _check_home_workspace(state, home)
+    _expose_worktree_git(state, home)
     _protect_own_files(
         state,
         (config_dir(home=home, environ=env), state_dir(home=home, environ=env)),

@@ -84,7 +84,8 @@ __all__ = ["DEFAULT_IDLE", "Server"]
 
 DEFAULT_IDLE = 300.0
 _REQUEST_TIMEOUT = 30.0
-_FORWARDED = frozenset({1, 2, 3, 15, 28})  # what corral run forwards: HUP, INT, QUIT, TERM, WINCH
+# what corral run forwards: HUP, INT, QUIT, TERM, WINCH, and CONT, TSTP (Ctrl-Z, fg)
+_FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
 _LOG_LIMIT = 1 << 20
 
 

@@ -494,6 +494,38 @@ def test_monitor_commands_run_sandboxed(world: World, via: str) -> None:
     assert world.read(world.victim) == "original\n"
 
 
+def test_in_a_linked_worktree_the_command_is_handed_over_in_a_private_file(
+    world: World, via: str
+) -> None:
+    """Claude Code refuses heredocs and ``-c 'git ...'`` in a session isolated in a worktree:
+    there the rewritten command is one simple command naming a file that holds the original."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "init"]):
+        subprocess.run([*git, *args], cwd=repo, env=world.environ, check=True)
+    tree = os.path.join(repo, ".claude", "worktrees", "X")
+    subprocess.run([*git, "worktree", "add", "-q", tree], cwd=repo, env=world.environ, check=True)
+    command = (
+        "printf '%s\\n' \"it's\" && git log --format=%s -1\n"
+        f"cd / && echo pwned > {world.victim}; exit 3"
+    )
+    data = payload(world, "Bash", {"command": command, "description": "d"}, cwd=tree)
+    code, out, err = run_hook(world, via, data)
+    assert code == 0 and out is not None, err
+    new = out["hookSpecificOutput"]["updatedInput"]["command"]
+    assert "\n" not in new and "git" not in new.replace(world.root, "") and "<<" not in new, new
+    handoff = new.split()[-1]
+    assert os.stat(handoff).st_mode & 0o777 == 0o600
+    with open(handoff, encoding="utf-8") as f:
+        assert f.read() == command
+    result = subprocess.run(
+        ["bash", "-c", new], capture_output=True, env=world.environ, cwd=tree, check=False
+    )
+    assert (result.returncode, result.stdout) == (3, b"it's\ninit\n"), result.stderr
+    assert world.read(world.victim) == "original\n"
+
+
 @pytest.mark.parametrize(
     ("tool", "tool_input"),
     [

@@ -413,3 +413,98 @@ def test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace
     assert [results[i] for i in (2, 4, 6)] == [("(Bash completed with no output)", False)] * 3
     assert [results[i] for i in (1, 3, 5, 7, 9)] == [(workspace, False)] * 5, results
     assert results[8] == ("2", False)
+
+
+def test_monitor_and_background_commands_run_sandboxed(world: World, claude: str) -> None:
+    """Issue 11 item 2 with the real CLI: ``Monitor`` (a deferred tool in 2.1.331, loaded with
+    ``ToolSearch``) and ``Bash`` with ``run_in_background`` run their commands in corral's sandbox:
+    the write outside the workspace fails, the one inside lands."""
+    install(world)
+    attempt = "{{ echo pwned > {victim}; }} 2> {name}.err; echo ran > {name}.out; echo event"
+    wait = "for i in $(seq 300); do [ -e {name}.out ] && break; sleep 0.1; done; cat {name}.out {name}.err"
+    results = session(
+        world,
+        [
+            ("ToolSearch", {"query": "select:Monitor", "max_results": 1}),
+            (
+                "Monitor",
+                {
+                    "description": "probe",
+                    "timeout_ms": 30000,
+                    "command": attempt.format(victim=world.victim, name="monitor"),
+                },
+            ),
+            ("Bash", {"command": wait.format(name="monitor")}),
+            (
+                "Bash",
+                {
+                    "command": attempt.format(victim=world.victim, name="background"),
+                    "run_in_background": True,
+                },
+            ),
+            ("Bash", {"command": wait.format(name="background")}),
+        ],
+    )
+    assert results[0][1] is False and results[1][1] is False, results  # loaded, started
+    for name, result in (("monitor", results[2]), ("background", results[4])):
+        assert result[0].startswith("ran\n") and "Read-only file system" in result[0], (
+            name,
+            result,
+        )
+        assert os.path.exists(world.ws(f"{name}.out"))
+    assert world.read(world.victim) == "original\n"
+
+
+def test_git_works_in_a_worktree_session_and_its_repository_stays_safe(
+    world: World, claude: str
+) -> None:
+    """Issue 11: a Claude Code worktree session (``EnterWorktree`` makes
+    ``.claude/worktrees/X``, whose ``.git`` file points into the repository's ``.git``): git
+    add and commit work sandboxed; the shared ``.git``'s hooks and config stay closed. Claude
+    Code 2.1.331 refuses heredocs and ``-c 'git ...'`` in such a session: the hook hands the
+    command over in a file (``--command-file``), so these calls are accepted at all."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    for args in (["init", "-q"], ["add", "README"], ["commit", "-qm", "init"]):
+        subprocess.run([*git, *args], cwd=world.workspace, env=world.environ, check=True)
+    World.write(world.ws(".claude", "settings.json"), '{"worktree": {"baseRef": "head"}}')
+    install(world)
+    common = world.ws(".git")
+    hook = os.path.join(common, "hooks", "post-commit")
+    ident = "-c user.name=t -c user.email=t@example.invalid"
+    results = session(
+        world,
+        [
+            ("ToolSearch", {"query": "select:EnterWorktree", "max_results": 1}),
+            ("EnterWorktree", {"name": "X"}),
+            ("Bash", {"command": "echo work > work.txt"}),
+            ("Bash", {"command": "git add work.txt"}),
+            ("Bash", {"command": f"git {ident} commit -qm sandboxed"}),
+            ("Bash", {"command": "git log --format=%s -1"}),
+            ("Bash", {"command": f"printf '#!/bin/sh\\ntouch {world.victim}.hook\\n' > {hook}"}),
+            ("Bash", {"command": f"git config core.fsmonitor 'touch {world.victim}.fsmonitor'"}),
+        ],
+    )
+    worktree = os.path.realpath(world.ws(".claude", "worktrees", "X"))
+    assert results[2:5] == [("(Bash completed with no output)", False)] * 3, results
+    assert results[5] == ("sandboxed", False), results
+    for text, is_error in results[6:8]:  # refused by the sandbox, not by Claude Code's own guard
+        assert is_error and "corral: blocked write to" in text, text
+    log = subprocess.run(
+        ["git", "log", "--format=%s", "-1", "worktree-X"],
+        cwd=world.workspace,
+        env=world.environ,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert log.stdout == "sandboxed\n", (log.stdout, log.stderr)
+    assert not os.path.exists(hook)
+    for directory in (world.workspace, worktree):  # the user's next git runs nothing planted
+        subprocess.run([*git, "status"], cwd=directory, env=world.environ, capture_output=True)
+        subprocess.run(
+            [*git, "commit", "-q", "--allow-empty", "-m", "host"],
+            cwd=directory,
+            env=world.environ,
+            capture_output=True,
+        )
+    assert not [n for n in os.listdir(world.outside) if n.startswith("victim.txt.")]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import signal
@@ -248,6 +249,66 @@ def test_read_file_refuses_unbounded_files_and_reads_in_parts(world: World) -> N
         assert base64.b64decode(blob["content"]) == binary and blob["truncated"] is False
 
     with_client(world, body)
+
+
+def test_write_file_takes_base64_for_binary_content(world: World) -> None:
+    binary = bytes(range(256)) + b"\0\xff\xfe"
+
+    async def body(client: Any) -> None:
+        import base64
+
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        schema = tools["sandbox_write_file"].input_schema["properties"]["encoding"]
+        assert schema["enum"] == ["text", "base64"] and schema["default"] == "text"
+        sid = (await call(client, "sandbox_create", preview=False))["sandbox_id"]
+        encoded = base64.b64encode(binary).decode()
+        written = await call(
+            client,
+            "sandbox_write_file",
+            sandbox_id=sid,
+            path="blob.bin",
+            content=encoded,
+            encoding="base64",
+        )
+        assert written == {"path": "blob.bin", "bytes": len(binary)}
+        back = await call(
+            client, "sandbox_read_file", sandbox_id=sid, path="blob.bin", encoding="base64"
+        )
+        assert back["content"] == encoded
+        # text stays the default; the base64 text itself is written as is
+        await call(client, "sandbox_write_file", sandbox_id=sid, path="t.txt", content=encoded)
+        for bad in ("not base64!", "QUJD\nREVG", "QUJDRA"):  # junk, a line break, no padding
+            text = await call_error(
+                client,
+                "sandbox_write_file",
+                sandbox_id=sid,
+                path="bad.bin",
+                content=bad,
+                encoding="base64",
+            )
+            assert "not valid base64" in text and "nothing was written" in text, text
+        text = await call_error(
+            client, "sandbox_write_file", sandbox_id=sid, path="x", content="", encoding="hex"
+        )
+        assert "encoding" in text
+        # outside the workspace the policy refuses it as for text
+        outside = await call_error(
+            client,
+            "sandbox_write_file",
+            sandbox_id=sid,
+            path=world.victim,
+            content=encoded,
+            encoding="base64",
+        )
+        assert "victim.txt" in outside
+
+    with_client(world, body)
+    with open(os.path.join(world.workspace, "blob.bin"), "rb") as f:
+        assert f.read() == binary
+    with open(os.path.join(world.workspace, "t.txt"), encoding="ascii") as f:
+        assert f.read() == base64.b64encode(binary).decode()
+    assert not os.path.exists(os.path.join(world.workspace, "bad.bin"))
+    assert world.read(world.victim) == "original\n"
 
 
 def test_output_is_capped_with_a_marker(world: World) -> None:

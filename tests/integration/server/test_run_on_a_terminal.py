@@ -18,6 +18,10 @@ from collections.abc import Callable
 
 from tests.conftest import World, client_command
 
+from ..test_images_and_containers import built_python, needs_build, needs_podman, needs_root
+
+__all__ = ["built_python"]  # the module's fixture: one image build for the podman test
+
 READY = b"ready"
 
 
@@ -268,3 +272,136 @@ def test_ctrl_backslash_and_a_resize_reach_the_command(served: World, client: st
         os.close(fd)
         assert os.waitstatus_to_exitcode(status) == 0, (name, out)
         assert out.split() == [b"ready", b"size", b"33", b"77"], (name, out)
+
+
+class Terminal:
+    """An interactive bash with job control on a new pty: type lines, wait for output."""
+
+    def __init__(self, env: dict[str, str], cwd: str) -> None:
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:
+            try:
+                os.chdir(cwd)
+                argv = ["bash", "--norc", "--noprofile", "-i"]
+                os.execvpe("bash", argv, {**env, "PS1": "$ ", "TERM": "dumb"})
+            finally:
+                os._exit(127)
+        self.out = b""
+
+    def type(self, text: str) -> None:
+        os.write(self.fd, text.encode())
+
+    def wait_for(self, what: bytes, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while what not in self.out:
+            assert time.monotonic() < deadline, (what, self.out)
+            ready, _, _ = select.select([self.fd], [], [], 0.2)
+            if ready:
+                self.out += os.read(self.fd, 4096)
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(self.pid, 0)
+        os.close(self.fd)
+
+
+def _states(marker: str) -> dict[str, str]:
+    """The state letter of each process whose command line holds *marker*: the sandboxed
+    ``sh`` as ``"sh"``, ``corral run`` (or ``corral-client run``) as ``"corral"``."""
+    found = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+            if not any(marker.encode() in word for word in words):
+                continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except (OSError, ValueError):
+            continue
+        state = stat[stat.rfind(b")") + 2 :].split()[0].decode()
+        if words[0] == b"/bin/sh":
+            found["sh"] = state
+        elif b"run" in words[:3]:
+            found["corral"] = state
+    return found
+
+
+def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, client: str) -> None:
+    """Ctrl-Z at a shell with job control: the job stops - corral and every process in its
+    sandbox, also one that ignores SIGTSTP - and ``fg`` continues it to its normal end."""
+    counter = os.path.join(served.workspace, "count")
+    runs = _runs(served, client)
+    if client != "corral":
+        del runs["in-process"]  # once is enough: the corral client's pass runs it
+    for name, (argv, env) in runs.items():
+        marker = f"ctrl-z-{name}"
+        script = (  # typed into bash in single quotes; re""ady: the echoed line is no match
+            f'trap "" TSTP; echo {marker} >/dev/null; echo re""ady; '
+            "i=0; while [ $i -lt 30 ]; do i=$((i+1)); echo $i > count; sleep 0.1; done; "
+            'echo fini""shed'
+        )
+        terminal = Terminal(env, served.workspace)
+        if os.path.exists(counter):
+            os.unlink(counter)
+        try:
+            terminal.type(f"{' '.join(argv)} run -c '{script}'\n")
+            terminal.wait_for(b"ready")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(counter):
+                assert time.monotonic() < deadline, terminal.out
+                time.sleep(0.05)
+            terminal.type("\x1a")
+            terminal.wait_for(b"Stopped")
+            time.sleep(0.3)
+            assert _states(marker) == {"sh": "T", "corral": "T"}, name
+            with open(counter, encoding="utf-8") as f:
+                stopped_at = f.read()
+            time.sleep(0.5)
+            with open(counter, encoding="utf-8") as f:
+                assert f.read() == stopped_at, name  # nothing in the sandbox runs
+            terminal.type("fg\n")
+            terminal.wait_for(b"finished")
+            terminal.type("echo status=$?\n")
+            terminal.wait_for(b"status=0")
+            with open(counter, encoding="utf-8") as f:
+                assert f.read() == "30\n"
+        finally:
+            terminal.close()
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_at_a_terminal_reads_it_and_takes_ctrl_c(
+    served: World, client: str, built_python: str
+) -> None:
+    """podman used to stop (SIGTTIN/SIGTTOU) with the terminal on its stdin: in a session of
+    its own it reads the typed line, and Ctrl-C reaches the command's trap. The command gets
+    pipes for its output (a container engine relays its stdio: no pty)."""
+    settings = os.path.join(served.root, "podman.json")
+    with open(settings, "w") as f:
+        json.dump({"backend": "podman", "image": "corral:python"}, f)
+    runs = _runs(served, client)
+    if client != "corral":
+        del runs["in-process"]  # once is enough: the corral client's pass runs it
+    # the image the fixture built, in the caller's cache (the world has a home of its own)
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    for name, (argv, env) in runs.items():
+        env = {**env, "XDG_CACHE_HOME": cache}
+        command = [*argv, "run", "--settings", settings, "-c"]
+        script = "test -t 1 || echo no-tty; echo ready; read line; echo got=$line"
+        code, out = on_pty([*command, script], env, served.workspace, b"hello\n")
+        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"hello", b"got=hello"]), (
+            name,
+            out,
+        )
+        script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
+        code, out = on_pty([*command, script], env, served.workspace, b"\x03")
+        assert (code, out.replace(b"^C", b"").split()) == (7, [b"ready", b"trapped"]), (
+            name,
+            out,
+        )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from corral._exceptions import UsageError
@@ -119,3 +122,32 @@ def test_every_settings_target_maps_back_to_its_option() -> None:
     assert option_for_key("env.set.FOO") == "--env"
     assert option_for_key("filesystem.allowWrite[2]") == "--allow-write"
     assert option_for_key("nope") is None
+
+
+def test_command_file_is_read_like_a_c_string(tmp_path: Path) -> None:
+    path = tmp_path / "cmd"
+    path.write_bytes("echo 'it\\'s'\ngit status \xe2\x80\x8b".encode("latin-1"))
+    opts = parse_run_options(["--shell", "bash", "--command-file", str(path)])
+    assert opts.shell == os.fsdecode(path.read_bytes()) and opts.shell_program == "bash"
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "message"),
+    [
+        (None, (), "No such file or directory"),
+        (b"a\0b", (), "NUL byte"),
+        (b"true", ("-c", "true"), "not both"),
+    ],
+    ids=["missing", "nul", "with-c"],
+)
+def test_bad_command_files_are_usage_errors(
+    tmp_path: Path, content: bytes | None, args: tuple[str, ...], message: str
+) -> None:
+    path = tmp_path / "cmd"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(UsageError, match=message):
+        parse_run_options([*args, "--command-file", str(path)])
+    if content is not None and args:
+        with pytest.raises(UsageError, match=message):
+            parse_run_options(["--command-file", str(path), *args])

@@ -44,7 +44,6 @@ __all__ = [
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
 _MAX_VIOLATION_LINES = 20
-_FORWARDED_SIGNALS = (1, 2, 3, 15, 28)  # SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGWINCH: a terminal's
 
 
 class Caller:
@@ -93,16 +92,22 @@ def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
     """``corral run [OPTIONS] -- COMMAND...`` in this process.
 
     SIGHUP, SIGINT, SIGQUIT, SIGTERM and SIGWINCH sent to corral are forwarded to the command;
-    *pending* are signals that arrived before (the client tried the server first).
+    SIGTSTP (Ctrl-Z) stops the whole sandbox and then corral itself, SIGCONT continues it
+    (:data:`corral.cli._client.FORWARDED_SIGNALS`). *pending* are signals that arrived
+    before (the client tried the server first).
     """
     import _signal  # type: ignore[import-not-found]  # not signal: its enum wrappers import enum
+
+    from .._client import FORWARDED_SIGNALS, SIGTSTP, stop_like_a_job
 
     relay = SignalRelay(pending)
 
     def forward(signum: int, _frame: object) -> None:
         relay.deliver(signum)
+        if signum == SIGTSTP:
+            stop_like_a_job(forward)
 
-    previous = {sig: _signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
+    previous = {sig: _signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
     try:
         return run(args, Caller.here(), relay)
     finally:

@@ -1,0 +1,220 @@
+"""Cluster: corral.cluster on a real Ray cluster on this machine, against local runs.
+
+Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
+
+* ``exec true, local`` / ``exec true, cluster``: the median of one
+  ``exec(["true"])`` in an open :class:`corral.Sandbox` here and in an open
+  cluster sandbox (steady state); the difference is the overhead per run.
+  Target: <= 5 ms added.
+* ``ray round trip to the agent``: a no-op call of the node's agent, the
+  part of the overhead that is Ray's own.
+* ``run true, local`` / ``run true, cluster``: one-shot ``corral.run`` against
+  ``cluster.run`` (a sandbox opened, placed and closed per run).
+* ``N x sleep 30``: N sandboxes (default 1,000) each running ``sleep 30``,
+  all started at once across the workers; the row is the seconds until all
+  were running at the same time, the note says the most that ran at once,
+  how many errors (target: none) and the memory per idle sandbox (the RSS of
+  every process of the nodes' agents and their sandboxes at the peak, over
+  the same before, divided by the sandboxes running then).
+
+``CORRAL_BENCH_CLUSTER_N`` changes N, ``CORRAL_BENCH_CLUSTER_HOLD`` the
+seconds each sleeps (on a small machine N set-ups may take longer than 30 s,
+so the first sandboxes end before the last start: the note gives the most
+that ran at once).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from . import Context, Row
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+__all__ = ["run"]
+
+
+def _rss_of_tree(pids: list[int]) -> int:
+    """Bytes of resident memory of *pids* and all their descendants."""
+    from ..cluster._local import _descendants
+
+    total = 0
+    seen: set[int] = set()
+    for pid in pids:
+        for member in (pid, *_descendants(pid)):
+            if member in seen:
+                continue
+            seen.add(member)
+            try:
+                with open(f"/proc/{member}/statm", encoding="ascii") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def _paired(
+    runs: int, local: Callable[[], object], remote: Callable[[], object]
+) -> tuple[float, float, float]:
+    """Medians of *local* and *remote* timed alternately, and the median of their differences (ms)."""
+    import statistics
+
+    for _ in range(2):
+        local()
+        remote()
+    pairs = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        local()
+        middle = time.perf_counter()
+        remote()
+        pairs.append(((middle - start) * 1000, (time.perf_counter() - middle) * 1000))
+    return (
+        statistics.median(p[0] for p in pairs),
+        statistics.median(p[1] for p in pairs),
+        statistics.median(p[1] - p[0] for p in pairs),
+    )
+
+
+def _hold(
+    cluster: object, workspace: str, count: int, seconds: int
+) -> tuple[float, int, list[str], int, float]:
+    """Run *count* ``sleep SECONDS`` sandboxes at once.
+
+    Returns the seconds until all ran at the same time (NaN if they never
+    did), the errors, a few of their messages, the most that ran at the same
+    time, and the RSS of the agents' process trees at that moment.
+    """
+    import asyncio
+
+    marker = f"{seconds}.{os.getpid()}"
+
+    def running() -> int:
+        found = 0
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as f:
+                    if f.read() == f"sleep\0{marker}\0".encode():
+                        found += 1
+            except OSError:
+                continue
+        return found
+
+    async def main() -> tuple[float, int, list[str], int, float]:
+        errors: list[str] = []
+        sandboxes = [cluster.AsyncSandbox(workspace=workspace) for _ in range(count)]  # type: ignore[attr-defined]
+        start = time.monotonic()
+
+        async def one(sbx: object) -> None:
+            try:
+                async with sbx:  # type: ignore[attr-defined]
+                    outcome = await sbx.exec(["sleep", marker])  # type: ignore[attr-defined]
+                    if outcome.returncode != 0:
+                        errors.append(f"exit {outcome.returncode}: {outcome.stderr[-200:]!r}")
+            except Exception as exc:
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+        tasks = [asyncio.create_task(one(s)) for s in sandboxes]
+        all_running: float | None = None
+        most, peak = 0, 0.0
+        agents = [int(n["pid"]) for n in cluster.nodes()]  # type: ignore[attr-defined]
+        while not all(t.done() for t in tasks):
+            await asyncio.sleep(1.0)
+            now = running()
+            if now > most:
+                most, peak = now, _rss_of_tree(agents)
+            if all_running is None and now >= count - len(errors):
+                all_running = time.monotonic() - start
+        await asyncio.gather(*tasks)
+        took = float("nan") if all_running is None else all_running
+        return took, len(errors), errors[:3], most, peak
+
+    return asyncio.run(main())
+
+
+def run(ctx: Context) -> list[Row]:
+    """The rows described in the module docstring."""
+    try:
+        import ray
+    except ImportError:
+        return [
+            Row("cluster", float("nan"), note="Ray is not installed: pip install 'corral[ray]'")
+        ]
+    import corral
+    import corral.cluster
+    from corral.cluster._local import LocalCluster
+
+    count = int(os.environ.get("CORRAL_BENCH_CLUSTER_N", "1000"))
+    hold = int(os.environ.get("CORRAL_BENCH_CLUSTER_HOLD", "30"))
+    rows: list[Row] = []
+    slots = count // 2 + 10
+    with (
+        LocalCluster(workers=2, slots=slots, head_slots=0) as local,
+        corral.cluster.connect(
+            local.address, state_dir=os.path.join(ctx.workspace, "state")
+        ) as cluster,
+    ):
+        with (
+            corral.Sandbox(workspace=ctx.workspace) as sbx,
+            cluster.Sandbox(workspace=ctx.workspace) as remote,
+        ):
+            local_exec, cluster_exec, added = _paired(
+                ctx.runs, lambda: sbx.exec(["true"]), lambda: remote.exec(["true"])
+            )
+            agent = cluster._agent(remote.node)
+            round_trip = ctx.median_ms(lambda: ray.get(agent.info.remote()))
+        rows.append(Row("exec true, local", local_exec, samples=ctx.runs))
+        rows.append(
+            Row(
+                "ray round trip to the agent",
+                round_trip,
+                samples=ctx.runs,
+                note="a no-op call: Ray's share",
+            )
+        )
+        rows.append(
+            Row(
+                "exec true, cluster",
+                cluster_exec,
+                samples=ctx.runs,
+                baseline="local",
+                target="<= 5 ms added",
+                note=f"{added:+.2f} ms added per run (median of paired differences)",
+            )
+        )
+        local_run, cluster_run, added = _paired(
+            ctx.runs,
+            lambda: corral.run(["true"], workspace=ctx.workspace),
+            lambda: cluster.run(["true"], workspace=ctx.workspace),
+        )
+        rows.append(Row("run true, local", local_run, samples=ctx.runs))
+        rows.append(
+            Row(
+                "run true, cluster",
+                cluster_run,
+                samples=ctx.runs,
+                baseline="local",
+                note=f"{added:+.2f} ms added per one-shot run (placement group, open, close)",
+            )
+        )
+        before = _rss_of_tree([int(n["pid"]) for n in cluster.nodes()])
+        took, errors, samples, most, peak = _hold(cluster, ctx.workspace, count, hold)
+        per_sandbox = (peak - before) / most / 2**20 if most else float("nan")
+        rows.append(
+            Row(
+                f"{count} x sleep {hold}: all running after",
+                took,
+                unit="s",
+                samples=1,
+                target="all held at once, no error",
+                note=f"at most {most} at once; {errors} errors"
+                f"{': ' + '; '.join(samples) if samples else ''}; "
+                f"{per_sandbox:.2f} MiB per idle sandbox (RSS of the agents' trees, at the peak)",
+            )
+        )
+    return rows

@@ -1,0 +1,299 @@
+"""corral.cluster on a real three-node Ray cluster on this machine.
+
+The sandboxes run on the worker nodes, under each node's own settings and
+backends; the security properties of a local run are attempted on a worker
+and checked on that node (a Ray task pinned there reads the host). The
+node-loss test runs last: it kills a worker's raylet and brings a node back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+
+from corral import _audit
+from tests.conftest import PROBE_PYTHON, SECRET_ENV_VALUE
+from tests.integration.conftest import needs_bwrap
+
+pytestmark = [needs_bwrap, pytest.mark.slow, pytest.mark.timeout(240)]
+
+
+def on_node(node: str, function, *args):
+    """Run *function* in a Ray task pinned to *node*; its result (a check made on that node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    task = ray.remote(num_cpus=0)(function).options(
+        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)
+    )
+    return ray.get(task.remote(*args), timeout=60)
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="utf-8") as f:
+        return f.read()
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def _processes_with(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline and "pytest" not in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def _wait_gone(marker: str, limit: float = 30.0) -> list[str]:
+    deadline = time.monotonic() + limit
+    while (left := _processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_runs_on_workers_and_collects_the_audit(ray_cluster):
+    w = ray_cluster.world
+    cluster = ray_cluster.cluster
+    outcomes = [cluster.run(["sh", "-c", "echo hi; pwd"], workspace=w.workspace) for _ in range(3)]
+    assert all(o.returncode == 0 and o.stdout == f"hi\n{w.workspace}\n".encode() for o in outcomes)
+    with cluster.Sandbox(workspace=w.workspace) as sbx:
+        assert sbx.node in ray_cluster.workers  # never the head: it offers no corral resource
+        sbx.exec("echo state > /tmp/note")
+        assert sbx.exec(["cat", "/tmp/note"]).stdout == b"state\n"  # one session across calls
+        assert sbx.exec(["true"]).backend == "bubblewrap"
+        last_id = sbx.id
+    records = [json.loads(line) for _, line in _audit.iter_records(cluster.state_dir)]
+    mine = [r for r in records if r["sandbox_id"] == last_id]
+    assert len(mine) == 3
+    assert all(r["node"]["id"] == sbx.node and r["node"]["hostname"] for r in mine)
+    assert _audit.verify(cluster.state_dir)[0]  # the caller's chain holds the fleet's records
+    # the node wrote its own record too, in its own log
+    node_log = on_node(sbx.node, _read, _audit.audit_path(w.state_dir))
+    assert last_id in node_log
+
+
+def test_security_properties_hold_on_a_worker(ray_cluster):
+    w = ray_cluster.world
+    worker = ray_cluster.workers[1]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    listener.settimeout(0.2)
+    port = listener.getsockname()[1]
+    accepted: list[object] = []
+    finished = threading.Event()
+
+    def accept() -> None:
+        while True:
+            last = finished.is_set()  # one more accept after the attempts: the backlog is drained
+            try:
+                accepted.append(listener.accept())
+            except OSError:
+                if last:
+                    return
+
+    thread = threading.Thread(target=accept)
+    thread.start()
+    planted = os.path.join(w.outside, "planted.txt")
+    connect = (
+        f"import socket; s = socket.create_connection(('127.0.0.1', {port}), timeout=3); "
+        "s.sendall(b'leak')"
+    )
+    try:
+        with ray_cluster.cluster.Sandbox(workspace=w.workspace, node=worker) as sbx:
+            wrote = sbx.exec(f"echo pwned > {w.victim}; echo pwned > {planted}")
+            read = sbx.exec(["cat", w.secret])
+            env = sbx.exec("echo $SECRET_TOKEN")
+            dialed = sbx.exec([PROBE_PYTHON, "-c", connect])
+    finally:
+        finished.set()  # the attempts are over: whatever would arrive has arrived
+        thread.join()
+        listener.close()
+    assert wrote.returncode != 0
+    assert read.returncode != 0 and b"SECRET-KEY" not in read.stdout
+    assert SECRET_ENV_VALUE.encode() not in env.stdout
+    assert dialed.returncode != 0
+    assert not accepted  # nothing reached the listener
+    # checked on the node that ran them
+    assert on_node(worker, _read, w.victim) == "original\n"
+    assert not on_node(worker, _exists, planted)
+
+
+def test_preview_diff_comes_back_and_applies_on_the_node(ray_cluster):
+    w = ray_cluster.world
+    with ray_cluster.cluster.Sandbox(workspace=w.workspace, preview=True) as sbx:
+        assert sbx.exec("echo new > added.txt").returncode == 0
+        changes = sbx.diff()
+        assert [(c.path, c.kind) for c in changes] == [("added.txt", "added")]
+        assert not on_node(sbx.node, _exists, w.ws("added.txt"))  # the real workspace is untouched
+        result = sbx.apply()
+        assert "added.txt" in result.applied
+        assert on_node(sbx.node, _read, w.ws("added.txt")) == "new\n"
+    os.remove(w.ws("added.txt"))
+
+
+def test_async_twin_and_cancellation(ray_cluster):
+    w = ray_cluster.world
+    marker = f"{uuid.uuid4().int % 10_000}.{os.getpid()}"
+
+    async def main() -> tuple[bytes, list[str]]:
+        async with ray_cluster.cluster.AsyncSandbox(workspace=w.workspace) as sbx:
+            first = await sbx.exec(["echo", "async"])
+            task = asyncio.create_task(sbx.exec(["sleep", marker]))
+            for _ in range(100):
+                if _processes_with(f"sleep {marker}"):
+                    break
+                await asyncio.sleep(0.1)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return first.stdout, _wait_gone(f"sleep {marker}")
+
+    stdout, left = asyncio.run(main())
+    assert stdout == b"async\n"
+    assert left == []
+
+
+def test_map_reports_every_item(ray_cluster, tmp_path):
+    w = ray_cluster.world
+    workspaces = []
+    for name, script in (("ok", "exit 0"), ("fails", "exit 3"), ("slow", "sleep 20")):
+        ws = os.path.join(w.root, f"map-{name}")
+        os.makedirs(ws, exist_ok=True)
+        w.write(os.path.join(ws, "run.sh"), script + "\n")
+        workspaces.append(ws)
+    workspaces.append(os.path.join(w.root, "map-missing"))  # no such workspace
+    progress = tmp_path / "progress.txt"
+    with open(progress, "w") as out:
+        report = ray_cluster.cluster.map(
+            "sh run.sh", workspaces, concurrency=2, timeout="2s", progress=out
+        )
+    assert [item.status for item in report] == ["ok", "failed", "timeout", "error"]
+    assert report.items[1].outcome.returncode == 3
+    assert report.items[2].outcome.timed_out
+    assert report.items[3].error
+    assert all(item.node in ray_cluster.workers for item in report.items[:3])
+    table = report.table()
+    assert "4 items" in table and "1 ok, 1 failed, 1 timeout, 1 error" in table
+    assert len(progress.read_text().splitlines()) == 4
+
+
+def test_map_with_a_policy(ray_cluster):
+    from corral.policy import load_settings
+
+    w = ray_cluster.world
+    policy = load_settings(workspace=w.workspace, environ=w.environ).policy
+    report = ray_cluster.cluster.map(["pwd"], [w.workspace, w.outside], policy, concurrency=2)
+    assert report.ok
+    assert [item.outcome.stdout for item in report] == [
+        f"{w.workspace}\n".encode(),
+        f"{w.outside}\n".encode(),
+    ]
+
+
+_DRIVER = """
+import sys, time
+import corral.cluster
+cluster = corral.cluster.connect(sys.argv[1], state_dir=sys.argv[2])
+sbx = cluster.Sandbox(workspace=sys.argv[3])
+print("ready", flush=True)
+sbx.exec(["sleep", sys.argv[4]])
+"""
+
+
+def test_caller_killed_leaves_no_sandbox(ray_cluster, tmp_path):
+    w = ray_cluster.world
+    marker = f"{uuid.uuid4().int % 10_000}.{os.getpid() + 1}"
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _DRIVER,
+            ray_cluster.local.address,
+            str(tmp_path),
+            w.workspace,
+            marker,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "HOME": w.home},
+    )
+    try:
+        assert driver.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 30
+        while not _processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_with(f"sleep {marker}"), "the sandbox never started"
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+        driver.stdout.close()
+    assert _wait_gone(f"sleep {marker}", 60) == []
+
+
+def test_node_lost_mid_run(ray_cluster):
+    """Runs last: kills a worker's raylet, then brings a node back."""
+    w = ray_cluster.world
+    cluster = ray_cluster.cluster
+    local = ray_cluster.local
+    victim_node = ray_cluster.workers[0]
+    survivor = ray_cluster.workers[1]
+    marker = f"{uuid.uuid4().int % 10_000}.{os.getpid() + 2}"
+    from corral.cluster import NodeLost
+
+    sbx = cluster.Sandbox(workspace=w.workspace, node=victim_node)
+    agent_pid = cluster.nodes()[ray_cluster.workers.index(victim_node)]["pid"]
+    # which `ray start` process is that node's: the one the agent descends from
+    from corral.cluster._local import _descendants
+
+    node_process = next(p for p in local.nodes if agent_pid in _descendants(p.pid))
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            sbx.exec(["sleep", marker])
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not _processes_with(f"sleep {marker}") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_with(f"sleep {marker}")
+    local.kill_raylet(node_process)
+    thread.join(120)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], NodeLost), errors
+    assert victim_node in str(errors[0]) and "lost" in str(errors[0])
+    assert _wait_gone(f"sleep {marker}", 60) == []  # no orphaned sandbox on the lost node
+    local.stop_node(node_process)
+    # new runs go to the remaining node
+    for _ in range(3):
+        with cluster.Sandbox(workspace=w.workspace) as again:
+            assert again.node == survivor
+            assert again.exec(["true"]).returncode == 0
+    # the node comes back (a new raylet): nothing of the old sandboxes runs, and it serves again
+    local.add_node()
+    assert _processes_with(f"sleep {marker}") == []
+    nodes = {node["id"] for node in cluster.nodes()}
+    assert survivor in nodes and len(nodes) == 2

@@ -1,0 +1,114 @@
+"""A linked git worktree as the workspace (issue 11, Claude Code's worktree sessions).
+
+The workspace is ``repo/.claude/worktrees/X``, whose ``.git`` file points at
+``repo/.git/worktrees/X`` outside it. Under the default policy git works in
+the sandbox (status, add, commit) with real git, while every persistence
+point of the shared git directory stays protected: after the attacks, the
+host's git in the worktree and in the main repository runs nothing planted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.conftest import World, needs_bwrap
+
+from .test_git_persistence import host_git, marker, payload_config
+
+pytestmark = [needs_bwrap]
+
+
+def read_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def make_worktree(world: World) -> tuple[str, str]:
+    """``(repo, worktree)``: a repository with one commit and a linked worktree under .claude/."""
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    assert host_git(world, repo, "init", "-q").returncode == 0
+    World.write(os.path.join(repo, "README"), "main\n")
+    assert host_git(world, repo, "add", "README").returncode == 0
+    assert host_git(world, repo, "commit", "-qm", "init").returncode == 0
+    worktree = os.path.join(repo, ".claude", "worktrees", "X")
+    added = host_git(world, repo, "worktree", "add", "-q", worktree)
+    assert added.returncode == 0, added.stderr
+    return repo, worktree
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
+def test_git_works_in_a_linked_worktree_and_its_repository_stays_safe(
+    world: World, backend: str
+) -> None:
+    repo, worktree = make_worktree(world)
+    common = os.path.join(repo, ".git")
+    with open(os.path.join(worktree, ".git"), encoding="utf-8") as f:
+        pointer = f.read()
+    before = {
+        name: read_bytes(os.path.join(common, name))
+        for name in ("config", "worktrees/X/gitdir", "worktrees/X/commondir")
+    }
+    ident = "-c user.name=t -c user.email=t@example.invalid"
+    attacks = [
+        f"printf '%s' '{payload_config(world)}' > {common}/config",
+        f"printf '#!/bin/sh\\ntouch {marker(world)}\\n' > {common}/hooks/post-commit",
+        f"mkdir -p {common}/hooks && ln -s /bin/true {common}/hooks/pre-commit",
+        f"printf '[core]\\n\\tfsmonitor = touch {marker(world)}\\n' > {common}/config.worktree",
+        f"printf '[core]\\n\\tfsmonitor = touch {marker(world)}\\n'"
+        f" > {common}/worktrees/X/config.worktree",
+        f"echo {world.outside} > {common}/worktrees/X/commondir",
+        f"echo 'gitdir: {world.outside}' > .git",
+        f"echo changed > {repo}/README",  # the main working tree is not the workspace
+    ]
+    script = (
+        "set -e\n"
+        "git status --short\n"
+        "echo work > work.txt\n"
+        "git add work.txt\n"
+        f"git {ident} commit -qm 'in the sandbox'\n"
+        "git log --format=%s -1\n"
+        "set +e\n"
+        + "".join(
+            f"{attack} 2>/dev/null && echo ESCAPED: {i}\n" for i, attack in enumerate(attacks)
+        )
+        + "exit 0\n"
+    )
+    degrade = (
+        ("--allow-degraded", "isolation") if backend == "landlock" and os.geteuid() == 0 else ()
+    )
+    result = world.run(
+        script, "--backend", backend, "--isolation", "process", *degrade, cwd=worktree
+    )
+    out = result.stdout.decode()
+    assert result.returncode == 0, result.stderr
+    assert "in the sandbox" in out and "ESCAPED" not in out, out
+    # the commit landed in the shared repository, on the worktree's branch
+    log = host_git(world, repo, "log", "--format=%s", "-1", "X")
+    assert log.stdout.decode().strip() == "in the sandbox"
+    # the persistence points are as they were
+    with open(os.path.join(worktree, ".git"), encoding="utf-8") as f:
+        assert f.read() == pointer
+    for name, content in before.items():
+        assert read_bytes(os.path.join(common, name)) == content, name
+    assert not os.path.lexists(os.path.join(common, "config.worktree"))
+    assert not os.path.lexists(os.path.join(common, "worktrees", "X", "config.worktree"))
+    assert sorted(os.listdir(os.path.join(common, "hooks"))) == sorted(
+        n for n in os.listdir(os.path.join(common, "hooks")) if n.endswith(".sample")
+    )
+    with open(os.path.join(repo, "README"), encoding="utf-8") as f:
+        assert f.read() == "main\n"
+    # the user's next action: git in the worktree and in the repository runs nothing planted
+    for directory in (worktree, repo):
+        assert host_git(world, directory, "status").returncode == 0
+        host_git(world, directory, "commit", "-q", "--allow-empty", "-m", "host")
+    assert not os.path.exists(marker(world)), "the host's git ran planted code"
+
+
+def test_a_read_only_worktree_workspace_can_read_its_repository(world: World) -> None:
+    _repo, worktree = make_worktree(world)
+    result = world.run("git log --format=%s -1; touch x", "--read-only", cwd=worktree)
+    assert result.stdout.decode().startswith("init\n"), result.stderr
+    assert result.returncode != 0 and not os.path.exists(os.path.join(worktree, "x"))
