@@ -10,6 +10,8 @@ statically when the C library allows it:
 * the fast client (src/corral/native/corral-client.c) serves `corral run` and
   the Claude Code hook through the corral server without an interpreter's
   start-up; see docs/design.md ("The fast client").
+* the guest agent (src/corral/native/corral-vm-agent.c) is pid 1 of the
+  ``microvm`` backend's guests; see docs/backends/microvm.md.
 
 Set CORRAL_SKIP_NATIVE=1 to build without them (corral then reports the
 sandboxing backends that need the helper as unavailable, with the reason, and
@@ -28,7 +30,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-PROGRAMS = ("corral-exec", "corral-client")
+PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent")
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 

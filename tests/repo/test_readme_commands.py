@@ -45,6 +45,7 @@ TOOL_PACKAGES = {
     "docker": "docker.io",
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
+    "qemu-system-x86_64": "qemu-system-x86",
     "fuse-overlayfs": "fuse-overlayfs",
     "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)

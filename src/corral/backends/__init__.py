@@ -41,6 +41,7 @@ __all__ = [
     "helper_path",
     "inspect_host",
     "select_backend",
+    "unregistered",
 ]
 
 #: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
@@ -49,6 +50,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "docker": ("corral.backends.docker", "DockerBackend"),
     "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
     "landlock": ("corral.backends.landlock", "LandlockBackend"),
+    "microvm": ("corral.backends.microvm", "MicrovmBackend"),
     "none": ("corral.backends.unsandboxed", "UnsandboxedBackend"),
     "podman": ("corral.backends.podman", "PodmanBackend"),
     "seatbelt": ("corral.backends.seatbelt", "SeatbeltBackend"),
@@ -64,20 +66,27 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
     "podman": ("namespace", 150.0, False),
     "docker": ("namespace", 200.0, False),
     "gvisor": ("kernel", 250.0, False),
+    "microvm": ("vm", 2000.0, False),
     "none": ("none", 1.0, True),
 }
 
-#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``).
+#: Backends of DESIGN §3 that are not registered, and why (``corral doctor``;
+#: :func:`unregistered` adds what this host lacks for them).
 UNREGISTERED: dict[str, str] = {
-    "microvm": (
-        "not implemented in this build; on this class of machine KVM is a nested PVM that "
-        "hangs standard guests, and TCG boots take ~1.7 s per VM"
-    ),
     "boxlite": (
         "not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
         "guests, which this class of machine lacks"
     ),
+    "firecracker": "not implemented in this build (a second engine of microvm); needs KVM",
 }
+
+
+def unregistered(environ: dict[str, str]) -> dict[str, str]:
+    """:data:`UNREGISTERED` with the precise reasons for this host (binaries, KVM)."""
+    from .microvm import engine_problems
+
+    return {**UNREGISTERED, **engine_problems(environ)}
+
 
 _instances: dict[str, Backend] = {}
 

@@ -33,9 +33,11 @@ class FdSpec(Record):
         kind: ``"data"`` (a pipe carrying ``data``, e.g. a BPF program),
             ``"status"`` (the exec helper's status pipe), ``"notify-sock"``
             (the socket the broker's seccomp listener arrives on), ``"info"``
-            (bubblewrap's ``--info-fd``) or ``"block"`` (bubblewrap's
-            ``--block-fd``: the command starts when corral writes to it) or
-            ``"control"`` (a resident session's socket to its init, ``--serve``).
+            (bubblewrap's ``--info-fd``), ``"block"`` (bubblewrap's
+            ``--block-fd``: the command starts when corral writes to it),
+            ``"control"`` (a resident session's socket to its init, ``--serve``)
+            or ``"pass"`` (an fd the backend's ``launch`` opened, its number in
+            ``data``: the microvm backend's connection to a booted guest).
         data: the bytes for ``"data"`` fds.
     """
 

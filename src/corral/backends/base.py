@@ -263,6 +263,9 @@ class Backend:
     #: preview mechanisms ``plan(..., preview=spec)`` accepts (see ``PreviewSpec``);
     #: a backend without any never receives a preview: ``_runner`` refuses first
     preview_mechanisms: ClassVar[tuple[str, ...]] = ()
+    #: the backend writes the workspace only through a preview (``microvm``): a
+    #: writable ``corral run`` creates one, and a plan without one refuses
+    writes_through_preview: ClassVar[bool] = False
 
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""

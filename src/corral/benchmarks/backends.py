@@ -5,7 +5,10 @@ bwrap with the agent profile. For each backend that works here: the CLI
 ``corral run --backend NAME -- true`` in-process (``CORRAL_SERVER=off``, so
 each row includes the interpreter's start-up), and for backends with sessions
 (bubblewrap through the SDK, podman, docker) one ``exec`` of ``true`` into
-an open session, without limits.
+an open session, without limits. For ``microvm``: a cold boot per run
+(``corral run --read-only -- true``), a run whose VM comes from a warm pool
+(in-process: acquire, attach the workspace, ``true``, destroy), and the
+agent's exec round trip in one booted VM (what a session's exec costs).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from . import Context, Row, ratio
 __all__ = ["run"]
 
 NO_LIMITS = ["--memory", "none", "--pids", "none", "--timeout", "none", "--max-output", "none"]
-ISOLATION = {"landlock": "process", "gvisor": "kernel", "none": "process"}
+ISOLATION = {"landlock": "process", "gvisor": "kernel", "none": "process", "microvm": "vm"}
 
 
 def _settings(ctx: Context, name: str) -> list[str]:
@@ -72,6 +75,104 @@ def run(ctx: Context) -> list[Row]:
     for name in ("podman", "docker"):
         if works.get(name):
             rows.append(_session_row(ctx, name, raw, bare))
+    if works.get("microvm"):
+        rows.extend(_microvm_rows(ctx, raw, bare))
+    else:
+        rows.append(Row("corral run --backend microvm -- true", float("nan"), note="unavailable"))
+    return rows
+
+
+def _microvm_rows(ctx: Context, raw: float | None, bare: float) -> list[Row]:
+    """Cold boot, warm-pool run and agent round trip (TCG or KVM, as the backend chose)."""
+    import json
+    import time
+
+    from ..backends import get_backend, inspect_host
+    from ..backends._microvm_pool import VmPool
+    from ..backends.microvm import FD_CONFIG, boot_vm, set_pool, vm_config_of
+    from ..pipeline._request import ExecRequest
+    from ..pipeline._runner import launch, prepare
+    from ..policy import load_settings
+
+    runs = max(3, ctx.runs // 10)
+    rows = []
+    cold = ctx.median_cmd_ms(
+        [*ctx.corral, "run", *_settings(ctx, "microvm"), *NO_LIMITS, "--read-only", "--", "true"],
+        runs=runs,
+    )
+    policy = load_settings(
+        cwd=ctx.workspace,
+        workspace=ctx.workspace,
+        flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
+    ).policy
+    request = ExecRequest.from_argv(["true"], cwd=ctx.workspace)
+    facts, _ = inspect_host(get_backend("microvm"), request, policy, dict(os.environ))
+    accel = get_backend("microvm").accel(facts)  # type: ignore[attr-defined]
+    rows.append(
+        Row(
+            f"microvm cold boot + true ({accel}, corral run)",
+            cold,
+            samples=runs,
+            baseline="raw bwrap",
+            note=f"{ratio(cold, raw)} of raw bwrap (boot, run, power off)",
+        )
+    )
+    pool = VmPool(size=1)
+    previous = set_pool(pool)
+    try:
+        samples = []
+        for _ in range(runs):
+            prepared = prepare(request, policy, environ=os.environ)
+            config = next(f for f in prepared.plan.fds if f.number == FD_CONFIG)
+            vm_config, _share = vm_config_of(json.loads(config.data))
+            pool.refill(vm_config)
+            deadline = time.monotonic() + 120
+            while pool.idle(vm_config) < 1 and time.monotonic() < deadline:
+                time.sleep(0.05)  # not timed: the pool boots between runs
+            started = time.perf_counter()
+            outcome = launch(prepared, request)
+            samples.append((time.perf_counter() - started) * 1000)
+            if outcome.returncode != 0:
+                raise RuntimeError(f"pooled microvm run exited {outcome.returncode}")
+        samples.sort()
+        warm = samples[len(samples) // 2]
+    finally:
+        set_pool(previous)
+        pool.close()
+    rows.append(
+        Row(
+            f"microvm warm-pool acquire + true ({accel}, in-process)",
+            warm,
+            samples=len(samples),
+            baseline="raw bwrap",
+            note=f"{ratio(warm, raw)} of raw bwrap (target <= 100 ms under TCG)",
+        )
+    )
+    vm = boot_vm(vm_config)
+    try:
+        channel = vm.channel
+        assert channel is not None
+        from ..backends._microvm_vm import ExecSpec
+
+        spec = ExecSpec(argv=("true",), env=(("PATH", "/usr/bin:/bin"),), cwd="/", uid=0, gid=0)
+
+        def once() -> None:
+            for kind, payload in channel.run(spec):
+                if kind == b"X" and payload[:6] != b"exit 0":
+                    raise RuntimeError(f"true in the guest: {payload!r}")
+
+        exec_ms = ctx.median_ms(once, ctx.runs)
+    finally:
+        vm.close()
+    rows.append(
+        Row(
+            f"microvm agent exec round trip true ({accel}, one booted VM)",
+            exec_ms,
+            samples=ctx.runs,
+            baseline="raw bwrap",
+            note=f"{ratio(exec_ms, raw)} of raw bwrap (target <= 20 ms under TCG)",
+        )
+    )
     return rows
 
 

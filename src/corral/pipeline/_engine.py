@@ -226,6 +226,10 @@ class Running:
                     os.set_inheritable(self._parent_fds["notify"], False)
                     child_fds.append((fd, spec.number))
                     to_close_after_spawn.append(fd)
+                elif spec.kind == "pass":
+                    # an fd the backend's launch opened (data: its number here); it stays
+                    # the backend's to close
+                    child_fds.append((int(spec.data), spec.number))
                 else:
                     raise LaunchFailed(
                         f"Failed to prepare fd {spec.number}: unknown kind {spec.kind!r}"

@@ -77,6 +77,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any, TextIO
 
+    from ..backends._microvm_pool import VmPool
     from ..pipeline._launchers import LauncherPool
 
 __all__ = ["DEFAULT_IDLE", "Server"]
@@ -148,6 +149,8 @@ class Server:
         self.client_stamp = client_stamp()
         self.started = time.time()
         self.pool: LauncherPool | None = None
+        #: the microvm backend's warm pool (``CORRAL_VM_POOL=N``), owned here
+        self.vm_pool: VmPool | None = None
         self._want_pool = launchers
         self.pool_idle = pool_idle
         self._pool_released = False  # released while idle: the next client starts it again
@@ -342,6 +345,10 @@ class Server:
         import select
 
         assert self._listener is not None
+        if os.environ.get("CORRAL_VM_POOL", "0") != "0":  # the microvm backend's warm pool
+            from ..backends.microvm import pool_from_environ
+
+            self.vm_pool = pool_from_environ(dict(os.environ))
         previous = {
             sig: _signal.signal(sig, self._on_signal) for sig in (1, 2, 15)
         }  # SIGHUP, SIGINT, SIGTERM
@@ -474,6 +481,11 @@ class Server:
             self.pool.close()
             for problem in self.pool.errors:
                 self.log(f"launcher pool: {problem}")
+        if self.vm_pool is not None:
+            from ..backends.microvm import set_pool
+
+            set_pool(None)
+            self.vm_pool.close()
         if self._watch is not None:
             self._watch.close()
         if self._slot is not None:

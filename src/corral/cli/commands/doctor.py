@@ -49,8 +49,12 @@ def _check_backend(name: str, workspace: str) -> dict[str, object]:
             ref for ref in ("corral:python", "corral:base") if resolve_image(ref).problem is None
         ]
         policy = policy.replace(image=built[0] if built else None)
+    if backend.writes_through_preview:  # the smoke run needs no preview
+        policy = policy.replace(filesystem=policy.filesystem.replace(read_only=True))
     request = ExecRequest.from_argv(["true"], cwd=workspace)
     entry: dict[str, object] = {"backend": name, "isolation": backend.isolation}
+    if name == "microvm":
+        entry["note"] = _microvm_note()
     facts, _layout = inspect_host(backend, request, policy, dict(os.environ))
     problem = backend.problem(facts)
     if problem is not None:
@@ -84,6 +88,24 @@ def check_backends() -> list[dict[str, object]]:
         for name in sorted(BACKENDS):
             results.append(_check_backend(name, workspace))
     return results
+
+
+def _microvm_note() -> str:
+    """TCG or KVM, and what that costs (stated, not hidden)."""
+    import json
+
+    from ...backends._image_ref import image_cache_dir
+
+    try:
+        with open(
+            os.path.join(os.path.dirname(image_cache_dir()), "kvm-probe.json"), encoding="utf-8"
+        ) as f:
+            problem = json.load(f).get("problem")
+    except (OSError, ValueError, AttributeError):
+        return "KVM not probed yet"
+    if problem:
+        return f"TCG (software emulation: seconds per boot; KVM would boot in ~0.1 s): {problem}"
+    return "KVM"
 
 
 def _features() -> list[tuple[str, bool, str]]:
@@ -173,7 +195,7 @@ def matrix(
     see :mod:`corral.testing.conformance` for the statuses. *progress* is told
     what is being probed, before each step.
     """
-    from ...backends import BACKENDS, UNREGISTERED, get_backend
+    from ...backends import BACKENDS, get_backend, unregistered
     from ...testing.conformance import GUARANTEES, check
 
     def tell(text: str) -> None:
@@ -211,7 +233,7 @@ def matrix(
                 "cells": cells,
             }
         )
-    for name, reason in sorted(UNREGISTERED.items()):
+    for name, reason in sorted(unregistered(dict(os.environ)).items()):
         rows.append(
             {"backend": name, "available": False, "reason": reason, "isolation": "vm", "cells": {}}
         )
@@ -404,11 +426,11 @@ def main(args: list[str]) -> int:
     sys.stdout.write(
         f"corral doctor: Linux {uname.release} {uname.machine}, uid {os.getuid()}\n\nbackends:\n"
     )
-    from ...backends import UNREGISTERED
+    from ...backends import unregistered
 
     backends += [
         {"backend": n, "isolation": "vm", "works": False, "reason": r}
-        for n, r in sorted(UNREGISTERED.items())
+        for n, r in sorted(unregistered(dict(os.environ)).items())
     ]
     for entry in backends:
         mark = "ok " if entry["works"] else "no "
@@ -416,6 +438,8 @@ def main(args: list[str]) -> int:
         if entry["works"]:
             degraded = entry.get("degraded") or []
             line += "  works" + (f" (without: {', '.join(degraded)})" if degraded else "")  # type: ignore[arg-type]
+            if entry.get("note"):
+                line += f"; {entry['note']}"
         else:
             line += f"  {entry['reason']}"
             if entry.get("fix"):

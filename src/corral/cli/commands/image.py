@@ -51,6 +51,12 @@ def main(args: list[str]) -> int:
     build.add_argument("--mirror", help="Debian mirror (default: the host's apt source)")
     build.add_argument("--no-import", action="store_true", help="do not import into podman/docker")
     build.add_argument(
+        "--vm",
+        action="store_true",
+        help="also build what the microvm backend boots: a Debian kernel from apt "
+        "(unpacked, not installed), an initramfs with corral's guest agent, a read-only root disk",
+    )
+    build.add_argument(
         "--rebuild", action="store_true", help="ignore a cached build with the same inputs"
     )
     build.add_argument(
@@ -112,6 +118,11 @@ def main(args: list[str]) -> int:
             environ=environ,
             rebuild=ns.rebuild,
         )
+        vm = None
+        if ns.vm:
+            from ...images._vm import build_vm_image
+
+            vm = build_vm_image(image, progress=progress, rebuild=ns.rebuild)
         if tty:
             sys.stderr.write("\n")
     except CorralError as exc:
@@ -120,6 +131,8 @@ def main(args: list[str]) -> int:
     sys.stdout.write(
         f"image:   corral:{image.name}\nrootfs:  {image.rootfs}\noci:     {image.oci_layout}\n"
     )
+    if vm is not None:
+        sys.stdout.write(f"vm:      {vm.directory} (kernel {vm.release})\n")
     for engine, ref in image.engines:
         sys.stdout.write(f"{engine}:  {ref}\n")
     return 0

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from ...pipeline._launchers import LauncherPool
     from ...pipeline._outcome import Outcome
     from ...pipeline._request import ExecRequest
+    from ...policy._model import Policy
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
 
@@ -144,12 +145,69 @@ def run(
         return 0
     try:
         opts = parse_run_options(args)
+        resolved = resolve(opts, caller.environ, caller=caller)
+        if _writes_through_preview(resolved.policy) and not resolved.policy.filesystem.read_only:
+            return _run_in_new_preview(opts, resolved, caller, relay)
         return execute_options(
-            opts, caller=caller, relay=relay, launchers=launchers, prestage=prestage
+            opts,
+            resolved=resolved,
+            caller=caller,
+            relay=relay,
+            launchers=launchers,
+            prestage=prestage,
         )
     except CorralError as exc:
         caller.error(exc.message, exc.hint)
         return EXIT_USAGE
+
+
+def _writes_through_preview(policy: Policy) -> bool:
+    """Whether the policy's backend writes the workspace only through a preview
+    (``microvm``, named or the only one ``auto`` can pick for ``isolation: "vm"``)."""
+    name = policy.backend
+    if name == "auto" and policy.isolation == "vm":
+        name = "microvm"
+    if name != "microvm":  # no backend import on the hot path
+        return False
+    from ...backends import get_backend
+
+    return get_backend(name).writes_through_preview
+
+
+def _run_in_new_preview(
+    opts: RunOptions, resolved: ResolvedSettings, caller: Caller, relay: SignalRelay
+) -> int:
+    """A writable run on the microvm backend: in a new preview, kept when it has changes.
+
+    A VM writes the workspace only through a preview (docs/backends/microvm.md):
+    the changes come back for review (``corral diff``/``apply``/``discard``),
+    as with ``corral preview``; a preview with nothing in it is removed.
+    """
+    from ..._state import state_dir
+    from ...preview import Preview
+
+    preview = Preview.create(resolved.workspace, state_dir=state_dir(caller.environ))
+    try:
+        status = execute_options(
+            opts, resolved=resolved, caller=caller, relay=relay, preview=preview
+        )
+        changes = preview.changes()
+    except BaseException:
+        try:
+            if not preview.changes():
+                preview.discard()
+        except (CorralError, OSError):
+            pass  # kept: 'corral previews' lists it
+        raise
+    if not changes:
+        preview.discard()
+        return status
+    caller.error(
+        f"the micro-VM's changes are in preview {preview.id} ({changes.summary()}); review: "
+        f"'corral diff {preview.id}', land: 'corral apply {preview.id}', "
+        f"drop: 'corral discard {preview.id}'"
+    )
+    return status
 
 
 def resolve(

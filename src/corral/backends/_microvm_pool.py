@@ -1,0 +1,160 @@
+"""A warm pool of booted, idle micro-VMs, owned by whoever serves runs (the corral server).
+
+A VM under TCG takes seconds to boot; a pooled one is handed out at once.
+The interface is small on purpose, so the server can own it whatever shape
+the server takes::
+
+    pool = VmPool(size=2)               # idle VMs kept per VM configuration
+    set_pool(pool)                      # corral.backends.microvm: runs use it
+    vm = pool.acquire(config)           # a booted VM (boots one if none is idle)
+    ...                                 # the run attaches its workspace, runs, destroys it
+    pool.close()                        # powers every idle VM off
+
+Rules:
+
+* a VM is handed out **once**: the run (or session) destroys it afterwards;
+  nothing of one run can reach the next;
+* :meth:`VmPool.acquire` starts a background refill for that configuration
+  (one booting VM at a time per configuration, up to *size* idle);
+* the VMs are booted by the pool's own long-lived worker thread, because
+  qemu's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends;
+* each VM runs :data:`WARM_UP` (``sh -c true``, as root, nothing of any run)
+  once before it is idle, so a run does not pay the guest's cold caches;
+* idle VMs carry nothing of a run: no workspace is mounted before
+  :meth:`GuestVM.attach <corral.backends._microvm_vm.GuestVM.attach>`.
+
+Snapshots (``-loadvm``/migration) are not used: with the workspace attached
+after boot, a restored VM would save only the boot, which the pool already
+hides; see docs/backends/microvm.md.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from ._microvm_vm import BootFailed, GuestVM
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._microvm_vm import VmConfig
+
+__all__ = ["VmPool"]
+
+
+#: Run in every pooled VM before it is handed out: under TCG the first exec in a fresh
+#: guest pays for its page cache and qemu's code translation (hundreds of ms).
+WARM_UP = ("/bin/sh", "-c", "true")
+
+
+def _warm_up(vm: GuestVM) -> None:
+    from ._microvm_vm import ExecSpec
+
+    assert vm.channel is not None
+    spec = ExecSpec(argv=WARM_UP, env=(("PATH", "/usr/bin:/bin"),), cwd="/", uid=0, gid=0)
+    for kind, payload in vm.channel.run(spec):
+        if kind == b"F":
+            raise BootFailed(f"the warm-up command failed: {payload.decode(errors='replace')}")
+
+
+class VmPool:
+    """Booted idle VMs per :class:`VmConfig`; see the module docstring."""
+
+    def __init__(self, size: int = 1) -> None:
+        self.size = max(0, size)
+        self._idle: dict[VmConfig, list[GuestVM]] = {}
+        self._wanted: set[VmConfig] = set()
+        self._lock = threading.Lock()
+        self._jobs: queue.Queue[tuple[VmConfig, queue.Queue[object]] | None] = queue.Queue()
+        self._closed = False
+        self._worker = threading.Thread(target=self._work, name="corral-vm-pool", daemon=True)
+        self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            config, reply = job
+            vm = GuestVM(config)
+            try:
+                vm.boot()
+                _warm_up(vm)
+            except (BootFailed, OSError) as exc:
+                vm.close()
+                reply.put(exc)
+                continue
+            reply.put(vm)
+
+    def _boot(self, config: VmConfig) -> GuestVM:
+        """Boot a VM on the worker thread and wait for it."""
+        reply: queue.Queue[object] = queue.Queue()
+        self._jobs.put((config, reply))
+        result = reply.get()
+        if isinstance(result, BaseException):
+            raise result
+        assert isinstance(result, GuestVM)
+        return result
+
+    def idle(self, config: VmConfig) -> int:
+        """How many booted VMs wait for *config*."""
+        with self._lock:
+            return len(self._idle.get(config, ()))
+
+    def acquire(self, config: VmConfig) -> GuestVM:
+        """A booted VM for *config*, never handed out before; refills in the background.
+
+        Raises:
+            BootFailed: no VM was idle and one could not be booted.
+        """
+        with self._lock:
+            idle = self._idle.get(config)
+            vm = idle.pop(0) if idle else None
+            self._wanted.add(config)
+        if vm is not None and (vm.qemu is None or vm.qemu.poll() is not None):
+            vm.close()
+            vm = None  # died while idle
+        self.refill(config)
+        if vm is not None:
+            return vm
+        # none idle: boot on the caller's thread (not behind a refill on the worker); the
+        # run destroys this VM anyway, so its qemu may die with the calling thread
+        vm = GuestVM(config)
+        vm.boot()
+        return vm
+
+    def refill(self, config: VmConfig) -> None:
+        """Boot VMs for *config* in the background until *size* are idle."""
+        threading.Thread(target=self._refill, args=(config,), daemon=True).start()
+
+    def _refill(self, config: VmConfig) -> None:
+        while True:
+            with self._lock:
+                if self._closed or len(self._idle.get(config, ())) >= self.size:
+                    return
+            try:
+                vm = self._boot(config)
+            except (BootFailed, OSError):
+                return
+            with self._lock:
+                keep = not self._closed  # close() may have run while it booted
+                if keep:
+                    self._idle.setdefault(config, []).append(vm)
+            if not keep:
+                vm.close()
+                return
+
+    def destroy(self, vm: GuestVM) -> None:
+        """Destroy a VM that was handed out, off the caller's path (a background thread)."""
+        threading.Thread(target=vm.close, daemon=True).start()
+
+    def close(self) -> None:
+        """Destroy every idle VM and stop the worker (VMs handed out are their runs')."""
+        with self._lock:
+            self._closed = True
+            vms = [vm for vms in self._idle.values() for vm in vms]
+            self._idle.clear()
+        for vm in vms:
+            vm.close()
+        self._jobs.put(None)
+        self._worker.join(timeout=60)

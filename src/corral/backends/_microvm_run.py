@@ -1,0 +1,161 @@
+"""The relay of one ``microvm`` run: ``python -I -S _microvm_run.py EXEC_FD AGENT_FD``.
+
+:meth:`MicrovmBackend.launch <corral.backends.microvm.MicrovmBackend.launch>`
+boots the VM (or takes one from the warm pool) and mounts the workspace in
+it, then has corral's engine start this program (through corral's exec
+helper, in its own session) in place of the command, with the command (one
+byte, ``1`` when stdin is relayed, then the agent's 'E' frame payload) on fd
+*EXEC_FD* and the connection to the guest agent on fd *AGENT_FD*. So the
+engine's clock (``resources.timeout``), output limit, signals and stdio apply
+to the command itself, not to the boot. It relays:
+
+* its stdin (when the run has one) to the guest, its stdout and stderr back;
+* signals corral's engine sends it: SIGINT, SIGQUIT, SIGHUP, SIGUSR1,
+  SIGUSR2 and SIGWINCH go to the command's process group in the guest;
+  SIGTERM (a timeout or a stop) stops the whole guest tree (SIGTERM there,
+  SIGKILL after the grace period);
+* the command's end: it exits with the command's status, or kills itself
+  with the command's signal. ``launch`` then destroys the VM.
+
+It is a script of the standard library alone, started without ``site``
+(``-S``): its start-up is on every run's path. The frame format is the
+agent's (``src/corral/native/corral-vm-agent.c``), as in
+:class:`corral.backends._microvm_vm.Channel`. Errors before the command
+starts are printed on stderr and exit 125.
+"""
+
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import threading
+
+RELAYED = (
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGWINCH,
+)
+
+
+class Agent:
+    """The agent connection: frames out (thread-safe), frames in (buffered)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.lock = threading.Lock()
+
+    def send(self, kind: bytes, payload: bytes = b"") -> None:
+        with self.lock:
+            self.sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
+
+    def frame(self) -> "tuple[bytes, bytes] | None":
+        """A complete buffered frame, or None."""
+        if len(self.buf) < 5:
+            return None
+        (length,) = struct.unpack(">I", self.buf[1:5])
+        if len(self.buf) < 5 + length:
+            return None
+        kind, payload = self.buf[:1], self.buf[5 : 5 + length]
+        self.buf = self.buf[5 + length :]
+        return kind, payload
+
+    def fill(self) -> bool:
+        """Read what arrived; False when the VM went away."""
+        chunk = self.sock.recv(1 << 16)
+        self.buf += chunk
+        return bool(chunk)
+
+
+def _pump_stdin(agent: Agent) -> None:
+    try:
+        while True:
+            chunk = os.read(0, 65536)
+            if not chunk:
+                break
+            agent.send(b"I", chunk)
+        agent.send(b"i")
+    except OSError:
+        pass
+
+
+def _write(fd: int, data: bytes) -> None:
+    while data:
+        try:
+            n = os.write(fd, data)
+        except BrokenPipeError:
+            return
+        data = data[n:]
+
+
+def main(argv: "list[str]") -> int:
+    """Run the command in the guest and relay; see the module docstring."""
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        sys.stderr.write("usage: python -I -S _microvm_run.py EXEC_FD AGENT_FD\n")
+        return 125
+    with os.fdopen(int(argv[0]), "rb") as f:
+        exec_frame = f.read()
+    agent = Agent(socket.socket(fileno=int(argv[1])))
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    pending: list[int] = []
+
+    def on_signal(signum: int, _frame: object) -> None:
+        pending.append(signum)
+
+    signal.set_wakeup_fd(wake_w)
+    for sig in (*RELAYED, signal.SIGTERM):
+        signal.signal(sig, on_signal)
+    if signal.SIGTERM in pending:
+        return 128 + signal.SIGTERM
+    agent.send(b"E", exec_frame[1:])
+    if exec_frame[:1] == b"1":
+        threading.Thread(target=_pump_stdin, args=(agent,), daemon=True).start()
+    else:
+        agent.send(b"i")
+    while True:
+        got = agent.frame()
+        if got is None:
+            ready, _, _ = select.select([agent.sock.fileno(), wake_r], [], [])
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 512)
+                except BlockingIOError:
+                    pass
+            while pending:
+                signum = pending.pop(0)
+                agent.send(
+                    b"T" if signum == signal.SIGTERM else b"S",
+                    b"" if signum == signal.SIGTERM else bytes([signum]),
+                )
+            if agent.sock.fileno() in ready and not agent.fill():
+                sys.stderr.write("corral: the micro-VM went away\n")
+                return 125
+            continue
+        kind, payload = got
+        if kind == b"1":
+            _write(1, payload)
+        elif kind == b"2":
+            _write(2, payload)
+        elif kind == b"F":
+            sys.stderr.write(f"corral: {payload.decode('utf-8', 'replace')}\n")
+            return 127 if payload.startswith(b"exec") else 126
+        elif kind == b"X":
+            how = payload.partition(b"\0")[0].decode()
+            word, _, number = how.partition(" ")
+            if word == "signal":
+                signum = int(number)
+                signal.set_wakeup_fd(-1)
+                if signum not in (signal.SIGKILL, signal.SIGSTOP):
+                    signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+                return 128 + signum
+            return int(number)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

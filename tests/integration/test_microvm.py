@@ -1,0 +1,266 @@
+"""The microvm backend with real qemu guests: escapes, preview, a killed host side, timeout.
+
+Every test boots real VMs (TCG on this class of machine: seconds each), so
+the module boots as few as it can: one VM runs every escape attempt and the
+preview round trip, one is killed from the host mid-run, one times out. The
+VM artifacts are built once (``corral image build python --vm``, reused
+from the cache afterwards) by :func:`vm_cache`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import SECRET_ENV_VALUE, World
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0
+    or shutil.which("qemu-system-x86_64") is None
+    or shutil.which("mmdebstrap") is None,
+    reason="the microvm backend needs root, qemu-system-x86 and (to build its image) mmdebstrap",
+)
+
+
+@pytest.fixture(scope="module")
+def vm_cache() -> str:
+    """XDG_CACHE_HOME holding the python image and its VM artifacts (built once, then cached)."""
+    from corral.images import build_image, cache_root
+    from corral.images._build import ImageBuildFailed
+    from corral.images._vm import build_vm_image
+
+    try:
+        image = build_image("python", environ=dict(os.environ))
+        build_vm_image(image)
+    except ImageBuildFailed as exc:
+        pytest.skip(f"the python image cannot be built here: {exc.message}")
+    return os.path.dirname(os.path.dirname(cache_root(dict(os.environ))))
+
+
+def _qemu_processes() -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z" and ("corral-ws" in cmdline or "corral.agent" in cmdline):
+            found.append(f"{pid}: {cmdline[:120]}")
+    return found
+
+
+def _run_dirs() -> list[str]:
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")]
+
+
+@pytest.fixture
+def vm_world(world: World, vm_cache: str) -> Iterator[World]:
+    world.environ["XDG_CACHE_HOME"] = vm_cache
+    yield world
+    deadline = time.monotonic() + 10
+    while _qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.1)  # a VM powering off after its last frame
+    assert not _qemu_processes(), "qemu or virtiofsd outlived the test"
+
+
+PROBE = r"""
+import json, os, platform, socket, sys
+r = {"release": platform.release()}
+def attempt(name, fn):
+    try:
+        r[name] = ["ok", fn()]
+    except Exception as exc:
+        r[name] = ["failed", type(exc).__name__]
+def write_outside():
+    with open(sys.argv[1], "w") as f:
+        f.write("pwned")
+    return "written in the guest only"
+attempt("write_outside", write_outside)
+attempt("read_home_secret", lambda: open(sys.argv[2]).read())
+attempt("read_ws_secret", lambda: open(sys.argv[3]).read())
+def connect_tcp():
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[4])), timeout=3)
+    s.sendall(b"leak")
+    return "connected"
+attempt("tcp", connect_tcp)
+def connect_unix():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[5])
+    s.sendall(b"leak")
+    return "connected"
+attempt("unix", connect_unix)
+r["cmdlines"] = []
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            r["cmdlines"].append(open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace"))
+        except OSError:
+            pass
+r["env_token"] = os.environ.get("SECRET_TOKEN")
+r["net"] = sorted(os.listdir("/sys/class/net"))
+with open("made-in-vm.txt", "w") as f:
+    f.write("from the guest\n")
+print(json.dumps(r))
+"""
+
+
+def test_escapes_fail_and_changes_come_back_only_through_preview(vm_world: World) -> None:
+    """One guest: its own kernel; writes outside, secrets, host processes, TCP, unix sockets
+    all fail; the workspace change lands only through the preview and `corral apply`."""
+    w = vm_world
+    ws_secret = w.write(w.ws(".env"), "WS_SECRET=corral-ws-secret\n")
+    w.write(w.ws("probe.py"), PROBE)
+    before = w.tree()
+    marker = f"corral-host-marker-{os.getpid()}"
+    host_proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    listener.settimeout(0.2)
+    unix_path = w.ws("host.sock")
+    unix_listener = socket.socket(socket.AF_UNIX)
+    unix_listener.bind(unix_path)
+    unix_listener.listen(4)
+    unix_listener.settimeout(0.2)
+    received: list[str] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            for name, sock in (("tcp", listener), ("unix", unix_listener)):
+                try:
+                    conn, _ = sock.accept()
+                    received.append(name)
+                    conn.close()
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        result = w.corral(
+            "preview", "--backend", "microvm", "--deny-read", ws_secret, "--",
+            "python3", "probe.py", w.victim, w.secret, ws_secret,
+            str(listener.getsockname()[1]), unix_path,
+            timeout=300,
+        )  # fmt: skip
+    finally:
+        stop.set()
+        thread.join()
+        host_proc.kill()
+        host_proc.wait()
+        listener.close()
+        unix_listener.close()
+        os.unlink(unix_path)
+    assert result.returncode == 0, result.stderr.decode()
+    r = json.loads(result.stdout.decode().strip().splitlines()[-1])
+    assert r["release"] != os.uname().release and r["release"].endswith("-cloud-amd64")
+    assert r["write_outside"][0] == "failed" or r["write_outside"][1] == "written in the guest only"
+    assert r["read_home_secret"] == ["failed", "FileNotFoundError"]
+    assert r["read_ws_secret"][0] == "failed" or r["read_ws_secret"][1] == ""
+    assert r["tcp"][0] == "failed" and r["unix"][0] == "failed"
+    assert received == []
+    assert not any(marker in c for c in r["cmdlines"])
+    assert r["env_token"] is None
+    assert r["net"] in ([], ["lo"])
+    # the host: nothing outside changed, the workspace untouched until apply
+    after = w.tree()
+    assert after == before
+    assert not os.path.exists(w.ws("made-in-vm.txt"))
+    assert SECRET_ENV_VALUE.encode() not in result.stdout
+    preview_id = result.stderr.decode().split("preview ", 1)[1].split()[0]
+    applied = w.corral("apply", preview_id)
+    assert applied.returncode == 0, applied.stderr.decode()
+    assert w.read(w.ws("made-in-vm.txt")) == "from the guest\n"
+
+
+def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: World) -> None:
+    """SIGKILL to `corral run` mid-command: qemu and virtiofsd die, no run directory stays."""
+    w = vm_world
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "run", "--backend", "microvm", "--read-only", "--",
+         "sh", "-c", "echo started; exec sleep 60"],
+        cwd=w.workspace, env=w.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line == b"started\n", proc.stderr.read() if proc.stderr else b""
+    assert _qemu_processes()
+    assert _run_dirs() == []  # removed once the agent was ready
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    if proc.stderr is not None:
+        proc.stderr.close()
+    deadline = time.monotonic() + 10
+    while _qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _qemu_processes() == []
+    assert _run_dirs() == []
+
+
+def test_timeout_stops_the_guest_command(vm_world: World) -> None:
+    """resources.timeout counts from the command's start (not the boot) and ends it (124)."""
+    started = time.monotonic()
+    result = vm_world.corral(
+        "run", "--backend", "microvm", "--read-only", "--timeout", "3", "--",
+        "sh", "-c", "echo before; sleep 60; echo after",
+        timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 50  # boot, 3 s, grace
+    assert result.returncode == 124, result.stderr.decode()
+    assert result.stdout == b"before\n"
+    assert b"timed out after 3s" in result.stderr
+
+
+def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
+    """Pooled runs: the second run takes a VM booted in the background, never the first's;
+    closing the pool destroys the idle VMs."""
+    from corral.backends._microvm_pool import VmPool
+    from corral.backends.microvm import set_pool
+    from corral.pipeline._request import ExecRequest
+    from corral.pipeline._runner import launch, prepare
+    from corral.policy import load_settings
+
+    w = vm_world
+    policy = load_settings(
+        cwd=w.workspace,
+        workspace=w.workspace,
+        environ=w.environ,
+        flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
+    ).policy
+    script = "test -e /tmp/used && echo REUSED; touch /tmp/used; cat README"
+    pool = VmPool(size=1)
+    previous = set_pool(pool)
+    try:
+        outputs = []
+        for _ in range(2):
+            request = ExecRequest.from_argv(["sh", "-c", script], cwd=w.workspace)
+            prepared = prepare(request, policy, environ=w.environ)
+            outcome = launch(prepared, request)
+            assert outcome.returncode == 0, outcome.text("stderr")
+            outputs.append(outcome.text("stdout"))
+        assert outputs == ["hello\n", "hello\n"]  # never the same VM twice
+    finally:
+        set_pool(previous)
+        pool.close()
+    deadline = time.monotonic() + 10  # handed-out VMs are destroyed in the background
+    while _qemu_processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _qemu_processes() == []
