@@ -198,7 +198,7 @@ class HostFacts(Record):
         cgroup_problem: why cgroup limits cannot be enforced here, or ``None``.
         landlock_abi: the kernel's Landlock ABI version (0: none).
         path_kinds: ``(path, kind)`` for the paths the policy names, kind one
-            of ``"dir"``, ``"file"``, ``"other"``, ``"missing"``.
+            of ``"dir"``, ``"file"``, ``"socket"``, ``"other"``, ``"missing"``.
         environ: the host environment (the policy's allowlist picks from it).
         details: backend-specific facts gathered by ``Backend.inspect`` (tool
             paths, engine state, directory listings), as ``(name, value)``.

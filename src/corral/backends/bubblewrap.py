@@ -37,7 +37,9 @@ Not guaranteed:
 
 from __future__ import annotations
 
-from .._exceptions import BackendUnavailable, UsageError
+import os
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
 from ..policy._credentials import credential_names
 from ..policy._defaults import env_value_allowed
@@ -123,6 +125,50 @@ PROC_HIDDEN: tuple[tuple[str, str], ...] = (
 
 #: Directories that get a private, empty tmpfs in every sandbox.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+#: Directories replaced by an empty tmpfs when ``network.allowUnixSockets`` lists
+#: sockets: where services keep theirs (the named ones are bound back).
+SOCKET_DIRS = ("/run", "/var/run")
+
+
+def host_unix_listeners(*, as_other: bool) -> tuple[str, ...]:
+    """The socket files of the pathname unix sockets bound in this network namespace.
+
+    From ``/proc/net/unix``: every socket a process of the host's network
+    namespace has bound to a path (docker.sock, the session bus, ssh-agent,
+    corral's own server), wherever it lives, kept when the path is a socket
+    file now. Abstract names (``@...``) are left out: the sandbox has its own
+    network namespace, where they do not exist. With *as_other* (a root
+    caller's sandbox runs as an unrelated uid) a socket behind a directory
+    that others cannot search is left out too: the sandbox cannot reach it,
+    and bubblewrap could not mount over it.
+    """
+    import stat
+
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return ()
+    paths = {parts[7] for parts in (line.split(None, 7) for line in lines) if len(parts) == 8}
+    found = []
+    for path in sorted(p for p in paths if p.startswith("/")):
+        try:
+            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+                continue
+            if as_other and any(not os.stat(d).st_mode & stat.S_IXOTH for d in _ancestors(path)):
+                continue
+        except OSError:
+            continue
+        found.append(path)
+    return tuple(found)
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b/c`` -> ``["/", "/a", "/a/b"]``."""
+    parts = path.split("/")[1:-1]
+    return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
 
 #: Variables corral itself sets in the sandbox: (name, value, reason).
 SANDBOX_ENV: tuple[tuple[str, str, str], ...] = (
@@ -214,9 +260,26 @@ class BubblewrapBackend(Backend):
             return f"seccomp rules exist for x86_64 and aarch64 only, not {facts.arch}"
         return None
 
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
+        del request, environ
+        if not isinstance(policy.network.allow_unix_sockets, tuple):
+            return {}
+        return {
+            "unix_listeners": host_unix_listeners(as_other=os.getuid() == 0),
+            # /var/run is mostly a symlink to /run: hiding /run hides it
+            "socket_dirs": tuple(
+                d for d in SOCKET_DIRS if os.path.isdir(d) and not os.path.islink(d)
+            ),
+        }
+
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
         fs = policy.filesystem
         paths = paths_of_policy(request, policy)
+        named = policy.network.allow_unix_sockets
+        if isinstance(named, tuple):
+            paths.update(named)
         if request.tmp_dir:
             paths.add(request.tmp_dir)
         paths.update(f"/proc/{name}" for name, _reason in (*PROC_READ_ONLY, *PROC_HIDDEN))
@@ -325,6 +388,11 @@ class BubblewrapBackend(Backend):
         args += ["--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += proc_masks(facts)
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
+        named_sockets = net.allow_unix_sockets if isinstance(net.allow_unix_sockets, tuple) else ()
+        socket_dirs = facts.detail("socket_dirs", ())
+        assert isinstance(socket_dirs, tuple)
+        for directory in socket_dirs:  # every service's sockets gone; the named ones come back
+            args += ["--tmpfs", directory]  # read-only once the named sockets are bound
         caches = cache_dirs(policy, facts, degrade)
         host_writable = [*writable, *caches] + ([request.tmp_dir] if request.tmp_dir else [])
         disk = disk_limit(policy, host_writable, degrade, self.name)
@@ -390,6 +458,15 @@ class BubblewrapBackend(Backend):
             args += ["--ro-bind", source(carve), carve]
         for secret in later:
             args += ["--remount-ro", secret]
+        if named_sockets:
+            args += unix_socket_mounts(
+                named_sockets,
+                facts,
+                writable=[*host_writable, workspace],
+                hidden=[*socket_dirs, *hidden_by_tmp, *fs.deny_read],
+            )
+            for directory in socket_dirs:
+                args += ["--remount-ro", directory]
         if trust:
             # the per-run CA of the egress proxy joins the system's trust (docs/egress.md)
             args += ["--ro-bind-data", str(FD_TRUST), trust[0]]
@@ -405,6 +482,7 @@ class BubblewrapBackend(Backend):
             FdSpec(
                 number=FD_SECCOMP,
                 kind="data",
+                # a list of sockets allows socket(AF_UNIX): the mounts decide what it reaches
                 data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
             ),
         ]
@@ -558,6 +636,48 @@ def _as_user(
         i += 1
     prefix.append("--")
     return prefix, rewritten
+
+
+def unix_socket_mounts(
+    named: tuple[str, ...], facts: HostFacts, *, writable: list[str], hidden: list[str]
+) -> list[str]:
+    """The mounts that leave only the *named* host sockets reachable (docs/egress.md).
+
+    The directories in *hidden* are already empty in the sandbox (``/run``,
+    ``/var/run``, the private ``/tmp``, ``denyRead``); each named socket is
+    bound back there read-only (``connect`` works on a read-only mount, a
+    ``chmod`` does not), and every other socket bound on the host
+    (``/proc/net/unix``) that the sandbox would still see gets ``/dev/null``
+    bound over it.
+
+    Raises:
+        EnforcementUnavailable: a named socket is missing, is not a socket, or
+            lies under a directory the sandbox may write (it could replace it).
+    """
+    args: list[str] = []
+    for path in named:
+        kind = facts.kind(path)
+        problem = None
+        if kind != "socket":
+            problem = "it does not exist" if kind == "missing" else f"it is a {kind}, not a socket"
+        elif any(is_under(path, w) for w in writable):
+            problem = "it is under a directory the sandbox may write, which could replace it"
+        if problem is not None:
+            raise EnforcementUnavailable(
+                f"Failed to enforce network.allowUnixSockets: {path}: {problem}",
+                rule="network.allowUnixSockets",
+                hint="name a socket the service has created, outside the writable directories",
+            )
+        args += ["--ro-bind", path, path]
+    listeners = facts.detail("unix_listeners", ())
+    assert isinstance(listeners, tuple)
+    for path in listeners:
+        if path in named:
+            continue
+        if any(is_under(path, h) for h in hidden):
+            continue  # already gone
+        args += ["--ro-bind", "/dev/null", path]
+    return args
 
 
 def user_git_configs(facts: HostFacts) -> tuple[str, ...]:
