@@ -131,17 +131,18 @@ PRIVATE_TMP = ("/tmp", "/var/tmp")
 SOCKET_DIRS = ("/run", "/var/run")
 
 
-def host_unix_listeners(*, as_other: bool) -> tuple[str, ...]:
+def host_unix_listeners(*, as_other: bool) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The socket files of the pathname unix sockets bound in this network namespace.
 
     From ``/proc/net/unix``: every socket a process of the host's network
     namespace has bound to a path (docker.sock, the session bus, ssh-agent,
     corral's own server), wherever it lives, kept when the path is a socket
-    file now. Abstract names (``@...``) are left out: the sandbox has its own
-    network namespace, where they do not exist. With *as_other* (a root
-    caller's sandbox runs as an unrelated uid) a socket behind a directory
-    that others cannot search is left out too: the sandbox cannot reach it,
-    and bubblewrap could not mount over it.
+    file now, as ``(canonical path, closed directories)``. Abstract names
+    (``@...``) are left out: the sandbox has its own network namespace, where
+    they do not exist. With *as_other* (a root caller's sandbox runs as an
+    unrelated uid) the closed directories are the ancestors that others
+    cannot search: the plan covers such a socket only where the sandbox owns
+    them (idmapped), as bubblewrap could not mount over it otherwise.
     """
     import stat
 
@@ -151,17 +152,21 @@ def host_unix_listeners(*, as_other: bool) -> tuple[str, ...]:
     except OSError:
         return ()
     paths = {parts[7] for parts in (line.split(None, 7) for line in lines) if len(parts) == 8}
-    found = []
+    found: dict[str, tuple[str, ...]] = {}
     for path in sorted(p for p in paths if p.startswith("/")):
+        # the canonical path: bubblewrap mounts below its new root, where an absolute
+        # symlink such as /var/run -> /run would not resolve
+        real = os.path.realpath(path)
         try:
-            if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            if not stat.S_ISSOCK(os.lstat(real).st_mode):
                 continue
-            if as_other and any(not os.stat(d).st_mode & stat.S_IXOTH for d in _ancestors(path)):
-                continue
+            closed = tuple(
+                d for d in _ancestors(real) if as_other and not os.stat(d).st_mode & stat.S_IXOTH
+            )
         except OSError:
             continue
-        found.append(path)
-    return tuple(found)
+        found[real] = closed
+    return tuple(sorted(found.items()))
 
 
 def _ancestors(path: str) -> list[str]:
@@ -268,6 +273,9 @@ class BubblewrapBackend(Backend):
             return {}
         return {
             "unix_listeners": host_unix_listeners(as_other=os.getuid() == 0),
+            "unix_named": tuple(
+                (p, os.path.realpath(p)) for p in policy.network.allow_unix_sockets
+            ),
             # /var/run is mostly a symlink to /run: hiding /run hides it
             "socket_dirs": tuple(
                 d for d in SOCKET_DIRS if os.path.isdir(d) and not os.path.islink(d)
@@ -463,7 +471,10 @@ class BubblewrapBackend(Backend):
                 named_sockets,
                 facts,
                 writable=[*host_writable, workspace],
-                hidden=[*socket_dirs, *hidden_by_tmp, *fs.deny_read],
+                hidden=[*socket_dirs, *hidden_by_tmp],
+                deny_read=fs.deny_read,
+                carves=carves,
+                owned=[*host_writable, workspace, facts.home, ROOT_HOME],
             )
             for directory in socket_dirs:
                 args += ["--remount-ro", directory]
@@ -639,43 +650,66 @@ def _as_user(
 
 
 def unix_socket_mounts(
-    named: tuple[str, ...], facts: HostFacts, *, writable: list[str], hidden: list[str]
+    named: tuple[str, ...],
+    facts: HostFacts,
+    *,
+    writable: list[str],
+    hidden: list[str],
+    deny_read: tuple[str, ...],
+    carves: list[str],
+    owned: list[str],
 ) -> list[str]:
     """The mounts that leave only the *named* host sockets reachable (docs/egress.md).
 
-    The directories in *hidden* are already empty in the sandbox (``/run``,
-    ``/var/run``, the private ``/tmp``, ``denyRead``); each named socket is
-    bound back there read-only (``connect`` works on a read-only mount, a
-    ``chmod`` does not), and every other socket bound on the host
-    (``/proc/net/unix``) that the sandbox would still see gets ``/dev/null``
-    bound over it.
+    The directories in *hidden* and *deny_read* are already empty in the
+    sandbox (``/run``, the private ``/tmp``, secrets) except for what *carves*
+    (``allowRead``) re-exposes; *owned* are the directories idmapped to a
+    root caller's sandbox uid. Each named socket is bound back read-only
+    (``connect`` works on a read-only mount, a ``chmod`` does not), and every
+    other socket bound on the host (``/proc/net/unix``) that the sandbox would
+    still see gets ``/dev/null`` bound over it.
 
     Raises:
-        EnforcementUnavailable: a named socket is missing, is not a socket, or
-            lies under a directory the sandbox may write (it could replace it).
+        EnforcementUnavailable: a named socket is missing, is not a socket, lies
+            under a directory the sandbox may write (it could replace it), or
+            under ``denyRead``.
     """
+
+    def gone(path: str) -> bool:
+        return any(is_under(path, h) for h in (*hidden, *deny_read)) and not any(
+            is_under(path, c) for c in carves
+        )
+
     args: list[str] = []
+    pairs = facts.detail("unix_named", ())
+    assert isinstance(pairs, tuple)
+    real: dict[str, str] = dict(pairs)
+    bound: set[str] = set()
     for path in named:
         kind = facts.kind(path)
+        target = real.get(path, path)
         problem = None
         if kind != "socket":
             problem = "it does not exist" if kind == "missing" else f"it is a {kind}, not a socket"
-        elif any(is_under(path, w) for w in writable):
+        elif any(is_under(p, w) for w in writable for p in (path, target)):
             problem = "it is under a directory the sandbox may write, which could replace it"
+        elif any(is_under(target, d) for d in deny_read) and gone(target):
+            problem = "it is under filesystem.denyRead"
         if problem is not None:
             raise EnforcementUnavailable(
                 f"Failed to enforce network.allowUnixSockets: {path}: {problem}",
                 rule="network.allowUnixSockets",
                 hint="name a socket the service has created, outside the writable directories",
             )
-        args += ["--ro-bind", path, path]
+        args += ["--ro-bind", path, target]
+        bound.add(target)
     listeners = facts.detail("unix_listeners", ())
     assert isinstance(listeners, tuple)
-    for path in listeners:
-        if path in named:
+    for path, closed in listeners:
+        if path in bound or gone(path):
             continue
-        if any(is_under(path, h) for h in hidden):
-            continue  # already gone
+        if any(not any(is_under(d, o) for o in owned) for d in closed):
+            continue  # behind a directory the sandbox's uid cannot search
         args += ["--ro-bind", "/dev/null", path]
     return args
 
