@@ -74,9 +74,7 @@ ENV_MAP = "env-map"  # {NAME: "value"}
 PATH_MAP = "path-map"  # {name: path}
 PROFILES = "profiles"  # {name: {...overrides}}
 
-SCALAR_KINDS = frozenset(
-    {STRING, ENUM, BOOL, INT, NUMBER, SIZE, DURATION, PATH, UNIX_SOCKETS}
-)
+SCALAR_KINDS = frozenset({STRING, ENUM, BOOL, INT, NUMBER, SIZE, DURATION, PATH, UNIX_SOCKETS})
 LIST_KINDS = frozenset(
     {
         STRINGS,

@@ -143,7 +143,7 @@ def test_the_corral_server_socket_stays_unreachable(world: World) -> None:
         sock = os.path.join(server_dir, "server.sock")
         assert os.path.exists(sock)
         with servers(svc) as (named,):
-            settings = {
+            settings: dict[str, object] = {
                 "network": {"allowUnixSockets": [svc]},
                 "filesystem": {"allowRead": [server_dir]},
             }
