@@ -431,7 +431,9 @@ class ContainerBackend(Backend):
         from ._seccomp import compile_filter
         from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
 
-        deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+        # a list of sockets is refused before the plan (check_unix_sockets): fail closed
+        unix = net.allow_unix_sockets is True
+        deny_rules = DENY_RULES if unix else (*DENY_RULES, unix_socket_rule())
         files: tuple[tuple[str, bytes], ...] = ()
         if not self.passes_fds:
             # every process runs under corral's filter: the helper, bound in with

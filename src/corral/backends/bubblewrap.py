@@ -44,7 +44,7 @@ from ..pipeline._request import redact
 from ..policy._credentials import credential_names
 from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
-from ._egress import egress_spec, injected_credentials
+from ._egress import check_unix_sockets, egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment, trust_environment
 from .base import (
@@ -399,6 +399,14 @@ class BubblewrapBackend(Backend):
         named_sockets = net.allow_unix_sockets if isinstance(net.allow_unix_sockets, tuple) else ()
         socket_dirs = facts.detail("socket_dirs", ())
         assert isinstance(socket_dirs, tuple)
+        if named_sockets:
+            check_unix_sockets(policy, self.name)  # "open" mode
+            if facts.detail("unix_listeners") is None:  # facts not from this backend's inspect
+                raise EnforcementUnavailable(
+                    "Failed to enforce network.allowUnixSockets: the host's sockets were not "
+                    "listed (facts gathered without the bubblewrap backend's inspect)",
+                    rule="network.allowUnixSockets",
+                )
         for directory in socket_dirs:  # every service's sockets gone; the named ones come back
             args += ["--tmpfs", directory]  # read-only once the named sockets are bound
         caches = cache_dirs(policy, facts, degrade)
