@@ -152,6 +152,12 @@ def test_the_corral_server_socket_stays_unreachable(world: World) -> None:
             seen = answers(result.stdout)
             assert seen == {svc: "OK pong", sock: "ERR ECONNREFUSED"}, seen
             assert named.accepted == 1
+            # named on purpose, it is reached: the server's peer checks refuse the sandbox
+            settings["network"] = {"allowUnixSockets": [sock]}
+            result = run(world, settings, sock)
+            assert result.returncode == 0, result.stderr
+            reply = answers(result.stdout)[sock]
+            assert reply.startswith("OK") and '"refused"' in reply, reply
     finally:
         stop(world)
 
