@@ -683,9 +683,9 @@ def unix_socket_mounts(
             under ``denyRead``.
     """
 
-    def gone(path: str) -> bool:
+    def gone(path: str) -> bool:  # hidden, and not bound back in (workspace, allowRead ...)
         return any(is_under(path, h) for h in (*hidden, *deny_read)) and not any(
-            is_under(path, c) for c in carves
+            is_under(path, c) for c in (*carves, *writable)
         )
 
     args: list[str] = []

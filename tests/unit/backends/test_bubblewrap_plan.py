@@ -442,6 +442,15 @@ def test_a_unix_socket_list_hides_run_and_covers_every_other_listener() -> None:
     assert "/dev/null /run/" not in args  # under the empty /run already
     assert "/srv/closed/x.sock" not in args  # the sandbox's uid cannot reach it
     assert f"{HOME}/.ssh/agent.sock" not in args  # under denyRead
+    # a workspace under /run is bound back over the empty /run: its sockets are covered
+    ws = "/run/user/1000/ws"
+    p = socket_policy()
+    p = p.replace(filesystem=p.filesystem.replace(workspace=ws))
+    f = socket_facts(unix_listeners=((f"{ws}/app.sock", ()),))
+    f = f.replace(path_kinds=(*f.path_kinds, (ws, "dir")))
+    req = ExecRequest.from_argv(["true"], cwd=ws, sandbox_id="sbx-000000000001")
+    args = " ".join(BubblewrapBackend().plan(req, p, f).argv)
+    assert args.index("--tmpfs /run ") < args.index(f"--ro-bind /dev/null {ws}/app.sock")
     # socket(AF_UNIX) is allowed: the mounts decide what it reaches
     (seccomp,) = [fd for fd in plan.fds if fd.number == 4]
     assert seccomp.data == compile_filter(DENY_RULES, arch="x86_64", deny_unknown=True)
