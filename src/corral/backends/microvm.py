@@ -43,8 +43,9 @@ prints its id and keeps it when the command changed something). Where the
 plan is asked for a writable workspace without a preview it refuses (exit
 125, rule ``filesystem.workspace``).
 
-Refused unless degraded: ``network.mode = "open"``, ``credentials``, ``filesystem.allowWrite`` and ``caches``
-(only the workspace is shared), ``resources.cpuTime`` and ``resources.disk``.
+Refused unless degraded: ``network.mode = "open"``, ``credentials``,
+``filesystem.allowWrite`` and ``caches`` (only the workspace is shared),
+``resources.cpuTime`` and ``resources.disk``.
 
 KVM is used when ``/dev/kvm`` boots a standard guest (probed once per host
 boot, with a bounded timeout: see :func:`kvm_problem`); otherwise TCG,
@@ -526,7 +527,9 @@ class MicrovmBackend(Backend):
             from ._microvm_vm import GUEST_PROXY
             from ._proxy_env import proxy_environment
 
-            env = (*env, *proxy_environment(GUEST_PROXY[1], egress.token, host=GUEST_PROXY[0]))
+            # over any variable of the same name (as on bubblewrap): one value per name
+            proxy = proxy_environment(GUEST_PROXY[1], egress.token, host=GUEST_PROXY[0])
+            env = tuple({**dict(env), **dict(proxy)}.items())
         config = {
             "vm": {
                 "qemu": facts.detail("qemu"),

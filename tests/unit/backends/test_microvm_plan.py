@@ -105,13 +105,15 @@ def test_allowlist_gives_the_vm_one_restricted_nic_to_the_proxy() -> None:
         network=policy.network.replace(mode="allowlist", allow=("pypi.org", "localhost:8000"))
     )
     facts = _facts(socat="/usr/bin/socat").replace(egress_token="tok")
+    policy = policy.replace(env=policy.env.replace(set=(("HTTPS_PROXY", "http://mine:1"),)))
     plan = get_backend("microvm").plan(_request(), policy, facts)
     assert plan.egress is not None
     assert plan.egress.netns == "unix" and plan.egress.allow == ("pypi.org", "localhost:8000")
     assert plan.egress.forwards == ()  # the guest's loopback is its own
     config = _config(plan)
     env = dict(config["exec"]["env"])  # type: ignore[index]
-    assert env["HTTPS_PROXY"] == "http://corral:tok@10.0.2.100:3128"
+    assert env["HTTPS_PROXY"] == "http://corral:tok@10.0.2.100:3128"  # corral's, not env.set's
+    assert [k for k, _v in config["exec"]["env"]].count("HTTPS_PROXY") == 1  # type: ignore[index]
     vm, _share = vm_config_of(config)
     assert vm.net == "/usr/bin/socat"
     argv = qemu_argv(vm, "/run/a.sock", "/run/f.sock", "/run/e.sock")
