@@ -534,9 +534,10 @@ CORE_KEYS: tuple[Key, ...] = (
         description=(
             "Disk space the command may fill: each private temporary directory (/tmp, "
             "/var/tmp) and /dev/shm is a tmpfs of this size (bubblewrap, gVisor, podman, "
-            "docker); on bubblewrap /dev itself is then read-only. Not covered: /dev of podman "
-            "and docker (their own 64 MiB tmpfs) and of gVisor (bounded by resources.memory "
-            "only). Writes to "
+            "docker); on bubblewrap /dev itself is then read-only. /dev of gVisor, podman and "
+            "docker is their own tmpfs, writable when the command is uid 0 inside (a root "
+            "caller with an image or with isolation degraded): gVisor then refuses the rule, "
+            "podman and docker refuse a size under their 64 MiB. Writes to "
             "the workspace, `allowWrite` paths and `caches` go to the host filesystem, which "
             "has no per-sandbox quota: with any of them writable the run is refused (exit 125) "
             "unless `allowDegraded` lists resources.disk. Landlock and Seatbelt (host "
