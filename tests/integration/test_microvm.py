@@ -209,10 +209,24 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     if proc.stderr is not None:
         proc.stderr.close()
     deadline = time.monotonic() + 10
-    while _qemu_processes() and time.monotonic() < deadline:
+    while (_qemu_processes() or _in_directory(w.workspace)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _qemu_processes() == []
+    assert _in_directory(w.workspace) == []  # nothing of the run (relay, daemons) is left
     assert _run_dirs() == []
+
+
+def _in_directory(path: str) -> list[str]:
+    """Processes (zombies included) whose working directory is *path*."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                if os.readlink(f"/proc/{pid}/cwd") == path:
+                    found.append(pid)
+            except OSError:
+                continue
+    return found
 
 
 def test_timeout_stops_the_guest_command(vm_world: World) -> None:

@@ -308,6 +308,7 @@ def _cold_row(ctx: Context, warm: float) -> Row:
                 check=True,
             )
             times.append((time.perf_counter() - start) * 1000)
+            _wait_for_server(ctx, server.env)  # the run started it in the background
     times.sort()
     value = times[len(times) // 2]
     return Row(
@@ -318,6 +319,23 @@ def _cold_row(ctx: Context, warm: float) -> Row:
         target="<= 1.5x",
         note=ratio(value, warm + py),
     )
+
+
+def _wait_for_server(ctx: Context, env: dict[str, str], within: float = 10.0) -> None:
+    """Wait until the server a ``corral run`` started in the background answers.
+
+    Otherwise the next ``corral server --stop`` may come before it listens, and
+    a server started after its state directory was removed would outlive the bench.
+    """
+    import subprocess
+    import time
+
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        status = [*ctx.corral, "server", "--status"]
+        if subprocess.run(status, env=env, capture_output=True, check=False).returncode == 0:
+            return
+        time.sleep(0.05)
 
 
 def _api_rows(ctx: Context, raw: float | None) -> list[Row]:
