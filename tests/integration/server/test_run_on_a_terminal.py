@@ -33,12 +33,15 @@ def on_pty(
     *,
     wait_for: bytes = READY,
     then: Callable[[], None] | None = None,
+    modes: list[list[object]] | None = None,
 ) -> tuple[int, bytes]:
     """Run *argv* with a new pty as its controlling terminal; once *wait_for* shows, type *keys*
-    and call *then*.
+    and call *then*. *modes* receives the terminal's mode (``tcgetattr``) before and after.
 
     Returns the exit status (negative: killed by that signal) and all it wrote.
     """
+    import termios
+
     pid, fd = pty.fork()
     if pid == 0:  # the child is a session leader; the pty is its terminal
         try:
@@ -46,6 +49,8 @@ def on_pty(
             os.execvpe(argv[0], argv, env)
         finally:
             os._exit(127)
+    if modes is not None:
+        modes.append(termios.tcgetattr(fd))
     out = b""
     typed = False
     deadline = time.monotonic() + 35
@@ -69,6 +74,8 @@ def on_pty(
     else:
         os.kill(pid, 9)
     _, status = os.waitpid(pid, 0)
+    if modes is not None:
+        modes.append(termios.tcgetattr(fd))
     os.close(fd)
     return os.waitstatus_to_exitcode(status), out
 
@@ -373,34 +380,108 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
             terminal.close()
 
 
-@needs_root
-@needs_build
-@needs_podman
-def test_podman_at_a_terminal_reads_it_and_takes_ctrl_c(
-    served: World, client: str, built_python: str
-) -> None:
-    """podman used to stop (SIGTTIN/SIGTTOU) with the terminal on its stdin: in a session of
-    its own it reads the typed line, and Ctrl-C reaches the command's trap. The command gets
-    pipes for its output (a container engine relays its stdio: no pty)."""
-    settings = os.path.join(served.root, "podman.json")
+def _engine_runs(
+    served: World, client: str, engine: str
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """:func:`_runs` with *engine* and the built ``corral:python`` image (settings in the world)."""
+    settings = os.path.join(served.root, f"{engine}.json")
     with open(settings, "w") as f:
-        json.dump({"backend": "podman", "image": "corral:python"}, f)
+        json.dump({"backend": engine, "image": "corral:python"}, f)
     runs = _runs(served, client)
     if client != "corral":
         del runs["in-process"]  # once is enough: the corral client's pass runs it
     # the image the fixture built, in the caller's cache (the world has a home of its own)
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    for name, (argv, env) in runs.items():
-        env = {**env, "XDG_CACHE_HOME": cache}
-        command = [*argv, "run", "--settings", settings, "-c"]
-        script = "test -t 1 || echo no-tty; echo ready; read line; echo got=$line"
-        code, out = on_pty([*command, script], env, served.workspace, b"hello\n")
-        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"hello", b"got=hello"]), (
-            name,
-            out,
+    return {
+        name: ([*argv, "run", "--settings", settings], {**env, "XDG_CACHE_HOME": cache})
+        for name, (argv, env) in runs.items()
+    }
+
+
+def _engine_at_a_terminal(served: World, client: str, engine: str) -> None:
+    """At a terminal the engine gives the command a pty (``-i -t``): it sees a terminal on
+    stdin, stdout and stderr; it reads the typed line; Ctrl-C reaches its trap; the output cap
+    and the audit digest hold over the engine's one stream (stdout and stderr merged, with the
+    pty's ``\\r\\n``); the terminal's mode, which the engine sets raw, is restored after every run,
+    also after a Ctrl-C and a timeout."""
+    for name, (command, env) in _engine_runs(served, client, engine).items():
+        modes: list[list[object]] = []
+        script = (
+            "import sys; print('ready', *(s.isatty() for s in (sys.stdin, sys.stdout, sys.stderr)))"
         )
+        code, out = on_pty(
+            [*command, "--", "python3", "-c", script], env, served.workspace, modes=modes
+        )
+        assert (code, out.split()) == (0, [b"ready", b"True", b"True", b"True"]), (name, out)
+        assert modes[0] == modes[1], name
+
+        script = "echo ready; read line; echo got=$line; echo err >&2"
+        code, out = on_pty([*command, "-c", script], env, served.workspace, b"hello\n", modes=modes)
+        assert (code, out.split()) == (0, [b"ready", b"hello", b"got=hello", b"err"]), (name, out)
+        assert modes[2] == modes[3], name
+        record = json.loads(served.corral("audit", "--json", "-n", "1").stdout)
+        merged = b"ready\r\nhello\r\ngot=hello\r\nerr\r\n"  # the typed line is the pty's echo
+        assert record["stdout"]["sha256"] == hashlib.sha256(merged).hexdigest(), (name, record)
+
         script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
-        code, out = on_pty([*command, script], env, served.workspace, b"\x03")
+        code, out = on_pty([*command, "-c", script], env, served.workspace, b"\x03", modes=modes)
+        assert (code, out.replace(b"^C", b"").split()) == (7, [b"ready", b"trapped"]), (name, out)
+        assert modes[4] == modes[5], name
+
+        script = "echo ready; head -c 100000 /dev/zero; echo after"
+        code, out = on_pty(
+            [*command, "--max-output", "1K", "-c", script], env, served.workspace, modes=modes
+        )
+        assert code == 0, (name, out[-300:])
+        assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
+        assert b"output limit (resources.output) reached" in out, (name, out[-300:])
+        assert modes[6] == modes[7], name
+
+        code, out = on_pty(
+            [*command, "--timeout", "2s", "-c", "echo ready; sleep 100"],
+            env,
+            served.workspace,
+            modes=modes,
+        )
+        assert code != 0 and b"ready" in out, (name, out)
+        assert modes[8] == modes[9], name
+
+        # --no-tty: pipes, as before (the terminal stays only stdin)
+        code, out = on_pty(
+            [*command, "--no-tty", "-c", "test -t 1 || echo no-tty; echo ready"],
+            env,
+            served.workspace,
+        )
+        assert (code, out.split()) == (0, [b"no-tty", b"ready"]), (name, out)
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_at_a_terminal_gives_the_command_a_pty(
+    served: World, client: str, built_python: str
+) -> None:
+    _engine_at_a_terminal(served, client, "podman")
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_with_a_file_on_stdin_keeps_pipes_and_takes_ctrl_c(
+    served: World, client: str, built_python: str
+) -> None:
+    """podman used to stop (SIGTTIN/SIGTTOU) with the terminal on its stdin: in a session of
+    its own it runs, and Ctrl-C reaches the command's trap. With a file on its
+    stdin the command gets pipes for its output (the engine's pty needs all three on the
+    terminal), and Ctrl-C still reaches it (as a signal corral relays: no raw mode)."""
+    for name, (command, env) in _engine_runs(served, client, "podman").items():
+        World.write(served.ws("typed"), "hello\n")
+        piped = ["/bin/sh", "-c", 'exec "$@" <typed', "sh", *command, "-c"]
+        script = "test -t 1 || echo no-tty; echo ready; read line; echo got=$line"
+        code, out = on_pty([*piped, script], env, served.workspace)
+        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"got=hello"]), (name, out)
+        script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
+        code, out = on_pty([*piped, script], env, served.workspace, b"\x03")
         assert (code, out.replace(b"^C", b"").split()) == (7, [b"ready", b"trapped"]), (
             name,
             out,
