@@ -228,7 +228,7 @@ class ContainerBackend(Backend):
         ):
             # at a terminal (decided at launch) the engine gives the command a pty of its own
             # (-i -t); its output - stdout and stderr merged by the engine - still reaches
-            # corral, which relays, caps and digests it (docs/backends.md, "At a terminal")
+            # corral, which relays, caps and digests it (docs/design.md, "Output on a terminal")
             on_terminal = self._plan(
                 request.replace(tty=True, output_tty=False), policy, facts, session=None
             )
