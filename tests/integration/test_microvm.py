@@ -178,7 +178,7 @@ def test_escapes_fail_and_changes_come_back_only_through_preview(vm_world: World
     assert received == []
     assert not any(marker in c for c in r["cmdlines"])
     assert r["env_token"] is None
-    assert r["net"] in ([], ["lo"])
+    assert r["net"] == ["lo"]  # no NIC (network.mode none)
     # the host: nothing outside changed, the workspace untouched until apply
     after = w.tree()
     assert after == before
@@ -264,3 +264,89 @@ def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
     while _qemu_processes() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _qemu_processes() == []
+
+
+NET_PROBE = r"""
+import json, os, socket, sys, urllib.request
+port = int(sys.argv[1])
+r = {"proxy": os.environ.get("HTTP_PROXY", "").rsplit("@", 1)[-1]}
+r["net"] = sorted(os.listdir("/sys/class/net"))
+r["allowed"] = urllib.request.urlopen(f"http://example.test:{port}/ok", timeout=30).read().decode()
+try:
+    urllib.request.urlopen(f"http://evil.test:{port}/evil", timeout=30)
+    r["denied"] = "reached"
+except Exception as exc:
+    r["denied"] = str(exc)
+# direct connections bypassing the proxy: the host (slirp's 10.0.2.2 is its loopback),
+# the proxy's address on another port, the guest's own loopback, the internet
+for host in ("10.0.2.2", "10.0.2.100", "127.0.0.1", "1.1.1.1"):
+    try:
+        socket.create_connection((host, port), timeout=3).sendall(b"GET /direct HTTP/1.0\r\n\r\n")
+        r[host] = "connected"
+    except OSError as exc:
+        r[host] = type(exc).__name__
+print(json.dumps(r))
+"""
+
+
+def test_allowlist_reaches_only_the_proxy_with_the_attempt_log(vm_world: World) -> None:
+    """network.mode=allowlist: the guest's one NIC reaches corral's proxy and nothing else;
+    an allowed host answers through it, a not-allowed one is refused and is a violation."""
+    import http.server
+
+    from corral.pipeline._request import ExecRequest
+    from corral.pipeline._runner import launch, prepare
+    from corral.policy import load_settings
+
+    w = vm_world
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            body = b"through the proxy"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    hosts = w.write(os.path.join(w.root, "hosts"), "127.0.0.1 example.test evil.test\n")
+    environ = {**w.environ, "CORRAL_EGRESS_HOSTS": hosts}
+    w.write(w.ws("net_probe.py"), NET_PROBE)
+    policy = load_settings(
+        cwd=w.workspace,
+        workspace=w.workspace,
+        environ=environ,
+        flags={
+            "backend": "microvm",
+            "isolation": "vm",
+            "filesystem": {"readOnly": True},
+            "network": {"mode": "allowlist", "allow": ["example.test", f"127.0.0.1:{port}"]},
+        },
+    ).policy
+    try:
+        request = ExecRequest.from_argv(["python3", "net_probe.py", str(port)], cwd=w.workspace)
+        outcome = launch(prepare(request, policy, environ=environ), request)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcome.returncode == 0, outcome.text("stderr")
+    r = json.loads(outcome.text("stdout").strip().splitlines()[-1])
+    assert r["proxy"] == "10.0.2.100:3128"
+    assert r["net"] == ["eth0", "lo"]
+    assert r["allowed"] == "through the proxy"
+    assert "403" in r["denied"]
+    assert all(r[h] != "connected" for h in ("10.0.2.2", "10.0.2.100", "127.0.0.1", "1.1.1.1"))
+    assert paths == ["/ok"]  # nothing reached the host's server but the allowed request
+    decisions = {(a.host, a.decision) for a in outcome.network}
+    assert decisions == {("example.test", "allow"), ("evil.test", "deny")}
+    assert [(v.kind, v.target) for v in outcome.violations] == [("network", f"evil.test:{port}")]
+    # the proxy's socket and the VM's run directory (named after this process) are gone
+    assert [n for n in _run_dirs() if n.startswith(f"corral-vm-{os.getpid()}-")] == []

@@ -207,6 +207,8 @@ def _kind(path: str) -> str:
         return "dir"
     if stat.S_ISREG(st.st_mode):
         return "file"
+    if stat.S_ISSOCK(st.st_mode):
+        return "socket"
     return "other"
 
 
@@ -250,9 +252,10 @@ def inspect_host(
                     credential_files.append((credential.source, secret))
     egress_ca: tuple[bytes, bytes] | tuple[()] = ()
     bundle: tuple[str, bytes] | tuple[()] = ()
-    from ._egress import check_request_rules, needs_termination
+    from ._egress import check_request_rules, check_unix_sockets, needs_termination
 
     check_request_rules(policy, terminating=True, backend=backend.name)  # "open" mode
+    check_unix_sockets(policy, backend.name)
     if needs_termination(request, policy):  # request rules, masked credentials: docs/egress.md
         from ..egress._tls import make_ca
 

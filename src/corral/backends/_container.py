@@ -65,6 +65,9 @@ SANDBOX_FILTER = "/dev/.corral-seccomp"
 #: Directories that get a private, empty tmpfs in every container.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
 
+#: The size of the /dev tmpfs podman and docker give a container (corral cannot set it).
+CONTAINER_DEV_SIZE = 64 << 20
+
 #: The engine CLI's own environment: only what it needs (never the sandbox's).
 _ENGINE_ENV = (
     "PATH",
@@ -404,6 +407,15 @@ class ContainerBackend(Backend):
             ]
             volumes = [f"the cache volume corral-cache-{name}" for name, _path in policy.caches]
             disk = disk_limit(policy, [*writable, *volumes], degrade, self.name)
+            if disk and disk < CONTAINER_DEV_SIZE and facts.uid == 0:
+                # the engine's own /dev tmpfs is writable by the container's uid 0
+                degrade.cannot(
+                    "resources.disk",
+                    f"{self.name}'s /dev is its own 64 MiB tmpfs, writable by the command's "
+                    "uid 0, so a smaller quota would not hold there",
+                    fix="set resources.disk to 64M or more, run as a non-root user, or use "
+                    "--backend bubblewrap",
+                )
             for tmp in PRIVATE_TMP:
                 # before the binds: a workspace under /tmp is mounted over it
                 args += self.tmpfs(tmp, size=disk)
@@ -445,7 +457,9 @@ class ContainerBackend(Backend):
         from ._seccomp import compile_filter
         from ._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
 
-        deny_rules = DENY_RULES if net.allow_unix_sockets else (*DENY_RULES, unix_socket_rule())
+        # a list of sockets is refused before the plan (check_unix_sockets): fail closed
+        unix = net.allow_unix_sockets is True
+        deny_rules = DENY_RULES if unix else (*DENY_RULES, unix_socket_rule())
         files: tuple[tuple[str, bytes], ...] = ()
         if not self.passes_fds:
             # every process runs under corral's filter: the helper, bound in with

@@ -84,6 +84,36 @@ def local_forwards(allow: tuple[str, ...]) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(forwards.items()))
 
 
+def check_unix_sockets(policy: Policy, backend: str) -> None:
+    """Refuse ``network.allowUnixSockets`` as a list of paths where it cannot hold.
+
+    Only bubblewrap hides the host's other sockets (docs/egress.md), and only
+    in its own network namespace: in ``"open"`` mode every abstract socket of
+    the host (``@/tmp/.X11-unix/X0``, session buses, corral's own slots) is
+    reachable, which no mount can hide.
+
+    Raises:
+        EnforcementUnavailable: another backend, or ``"open"`` mode.
+    """
+    network = policy.network
+    if not isinstance(network.allow_unix_sockets, tuple):
+        return
+    if backend != "bubblewrap":
+        why = f"the {backend} backend cannot hide the host's other sockets"
+    elif network.mode == "open":
+        why = (
+            'network.mode "open" shares the host\'s network namespace, so every abstract '
+            "unix socket of the host stays reachable"
+        )
+    else:
+        return
+    raise EnforcementUnavailable(
+        f"Failed to enforce network.allowUnixSockets (a list of sockets): {why}",
+        rule="network.allowUnixSockets",
+        hint='use the bubblewrap backend with network.mode "none" or "allowlist", or true',
+    )
+
+
 def check_request_rules(policy: Policy, *, terminating: bool, backend: str) -> None:
     """Refuse request rules that this run cannot enforce.
 

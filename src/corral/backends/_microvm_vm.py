@@ -16,7 +16,9 @@ Host-side hygiene, which the tests check after killing the host side:
   that started them dies, however it dies, they die too;
 * their sockets live in a fresh ``corral-vm-*`` directory that is emptied and
   removed as soon as the agent says ready (every end is connected by then),
-  so a running VM leaves no file behind; a directory left by a
+  so a running VM leaves no file behind (a VM with a NIC keeps the empty
+  directory, where the run's egress proxy binds its socket, until it is
+  destroyed); a directory left by a
   process killed during boot is swept by the next boot (its pid is in the
   name).
 
@@ -60,6 +62,9 @@ SHARE_TAG = "corral-ws"
 VIEW_ROOT = "/mnt"
 #: What the run directories of VMs are called (in the system's temp directory).
 RUN_DIR_PREFIX = "corral-vm-"
+#: Where the guest reaches corral's egress proxy: qemu forwards each connection
+#: to this address (``guestfwd``) to the run's proxy socket on the host.
+GUEST_PROXY = ("10.0.2.100", 3128)
 
 
 class BootFailed(Exception):
@@ -95,6 +100,12 @@ class VmConfig(Record):
         accel: ``"kvm"`` or ``"tcg"``.
         tsc_khz: the host TSC frequency for ``tsc_early_khz`` (0: unknown).
         boot_timeout: seconds until the agent must be ready.
+        net: ``socat``'s absolute path for a VM with a NIC (``network.mode =
+            "allowlist"``), or ``""``: no network device at all. The NIC is on
+            qemu's user network with ``restrict=on`` (no route to the host or
+            anywhere); its only destination is :data:`GUEST_PROXY`, which
+            qemu forwards, one ``socat`` per connection, to the unix socket
+            :attr:`GuestVM.egress_socket` where the run's proxy listens.
 
     A VM with a *virtiofsd* gets a share at boot: virtiofsd serves an empty
     tmpfs (:data:`VIEW_ROOT`) in a private mount namespace of its own; a run's
@@ -113,6 +124,7 @@ class VmConfig(Record):
     accel: str = "tcg"
     tsc_khz: int = 0
     boot_timeout: float = 60.0
+    net: str = ""
 
 
 class ExecSpec(Record):
@@ -149,11 +161,15 @@ def exec_payload(spec: ExecSpec) -> bytes:
     return b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields)
 
 
-def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> list[str]:
+def qemu_argv(
+    config: VmConfig, agent_socket: str, fs_socket: str | None, egress_socket: str | None = None
+) -> list[str]:
     """qemu's argv for *config* (pure).
 
-    No network device at all (``-nodefaults``: no NIC, no default serial or
-    parallel port, no monitor); the root disk read-only; the agent's port
+    No network device (``-nodefaults``: no NIC, no default serial or parallel
+    port, no monitor) unless ``config.net``: then one virtio-net NIC on a
+    restricted user network whose only destination is :data:`GUEST_PROXY`,
+    forwarded to *egress_socket*; the root disk read-only; the agent's port
     a unix socket qemu listens on.
     """
     cmdline = "console=ttyS0 panic=-1 reboot=t" + (
@@ -207,6 +223,17 @@ def qemu_argv(config: VmConfig, agent_socket: str, fs_socket: str | None) -> lis
             f"socket,id=fs,path={fs_socket}",
             "-device",
             f"vhost-user-fs-device,chardev=fs,tag={SHARE_TAG}",
+        ]
+    if config.net and egress_socket is not None:
+        if "," in egress_socket or " " in egress_socket:
+            raise ValueError(f"the egress socket path {egress_socket!r} has a comma or a space")
+        address, port = GUEST_PROXY
+        argv += [
+            "-netdev",
+            f"user,id=net,restrict=on,ipv6=off,guestfwd=tcp:{address}:{port}-cmd:"
+            f"{config.net} - UNIX-CONNECT:{egress_socket}",
+            "-device",
+            "virtio-net-device,netdev=net",
         ]
     return [
         *argv,
@@ -275,6 +302,7 @@ class GuestVM:
         self._drainer: threading.Thread | None = None
         self._console = bytearray()
         self._run_dir = ""
+        self.egress_socket = ""
 
     # ----------------------------------------------------------- lifecycle
     def boot(self) -> None:
@@ -285,6 +313,10 @@ class GuestVM:
         self._run_dir = tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-")
         agent_socket = os.path.join(self._run_dir, "agent.sock")
         fs_socket = os.path.join(self._run_dir, "fs.sock") if self.config.virtiofsd else None
+        if self.config.net:
+            # bound by the run's proxy (corral.egress.start_on_unix_socket); the run
+            # directory (0700) stays while the VM lives
+            self.egress_socket = os.path.join(self._run_dir, "egress.sock")
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
         try:
             if fs_socket is not None:
@@ -300,7 +332,7 @@ class GuestVM:
                 self.virtiofsd = fs
                 self._wait_for(fs_socket, fs, "virtiofsd")
             qemu = subprocess.Popen(
-                qemu_argv(self.config, agent_socket, fs_socket),
+                qemu_argv(self.config, agent_socket, fs_socket, self.egress_socket or None),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -320,7 +352,13 @@ class GuestVM:
             if kind != b"R":
                 raise BootFailed(f"the agent answered {kind!r} instead of ready")
             # the guest runs: qemu connected every device long ago, nothing needs the paths
-            self._cleanup_run_dir()
+            # (but the proxy's socket, which qemu connects to per guest connection)
+            if self.egress_socket:
+                for path in (agent_socket, fs_socket):
+                    if path is not None:
+                        os.unlink(path)
+            else:
+                self._cleanup_run_dir()
             self.release = payload.decode("utf-8", "replace")
         except OSError as exc:
             console = self.console()

@@ -120,7 +120,12 @@ class EgressSpec(Record):
             (bubblewrap's ``--unshare-net``). ``"fresh"``: in a namespace the
             engine creates before the spawn; every :data:`NETNS_PATH` in the
             plan's argv is replaced by the path that names it (podman's
-            ``--network=ns:PATH``).
+            ``--network=ns:PATH``). ``"unix"``: on the host, on a unix socket
+            at *socket* (the micro-VM's qemu forwards the guest's connections
+            to it; *forwards* are not served).
+        socket: the unix socket's path for ``netns = "unix"`` (its directory
+            exists and is private to corral; the engine binds it before the
+            spawn and removes it afterwards).
     """
 
     allow: tuple[str, ...] = ()
@@ -135,6 +140,7 @@ class EgressSpec(Record):
     upstream_ca: str | None = None
     forwards: tuple[tuple[int, str], ...] = ()
     netns: str = "sandbox"
+    socket: str = ""
 
     def __repr__(self) -> str:  # the token, the secrets and the CA key never print
         return (
@@ -198,7 +204,7 @@ class HostFacts(Record):
         cgroup_problem: why cgroup limits cannot be enforced here, or ``None``.
         landlock_abi: the kernel's Landlock ABI version (0: none).
         path_kinds: ``(path, kind)`` for the paths the policy names, kind one
-            of ``"dir"``, ``"file"``, ``"other"``, ``"missing"``.
+            of ``"dir"``, ``"file"``, ``"socket"``, ``"other"``, ``"missing"``.
         environ: the host environment (the policy's allowlist picks from it).
         details: backend-specific facts gathered by ``Backend.inspect`` (tool
             paths, engine state, directory listings), as ``(name, value)``.

@@ -37,10 +37,13 @@ PROXY_ENV: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def proxy_environment(port: int, token: str) -> tuple[tuple[str, str], ...]:
-    """The ``(name, value)`` pairs for a proxy on ``127.0.0.1:port`` with credential *token*."""
-    http = f"http://corral:{token}@127.0.0.1:{port}"
-    socks = f"socks5h://corral:{token}@127.0.0.1:{port}"
+def proxy_environment(
+    port: int, token: str, host: str = "127.0.0.1"
+) -> tuple[tuple[str, str], ...]:
+    """The ``(name, value)`` pairs for a proxy on ``host:port`` with credential *token*
+    (*host*: the sandbox's own loopback, or the micro-VM's forwarded proxy address)."""
+    http = f"http://corral:{token}@{host}:{port}"
+    socks = f"socks5h://corral:{token}@{host}:{port}"
     return tuple((name, value.format(http=http, socks=socks)) for name, value, _reason in PROXY_ENV)
 
 

@@ -37,12 +37,14 @@ Not guaranteed:
 
 from __future__ import annotations
 
-from .._exceptions import BackendUnavailable, UsageError
+import os
+
+from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
 from ..policy._credentials import credential_names
 from ..policy._defaults import env_value_allowed
 from ..policy._glob import match_word
-from ._egress import egress_spec, injected_credentials
+from ._egress import check_unix_sockets, egress_spec, injected_credentials
 from ._plan import BrokerSpec, FdSpec, LaunchPlan
 from ._proxy_env import proxy_environment, trust_environment
 from .base import (
@@ -123,6 +125,55 @@ PROC_HIDDEN: tuple[tuple[str, str], ...] = (
 
 #: Directories that get a private, empty tmpfs in every sandbox.
 PRIVATE_TMP = ("/tmp", "/var/tmp")
+
+#: Directories replaced by an empty tmpfs when ``network.allowUnixSockets`` lists
+#: sockets: where services keep theirs (the named ones are bound back).
+SOCKET_DIRS = ("/run", "/var/run")
+
+
+def host_unix_listeners(*, as_other: bool) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """The socket files of the pathname unix sockets bound in this network namespace.
+
+    From ``/proc/net/unix``: every socket a process of the host's network
+    namespace has bound to a path (docker.sock, the session bus, ssh-agent,
+    corral's own server), wherever it lives, kept when the path is a socket
+    file now, as ``(canonical path, closed directories)``. Abstract names
+    (``@...``) are left out: the sandbox has its own network namespace, where
+    they do not exist. With *as_other* (a root caller's sandbox runs as an
+    unrelated uid) the closed directories are the ancestors that others
+    cannot search: the plan covers such a socket only where the sandbox owns
+    them (idmapped), as bubblewrap could not mount over it otherwise.
+    """
+    import stat
+
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()[1:]
+    except OSError:
+        return ()
+    paths = {parts[7] for parts in (line.split(None, 7) for line in lines) if len(parts) == 8}
+    found: dict[str, tuple[str, ...]] = {}
+    for path in sorted(p for p in paths if p.startswith("/")):
+        # the canonical path: bubblewrap mounts below its new root, where an absolute
+        # symlink such as /var/run -> /run would not resolve
+        real = os.path.realpath(path)
+        try:
+            if not stat.S_ISSOCK(os.lstat(real).st_mode):
+                continue
+            closed = tuple(
+                d for d in _ancestors(real) if as_other and not os.stat(d).st_mode & stat.S_IXOTH
+            )
+        except OSError:
+            continue
+        found[real] = closed
+    return tuple(sorted(found.items()))
+
+
+def _ancestors(path: str) -> list[str]:
+    """``/a/b/c`` -> ``["/", "/a", "/a/b"]``."""
+    parts = path.split("/")[1:-1]
+    return ["/"] + ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+
 
 #: Variables corral itself sets in the sandbox: (name, value, reason).
 SANDBOX_ENV: tuple[tuple[str, str, str], ...] = (
@@ -214,9 +265,29 @@ class BubblewrapBackend(Backend):
             return f"seccomp rules exist for x86_64 and aarch64 only, not {facts.arch}"
         return None
 
+    def inspect(
+        self, request: ExecRequest, policy: Policy, environ: dict[str, str]
+    ) -> dict[str, object]:
+        del request, environ
+        if not isinstance(policy.network.allow_unix_sockets, tuple):
+            return {}
+        return {
+            "unix_listeners": host_unix_listeners(as_other=os.getuid() == 0),
+            "unix_named": tuple(
+                (p, os.path.realpath(p)) for p in policy.network.allow_unix_sockets
+            ),
+            # /var/run is mostly a symlink to /run: hiding /run hides it
+            "socket_dirs": tuple(
+                d for d in SOCKET_DIRS if os.path.isdir(d) and not os.path.islink(d)
+            ),
+        }
+
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
         fs = policy.filesystem
         paths = paths_of_policy(request, policy)
+        named = policy.network.allow_unix_sockets
+        if isinstance(named, tuple):
+            paths.update(named)
         if request.tmp_dir:
             paths.add(request.tmp_dir)
         paths.update(f"/proc/{name}" for name, _reason in (*PROC_READ_ONLY, *PROC_HIDDEN))
@@ -325,6 +396,19 @@ class BubblewrapBackend(Backend):
         args += ["--hostname", "corral", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         args += proc_masks(facts)
         args += ["--ro-bind", facts.helper, SANDBOX_HELPER]
+        named_sockets = net.allow_unix_sockets if isinstance(net.allow_unix_sockets, tuple) else ()
+        socket_dirs = facts.detail("socket_dirs", ())
+        assert isinstance(socket_dirs, tuple)
+        if named_sockets:
+            check_unix_sockets(policy, self.name)  # "open" mode
+            if facts.detail("unix_listeners") is None:  # facts not from this backend's inspect
+                raise EnforcementUnavailable(
+                    "Failed to enforce network.allowUnixSockets: the host's sockets were not "
+                    "listed (facts gathered without the bubblewrap backend's inspect)",
+                    rule="network.allowUnixSockets",
+                )
+        for directory in socket_dirs:  # every service's sockets gone; the named ones come back
+            args += ["--tmpfs", directory]  # read-only once the named sockets are bound
         caches = cache_dirs(policy, facts, degrade)
         host_writable = [*writable, *caches] + ([request.tmp_dir] if request.tmp_dir else [])
         disk = disk_limit(policy, host_writable, degrade, self.name)
@@ -390,6 +474,18 @@ class BubblewrapBackend(Backend):
             args += ["--ro-bind", source(carve), carve]
         for secret in later:
             args += ["--remount-ro", secret]
+        if named_sockets:
+            args += unix_socket_mounts(
+                named_sockets,
+                facts,
+                writable=[*host_writable, workspace],
+                hidden=[*socket_dirs, *hidden_by_tmp],
+                deny_read=fs.deny_read,
+                carves=carves,
+                owned=[*host_writable, workspace, facts.home, ROOT_HOME],
+            )
+            for directory in socket_dirs:
+                args += ["--remount-ro", directory]
         if trust:
             # the per-run CA of the egress proxy joins the system's trust (docs/egress.md)
             args += ["--ro-bind-data", str(FD_TRUST), trust[0]]
@@ -405,6 +501,7 @@ class BubblewrapBackend(Backend):
             FdSpec(
                 number=FD_SECCOMP,
                 kind="data",
+                # a list of sockets allows socket(AF_UNIX): the mounts decide what it reaches
                 data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
             ),
         ]
@@ -558,6 +655,71 @@ def _as_user(
         i += 1
     prefix.append("--")
     return prefix, rewritten
+
+
+def unix_socket_mounts(
+    named: tuple[str, ...],
+    facts: HostFacts,
+    *,
+    writable: list[str],
+    hidden: list[str],
+    deny_read: tuple[str, ...],
+    carves: list[str],
+    owned: list[str],
+) -> list[str]:
+    """The mounts that leave only the *named* host sockets reachable (docs/egress.md).
+
+    The directories in *hidden* and *deny_read* are already empty in the
+    sandbox (``/run``, the private ``/tmp``, secrets) except for what *carves*
+    (``allowRead``) re-exposes; *owned* are the directories idmapped to a
+    root caller's sandbox uid. Each named socket is bound back read-only
+    (``connect`` works on a read-only mount, a ``chmod`` does not), and every
+    other socket bound on the host (``/proc/net/unix``) that the sandbox would
+    still see gets ``/dev/null`` bound over it.
+
+    Raises:
+        EnforcementUnavailable: a named socket is missing, is not a socket, lies
+            under a directory the sandbox may write (it could replace it), or
+            under ``denyRead``.
+    """
+
+    def gone(path: str) -> bool:  # hidden, and not bound back in (workspace, allowRead ...)
+        return any(is_under(path, h) for h in (*hidden, *deny_read)) and not any(
+            is_under(path, c) for c in (*carves, *writable)
+        )
+
+    args: list[str] = []
+    pairs = facts.detail("unix_named", ())
+    assert isinstance(pairs, tuple)
+    real: dict[str, str] = dict(pairs)
+    bound: set[str] = set()
+    for path in named:
+        kind = facts.kind(path)
+        target = real.get(path, path)
+        problem = None
+        if kind != "socket":
+            problem = "it does not exist" if kind == "missing" else f"it is a {kind}, not a socket"
+        elif any(is_under(p, w) for w in writable for p in (path, target)):
+            problem = "it is under a directory the sandbox may write, which could replace it"
+        elif any(is_under(target, d) for d in deny_read) and gone(target):
+            problem = "it is under filesystem.denyRead"
+        if problem is not None:
+            raise EnforcementUnavailable(
+                f"Failed to enforce network.allowUnixSockets: {path}: {problem}",
+                rule="network.allowUnixSockets",
+                hint="name a socket the service has created, outside the writable directories",
+            )
+        args += ["--ro-bind", path, target]
+        bound.add(target)
+    listeners = facts.detail("unix_listeners", ())
+    assert isinstance(listeners, tuple)
+    for path, closed in listeners:
+        if path in bound or gone(path):
+            continue
+        if any(not any(is_under(d, o) for o in owned) for d in closed):
+            continue  # behind a directory the sandbox's uid cannot search
+        args += ["--ro-bind", "/dev/null", path]
+    return args
 
 
 def user_git_configs(facts: HostFacts) -> tuple[str, ...]:

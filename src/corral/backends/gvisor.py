@@ -397,6 +397,15 @@ class GvisorBackend(Backend):
             else:
                 uid = gid = ROOT_SANDBOX_ID
                 stage = _idmap_stage(facts, [*writable, *caches])
+        if disk and uid == 0:
+            # runsc ignores size= on the /dev tmpfs, and a read-only /dev refuses even
+            # writes to /dev/null there: a command that is uid 0 inside could fill /dev
+            degrade.cannot(
+                "resources.disk",
+                "gVisor's /dev is a tmpfs runsc does not size, writable by the command's uid 0",
+                fix="run without an image and without --allow-degraded isolation (the command "
+                "is then not uid 0), use --backend bubblewrap, or unset resources.disk",
+            )
         spec = oci_spec(
             argv=request.argv,
             env=env,

@@ -326,7 +326,7 @@ class LandlockBackend(Backend):
 
         # --- seccomp
         deny_rules = (*DENY_RULES, *PROCESS_LEVEL_DENY_RULES)
-        if not net.allow_unix_sockets:
+        if net.allow_unix_sockets is not True:  # a list of sockets is refused before the plan
             deny_rules = (*deny_rules, unix_socket_rule())
         if net.mode == "none":
             deny_rules = (*deny_rules, *INET_SOCKET_RULES)

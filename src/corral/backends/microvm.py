@@ -18,8 +18,17 @@ Guarantees (with the default policy):
     bound read-only. Nothing else of the host's file system is in the guest;
   * no network device at all (qemu ``-nodefaults``): not even the host's
     loopback is reachable; no host unix socket, no host process is visible;
+  * ``network.mode = "allowlist"``: one virtio-net NIC on qemu's user network
+    with ``restrict=on`` (no route to the host or anywhere); its only
+    destination is corral's egress proxy for the run at
+    ``GUEST_PROXY`` (10.0.2.100:3128), which qemu forwards to a unix socket
+    on the host, and the proxy variables point there: the same allowlist,
+    attempt log and violations as on bubblewrap. The proxy does not terminate
+    TLS here (request rules and masked credentials are refused), and
+    ``localhost:PORT`` entries are reached through the proxy, not at the
+    guest's own 127.0.0.1 (the guest's loopback is its own);
   * the host environment passes only through the policy's ``env`` allowlist,
-    as on every backend; credentials are refused (they need the egress proxy);
+    as on every backend; credentials are refused (secrets never enter the guest);
   * memory is the VM's size (guest RAM = the limit plus
     :data:`GUEST_OVERHEAD_MB` for the guest kernel, and the guest cgroup's
     ``memory.max`` = the limit); pids in the guest cgroup (``pids.max``);
@@ -34,9 +43,9 @@ prints its id and keeps it when the command changed something). Where the
 plan is asked for a writable workspace without a preview it refuses (exit
 125, rule ``filesystem.workspace``).
 
-Refused unless degraded: ``network.mode`` ``open`` and ``allowlist`` (no NIC
-in this build), ``credentials``, ``filesystem.allowWrite`` and ``caches``
-(only the workspace is shared), ``resources.cpuTime`` and ``resources.disk``.
+Refused unless degraded: ``network.mode = "open"``, ``credentials``,
+``filesystem.allowWrite`` and ``caches`` (only the workspace is shared),
+``resources.cpuTime`` and ``resources.disk``.
 
 KVM is used when ``/dev/kvm`` boots a standard guest (probed once per host
 boot, with a bounded timeout: see :func:`kvm_problem`); otherwise TCG,
@@ -66,7 +75,7 @@ if TYPE_CHECKING:
     from ..policy._model import Policy
     from ._microvm_pool import VmPool
     from ._microvm_vm import GuestVM, ShareSpec, VmConfig
-    from ._plan import HostFacts, PreviewSpec
+    from ._plan import EgressSpec, HostFacts, PreviewSpec
 
 __all__ = [
     "DEFAULT_IMAGE",
@@ -342,6 +351,7 @@ class MicrovmBackend(Backend):
     ) -> dict[str, object]:
         from ..images import find_built
         from ..images._vm import find_vm_image
+        from ._container import find_program
 
         qemu, virtiofsd = find_qemu(environ)
         name = DEFAULT_IMAGE
@@ -373,6 +383,7 @@ class MicrovmBackend(Backend):
             "kvm_problem": kvm,
             "tsc_khz": tsc_khz(),
             "python": sys.executable,
+            "socat": find_program("socat", environ),
         }
 
     def problem(self, facts: HostFacts) -> str | None:
@@ -393,7 +404,10 @@ class MicrovmBackend(Backend):
             return str(facts.detail("image_problem"))
         if facts.detail("vm_kernel") is None:
             name = facts.detail("image_name")
-            return f"no VM image of {name!r} is built; run 'corral image build {name} --vm'"
+            return (
+                f"no VM image of {name!r} is built (or it is from an older corral); "
+                f"run 'corral image build {name} --vm'"
+            )
         return None
 
     def paths_to_inspect(self, request: ExecRequest, policy: Policy) -> set[str]:
@@ -424,20 +438,23 @@ class MicrovmBackend(Backend):
                 f"({workspace}) exists in the guest",
                 hint="run from inside the workspace, or pass --workspace",
             )
-        if net.mode != "none":
+        if net.mode == "open":
             raise EnforcementUnavailable(
-                f"Failed to enforce network.mode={net.mode} on the microvm backend: the VM has no "
-                "network device in this build",
+                "Failed to enforce network.mode=open on the microvm backend: the VM reaches the "
+                "network only through corral's egress proxy",
                 rule="network.mode",
-                hint="use --net none (the default), or another backend for network access",
+                hint="use --net allowlist with --allow-host HOST, or another backend",
             )
         if policy.credentials:
             raise EnforcementUnavailable(
-                "Failed to enforce credentials on the microvm backend: scoped credentials need "
-                "the egress proxy",
+                "Failed to enforce credentials on the microvm backend: secrets never enter "
+                "the guest",
                 rule="credentials",
                 hint="remove the credentials setting",
             )
+        egress = None
+        if net.mode == "allowlist":
+            egress = self._egress(policy, facts, request)
         if preview is None and not fs.read_only:
             raise EnforcementUnavailable(
                 "Failed to enforce filesystem.workspace on the microvm backend: the VM writes "
@@ -506,6 +523,13 @@ class MicrovmBackend(Backend):
                 )
         timeout = request.timeout if request.timeout is not None else res.timeout
         env = _guest_env(request, policy, facts)
+        if egress is not None:
+            from ._microvm_vm import GUEST_PROXY
+            from ._proxy_env import proxy_environment
+
+            # over any variable of the same name (as on bubblewrap): one value per name
+            proxy = proxy_environment(GUEST_PROXY[1], egress.token, host=GUEST_PROXY[0])
+            env = tuple({**dict(env), **dict(proxy)}.items())
         config = {
             "vm": {
                 "qemu": facts.detail("qemu"),
@@ -517,6 +541,7 @@ class MicrovmBackend(Backend):
                 "cpus": cpus,
                 "accel": self.accel(facts),
                 "tsc_khz": facts.detail("tsc_khz"),
+                "net": str(facts.detail("socat")) if egress is not None else "",
             },
             "share": {"setup": list(setup), "guest_path": workspace, "read_only": fs.read_only},
             "exec": {
@@ -559,7 +584,27 @@ class MicrovmBackend(Backend):
             output_limit=res.output,
             degraded=degrade.recorded,
             display_argv=redact(request.argv),
+            egress=egress,
         )
+
+    def _egress(self, policy: Policy, facts: HostFacts, request: ExecRequest) -> EgressSpec:
+        """The proxy for ``network.mode = "allowlist"``: on a unix socket on the host, which
+        the VM's ``guestfwd`` reaches (the socket's path is the VM's, known at launch).
+
+        Raises:
+            EnforcementUnavailable: socat is missing, or request rules (no TLS termination).
+        """
+        from ._egress import egress_spec
+
+        if not facts.detail("socat"):
+            raise EnforcementUnavailable(
+                "Failed to enforce network.mode=allowlist on the microvm backend: socat is not "
+                "installed (qemu forwards the guest's proxy connections through it)",
+                rule="network.mode",
+                hint="apt-get install socat",
+            )
+        spec = egress_spec(policy, facts, request=request, terminating=False, backend=self.name)
+        return spec.replace(netns="unix", forwards=())
 
     def launch(
         self,
@@ -594,6 +639,8 @@ class MicrovmBackend(Backend):
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
         try:
             assert vm.channel is not None
+            if plan.egress is not None:  # the proxy listens where this VM's qemu connects
+                plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
             agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
             command = FdSpec(number=FD_CONFIG, kind="data", data=exec_data(json.loads(config.data)))
             fds = tuple(f for f in plan.fds if f.number != FD_CONFIG)

@@ -47,6 +47,7 @@ __all__ = [
     "special_range",
     "start_for_sandbox",
     "start_in_fresh_namespace",
+    "start_on_unix_socket",
 ]
 
 
@@ -59,11 +60,12 @@ class EgressHandle:
         omitted: attempts beyond the log's limit, counted but not recorded.
     """
 
-    __slots__ = ("_attempts", "_closed", "_netns_fd", "_proxy", "error", "omitted")
+    __slots__ = ("_attempts", "_closed", "_netns_fd", "_proxy", "_unix_path", "error", "omitted")
 
-    def __init__(self, proxy: EgressProxy, *, netns_fd: int = -1) -> None:
+    def __init__(self, proxy: EgressProxy, *, netns_fd: int = -1, unix_path: str = "") -> None:
         self._proxy = proxy
         self._netns_fd = netns_fd  # a namespace corral created for the sandbox (or -1)
+        self._unix_path = unix_path  # a unix socket corral bound for the sandbox (or "")
         self._closed = False
         self._attempts: list[NetworkAttempt] = []
         self.error: BaseException | None = None
@@ -92,11 +94,17 @@ class EgressHandle:
                 self.error = self._proxy.error
                 self.omitted = self._proxy.omitted_attempts
             finally:
-                if self._netns_fd >= 0:
-                    import os
+                import os
 
+                if self._netns_fd >= 0:
                     os.close(self._netns_fd)
                     self._netns_fd = -1
+                if self._unix_path:
+                    try:
+                        os.unlink(self._unix_path)
+                    except FileNotFoundError:
+                        pass
+                    self._unix_path = ""
         return list(self._attempts)
 
 
@@ -167,6 +175,42 @@ def start_in_fresh_namespace(spec: EgressSpec, *, resolver: Resolver | None = No
         os.close(netns_fd)
         raise
     return EgressHandle(proxy, netns_fd=netns_fd)
+
+
+def start_on_unix_socket(spec: EgressSpec, *, resolver: Resolver | None = None) -> EgressHandle:
+    """Start the proxy listening on the unix socket ``spec.socket`` on the host.
+
+    For the micro-VM backend: qemu's user network forwards each of the guest's
+    connections to the proxy's address to this socket (``guestfwd``). The
+    socket's directory must be private to corral (it is the VM's run
+    directory, mode 0700); :meth:`EgressHandle.close` removes the socket.
+    ``spec.forwards`` are not served.
+
+    Raises:
+        ProxyStartFailed: as :func:`start_for_sandbox`; also when the socket
+            cannot be bound.
+    """
+    import os
+    import socket
+
+    proxy = _proxy(spec, resolver)
+    if not spec.socket.startswith("/"):
+        raise ProxyStartFailed("Failed to start the egress proxy: no socket path for the VM")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        try:
+            os.unlink(spec.socket)  # a previous run's, in the same private directory
+        except FileNotFoundError:
+            pass
+        listener.bind(spec.socket)
+        listener.listen(128)
+    except OSError as exc:
+        listener.close()
+        raise ProxyStartFailed(
+            f"Failed to start the egress proxy on {spec.socket}: {exc}"
+        ) from None
+    proxy.start(listener.detach())
+    return EgressHandle(proxy, unix_path=spec.socket)
 
 
 def _proxy(spec: EgressSpec, resolver: Resolver | None) -> EgressProxy:

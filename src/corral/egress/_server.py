@@ -123,7 +123,7 @@ class EgressProxy:
 
     # ------------------------------------------------------------ control (any thread)
     def start(self, listener_fd: int, forwards: tuple[tuple[int, int, str], ...] = ()) -> None:
-        """Serve *listener_fd* (a listening TCP socket; the proxy takes ownership).
+        """Serve *listener_fd* (a listening TCP or unix socket; the proxy takes ownership).
 
         *forwards* are ``(listener fd, port, rule)``: listeners (owned from
         now on too) whose connections are relayed to the host's
@@ -258,7 +258,8 @@ class EgressProxy:
         listener = socket.socket(fileno=self._listener_fd)
         self._listener_fd = -1
         listener.setblocking(False)
-        self.address = listener.getsockname()[:2]
+        name = listener.getsockname()
+        self.address = name[:2] if isinstance(name, tuple) else None  # None: a unix socket
         forwards = []
         for fd, port, rule in self._forward_fds:
             forward = socket.socket(fileno=fd)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["INIT", "MODULES", "VmImage", "build_vm_image", "find_vm_image", "kernel_package"]
 
 #: Bumped when the procedure changes what it produces (part of the key).
-VM_BUILDER_VERSION = 2
+VM_BUILDER_VERSION = 3
 
 #: Kernel modules loaded by the guest's init, in load order (paths below
 #: ``lib/modules/<release>/kernel``). virtio_ring must precede virtio.
@@ -56,6 +56,9 @@ MODULES: tuple[str, ...] = (
     "fs/fuse/fuse",
     "fs/fuse/virtiofs",
     "fs/overlayfs/overlay",
+    "net/core/failover",
+    "drivers/net/net_failover",
+    "drivers/net/virtio_net",
 )
 
 #: The guest's /init (busybox sh): the read-only root disk under a tmpfs
@@ -84,6 +87,12 @@ while [ -z "$port" ] && [ $n -lt 500 ]; do
   [ -z "$port" ] && { sleep 0.01; n=$((n+1)); }
 done
 [ -n "$port" ] || { echo "corral-init: no agent port"; poweroff -f; }
+ip link set lo up
+if grep -qx 0x0001 /sys/bus/virtio/devices/*/device 2>/dev/null; then
+  # a NIC (network.mode allowlist): qemu's restricted user network, no route
+  n=0; while [ ! -e /sys/class/net/eth0 ] && [ $n -lt 500 ]; do sleep 0.01; n=$((n+1)); done
+  ip addr add 10.0.2.15/24 dev eth0 && ip link set eth0 up || echo "corral-init: no eth0"
+fi
 hostname corral
 mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
@@ -103,6 +112,7 @@ class VmImage(Record):
         release: the guest kernel's release (``uname -r`` inside).
         key: 16 hex digits of the inputs' digest.
         agent: the sha256 of the guest agent in the initramfs.
+        builder: the :data:`VM_BUILDER_VERSION` that built them (0: older than 3).
     """
 
     name: str
@@ -113,6 +123,7 @@ class VmImage(Record):
     release: str
     key: str
     agent: str = ""
+    builder: int = 0
 
 
 def agent_path() -> str | None:
@@ -172,7 +183,8 @@ def find_vm_image(image: BuiltImage) -> VmImage | None:
     """The newest VM artifacts built for *image* (any kernel), or None.
 
     None too when they hold another guest agent than this corral's (an
-    upgrade changed the protocol): ``corral image build NAME --vm`` again.
+    upgrade changed the protocol), or were built by another procedure (e.g.
+    without the virtio-net module): ``corral image build NAME --vm`` again.
     """
     pointer = os.path.join(image.directory, "vm.json")
     try:
@@ -184,7 +196,7 @@ def find_vm_image(image: BuiltImage) -> VmImage | None:
     if not all(os.path.isfile(p) for p in (vm.kernel, vm.initrd, vm.disk)):
         return None
     agent = agent_path()
-    if agent is None or vm.agent != _digest(agent):
+    if agent is None or vm.agent != _digest(agent) or vm.builder != VM_BUILDER_VERSION:
         return None
     return vm
 
@@ -264,7 +276,7 @@ def _build(
     busybox: str,
     mkfs: str,
     stage: Callable[[str], None],
-) -> dict[str, str]:
+) -> dict[str, object]:
     scratch = f"{directory}.tmp-{os.getpid()}"
     shutil.rmtree(scratch, ignore_errors=True)
     os.makedirs(scratch)
@@ -374,6 +386,7 @@ def _build(
             "release": release,
             "key": key,
             "agent": _digest(agent),
+            "builder": VM_BUILDER_VERSION,
         }
         _write_json(os.path.join(scratch, "vm.json"), record)
         shutil.rmtree(directory, ignore_errors=True)

@@ -196,6 +196,11 @@ class Running:
             self._egress = start_in_fresh_namespace(plan.egress)
             path = self._egress.netns_path or ""
             argv = tuple(word.replace(NETNS_PATH, path) for word in argv)
+        elif plan.egress is not None and plan.egress.netns == "unix":
+            # the micro-VM's qemu connects to it per guest connection
+            from ..egress import start_on_unix_socket
+
+            self._egress = start_on_unix_socket(plan.egress)
         child_fds: list[tuple[int, int]] = []  # (parent fd, child number)
         to_close_after_spawn: list[int] = []
         try:

@@ -58,6 +58,7 @@ NUMBER = "number"  # a positive number
 SIZE = "size"  # bytes: 1073741824 or "1G" (see _units)
 DURATION = "duration"  # seconds: 30 or "30s" (see _units)
 PATH = "path"  # absolute, ~/..., or relative to the workspace
+UNIX_SOCKETS = "unix-sockets"  # true, false, or a non-empty list of absolute socket paths
 # List kinds: concatenate across layers; "!x" removes an earlier x.
 STRINGS = "strings"  # non-empty strings
 PATHS = "paths"  # like PATH, each
@@ -73,7 +74,7 @@ ENV_MAP = "env-map"  # {NAME: "value"}
 PATH_MAP = "path-map"  # {name: path}
 PROFILES = "profiles"  # {name: {...overrides}}
 
-SCALAR_KINDS = frozenset({STRING, ENUM, BOOL, INT, NUMBER, SIZE, DURATION, PATH})
+SCALAR_KINDS = frozenset({STRING, ENUM, BOOL, INT, NUMBER, SIZE, DURATION, PATH, UNIX_SOCKETS})
 LIST_KINDS = frozenset(
     {
         STRINGS,
@@ -432,12 +433,18 @@ CORE_KEYS: tuple[Key, ...] = (
     ),
     Key(
         path="network.allowUnixSockets",
-        kind=BOOL,
+        kind=UNIX_SOCKETS,
         tighten=FALSE_TIGHTENS,
         attr="network.allow_unix_sockets",
         description=(
-            "Let the command create AF_UNIX sockets, and so reach host sockets it can see "
-            "(docker.sock, ssh-agent)."
+            "true: let the command create AF_UNIX sockets, and so reach host sockets it can "
+            "see (docker.sock, ssh-agent). A list of absolute socket paths "
+            '(["/run/postgresql/.s.PGSQL.5432"]): only those host sockets are reachable; '
+            "/run and /var/run are replaced by empty directories with the named sockets bound "
+            "back, and every other listening socket of the host's network namespace is "
+            "hidden. Bubblewrap only, network.mode none or allowlist; a named socket that is "
+            "missing, not a socket, or under a writable directory is refused. An untrusted "
+            "project may set false or a list narrower than the one in force."
         ),
     ),
     Key(
@@ -527,9 +534,10 @@ CORE_KEYS: tuple[Key, ...] = (
         description=(
             "Disk space the command may fill: each private temporary directory (/tmp, "
             "/var/tmp) and /dev/shm is a tmpfs of this size (bubblewrap, gVisor, podman, "
-            "docker); on bubblewrap /dev itself is then read-only. Not covered: /dev of podman "
-            "and docker (their own 64 MiB tmpfs) and of gVisor (bounded by resources.memory "
-            "only). Writes to "
+            "docker); on bubblewrap /dev itself is then read-only. /dev of gVisor, podman and "
+            "docker is their own tmpfs, writable when the command is uid 0 inside (a root "
+            "caller with an image or with isolation degraded): gVisor then refuses the rule, "
+            "podman and docker refuse a size under their 64 MiB. Writes to "
             "the workspace, `allowWrite` paths and `caches` go to the host filesystem, which "
             "has no per-sandbox quota: with any of them writable the run is refused (exit 125) "
             "unless `allowDegraded` lists resources.disk. Landlock and Seatbelt (host "

@@ -127,6 +127,8 @@ class MergeState:
         if direction == k.TRUE_TIGHTENS:
             return new is True
         if direction == k.FALSE_TIGHTENS:
+            if isinstance(new, tuple):  # network.allowUnixSockets: a list of socket paths
+                return current is True or (isinstance(current, tuple) and set(new) <= set(current))
             return new is False
         if direction == k.BACKEND:
             return self._backend_rank(new) >= max(

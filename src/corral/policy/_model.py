@@ -92,8 +92,10 @@ class NetworkPolicy(Record):
         allow: host patterns for allowlist mode (``host``, ``*.host``,
             ``host:port``, IP literals, CIDRs).
         deny: host patterns refused even when ``allow`` matches.
-        allow_unix_sockets: let the command create ``AF_UNIX`` sockets (and so
-            connect to host sockets such as ``docker.sock`` that it can see).
+        allow_unix_sockets: ``True``: let the command create ``AF_UNIX``
+            sockets (and so connect to host sockets such as ``docker.sock``
+            that it can see); a tuple of absolute paths: only those host
+            sockets are reachable (bubblewrap; see docs/egress.md).
             ``socketpair`` works either way.
         allow_requests, deny_requests: request rules (``"METHOD host/path"``
             globs, see :mod:`corral.egress._rules`) for the hosts whose
@@ -104,7 +106,7 @@ class NetworkPolicy(Record):
     mode: str = "none"
     allow: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    allow_unix_sockets: bool = False
+    allow_unix_sockets: bool | tuple[str, ...] = False
     allow_requests: tuple[str, ...] = ()
     deny_requests: tuple[str, ...] = ()
 

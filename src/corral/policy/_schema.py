@@ -203,6 +203,14 @@ def _value(row: k.Key, table: k.KeyTable) -> dict[str, Any]:
     schema: dict[str, Any]
     if kind == k.BOOL:
         schema = {"type": "boolean"}
+    elif kind == k.UNIX_SOCKETS:
+        paths = {"type": "string", "pattern": "^(/|~/)", "minLength": 2}
+        schema = {
+            "anyOf": [
+                {"type": "boolean"},
+                {"type": "array", "items": paths, "minItems": 1},
+            ]
+        }
     elif kind == k.ENUM:
         schema = {"enum": list(row.choices)}
     elif kind == k.INT:
@@ -293,6 +301,7 @@ def generate_schema(table: k.KeyTable = k.KEYS) -> dict[str, Any]:
 _TYPE_TEXT = {
     k.STRING: "string",
     k.BOOL: "boolean",
+    k.UNIX_SOCKETS: "boolean, or a list of absolute socket paths",
     k.INT: "positive integer",
     k.NUMBER: "positive number",
     k.SIZE: 'size: bytes, or a string such as `"512M"`, `"1.5G"`',
@@ -340,6 +349,8 @@ def _untrusted_text(row: k.Key) -> str:
         if row.nullable:
             return "may lower it; raising it or `null` is ignored"
         return "may lower it; raising it is ignored"
+    if direction == k.FALSE_TIGHTENS and row.kind == k.UNIX_SOCKETS:
+        return "may set `false`, or a list narrower than the one in force; `true` is ignored"
     return {
         k.LOOSENS: "ignored (any change could loosen the policy)",
         k.TRUE_TIGHTENS: "may set `true`; `false` is ignored",

@@ -283,6 +283,8 @@ class _Checker:
             if not isinstance(raw, bool):
                 self.fail(key, f"expected true or false, got {describe(raw)}")
             return raw
+        if kind == k.UNIX_SOCKETS:
+            return self.unix_sockets(raw, key)
         if kind == k.ENUM:
             return self.enum(row, raw, key)
         if kind in (k.SIZE, k.DURATION):
@@ -335,6 +337,27 @@ class _Checker:
         if raw > _MAX_INT:
             self.fail(key, f"{raw} is too large (at most {_MAX_INT})")
         return raw
+
+    def unix_sockets(self, raw: object, key: str) -> bool | tuple[str, ...]:
+        """``network.allowUnixSockets``: a boolean, or the host socket paths to reach."""
+        if isinstance(raw, bool):
+            return raw
+        if not isinstance(raw, list):
+            self.fail(key, f"expected true, false or a list of socket paths, got {describe(raw)}")
+        if not raw:
+            self.fail(key, "expected at least one socket path", hint="use false for none")
+        paths: list[str] = []
+        for i, item in enumerate(raw):
+            where = f"{key}[{i}]"
+            text = self.expand_tilde(self.text(item, where, what="a socket path"), where)
+            if not text.startswith("/"):
+                self.fail(where, f"{describe(text)} is not an absolute path")
+            text = "/" + posixpath.normpath(text).lstrip("/")
+            if text == "/":
+                self.fail(where, '"/" is not a socket')
+            if text not in paths:
+                paths.append(text)
+        return tuple(paths)
 
     def expand_tilde(self, text: str, key: str) -> str:
         """Expand a leading ``~`` or ``~/``; refuse ``~user``."""

@@ -69,7 +69,8 @@ EXPECTED_REFUSALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("docker", "protected path"),
         ("gvisor", "protected path"),
-        # the harmless half needs network.mode=open, which a VM without a NIC refuses;
+        # the harmless half needs network.mode=open, which a VM refuses (its one route,
+        # in allowlist mode, is the egress proxy);
         # mode none itself is proven in tests/integration/test_microvm.py
         ("microvm", "network egress"),
     }

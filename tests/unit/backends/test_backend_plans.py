@@ -279,3 +279,57 @@ def test_container_plans_carry_an_argv_for_a_terminal_only_when_it_may_apply() -
             streamed.replace(output_tty=True, tty=True),  # corral shell: -t already
         ):
             assert backend.plan(request, policy, facts).terminal_argv == ()
+
+
+def _disk_policy(size: int, **changes: object) -> Policy:
+    policy = _policy(**changes)
+    return policy.replace(
+        filesystem=policy.filesystem.replace(read_only=True),
+        resources=policy.resources.replace(disk=size),
+        allow_degraded=frozenset({"filesystem.protect", *policy.allow_degraded}),
+    )
+
+
+@pytest.mark.parametrize("name", ["podman", "docker"])
+def test_containers_refuse_a_disk_quota_their_dev_would_exceed_for_a_root_command(
+    name: str,
+) -> None:
+    """The engines' own 64 MiB /dev is writable by the container's uid 0 (a root caller)."""
+    backend = get_backend(name)
+
+    def facts(uid: int) -> HostFacts:
+        engine = (("engine", f"/usr/bin/{name}"), ("filters", "/state/filters"))
+        base = _podman_facts(uid)
+        return base.replace(details=tuple(sorted({**dict(base.details), **dict(engine)}.items())))
+
+    with pytest.raises(EnforcementUnavailable, match="64 MiB") as info:
+        backend.plan(_request(), _disk_policy(8 << 20), facts(0))
+    assert info.value.rule == "resources.disk"
+    # a size the /dev tmpfs cannot exceed, or a command that cannot write /dev, holds
+    assert backend.plan(_request(), _disk_policy(64 << 20), facts(0)).argv
+    assert backend.plan(_request(), _disk_policy(8 << 20), facts(1000)).argv
+
+
+def test_gvisor_refuses_a_disk_quota_when_the_command_is_uid_0_inside() -> None:
+    """runsc cannot size /dev: the quota holds only for a command that cannot write it."""
+    facts = _facts(
+        runsc="/usr/bin/runsc", runsc_version=20221219, image=ImageRef(kind="host"), state="/s"
+    )
+    gvisor = get_backend("gvisor")
+    root = facts.replace(uid=0, gid=0)
+    assert gvisor.plan(_request(), _disk_policy(8 << 20, isolation="kernel"), root).argv  # 65533
+    kept = _disk_policy(8 << 20, isolation="kernel", allow_degraded=frozenset({"isolation"}))
+    image = root.replace(
+        details=tuple(
+            sorted(
+                {
+                    **dict(root.details),
+                    "image": ImageRef(kind="rootfs", value="/img", rootfs="/img"),
+                }.items()
+            )
+        )
+    )
+    for policy, host in ((kept, root), (_disk_policy(8 << 20, isolation="kernel"), image)):
+        with pytest.raises(EnforcementUnavailable, match="does not size") as info:
+            gvisor.plan(_request(), policy, host)
+        assert info.value.rule == "resources.disk"

@@ -398,3 +398,84 @@ def test_the_broker_reads_the_global_git_configs_the_callers_git_reads() -> None
     assert user_git_configs(xdg) == (f"{HOME}/.gitconfig", "/cfg/git/config")
     chosen = facts(environ=(("GIT_CONFIG_GLOBAL", "/etc/my.gitconfig"),))
     assert user_git_configs(chosen) == ("/etc/my.gitconfig",)
+
+
+# ---------------------------------------------------------------- allowUnixSockets as a list
+PG = "/var/run/postgresql/.s.PGSQL.5432"
+
+
+def socket_facts(**details: object) -> HostFacts:
+    base = facts()
+    listed = {
+        "socket_dirs": ("/run",),
+        "unix_named": ((PG, "/run/postgresql/.s.PGSQL.5432"),),
+        "unix_listeners": (
+            ("/run/postgresql/.s.PGSQL.5432", ()),
+            ("/run/docker.sock", ()),
+            (f"{HOME}/.docker/run/docker.sock", ()),
+            (f"{WS}/.git/fsmonitor--daemon.ipc", ()),
+            ("/srv/closed/x.sock", ("/srv/closed",)),
+            (f"{HOME}/.ssh/agent.sock", ()),
+        ),
+    }
+    listed.update(details)
+    return base.replace(
+        path_kinds=(*base.path_kinds, (PG, "socket")), details=tuple(sorted(listed.items()))
+    )
+
+
+def socket_policy(named: tuple[str, ...] = (PG,), mode: str = "none") -> Policy:
+    p = policy()
+    return p.replace(network=p.network.replace(allow_unix_sockets=named, mode=mode))
+
+
+def test_a_unix_socket_list_hides_run_and_covers_every_other_listener() -> None:
+    plan = BubblewrapBackend().plan(request(), socket_policy(), socket_facts())
+    args = " ".join(plan.argv)
+    assert "--tmpfs /run " in args
+    # the named socket, at its canonical path, before /run turns read-only
+    assert args.index(f"--ro-bind {PG} /run/postgresql/.s.PGSQL.5432") < args.index(
+        "--remount-ro /run"
+    )
+    assert f"--ro-bind /dev/null {HOME}/.docker/run/docker.sock" in args
+    assert f"--ro-bind /dev/null {WS}/.git/fsmonitor--daemon.ipc" in args
+    assert "/dev/null /run/" not in args  # under the empty /run already
+    assert "/srv/closed/x.sock" not in args  # the sandbox's uid cannot reach it
+    assert f"{HOME}/.ssh/agent.sock" not in args  # under denyRead
+    # a workspace under /run is bound back over the empty /run: its sockets are covered
+    ws = "/run/user/1000/ws"
+    p = socket_policy()
+    p = p.replace(filesystem=p.filesystem.replace(workspace=ws))
+    f = socket_facts(unix_listeners=((f"{ws}/app.sock", ()),))
+    f = f.replace(path_kinds=(*f.path_kinds, (ws, "dir")))
+    req = ExecRequest.from_argv(["true"], cwd=ws, sandbox_id="sbx-000000000001")
+    args = " ".join(BubblewrapBackend().plan(req, p, f).argv)
+    assert args.index("--tmpfs /run ") < args.index(f"--ro-bind /dev/null {ws}/app.sock")
+    # socket(AF_UNIX) is allowed: the mounts decide what it reaches
+    (seccomp,) = [fd for fd in plan.fds if fd.number == 4]
+    assert seccomp.data == compile_filter(DENY_RULES, arch="x86_64", deny_unknown=True)
+
+
+@pytest.mark.parametrize(
+    ("named", "mode", "kinds", "words"),
+    [
+        ((PG,), "open", {}, "open"),
+        ((f"{WS}/db.sock",), "none", {f"{WS}/db.sock": "socket"}, "may write"),
+        (("/run/gone.sock",), "none", {}, "does not exist"),
+        (("/etc/passwd",), "none", {"/etc/passwd": "file"}, "not a socket"),
+        ((f"{HOME}/.ssh/agent.sock",), "none", {f"{HOME}/.ssh/agent.sock": "socket"}, "denyRead"),
+    ],
+)
+def test_a_unix_socket_list_is_refused_where_it_cannot_hold(
+    named: tuple[str, ...], mode: str, kinds: dict[str, str], words: str
+) -> None:
+    base = socket_facts()
+    f = base.replace(path_kinds=(*base.path_kinds, *kinds.items()))
+    with pytest.raises(EnforcementUnavailable, match=words) as info:
+        BubblewrapBackend().plan(request(), socket_policy(named, mode), f)
+    assert info.value.rule == "network.allowUnixSockets"
+
+
+def test_a_unix_socket_list_without_the_host_listing_is_refused() -> None:
+    with pytest.raises(EnforcementUnavailable, match="not listed"):
+        BubblewrapBackend().plan(request(), socket_policy(), facts())

@@ -97,6 +97,39 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
     assert "tsc_early_khz=2596000" in argv[argv.index("-append") + 1]
 
 
+def test_allowlist_gives_the_vm_one_restricted_nic_to_the_proxy() -> None:
+    """The plan: the run's proxy on a unix socket (bound at launch at the VM's path), the
+    guest's proxy variables at the forwarded address, and qemu's NIC with restrict=on."""
+    policy = _policy(read_only=True)
+    policy = policy.replace(
+        network=policy.network.replace(mode="allowlist", allow=("pypi.org", "localhost:8000"))
+    )
+    facts = _facts(socat="/usr/bin/socat").replace(egress_token="tok")
+    policy = policy.replace(env=policy.env.replace(set=(("HTTPS_PROXY", "http://mine:1"),)))
+    plan = get_backend("microvm").plan(_request(), policy, facts)
+    assert plan.egress is not None
+    assert plan.egress.netns == "unix" and plan.egress.allow == ("pypi.org", "localhost:8000")
+    assert plan.egress.forwards == ()  # the guest's loopback is its own
+    config = _config(plan)
+    env = dict(config["exec"]["env"])  # type: ignore[index]
+    assert env["HTTPS_PROXY"] == "http://corral:tok@10.0.2.100:3128"  # corral's, not env.set's
+    assert [k for k, _v in config["exec"]["env"]].count("HTTPS_PROXY") == 1  # type: ignore[index]
+    vm, _share = vm_config_of(config)
+    assert vm.net == "/usr/bin/socat"
+    argv = qemu_argv(vm, "/run/a.sock", "/run/f.sock", "/run/e.sock")
+    netdev = argv[argv.index("-netdev") + 1]
+    assert netdev == (
+        "user,id=net,restrict=on,ipv6=off,"
+        "guestfwd=tcp:10.0.2.100:3128-cmd:/usr/bin/socat - UNIX-CONNECT:/run/e.sock"
+    )
+    assert argv[argv.index("-device", argv.index("-netdev")) + 1] == "virtio-net-device,netdev=net"
+    assert vm != vm.replace(net="")  # a networked VM is another pool key
+    rules = policy.replace(network=policy.network.replace(deny_requests=("pypi.org/evil",)))
+    with pytest.raises(EnforcementUnavailable) as info:
+        get_backend("microvm").plan(_request(), rules, facts)
+    assert info.value.rule == "network.denyRequests"
+
+
 def test_kvm_is_used_where_it_boots_guests() -> None:
     plan = get_backend("microvm").plan(
         _request(), _policy(read_only=True), _facts(kvm_problem=None)
@@ -141,7 +174,7 @@ def test_writable_workspace_without_a_preview_is_refused() -> None:
     ("change", "rule"),
     [
         ({"network": "open"}, "network.mode"),
-        ({"network": "allowlist"}, "network.mode"),
+        ({"network": "allowlist"}, "network.mode"),  # these facts have no socat
         ({"allow_write": ("/srv/out",)}, "filesystem.allowWrite"),
         ({"cpu_time": 5.0}, "resources.cpuTime"),
         ({"disk": 1 << 20}, "resources.disk"),

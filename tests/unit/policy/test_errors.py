@@ -422,3 +422,27 @@ def test_null_is_named_in_type_errors(world: SettingsWorld) -> None:
 def test_long_values_are_shortened_in_messages(world: SettingsWorld) -> None:
     err = user_error(world, {"isolation": "x" * 100})
     assert f'"{"x" * 57}..."' in err.message
+
+
+@pytest.mark.parametrize(
+    ("value", "key", "words"),
+    [
+        ("yes", "network.allowUnixSockets", "true, false or a list of socket paths"),
+        ([], "network.allowUnixSockets", "at least one socket path"),
+        (["run/a.sock"], "network.allowUnixSockets[0]", "not an absolute path"),
+        (["/run/a.sock", 5], "network.allowUnixSockets[1]", "expected a socket path"),
+        (["/"], "network.allowUnixSockets[0]", "not a socket"),
+    ],
+)
+def test_a_wrong_unix_socket_list_names_the_entry(
+    world: SettingsWorld, value: Any, key: str, words: str
+) -> None:
+    err = user_error(world, {"network": {"allowUnixSockets": value}})
+    assert err.key == key
+    assert words in str(err)
+
+
+def test_a_unix_socket_list_is_normalised(world: SettingsWorld) -> None:
+    world.user({"network": {"allowUnixSockets": ["/run//pg/./a.sock", "/run/pg/a.sock", "~/s"]}})
+    sockets = world.load().policy.network.allow_unix_sockets
+    assert sockets == ("/run/pg/a.sock", os.path.join(world.home, "s"))

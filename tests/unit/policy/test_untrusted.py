@@ -81,6 +81,43 @@ def load_untrusted(world: SettingsWorld, project: Any, user: Any = None) -> Any:
             ("resources.output", None),
             False,
         ),
+        # allowUnixSockets: false, or a list narrower than the one in force, tightens
+        (
+            {"network": {"allowUnixSockets": True}},
+            {"network": {"allowUnixSockets": ["/run/a.sock"]}},
+            ("network.allow_unix_sockets", ("/run/a.sock",)),
+            False,
+        ),
+        (
+            {"network": {"allowUnixSockets": ["/run/a.sock", "/run/b.sock"]}},
+            {"network": {"allowUnixSockets": ["/run/b.sock"]}},
+            ("network.allow_unix_sockets", ("/run/b.sock",)),
+            False,
+        ),
+        (
+            {"network": {"allowUnixSockets": ["/run/a.sock"]}},
+            {"network": {"allowUnixSockets": ["/run/a.sock", "/run/docker.sock"]}},
+            ("network.allow_unix_sockets", ("/run/a.sock",)),
+            True,
+        ),
+        (
+            {},
+            {"network": {"allowUnixSockets": ["/run/docker.sock"]}},
+            ("network.allow_unix_sockets", False),
+            True,
+        ),
+        (
+            {"network": {"allowUnixSockets": ["/run/a.sock"]}},
+            {"network": {"allowUnixSockets": True}},
+            ("network.allow_unix_sockets", ("/run/a.sock",)),
+            True,
+        ),
+        (
+            {"network": {"allowUnixSockets": ["/run/a.sock"]}},
+            {"network": {"allowUnixSockets": False}},
+            ("network.allow_unix_sockets", False),
+            False,
+        ),
         # always loosening scalars
         ({}, {"image": "evil:latest"}, ("image", None), True),
         ({"image": "a"}, {"image": "a"}, ("image", "a"), False),

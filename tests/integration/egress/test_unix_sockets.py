@@ -1,0 +1,221 @@
+"""``network.allowUnixSockets`` as a list: only the named host sockets are reachable.
+
+Real host servers, a real ``corral run`` on bubblewrap, plain Python clients
+inside; each server counts what it received on the host.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from tests.conftest import World, is_root, needs_bwrap
+
+pytestmark = [needs_bwrap]
+
+#: Prints, per path given, ``OK <reply>`` or ``ERR <errno name>``.
+CLIENT = """
+import errno, socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    try:
+        s.connect(path)
+        print(path, "OK", s.recv(64).decode())
+    except OSError as e:
+        print(path, "ERR", errno.errorcode.get(e.errno, e.errno))
+"""
+
+
+class Server:
+    """A unix socket server on the host that answers ``pong`` and counts connections."""
+
+    def __init__(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.path = path
+        self.accepted = 0
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.bind(path)
+        os.chmod(path, 0o666)  # a root caller's sandbox runs as an unrelated uid
+        self.sock.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.sendall(b"pong")
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+        self.thread.join(5)
+
+
+@contextmanager
+def servers(*paths: str) -> Iterator[list[Server]]:
+    started: list[Server] = []
+    try:
+        for path in paths:
+            started.append(Server(path))
+        yield started
+    finally:
+        for server in started:
+            server.close()
+
+
+def run(world: World, settings: dict[str, object], *paths: str, backend: str = "bubblewrap"):  # type: ignore[no-untyped-def]
+    path = world.write(
+        os.path.join(world.root, f"s-{uuid.uuid4().hex[:6]}.json"), json.dumps(settings)
+    )
+    return world.corral(
+        "run", "--backend", backend, "--settings", path, "--", "python3", "-c", CLIENT, *paths
+    )
+
+
+def answers(stdout: bytes) -> dict[str, str]:
+    """``{path: "OK pong" | "ERR ENAME"}`` from the client's output."""
+    found: dict[str, str] = {}
+    for line in stdout.decode().splitlines():
+        path, _, rest = line.partition(" ")
+        found[path] = rest
+    return found
+
+
+def test_only_the_named_host_socket_is_reachable(world: World) -> None:
+    svc = os.path.join(world.outside, "svc")
+    named, sibling = os.path.join(svc, "named.sock"), os.path.join(svc, "other.sock")
+    docker = os.path.join(world.outside, "var", "lib", "docker.sock")
+    paths = [named, sibling, docker]
+    run_dir = None
+    if is_root() and os.access("/run", os.W_OK):
+        # a service's socket under the host's /run: the whole directory is hidden
+        run_dir = f"/run/corral-test-{uuid.uuid4().hex[:8]}"
+        paths.append(os.path.join(run_dir, "docker.sock"))
+    try:
+        with servers(*paths) as started:
+            for mode in ("none", "allowlist"):
+                result = run(
+                    world, {"network": {"mode": mode, "allowUnixSockets": [named]}}, *paths
+                )
+                assert result.returncode == 0, result.stderr
+                seen = answers(result.stdout)
+                assert seen[named] == "OK pong", seen
+                assert seen[sibling] == "ERR ECONNREFUSED", seen  # /dev/null over it
+                assert seen[docker] == "ERR ECONNREFUSED", seen
+                if run_dir:
+                    assert seen[paths[3]] == "ERR ENOENT", seen  # an empty /run
+            # on the host: only the named server was ever reached, and all still serve
+            assert [s.accepted for s in started] == [2] + [0] * (len(paths) - 1)
+            for path in paths:
+                client = socket.socket(socket.AF_UNIX)
+                client.connect(path)
+                assert client.recv(4) == b"pong"
+                client.close()
+    finally:
+        if run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_the_corral_server_socket_stays_unreachable(world: World) -> None:
+    """Even re-exposed with allowRead, the server's socket is covered (and the run uses it)."""
+    from tests.integration.server.conftest import stop
+
+    del world.environ["CORRAL_SERVER"]
+    svc = os.path.join(world.outside, "svc", "named.sock")
+    server_dir = os.path.join(world.state_dir, "server")
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+        sock = os.path.join(server_dir, "server.sock")
+        assert os.path.exists(sock)
+        with servers(svc) as (named,):
+            settings: dict[str, object] = {
+                "network": {"allowUnixSockets": [svc]},
+                "filesystem": {"allowRead": [server_dir]},
+            }
+            result = run(world, settings, svc, sock)
+            assert result.returncode == 0, result.stderr
+            seen = answers(result.stdout)
+            assert seen == {svc: "OK pong", sock: "ERR ECONNREFUSED"}, seen
+            assert named.accepted == 1
+            # named on purpose, it is reached: the server's peer checks refuse the sandbox
+            settings["network"] = {"allowUnixSockets": [sock]}
+            result = run(world, settings, sock)
+            assert result.returncode == 0, result.stderr
+            reply = answers(result.stdout)[sock]
+            assert reply.startswith("OK") and '"refused"' in reply, reply
+    finally:
+        stop(world)
+
+
+def test_the_list_is_refused_where_it_cannot_hold(world: World) -> None:
+    svc = os.path.join(world.outside, "named.sock")
+    in_workspace = world.ws("ws.sock")
+    with servers(svc, in_workspace):
+        cases: list[tuple[dict[str, object], str, str]] = [
+            ({"network": {"mode": "open", "allowUnixSockets": [svc]}}, "bubblewrap", "open"),
+            ({"network": {"allowUnixSockets": [in_workspace]}}, "bubblewrap", "may write"),
+            ({"network": {"allowUnixSockets": [svc + ".gone"]}}, "bubblewrap", "does not exist"),
+            ({"network": {"allowUnixSockets": [world.victim]}}, "bubblewrap", "not a socket"),
+            ({"network": {"allowUnixSockets": [svc]}}, "landlock", "landlock"),
+            (
+                {"network": {"allowUnixSockets": [svc]}, "image": "corral:python"},
+                "podman",
+                "podman",
+            ),
+        ]
+        world.write(world.victim, "v\n")
+        for settings, backend, words in cases:
+            extra: dict[str, object] = {}
+            if backend == "landlock":
+                extra = {"isolation": "process", "allowDegraded": ["isolation"]}
+            result = run(world, {**settings, **extra}, svc, backend=backend)
+            assert result.returncode == 125, (backend, settings, result.stderr)
+            assert b"network.allowUnixSockets" in result.stderr, result.stderr
+            assert words.encode() in result.stderr, result.stderr
+            assert b"OK" not in result.stdout
+
+
+def test_abstract_sockets_of_the_host_are_not_reachable(world: World) -> None:
+    """The sandbox's own network namespace has none of the host's abstract names."""
+    name = f"\0corral-test-{uuid.uuid4().hex[:8]}"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(name)
+    server.listen(1)
+    server.settimeout(0.2)
+    svc = os.path.join(world.outside, "named.sock")
+    code = (
+        "import socket\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        f"try: s.connect({name!r}); print('REACHED')\n"
+        "except OSError as e: print('ERR', e.errno)"
+    )
+    try:
+        with servers(svc):
+            path = world.write(
+                os.path.join(world.root, "abstract.json"),
+                json.dumps({"network": {"allowUnixSockets": [svc]}}),
+            )
+            result = world.corral(
+                "run", "--backend", "bubblewrap", "--settings", path, "--", "python3", "-c", code
+            )
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"ERR {errno.ECONNREFUSED}".encode(), result.stdout
+        with pytest.raises(OSError):
+            server.accept()
+    finally:
+        server.close()
