@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, LaunchFailed, UsageError
-from ..pipeline._request import redact
+from ..pipeline._request import STDIN_INHERIT, redact
 from ._egress import egress_spec, injected_credentials
 from ._plan import BrokerSpec, EgressSpec, FdSpec, LaunchPlan
 from .base import (
@@ -222,7 +222,21 @@ class ContainerBackend(Backend):
 
     # ------------------------------------------------------------ plan
     def plan(self, request: ExecRequest, policy: Policy, facts: HostFacts) -> LaunchPlan:
-        return self._plan(request, policy, facts, session=None)
+        plan = self._plan(request, policy, facts, session=None)
+        if (
+            request.output_tty
+            and not request.tty
+            and not request.capture
+            and request.stdin_mode == STDIN_INHERIT
+        ):
+            # at a terminal (decided at launch) the engine gives the command a pty of its own
+            # (-i -t); its output - stdout and stderr merged by the engine - still reaches
+            # corral, which relays, caps and digests it (docs/design.md, "Output on a terminal")
+            on_terminal = self._plan(
+                request.replace(tty=True, output_tty=False), policy, facts, session=None
+            )
+            plan = plan.replace(terminal_argv=on_terminal.argv)
+        return plan
 
     def plan_exec(
         self, request: ExecRequest, policy: Policy, facts: HostFacts, container: str

@@ -275,6 +275,10 @@ class LaunchPlan(Record):
             before spawning (e.g. an OCI bundle's ``config.json``) and
             removes afterwards; the engine itself ignores them.
         credentials: names (never values) of the credentials injected.
+        terminal_argv: the argv to spawn instead of *argv* when the command's
+            stdin, stdout and stderr are all one terminal (``corral run`` at a
+            terminal on podman/docker: the engine's ``-i -t``); empty: *argv*
+            always.
     """
 
     backend: str
@@ -294,6 +298,7 @@ class LaunchPlan(Record):
     unsandboxed: bool = False
     files: tuple[tuple[str, bytes], ...] = ()
     credentials: tuple[str, ...] = ()
+    terminal_argv: tuple[str, ...] = ()
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""

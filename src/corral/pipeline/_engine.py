@@ -100,7 +100,11 @@ class Running:
     process's 0, 1, 2; the corral server passes its client's); with
     *output_tty* an output stream whose destination is a terminal is relayed
     from a pseudo-terminal instead of a pipe (:func:`_output_pty`; not for the
-    container engines' CLIs, :data:`_ENGINE_CLI_BACKENDS`: pipes as with ``--no-tty``). *stdio*
+    container engines' CLIs, :data:`_ENGINE_CLI_BACKENDS`: pipes as with ``--no-tty``,
+    unless stdin, stdout and stderr are one terminal and the plan has a
+    ``terminal_argv``: then the engine gives the command a pty of its own, its
+    CLI's output comes through a pty of corral's - relayed, capped, digested -
+    and the terminal's mode, which the engine sets raw, is restored at the end). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -126,6 +130,12 @@ class Running:
         # its stdout hung (observed through the server, where it has no controlling terminal)
         self._output_tty = output_tty and plan.backend not in _ENGINE_CLI_BACKENDS
         self._ptys: list[tuple[int, int]] = []  # (pty master, the terminal it relays to)
+        # the engine CLI's terminal mode (decided at the spawn: _on_one_terminal)
+        self._may_use_terminal = (
+            output_tty and not capture and stdio is None and stdin_mode == "inherit"
+        )
+        self._terminal = False
+        self._saved_mode: tuple[int, list[Any]] | None = None  # (fd, termios attributes)
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
@@ -175,7 +185,8 @@ class Running:
 
     def _spawn(self) -> None:
         plan = self.plan
-        argv = plan.argv
+        self._terminal = self._on_one_terminal()
+        argv = plan.terminal_argv if self._terminal else plan.argv
         if plan.egress is not None and plan.egress.netns == "fresh":
             # the sandbox joins a namespace by path as it starts: make it (the
             # proxy listening inside) first, and name it in the argv
@@ -318,11 +329,36 @@ class Running:
         self._cgroup, self._prestaged = group, None
         return group.spawner
 
+    def _on_one_terminal(self) -> bool:
+        """Whether the plan's ``terminal_argv`` applies: stdin, stdout and stderr are one terminal.
+
+        Only then is what the user sees the same with the engine's single pty
+        (stdout and stderr merged); a pipe anywhere keeps the pipes.
+        """
+        if not (self._may_use_terminal and self.plan.terminal_argv):
+            return False
+        devices = set()
+        for fd in (self._streams_in, *self._sinks):
+            try:
+                if not os.isatty(fd):
+                    return False
+                devices.add(os.fstat(fd).st_rdev)
+            except OSError:
+                return False
+        return len(devices) == 1
+
     def _prepare_stdio(self, close_later: list[int]) -> list[int]:
         if self._stdio is not None:
             return list(self._stdio)  # e.g. a pty for an interactive shell
         if self._stdin_mode == "inherit":
             stdin = self._streams_in
+            if self._terminal:
+                import termios
+
+                try:  # the engine sets the terminal raw: restored in _release, however it ends
+                    self._saved_mode = (stdin, termios.tcgetattr(stdin))
+                except termios.error:
+                    pass
         elif self._stdin_mode == "data":
             r, w = os.pipe2(os.O_CLOEXEC)
             self._stdin_fd = w
@@ -336,7 +372,9 @@ class Running:
             if not self._capture and self.plan.output_limit is None and os.isatty(sink):
                 outs.append(sink)  # a terminal: hand it over as is (no cap asked)
                 continue
-            if self._output_tty and not self._capture and os.isatty(sink):
+            # the engine CLI at a terminal writes the command's pty's output to its stdout
+            as_terminal = self._output_tty or (self._terminal and index == 0)
+            if as_terminal and not self._capture and os.isatty(sink):
                 r, w = _output_pty(sink)
                 self._ptys.append((r, sink))
             else:
@@ -565,6 +603,12 @@ class Running:
             return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
+            if self._terminal:  # the engine CLI resizes the command's pty from its stdin's size
+                try:
+                    os.kill(self.pid, signum)
+                except ProcessLookupError:
+                    pass
+                return
         init = self.sandbox_pid if self.sandbox_pid > 0 else self._unreported_init()
         tops = _children_of(init) if init > 0 else self._command_pids(top_only=True)
         if not tops and init > 0 and self.plan.backend == "bubblewrap":
@@ -1002,6 +1046,9 @@ class Running:
 
     def _release(self) -> None:
         self._ptys = []  # before their masters close: a late SIGWINCH must not resize a reused fd
+        if self._saved_mode is not None:
+            _restore_terminal(*self._saved_mode)
+            self._saved_mode = None
         if self._prestaged is not None:
             self._prestaged.remove()
             self._prestaged = None
@@ -1083,6 +1130,26 @@ def _output_pty(terminal: int) -> tuple[int, int]:
         os.close(slave)
         raise
     return master, slave
+
+
+def _restore_terminal(fd: int, attrs: list[Any]) -> None:
+    """Put *fd*'s terminal back in mode *attrs* if it changed (an engine CLI left it raw).
+
+    SIGTTOU is blocked meanwhile: corral in a background job may still restore it.
+    """
+    import signal
+    import termios
+
+    try:
+        if termios.tcgetattr(fd) == attrs:
+            return
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
+        try:
+            termios.tcsetattr(fd, termios.TCSANOW, attrs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    except (termios.error, OSError):
+        pass  # no terminal any more (closed, hung up): nothing to restore
 
 
 #: Backends whose first process is a container engine's CLI (their stdio is relayed by it).

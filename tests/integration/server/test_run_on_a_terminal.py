@@ -33,12 +33,17 @@ def on_pty(
     *,
     wait_for: bytes = READY,
     then: Callable[[], None] | None = None,
+    modes: list[list[object]] | None = None,
+    resize: tuple[int, int] | None = None,
 ) -> tuple[int, bytes]:
-    """Run *argv* with a new pty as its controlling terminal; once *wait_for* shows, type *keys*
-    and call *then*.
+    """Run *argv* with a new pty as its controlling terminal; once *wait_for* shows, type *keys*,
+    give the terminal the size *resize* (rows, columns) and call *then*. *modes* receives the
+    terminal's mode (``tcgetattr``) before and after.
 
     Returns the exit status (negative: killed by that signal) and all it wrote.
     """
+    import termios
+
     pid, fd = pty.fork()
     if pid == 0:  # the child is a session leader; the pty is its terminal
         try:
@@ -46,6 +51,8 @@ def on_pty(
             os.execvpe(argv[0], argv, env)
         finally:
             os._exit(127)
+    if modes is not None:
+        modes.append(termios.tcgetattr(fd))
     out = b""
     typed = False
     deadline = time.monotonic() + 35
@@ -63,12 +70,20 @@ def on_pty(
             if keys:
                 time.sleep(0.3)  # let the shell reach its wait for sleep
                 os.write(fd, keys)
+            if resize is not None:
+                import fcntl
+                import struct
+
+                time.sleep(0.3)  # let the shell set its trap
+                fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("hhhh", *resize, 0, 0))
             if then is not None:
                 then()
             typed = True
     else:
         os.kill(pid, 9)
     _, status = os.waitpid(pid, 0)
+    if modes is not None:
+        modes.append(termios.tcgetattr(fd))
     os.close(fd)
     return os.waitstatus_to_exitcode(status), out
 
@@ -373,34 +388,144 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
             terminal.close()
 
 
+def _engine_runs(
+    served: World, client: str, engine: str
+) -> dict[str, tuple[list[str], dict[str, str]]]:
+    """:func:`_runs` with *engine* and the built ``corral:python`` image (settings in the world)."""
+    settings = os.path.join(served.root, f"{engine}.json")
+    values: dict[str, object] = {"backend": engine, "image": "corral:python"}
+    if engine == "docker":  # it cannot take corral's write broker (tests/contract: refusals)
+        values["allowDegraded"] = ["filesystem.protect"]
+    with open(settings, "w") as f:
+        json.dump(values, f)
+    # one pass per client parameter (each pass starts containers): in-process with the Python
+    # client's, through the server with the fast client's (the server's side is the same)
+    runs = _runs(served, client)
+    del runs["corral" if client == "corral" else "in-process"]
+    # the image the fixture built, in the caller's cache (the world has a home of its own)
+    extra = {"XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")}
+    if "DOCKER_HOST" in os.environ:  # e.g. the private engine of tests/contract's conftest
+        extra["DOCKER_HOST"] = os.environ["DOCKER_HOST"]
+    return {
+        name: ([*argv, "run", "--settings", settings], {**env, **extra})
+        for name, (argv, env) in runs.items()
+    }
+
+
+def _shown(out: bytes) -> list[bytes]:
+    """The words of *out* without corral's warning about an allowed degradation."""
+    lines = out.replace(b"^C", b"").splitlines()
+    return b" ".join(line for line in lines if not line.startswith(b"corral: warning:")).split()
+
+
+def _engine_at_a_terminal(served: World, client: str, engine: str) -> None:
+    """At a terminal the engine gives the command a pty (``-i -t``): it sees a terminal on
+    stdin, stdout and stderr; it reads the typed line; Ctrl-C reaches its trap; the output cap
+    and the audit digest hold over the engine's one stream (stdout and stderr merged, with the
+    pty's ``\\r\\n``); the terminal's mode, which the engine sets raw, is restored after every run,
+    also after a Ctrl-C and a timeout."""
+    for name, (command, env) in _engine_runs(served, client, engine).items():
+        modes: list[list[object]] = []
+        script = (
+            "import sys; print('ready', *(s.isatty() for s in (sys.stdin, sys.stdout, sys.stderr)))"
+        )
+        code, out = on_pty(
+            [*command, "--", "python3", "-c", script], env, served.workspace, modes=modes
+        )
+        assert (code, _shown(out)) == (0, [b"ready", b"True", b"True", b"True"]), (name, out)
+        assert modes[0] == modes[1], name
+
+        script = "echo ready; read line; echo got=$line; echo err >&2"
+        code, out = on_pty([*command, "-c", script], env, served.workspace, b"hello\n", modes=modes)
+        assert (code, _shown(out)) == (0, [b"ready", b"hello", b"got=hello", b"err"]), (name, out)
+        assert modes[2] == modes[3], name
+        record = json.loads(served.corral("audit", "--json", "-n", "1").stdout)
+        merged = b"ready\r\nhello\r\ngot=hello\r\nerr\r\n"  # the typed line is the pty's echo
+        assert record["stdout"]["sha256"] == hashlib.sha256(merged).hexdigest(), (name, record)
+
+        script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
+        code, out = on_pty([*command, "-c", script], env, served.workspace, b"\x03", modes=modes)
+        assert (code, _shown(out)) == (7, [b"ready", b"trapped"]), (name, out)
+        assert modes[4] == modes[5], name
+
+        script = "echo ready; head -c 100000 /dev/zero; echo after"
+        code, out = on_pty(
+            [*command, "--max-output", "1K", "-c", script], env, served.workspace, modes=modes
+        )
+        assert code == 0, (name, out[-300:])
+        assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
+        assert b"output limit (resources.output) reached" in out, (name, out[-300:])
+        assert modes[6] == modes[7], name
+
+        code, out = on_pty(
+            [*command, "--timeout", "1s", "-c", "echo ready; sleep 100"],
+            env,
+            served.workspace,
+            modes=modes,
+        )
+        assert code != 0 and b"ready" in out, (name, out)
+        assert modes[8] == modes[9], name
+
+        # a resize reaches the engine CLI, which resizes the container's pty
+        script = (
+            "trap 'echo size $(stty size); exit 0' WINCH; echo ready; "
+            "i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo timeout"
+        )
+        code, out = on_pty([*command, "-c", script], env, served.workspace, resize=(33, 77))
+        # the engine's signal proxy may pass the SIGWINCH on too: the trap can run twice
+        assert (code, _shown(out)[:4]) == (0, [b"ready", b"size", b"33", b"77"]), (name, out)
+
+        # --no-tty: pipes, as before (the terminal stays only stdin)
+        code, out = on_pty(
+            [*command, "--no-tty", "-c", "test -t 1 || echo no-tty; echo ready"],
+            env,
+            served.workspace,
+        )
+        assert (code, _shown(out)) == (0, [b"no-tty", b"ready"]), (name, out)
+
+
 @needs_root
 @needs_build
 @needs_podman
-def test_podman_at_a_terminal_reads_it_and_takes_ctrl_c(
+def test_podman_at_a_terminal_gives_the_command_a_pty(
+    served: World, client: str, built_python: str
+) -> None:
+    _engine_at_a_terminal(served, client, "podman")
+
+
+@needs_root
+@needs_build
+def test_docker_at_a_terminal_gives_the_command_a_pty(
+    served: World, client: str, built_python: str
+) -> None:
+    import pytest
+
+    from corral.backends.docker import DockerBackend
+
+    problem = DockerBackend().engine_problem(dict(os.environ))
+    if problem is not None:  # tests/contract's conftest starts a private dockerd (DOCKER_HOST)
+        pytest.skip(f"no Docker engine runs: {problem}")
+    _engine_at_a_terminal(served, client, "docker")
+
+
+@needs_root
+@needs_build
+@needs_podman
+def test_podman_with_a_file_on_stdin_keeps_pipes_and_takes_ctrl_c(
     served: World, client: str, built_python: str
 ) -> None:
     """podman used to stop (SIGTTIN/SIGTTOU) with the terminal on its stdin: in a session of
-    its own it reads the typed line, and Ctrl-C reaches the command's trap. The command gets
-    pipes for its output (a container engine relays its stdio: no pty)."""
-    settings = os.path.join(served.root, "podman.json")
-    with open(settings, "w") as f:
-        json.dump({"backend": "podman", "image": "corral:python"}, f)
-    runs = _runs(served, client)
-    if client != "corral":
-        del runs["in-process"]  # once is enough: the corral client's pass runs it
-    # the image the fixture built, in the caller's cache (the world has a home of its own)
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    for name, (argv, env) in runs.items():
-        env = {**env, "XDG_CACHE_HOME": cache}
-        command = [*argv, "run", "--settings", settings, "-c"]
+    its own it runs, and Ctrl-C reaches the command's trap. With a file on its
+    stdin the command gets pipes for its output (the engine's pty needs all three on the
+    terminal), and Ctrl-C still reaches it (as a signal corral relays: no raw mode)."""
+    for name, (command, env) in _engine_runs(served, client, "podman").items():
+        World.write(served.ws("typed"), "hello\n")
+        piped = ["/bin/sh", "-c", 'exec "$@" <typed', "sh", *command, "-c"]
         script = "test -t 1 || echo no-tty; echo ready; read line; echo got=$line"
-        code, out = on_pty([*command, script], env, served.workspace, b"hello\n")
-        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"hello", b"got=hello"]), (
-            name,
-            out,
-        )
+        code, out = on_pty([*piped, script], env, served.workspace)
+        assert (code, out.split()) == (0, [b"no-tty", b"ready", b"got=hello"]), (name, out)
         script = "trap 'echo trapped; exit 7' INT; echo ready; sleep 100 & wait"
-        code, out = on_pty([*command, script], env, served.workspace, b"\x03")
+        code, out = on_pty([*piped, script], env, served.workspace, b"\x03")
         assert (code, out.replace(b"^C", b"").split()) == (7, [b"ready", b"trapped"]), (
             name,
             out,

@@ -249,6 +249,38 @@ def test_podman_sessions_refuse_an_allowlist() -> None:
         backend.plan_session(_allowlist(_policy()), _podman_facts(0), "sbx-1")  # type: ignore[attr-defined]
 
 
+def test_container_plans_carry_an_argv_for_a_terminal_only_when_it_may_apply() -> None:
+    """``corral run`` at a terminal: the plan's ``terminal_argv`` differs from its argv by the
+    engine's ``-t`` (and, for docker, the command as pid 1); SDK, piped or --no-tty runs have none."""
+    docker_facts = _facts(
+        engine="/usr/bin/docker",
+        engine_problem=None,
+        image=ImageRef(kind="ref", value="debian", engine_ref="debian"),
+        filters="/state/filters",
+    )
+    policy = _policy(allow_degraded=frozenset({"filesystem.protect"}))
+    streamed = _request().replace(capture=False, stdin_mode="inherit")
+    for name, facts in (("podman", _podman_facts(0)), ("docker", docker_facts)):
+        backend = get_backend(name)
+        plan = backend.plan(streamed.replace(output_tty=True), policy, facts)
+        argv, terminal = list(plan.argv), list(plan.terminal_argv)
+        assert argv[argv.index("run") + 1 :].count("-i") == 1 and "-t" not in argv
+        assert terminal[terminal.index("-i") + 1] == "-t"
+        if name == "podman":
+            # the helper makes the container's pty the command's controlling terminal
+            assert "--ctty" in terminal and "--ctty" not in argv
+            assert [w for w in terminal if w not in ("-t", "--ctty")] == argv
+        else:  # the command keeps docker's pty as its controlling terminal: pid 1 itself
+            assert [w for w in terminal if w != "-t"] == [w for w in argv if w != "--init"]
+        for request in (
+            streamed,  # --no-tty
+            streamed.replace(output_tty=True, capture=True),  # the SDK
+            streamed.replace(output_tty=True, stdin_mode="null"),
+            streamed.replace(output_tty=True, tty=True),  # corral shell: -t already
+        ):
+            assert backend.plan(request, policy, facts).terminal_argv == ()
+
+
 def _disk_policy(size: int, **changes: object) -> Policy:
     policy = _policy(**changes)
     return policy.replace(
