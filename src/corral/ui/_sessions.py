@@ -44,6 +44,13 @@ class Session:
     rss_bytes: int  # their resident memory
     cpu_seconds: float  # their CPU time
 
+    @property
+    def owner_short(self) -> str:
+        """The owner's command line with programs and paths by their last name, at most 60 characters."""
+        words = [word.rsplit("/", 1)[-1] if word.startswith("/") else word for word in self.owner.split()]
+        shown = " ".join(words)
+        return shown if len(shown) <= 60 else shown[:59] + "\u2026"
+
 
 def _sessions_dir(state_dir: str) -> str:
     return os.path.join(state_dir, "sessions")
