@@ -243,6 +243,34 @@ def test_timeout_stops_the_guest_command(vm_world: World) -> None:
     assert b"timed out after 3s" in result.stderr
 
 
+#: Guest root takes the agent's port from pid 1 (pidfd_getfd) and announces a
+#: frame longer than the agent ever sends, then keeps the port open.
+FORGE = r"""
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+port = next(int(n) for n in os.listdir("/proc/1/fd") if "vport" in os.readlink(f"/proc/1/fd/{n}"))
+fd = libc.syscall(438, os.pidfd_open(1), port, 0)
+assert fd >= 0, ctypes.get_errno()
+os.write(fd, b"1" + (0xFFFFFFFF).to_bytes(4, "big") + b"x" * 65536)
+print("forged", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_forged_oversized_agent_frame_is_refused_not_buffered(vm_world: World) -> None:
+    """The guest's root can speak on the agent's port; the host relay refuses a frame of
+    4 GiB at once (exit 125) instead of buffering guest data without bound until the timeout."""
+    started = time.monotonic()
+    result = vm_world.corral(
+        "run", "--backend", "microvm", "--read-only", "--timeout", "40", "--max-output", "1M",
+        "--", "python3", "-c", FORGE,
+        timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 125, result.stderr.decode()
+    assert b"broke the agent protocol: a frame of 4294967295 bytes" in result.stderr
+    assert time.monotonic() - started < 35  # refused at the header, not at the timeout
+
+
 def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
     """Pooled runs: the second run takes a VM booted in the background, never the first's;
     closing the pool destroys the idle VMs."""

@@ -486,9 +486,21 @@ class Channel:
             self._sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
 
     def read_frame(self, deadline: float | None = None) -> tuple[bytes, bytes]:
+        """The agent's next frame.
+
+        Raises:
+            BootFailed: the VM went away, the deadline passed, or a frame
+                announces more than the agent ever sends (``MAX_FRAME``).
+        """
+        from ._microvm_run import MAX_FRAME
+
         while True:
             if len(self._buf) >= 5:
                 (length,) = struct.unpack(">I", self._buf[1:5])
+                if length > MAX_FRAME:
+                    raise BootFailed(
+                        f"the guest agent sent a frame of {length} bytes (at most {MAX_FRAME})"
+                    )
                 if len(self._buf) >= 5 + length:
                     kind, payload = self._buf[:1], self._buf[5 : 5 + length]
                     self._buf = self._buf[5 + length :]
