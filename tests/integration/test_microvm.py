@@ -99,6 +99,8 @@ def connect_tcp():
     s.sendall(b"leak")
     return "connected"
 attempt("tcp", connect_tcp)
+# a device node would land on the host's disk (the preview's upper layer), made by root
+attempt("mknod", lambda: os.mknod("dev-mem", 0o20666, os.makedev(1, 1)))
 def connect_unix():
     s = socket.socket(socket.AF_UNIX)
     s.connect(sys.argv[5])
@@ -175,6 +177,7 @@ def test_escapes_fail_and_changes_come_back_only_through_preview(vm_world: World
     assert r["read_home_secret"] == ["failed", "FileNotFoundError"]
     assert r["read_ws_secret"][0] == "failed" or r["read_ws_secret"][1] == ""
     assert r["tcp"][0] == "failed" and r["unix"][0] == "failed"
+    assert r["mknod"] == ["failed", "PermissionError"]
     assert received == []
     assert not any(marker in c for c in r["cmdlines"])
     assert r["env_token"] is None

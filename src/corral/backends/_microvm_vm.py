@@ -257,6 +257,9 @@ def virtiofsd_argv(config: VmConfig, fs_socket: str) -> list[str]:
         "/bin/sh", "-c", prepare, "corral-share",
         config.virtiofsd, f"--socket-path={fs_socket}", "-o", f"source={VIEW_ROOT}",
         "-o", "cache=none", "-o", "sandbox=chroot", "-o", "no_xattr", "-o", "log_level=err",
+        # the guest's root may not make device nodes on the host's disk (the preview's
+        # upper layer): a FIFO needs no CAP_MKNOD, so only devices are refused
+        "-o", "modcaps=-mknod",
     ]  # fmt: skip
 
 

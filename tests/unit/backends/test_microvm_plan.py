@@ -153,6 +153,7 @@ def test_preview_plan_serves_the_previews_overlay() -> None:
     fsd = virtiofsd_argv(vm, "/run/f.sock")
     assert fsd[0] == "/usr/bin/unshare" and "/usr/lib/qemu/virtiofsd" in fsd
     assert "source=/mnt" in fsd
+    assert "modcaps=-mknod" in fsd  # no device nodes made on the host by the guest's root
 
 
 def test_copy_preview_binds_the_copy() -> None:
