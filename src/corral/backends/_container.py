@@ -712,7 +712,7 @@ class ContainerSession:
 
     def _stop_commands(self) -> None:
         """SIGKILL every process of the session except its init (corral's ``--hold``)."""
-        from ..pipeline._engine import _pids_in_pidns_of
+        from ..pipeline._engine_control import _pids_in_pidns_of
 
         keep = {self.init_pid}
         for pid in _pids_in_pidns_of(self.init_pid):
