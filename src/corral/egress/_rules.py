@@ -20,9 +20,9 @@ and the request path with ``%XX`` escapes decoded, ``.``/``..`` segments
 resolved, repeated slashes collapsed and the query removed - and, when a
 segment has ``;parameters``, also without them - so that
 ``/org/repo.git/%67it-receive-pack``, ``//x/../git-receive-pack`` or
-``/r.git/git-receive-pack;x`` cannot slip past ``POST */git-receive-pack``. The host part (before the first ``/``)
-decides which hosts a rule applies to, and so which HTTPS hosts the proxy
-terminates.
+``/r.git/git-receive-pack;x`` cannot slip past ``POST */git-receive-pack``.
+The host part (before the first ``/``) decides which hosts a rule applies
+to, and so which HTTPS hosts the proxy terminates.
 
 Example::
 
