@@ -333,17 +333,26 @@ def test_node_lost_mid_run(ray_cluster):
     w = ray_cluster.world
     cluster = ray_cluster.cluster
     local = ray_cluster.local
-    victim_node = ray_cluster.workers[0]
-    survivor = ray_cluster.workers[1]
+    pools = {node["id"]: node["warm"].get("microvm") for node in cluster.nodes()}
+    # the warm worker when there is one: its pool's VMs must die with the node
+    victim_node = next((n for n in ray_cluster.workers if pools.get(n)), ray_cluster.workers[0])
+    survivor = next(n for n in ray_cluster.workers if n != victim_node)
     marker = f"{uuid.uuid4().int % 10_000}.{os.getpid() + 2}"
     from corral.cluster import NodeLost
 
     sbx = cluster.Sandbox(workspace=w.workspace, node=victim_node)
-    agent_pid = cluster.nodes()[ray_cluster.workers.index(victim_node)]["pid"]
+    agent_pid = next(n for n in cluster.nodes() if n["id"] == victim_node)["pid"]
     # which `ray start` process is that node's: the one the agent descends from
     from corral.cluster._local import _descendants
 
     node_process = next(p for p in local.nodes if agent_pid in _descendants(p.pid))
+    pool_pids: set[int] = set()
+    if pools.get(victim_node):
+        deadline = time.monotonic() + 120
+        while not (idle := _warm_vms(cluster, victim_node)["idle"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pool_pids = {pid for vm in idle for pid in (vm["qemu"], vm["virtiofsd"])}
+        assert pool_pids
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -364,6 +373,10 @@ def test_node_lost_mid_run(ray_cluster):
     assert len(errors) == 1 and isinstance(errors[0], NodeLost), errors
     assert victim_node in str(errors[0]) and "lost" in str(errors[0])
     assert _wait_gone(f"sleep {marker}", 60) == []  # no orphaned sandbox on the lost node
+    deadline = time.monotonic() + 30  # nor a VM of its warm pool (same machine: checked here)
+    while any(_qemu_alive(pid) for pid in pool_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pool_pids if _qemu_alive(pid)]
     local.stop_node(node_process)
     # new runs go to the remaining node
     for _ in range(3):
