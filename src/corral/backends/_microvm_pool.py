@@ -30,6 +30,7 @@ hides; see docs/backends/microvm.md.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -64,9 +65,9 @@ class VmPool:
     def __init__(self, size: int = 1) -> None:
         self.size = max(0, size)
         self._idle: dict[VmConfig, list[GuestVM]] = {}
-        #: qemu pids of the pooled VMs handed out so far, oldest first (what :meth:`members`
+        #: qemu pids of the last pooled VMs handed out, oldest first (what :meth:`members`
         #: showed idle is found here once a run took it)
-        self.served: list[int] = []
+        self.served: collections.deque[int] = collections.deque(maxlen=256)
         self._ready_at: dict[int, float] = {}  # qemu pid -> wall-clock time it became idle
         self._wanted: set[VmConfig] = set()
         self._lock = threading.Lock()
@@ -133,6 +134,8 @@ class VmPool:
             idle = self._idle.get(config)
             vm = idle.pop(0) if idle else None
             self._wanted.add(config)
+            if vm is not None and vm.qemu is not None:
+                self._ready_at.pop(vm.qemu.pid, None)
         if vm is not None and (vm.qemu is None or vm.qemu.poll() is not None):
             vm.close()
             vm = None  # died while idle
@@ -140,7 +143,6 @@ class VmPool:
         if vm is not None:
             assert vm.qemu is not None
             with self._lock:
-                self._ready_at.pop(vm.qemu.pid, None)
                 self.served.append(vm.qemu.pid)
             return vm
         # none idle: boot on the caller's thread (not behind a refill on the worker); the
@@ -182,6 +184,7 @@ class VmPool:
             self._closed = True
             vms = [vm for vms in self._idle.values() for vm in vms]
             self._idle.clear()
+            self._ready_at.clear()
         for vm in vms:
             vm.close()
         self._jobs.put(None)
