@@ -293,7 +293,11 @@ class Resident:
         if policy is not self._policy and policy != self._policy:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
         if self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
-            self.broken = True  # retired: its mounts were decided from another host
+            # its mounts were decided from another host: retired once no command of it runs
+            # (retiring ends the sandbox, and the async twin may run one now), fresh until then
+            if self._lock.acquire(False):
+                self.broken = True
+                self._lock.release()
             return None
         found = self._plan(request)
         if found is None:
