@@ -532,6 +532,34 @@ def check_namespaces() -> str:
         subprocess.run(["ip", "netns", "del", name], check=True)
 
 
+def check_backpressure(limit: int = 256 << 20) -> str:
+    """How much a sender gets rid of (in 5 s) through a joined pair when the receiver never reads."""
+
+    def pair() -> tuple[socket.socket, socket.socket]:
+        listener = socket.create_server(("127.0.0.1", 0))
+        a = socket.create_connection(listener.getsockname())
+        return a, listener.accept()[0]
+
+    client, inside = pair()
+    outside, server = pair()
+    sm = Sockmap()
+    ca, cb = sm.join(inside, outside)
+    server.setblocking(False)
+    sent, block, start = 0, b"x" * (1 << 20), time.monotonic()
+    while sent < limit and time.monotonic() - start < 5:
+        try:
+            sent += server.send(block)
+        except BlockingIOError:
+            time.sleep(0.01)
+    client.settimeout(10)
+    read = 0
+    while read < sent:
+        read += len(client.recv(1 << 20))
+    sm.part(ca, cb)
+    verdict = "held back" if sent < 32 << 20 else "NOT held back"
+    return f"{verdict}: {sent >> 20} MiB accepted (all {read >> 20} MiB arrived later)"
+
+
 def check(server_port: int, repeats: int) -> None:
     """Each case *repeats* times through the sockmap relay; a table of passes and failures."""
     pid, port, rd = _start_proxy("sockmap", server_port)
@@ -573,6 +601,7 @@ def check(server_port: int, repeats: int) -> None:
         time.sleep(0.2)
         report = os.read(rd, 4096).decode().strip().replace("\n", "; ")
         print(f"| across network namespaces (1 MiB up, an answer back) | {check_namespaces()} |")
+        print(f"| a receiver that never reads: is the sender held back? | {check_backpressure()} |")
         print(f"proxy: {report}" + (f"; expected up {up} down {down}" if exact else ""))
     finally:
         os.kill(pid, 9)
