@@ -13,7 +13,7 @@ import time
 
 from .._exceptions import LaunchFailed
 from ._engine_state import _CHUNK, _POLLIN, _SETUP_TIMEOUT, _State, _Stream
-from ._terminal import ENGINE_CLI_BACKENDS, output_pty, starts_a_session
+from ._terminal import ENGINE_CLI_BACKENDS, in_directory, output_pty, starts_a_session
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -28,6 +28,8 @@ class _Setup(_State):
         plan = self.plan
         self._terminal = self._on_one_terminal()
         argv = plan.terminal_argv if self._terminal else plan.argv
+        if plan.backend in ENGINE_CLI_BACKENDS:
+            argv = in_directory(argv, plan.cwd)
         if plan.egress is not None and plan.egress.netns == "fresh":
             # the sandbox joins a namespace by path as it starts: make it (the
             # proxy listening inside) first, and name it in the argv

@@ -1,4 +1,4 @@
-"""Terminals for a run: output ptys, restoring a terminal's mode, which first processes lead a session."""
+"""Where a run's first process starts: output ptys, a terminal's mode, its session, its directory."""
 
 from __future__ import annotations
 
@@ -75,3 +75,29 @@ def starts_a_session(argv: Sequence[str]) -> bool:
     """
     options = argv[: argv.index("--")] if "--" in argv else argv
     return "--setsid" in options
+
+
+#: ``env`` of coreutils (``--chdir`` since 8.28): how an engine CLI is started in another directory.
+_ENV = "/usr/bin/env"
+
+
+def in_directory(argv: Sequence[str], directory: str) -> tuple[str, ...]:
+    """*argv* started in host *directory*: through ``env --chdir`` when it is not this one.
+
+    ``posix_spawn`` cannot change directory (Python exposes no chdir action),
+    and the engine CLIs' helpers write into their working directory (conmon
+    leaves an ``oom`` file there after an OOM kill): they start in the plan's
+    directory, not in the caller's (often the workspace). ``env`` execs the
+    program in place (same pid, session and signal dispositions). Without
+    ``env`` (not a coreutils system), for ``/`` (gVisor's runsc writes
+    nothing there) or a directory that does not exist, *argv* is returned as
+    is.
+    """
+    if directory in ("", "/") or not os.path.isdir(directory) or not os.access(_ENV, os.X_OK):
+        return tuple(argv)
+    try:
+        if os.path.samefile(directory, "."):
+            return tuple(argv)
+    except OSError:
+        pass  # the caller's directory is gone: not the plan's
+    return (_ENV, f"--chdir={directory}", "--", *argv)
