@@ -41,6 +41,7 @@ import fcntl
 import hashlib
 import os
 import select
+import signal
 import socket
 import statistics
 import struct
@@ -51,7 +52,14 @@ import time
 from corral.egress._relay import Counter, relay
 
 _SYS_BPF = 321  # x86-64
-_MAP_CREATE, _MAP_UPDATE, _MAP_DELETE, _PROG_LOAD, _PROG_ATTACH = 0, 2, 3, 5, 8
+_MAP_CREATE, _MAP_UPDATE, _MAP_DELETE, _MAP_GET_NEXT_KEY, _PROG_LOAD, _PROG_ATTACH = (
+    0,
+    2,
+    3,
+    4,
+    5,
+    8,
+)
 _MAP_HASH, _MAP_SOCKHASH, _PROG_SK_SKB, _ATTACH_SK_SKB_VERDICT = 1, 18, 14, 38
 _FN_LOOKUP, _FN_SOCKET_COOKIE, _FN_SK_REDIRECT_HASH = 1, 46, 72
 _SO_COOKIE, _SIOCINQ, _SIOCOUTQ = 57, 0x541B, 0x5411
@@ -179,7 +187,13 @@ class Sockmap:
         while True:
             k = ctypes.addressof(key) if key is not None else 0
             try:
-                _bpf(4, ("I", self.sockets), ("I", 0), ("Q", k), ("Q", ctypes.addressof(nxt)))
+                _bpf(
+                    _MAP_GET_NEXT_KEY,
+                    ("I", self.sockets),
+                    ("I", 0),
+                    ("Q", k),
+                    ("Q", ctypes.addressof(nxt)),
+                )
             except OSError:
                 return count
             count += 1
@@ -364,9 +378,8 @@ def _start_proxy(mode: str, target: int) -> tuple[int, int, int]:
             if sm is not None:
                 os.write(wr, (f"entries {sm.entries()}\n").encode())
 
-        asyncio.get_event_loop_policy()
         loop = asyncio.new_event_loop()
-        loop.add_signal_handler(10, report)  # SIGUSR1
+        loop.add_signal_handler(signal.SIGUSR1, report)
         loop.run_until_complete(_proxy(mode, listener, target, sm, stats))
         os._exit(0)
     os.close(wr)
@@ -589,7 +602,7 @@ def check(server_port: int, repeats: int) -> None:
                     failures.append(str(exc) or type(exc).__name__)
                     exact = False
             time.sleep(0.3)
-            os.kill(pid, 10)
+            os.kill(pid, signal.SIGUSR1)
             time.sleep(0.2)
             state = os.read(rd, 4096).decode().strip().replace("\n", "; ")
             state += f"; open fds {len(os.listdir(f'/proc/{pid}/fd'))}"
@@ -597,7 +610,7 @@ def check(server_port: int, repeats: int) -> None:
                   f" {'; '.join(sorted(set(failures)))[:120]} | {state} | up {up} down {down} |",
                   flush=True)  # fmt: skip
         time.sleep(0.5)
-        os.kill(pid, 10)
+        os.kill(pid, signal.SIGUSR1)
         time.sleep(0.2)
         report = os.read(rd, 4096).decode().strip().replace("\n", "; ")
         print(f"| across network namespaces (1 MiB up, an answer back) | {check_namespaces()} |")
