@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from ..backends._plan import LaunchPlan
     from ..egress import EgressHandle
     from ._cgroups import Cgroup, CgroupLayout
+    from ._console import ConsoleRelay, ConsoleSocket
 
 __all__ = ["Running", "run_plan"]
 
@@ -104,7 +105,9 @@ class Running:
     unless stdin, stdout and stderr are one terminal and the plan has a
     ``terminal_argv``: then the engine gives the command a pty of its own, its
     CLI's output comes through a pty of corral's - relayed, capped, digested -
-    and the terminal's mode, which the engine sets raw, is restored at the end). *stdio*
+    and the terminal's mode, which the engine sets raw, is restored at the end; when that
+    argv names :data:`~corral.backends._plan.CONSOLE_SOCKET` (runsc), the command's pty
+    master comes over that socket and this engine relays it: :mod:`._console`). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -136,6 +139,8 @@ class Running:
         )
         self._terminal = False
         self._saved_mode: tuple[int, list[Any]] | None = None  # (fd, termios attributes)
+        self._console: ConsoleSocket | None = None  # where runsc sends the command's pty master
+        self._relay: ConsoleRelay | None = None  # keystrokes into that master
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture
@@ -187,6 +192,15 @@ class Running:
         plan = self.plan
         self._terminal = self._on_one_terminal()
         argv = plan.terminal_argv if self._terminal else plan.argv
+        if self._terminal:
+            from ..backends._plan import CONSOLE_SOCKET
+
+            if any(CONSOLE_SOCKET in word for word in argv):
+                from ._console import ConsoleSocket
+
+                self._console = ConsoleSocket()
+                path = self._console.path
+                argv = tuple(word.replace(CONSOLE_SOCKET, path) for word in argv)
         if plan.egress is not None and plan.egress.netns == "fresh":
             # the sandbox joins a namespace by path as it starts: make it (the
             # proxy listening inside) first, and name it in the argv
@@ -359,6 +373,8 @@ class Running:
                     self._saved_mode = (stdin, termios.tcgetattr(stdin))
                 except termios.error:
                     pass
+            if self._console is not None:
+                return self._console_stdio(close_later)
         elif self._stdin_mode == "data":
             r, w = os.pipe2(os.O_CLOEXEC)
             self._stdin_fd = w
@@ -388,6 +404,40 @@ class Running:
                 self._err = stream
             outs.append(w)
         return [stdin, *outs]
+
+    def _console_stdio(self, close_later: list[int]) -> list[int]:
+        """The runtime's own stdio when the command's comes over the console socket.
+
+        Nothing of the user's terminal: stdin ``/dev/null``; stdout and stderr
+        one pipe for the runtime's own messages, relayed as stderr. The
+        command's output becomes stdout once its pty master arrives
+        (:meth:`_attach_console`).
+        """
+        stdin = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        r, w = os.pipe2(os.O_CLOEXEC)
+        close_later += [stdin, w]
+        self._err = _Stream(r, self._sinks[1])
+        self._streams.append(self._err)
+        return [stdin, w, w]
+
+    def _attach_console(self, deadline: float) -> None:
+        """Receive the command's pty master, relay it as stdout, set the terminal raw."""
+        from ._console import ConsoleRelay
+
+        assert self._console is not None
+        try:
+            master = self._console.receive(lambda fd: self._wait_readable(fd, deadline))
+        except LaunchFailed as exc:
+            raise LaunchFailed(
+                f"{exc.message} (while waiting for the command's terminal on the console socket)",
+                hint=exc.hint or "run with --no-tty to use pipes instead",
+            ) from exc
+        os.set_blocking(master, False)
+        self._out = _Stream(master, self._sinks[0])
+        self._streams.insert(0, self._out)
+        self._ptys.append((master, self._sinks[0]))
+        self._sync_window_sizes()
+        self._relay = ConsoleRelay(master, self._streams_in)
 
     def _setup_phase(self) -> None:
         """Place the sandbox into its cgroup, release it, and attach the broker."""
@@ -462,6 +512,8 @@ class Running:
             os.close(self._parent_fds.pop("block"))
         if self._broker is not None:
             self._broker.attach(self._receive_listener(deadline), launcher_pid=self.pid)
+        if self._console is not None:
+            self._attach_console(deadline)
 
     def _read_until(self, fd: int, marker: bytes, deadline: float) -> bytes:
         data = bytearray()
@@ -603,6 +655,8 @@ class Running:
             return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
+            if self._relay is not None:  # the pty's new size signals the command inside
+                return
             if self._terminal:  # the engine CLI resizes the command's pty from its stdin's size
                 try:
                     os.kill(self.pid, signum)
@@ -809,6 +863,8 @@ class Running:
         # (_kill_at is read after this exists, so a cancel before it is seen too.)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         poller.register(self._wake_fd, _POLLIN)
+        if self._relay is not None:
+            self._relay.register(poller)
         exited_at: float | None = None
         wait_status: int | None = None
         try:
@@ -841,6 +897,8 @@ class Running:
                             status_fd = -1
                     elif fd == self._stdin_fd:
                         self._feed_stdin(poller)
+                    elif self._relay is not None and self._relay.owns(fd):
+                        self._relay.on_event(poller, fd)
                     elif fd in by_fd:
                         stream = by_fd[fd]
                         try:
@@ -1046,6 +1104,12 @@ class Running:
 
     def _release(self) -> None:
         self._ptys = []  # before their masters close: a late SIGWINCH must not resize a reused fd
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        if self._console is not None:
+            self._console.close()
+            self._console = None
         if self._saved_mode is not None:
             _restore_terminal(*self._saved_mode)
             self._saved_mode = None
