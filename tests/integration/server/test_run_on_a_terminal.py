@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 from tests.conftest import World, client_command
 
-from ..test_images_and_containers import built_python, needs_build, needs_podman, needs_root
+from ..test_images_and_containers import (
+    built_python,
+    needs_build,
+    needs_podman,
+    needs_root,
+    needs_runsc,
+)
 
 __all__ = ["built_python"]  # the module's fixture: one image build for the podman test
 
@@ -391,10 +397,13 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
 def _engine_runs(
     served: World, client: str, engine: str
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """:func:`_runs` with *engine* and the built ``corral:python`` image (settings in the world)."""
+    """:func:`_runs` with *engine* (settings in the world): podman and docker with the built
+    ``corral:python`` image, gVisor over the host's ``/``."""
     settings = os.path.join(served.root, f"{engine}.json")
-    values: dict[str, object] = {"backend": engine, "image": "corral:python"}
-    if engine == "docker":  # it cannot take corral's write broker (tests/contract: refusals)
+    values: dict[str, object] = {"backend": engine}
+    if engine != "gvisor":
+        values["image"] = "corral:python"
+    if engine in ("docker", "gvisor"):  # neither can take corral's write broker (refusals)
         values["allowDegraded"] = ["filesystem.protect"]
     with open(settings, "w") as f:
         json.dump(values, f)
@@ -530,3 +539,139 @@ def test_podman_with_a_file_on_stdin_keeps_pipes_and_takes_ctrl_c(
             name,
             out,
         )
+
+
+def _gvisor_processes(world: World) -> list[str]:
+    """Command lines of runsc processes (runsc, its gofer, its sandbox) of *world*'s state."""
+    found = []
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                line = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+        if os.path.join(world.state_dir, "gvisor") in line:
+            found.append(f"{name}: {line}")
+    return found
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_gives_the_command_a_pty(served: World, client: str) -> None:
+    """At a terminal runsc gives the command a pty (``process.terminal``) and hands its master
+    to corral over the console socket: the command sees a terminal on stdin, stdout and stderr;
+    it reads the typed line; Ctrl-C is its pty's (exit 130) and leaves no runsc process; a
+    resize reaches it; the output cap and the audit digest hold over the one stream; the
+    terminal's mode, raw while corral relays, is restored after every run (also after Ctrl-C
+    and a timeout). With stdout not a terminal the command keeps pipes."""
+    for name, (command, env) in _engine_runs(served, client, "gvisor").items():
+        modes: list[list[object]] = []
+        script = (
+            "import sys; print('ready', *(s.isatty() for s in (sys.stdin, sys.stdout, sys.stderr)))"
+        )
+        code, out = on_pty(
+            [*command, "--", "python3", "-c", script], env, served.workspace, modes=modes
+        )
+        assert (code, _shown(out)) == (0, [b"ready", b"True", b"True", b"True"]), (name, out)
+        assert modes[0] == modes[1], name
+
+        script = "echo ready; read line; echo got=$line; echo err >&2"
+        code, out = on_pty([*command, "-c", script], env, served.workspace, b"hello\r", modes=modes)
+        assert (code, _shown(out)) == (0, [b"ready", b"hello", b"got=hello", b"err"]), (name, out)
+        assert modes[2] == modes[3], name
+        record = json.loads(served.corral("audit", "--json", "-n", "1").stdout)
+        merged = b"ready\r\nhello\r\ngot=hello\r\nerr\r\n"  # the typed line is the pty's echo
+        assert record["stdout"]["sha256"] == hashlib.sha256(merged).hexdigest(), (name, record)
+
+        script = "import time; print('ready', flush=True); time.sleep(100); print('after')"
+        started = time.monotonic()
+        code, out = on_pty(
+            [*command, "--", "python3", "-c", script], env, served.workspace, b"\x03", modes=modes
+        )
+        assert time.monotonic() - started < 30, (name, out)
+        assert code == 130 and b"KeyboardInterrupt" in out and b"after" not in out, (name, out)
+        assert modes[4] == modes[5], name
+        assert _gvisor_processes(served) == [], name
+
+        script = "echo ready; head -c 100000 /dev/zero; echo after"
+        code, out = on_pty(
+            [*command, "--max-output", "1K", "-c", script], env, served.workspace, modes=modes
+        )
+        assert code == 0, (name, out[-300:])
+        assert len(out) < 2000, f"{name}: the cap did not hold ({len(out)} bytes)"
+        assert b"output limit (resources.output) reached" in out, (name, out[-300:])
+        assert modes[6] == modes[7], name
+
+        code, out = on_pty(
+            [*command, "--timeout", "1s", "-c", "echo ready; sleep 100"],
+            env,
+            served.workspace,
+            modes=modes,
+        )
+        assert code == 124 and b"ready" in out, (name, out)
+        assert modes[8] == modes[9], name
+        assert _gvisor_processes(served) == [], name
+
+        # a resize gives the command's pty the new size: the command gets its SIGWINCH
+        script = (
+            "trap 'echo size $(stty size); exit 0' WINCH; echo ready; "
+            "i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo timeout"
+        )
+        code, out = on_pty([*command, "-c", script], env, served.workspace, resize=(33, 77))
+        assert (code, _shown(out)) == (0, [b"ready", b"size", b"33", b"77"]), (name, out)
+
+        # stdout not a terminal (stdin and stderr still are): pipes, as before
+        piped = ["/bin/sh", "-c", 'exec "$@" >piped', "sh", *command, "--", "python3", "-c"]
+        script = "import sys; print('tty', sys.stdout.isatty())"
+        code, out = on_pty([*piped, script], env, served.workspace, wait_for=b"\0")
+        with open(served.ws("piped"), "rb") as f:
+            assert (code, f.read().split()) == (0, [b"tty", b"False"]), (name, out)
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_fails_closed_without_a_pty(world: World) -> None:
+    """A runtime that connects to the console socket but hands over no terminal: the run fails
+    (exit 125, a clear error), nothing it started is left running, the terminal's mode is
+    restored and the socket's private (0700) directory is gone. A runtime that exits before it
+    connects fails the run the same way, with its own message."""
+    fake = os.path.join(world.root, "fake-bin")
+    os.makedirs(fake)
+    pids = os.path.join(world.root, "fake.pid")
+    exits = os.path.join(world.root, "fake-exits")
+    World.write(
+        os.path.join(fake, "runsc"),
+        "#!/usr/bin/python3\n"
+        "import os, socket, sys, time\n"
+        "args = sys.argv[1:]\n"
+        "if '--version' in args: print('runsc version 0.0~20221219.0'); sys.exit(0)\n"
+        "if 'run' not in args: sys.exit(0)\n"
+        "path = args[args.index('--console-socket') + 1]\n"
+        "mode = oct(os.stat(os.path.dirname(path)).st_mode & 0o777)\n"
+        f"open({pids!r}, 'a').write(f'{{os.getpid()}} {{mode}} {{path}}\\n')\n"
+        f"if os.path.exists({exits!r}): print('runsc: cannot boot', file=sys.stderr); sys.exit(3)\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(path); s.send(b'no terminal here')\n"
+        "time.sleep(60)\n",
+    )
+    os.chmod(os.path.join(fake, "runsc"), 0o755)
+    env = {**world.environ, "CORRAL_SERVER": "off", "PATH": f"{fake}:{world.environ['PATH']}"}
+    modes: list[list[object]] = []
+    command = [*client_command("corral"), "run", "--backend", "gvisor"]
+    command += ["--allow-degraded", "filesystem.protect", "--", "true"]
+    started = time.monotonic()
+    code, out = on_pty(command, env, world.workspace, wait_for=b"\0", modes=modes)
+    assert time.monotonic() - started < 30, out
+    assert code == 125, out
+    assert b"console socket" in out and b"expected one pty" in out, out
+    assert modes[0] == modes[1]
+    with open(pids) as f:
+        pid, mode, path = f.read().split()
+    assert mode == "0o700", path  # only corral's user reaches the socket
+    assert not os.path.exists(f"/proc/{pid}"), out
+    assert not os.path.exists(os.path.dirname(path)), path
+
+    # a runtime that exits before it connects: the same, with its own message
+    World.write(exits, "")
+    code, out = on_pty(command, env, world.workspace, wait_for=b"\0", modes=modes)
+    assert code == 125 and b"console socket" in out and b"runsc: cannot boot" in out, out
+    assert modes[2] == modes[3]
