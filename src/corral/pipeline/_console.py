@@ -12,9 +12,11 @@ engine (:class:`corral.pipeline._engine.Running`) then
   merged by the one pty, counted against the output cap and digested as
   stdout - and gives it the user's window size (now and on every SIGWINCH);
 * puts the user's terminal in raw mode while it relays and forwards the
-  keystrokes into the master (:class:`ConsoleRelay`), so Ctrl-C, Ctrl-\\ and
-  Ctrl-Z are the command's pty's to deliver to its foreground process group;
-  the engine restores the terminal's mode when the run ends, whatever ended it.
+  keystrokes into the master (:class:`ConsoleRelay`), so Ctrl-C and Ctrl-\\
+  are the command's pty's to deliver to its foreground process group; Ctrl-Z
+  still stops corral's job and the sandbox with it (:func:`set_raw`); the
+  engine restores the terminal's mode when the run ends, whatever ended it,
+  and while the job is stopped.
 
 Nothing here is imported unless a run takes that path.
 """
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["ConsoleRelay", "ConsoleSocket"]
+__all__ = ["ConsoleRelay", "ConsoleSocket", "set_raw"]
 
 _POLLIN, _POLLOUT = 0x001, 0x004
 _KEYS = 4096
@@ -124,7 +126,10 @@ class ConsoleRelay:
     non-blocking. The caller saved the terminal's mode before and restores it
     (:func:`corral.pipeline._engine._restore_terminal`); this only sets it raw.
     Input waits while the command does not read (the pty's input queue is
-    full): the relay never blocks the engine's loop.
+    full), and while the job is stopped (:meth:`pause`: the shell reads the
+    terminal then): the relay never blocks the engine's loop. All poller
+    changes happen in the loop's thread (:meth:`register`, :meth:`sync`,
+    :meth:`on_event`).
     """
 
     def __init__(self, master: int, keyboard: int) -> None:
@@ -139,30 +144,52 @@ class ConsoleRelay:
         else:
             os.set_blocking(self._keyboard, False)
         self._pending = b""
-        _set_raw(keyboard)
+        self._paused = False
+        self._hung_up = False
+        self._listening = False
+        self._poller: Any = None
+        set_raw(keyboard)
 
     def register(self, poller: object) -> None:
         """Start watching the keyboard in the engine's *poller* (a ``select.poll``)."""
-        poller.register(self._keyboard, _POLLIN)  # type: ignore[attr-defined]
+        self._poller = poller
+        self.sync()
+
+    def pause(self, paused: bool) -> None:
+        """Stop (or resume) reading the keyboard; from any thread (then wake the loop)."""
+        self._paused = paused
+
+    def sync(self) -> None:
+        """Watch the keyboard exactly when keys are wanted: none pending, not paused."""
+        listen = not (self._paused or self._pending or self._hung_up)
+        if self._poller is None or listen == self._listening:
+            return
+        if listen:
+            self._poller.register(self._keyboard, _POLLIN)
+        else:
+            self._poller.unregister(self._keyboard)
+        self._listening = listen
 
     def owns(self, fd: int) -> bool:
         """Whether *fd* (from the engine's poll) is one of the relay's."""
         return fd >= 0 and fd in (self._keyboard, self._writer)
 
-    def on_event(self, poller: object, fd: int) -> None:
+    def on_event(self, fd: int) -> None:
         """Handle *fd*'s poll event: read keystrokes, or pass the pending ones on."""
-        poll: Any = poller
         if fd == self._keyboard:
+            if not self._listening:
+                return
             try:
                 keys = os.read(fd, _KEYS)
             except BlockingIOError:
                 return
             except OSError:
                 keys = b""  # the terminal hung up
-            poll.unregister(fd)
+            self._hung_up = not keys
+            self._pending = keys
+            self.sync()
             if keys:
-                self._pending = keys
-                poll.register(self._writer, _POLLOUT)
+                self._poller.register(self._writer, _POLLOUT)
             return
         try:
             written = os.write(self._writer, self._pending)
@@ -172,8 +199,8 @@ class ConsoleRelay:
             written = len(self._pending)  # the command's terminal is gone: the keys with it
         self._pending = self._pending[written:]
         if not self._pending:
-            poll.unregister(self._writer)
-            poll.register(self._keyboard, _POLLIN)
+            self._poller.unregister(self._writer)
+            self.sync()
 
     def close(self) -> None:
         """Close the relay's own descriptors (not the master, not the terminal)."""
@@ -185,11 +212,17 @@ class ConsoleRelay:
         self._writer = self._keyboard = -1
 
 
-def _set_raw(fd: int) -> None:
-    """Put terminal *fd* in raw mode: no echo, no line editing, no signals, no output processing.
+def set_raw(fd: int) -> None:
+    """Put terminal *fd* in raw mode, but for Ctrl-Z: the keys reach the command's pty as typed.
 
-    SIGTTOU is blocked meanwhile (this thread only), as for the restore: a
-    corral in a background job must not be stopped by it.
+    No echo, no line editing, no output processing, and Ctrl-C and Ctrl-\\
+    are plain bytes (the command's pty turns them into SIGINT/SIGQUIT for its
+    foreground process group, or passes them to a program that reads them).
+    The suspend key keeps its meaning at the user's terminal: it stops
+    corral's job, which stops the sandbox, as for every other backend
+    (``Running.send_signal``). SIGTTOU is blocked meanwhile (this thread
+    only), as for the restore: a corral in a background job must not be
+    stopped by it.
     """
     import signal
     import termios
@@ -197,7 +230,13 @@ def _set_raw(fd: int) -> None:
 
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTTOU})
     try:
+        attrs = termios.tcgetattr(fd)
         tty.setraw(fd, termios.TCSANOW)
+        raw = termios.tcgetattr(fd)
+        raw[3] |= termios.ISIG
+        raw[6][termios.VINTR] = raw[6][termios.VQUIT] = b"\0"  # disabled (_POSIX_VDISABLE)
+        raw[6][termios.VSUSP] = attrs[6][termios.VSUSP]
+        termios.tcsetattr(fd, termios.TCSANOW, raw)
     except termios.error:
         pass  # no terminal any more: nothing to relay either
     finally:

@@ -652,6 +652,16 @@ class Running:
             return  # its pids may belong to other processes by now
         if signum in (18, 20):  # SIGCONT, SIGTSTP: the terminal's job control, for the sandbox
             self._suspend(signum == 20)
+            if self._relay is not None and self._saved_mode is not None:
+                # the user's shell gets its terminal back as it was; continued, raw again
+                from ._console import set_raw
+
+                if signum == 20:
+                    _restore_terminal(*self._saved_mode)
+                else:
+                    set_raw(self._saved_mode[0])
+                self._relay.pause(signum == 20)
+                self._wake()
             return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
@@ -876,6 +886,8 @@ class Running:
                 timeout_ms = None if not timeouts else max(0.0, min(timeouts) - now) * 1000
                 if exited_at is not None and not by_fd:
                     break
+                if self._relay is not None:
+                    self._relay.sync()  # stopped (Ctrl-Z) or continued meanwhile
                 events = poller.poll(timeout_ms)
                 for fd, mask in events:
                     if fd == self._wake_fd:
@@ -898,7 +910,7 @@ class Running:
                     elif fd == self._stdin_fd:
                         self._feed_stdin(poller)
                     elif self._relay is not None and self._relay.owns(fd):
-                        self._relay.on_event(poller, fd)
+                        self._relay.on_event(fd)
                     elif fd in by_fd:
                         stream = by_fd[fd]
                         try:

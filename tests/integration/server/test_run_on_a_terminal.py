@@ -675,3 +675,65 @@ def test_gvisor_at_a_terminal_fails_closed_without_a_pty(world: World) -> None:
     code, out = on_pty(command, env, world.workspace, wait_for=b"\0", modes=modes)
     assert code == 125 and b"console socket" in out and b"runsc: cannot boot" in out, out
     assert modes[2] == modes[3]
+
+
+def _mode(terminal: Terminal, tag: str) -> bytes:
+    """The terminal's mode as ``stty -g`` prints it in *terminal*'s shell now."""
+    terminal.type(f'stty -g; echo {tag}-""mode\n')  # -"": the echoed line is no match
+    terminal.wait_for(f"\r\n{tag}-mode\r\n".encode())
+    lines = terminal.out.split(b"\r\n")
+    return lines[lines.index(f"{tag}-mode".encode()) - 1]
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw_again(
+    served: World, client: str
+) -> None:
+    """The terminal is raw while corral relays, but Ctrl-Z keeps its meaning there: corral's
+    job stops with the sandbox, the shell gets its terminal back in its own mode, and ``fg``
+    continues both with the terminal raw again (Ctrl-C then reaches the command's trap)."""
+    counter = os.path.join(served.workspace, "count")
+    runs = _engine_runs(served, client, "gvisor")
+    for name, (command, env) in runs.items():
+        script = (  # typed into bash in single quotes; re""ady: the echoed line is no match
+            'trap "echo trapped; exit 7" INT; echo re""ady; '
+            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i > count; sleep 0.1; done; "
+            'echo fini""shed'
+        )
+        terminal = Terminal(env, served.workspace)
+        if os.path.exists(counter):
+            os.unlink(counter)
+        try:
+            before = _mode(terminal, "before")
+            terminal.type(f"{' '.join(command)} -c '{script}'\n")
+            terminal.wait_for(b"ready")
+            deadline = time.monotonic() + 30
+            while not os.path.exists(counter):
+                assert time.monotonic() < deadline, terminal.out
+                time.sleep(0.05)
+            terminal.type("\x1a")
+            terminal.wait_for(b"Stopped")
+            time.sleep(0.3)
+            with open(counter, encoding="utf-8") as f:
+                stopped_at = f.read()
+            time.sleep(0.5)
+            with open(counter, encoding="utf-8") as f:
+                assert f.read() == stopped_at, name  # nothing in the sandbox runs
+            assert _mode(terminal, "stopped") == before, (name, terminal.out)
+            terminal.type("fg\n")
+            deadline = time.monotonic() + 30
+            with open(counter, encoding="utf-8") as f:
+                while f.read() == stopped_at:
+                    assert time.monotonic() < deadline, terminal.out
+                    time.sleep(0.05)
+                    f.seek(0)
+            terminal.type("\x03")
+            terminal.wait_for(b"trapped")
+            terminal.wait_for(b"allowDegraded)\r\n$ ")  # typed earlier, keys go to the command
+            terminal.type("echo status=$?\n")
+            terminal.wait_for(b"status=7")
+            assert b"finished" not in terminal.out, name
+            assert _mode(terminal, "after") == before, (name, terminal.out)
+        finally:
+            terminal.close()
