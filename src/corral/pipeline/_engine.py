@@ -780,6 +780,10 @@ class Running:
         then returns soon after.
         """
         self._cancelled = True
+        if self._relay is not None:  # no more keys for the command: the terminal is the shell's
+            self._relay.pause(True)
+            if self._saved_mode is not None:
+                _restore_terminal(*self._saved_mode)
         if self._reaped:
             return
         self._kill_at = time.monotonic()
@@ -953,6 +957,8 @@ class Running:
 
     def _after_main_exit(self) -> None:
         """The spawned process exited: nothing of the sandbox may outlive it."""
+        if self._relay is not None:
+            self._relay.pause(True)  # the command is gone: typed keys are the shell's again
         if self.sandbox_pid <= 0:
             # no pid namespace (none/landlock): stop what the command left behind
             try:

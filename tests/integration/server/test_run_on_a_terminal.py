@@ -677,10 +677,24 @@ def test_gvisor_at_a_terminal_fails_closed_without_a_pty(world: World) -> None:
     assert modes[2] == modes[3]
 
 
+def _command_lines() -> dict[str, str]:
+    """The command line of every ``corral run`` (or ``corral-client run``) process, by pid."""
+    found = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"run" in words[:6] and words[0] != b"/bin/sh":
+            found[name] = b" ".join(words).decode("utf-8", "replace")
+    return found
+
+
 def _mode(terminal: Terminal, tag: str) -> bytes:
     """The terminal's mode as ``stty -g`` prints it in *terminal*'s shell now."""
     terminal.type(f'stty -g; echo {tag}-""mode\n')  # -"": the echoed line is no match
-    terminal.wait_for(f"\r\n{tag}-mode\r\n".encode())
+    terminal.wait_for(f"\r\n{tag}-mode\r\n$ ".encode())  # and the next prompt
     lines = terminal.out.split(b"\r\n")
     return lines[lines.index(f"{tag}-mode".encode()) - 1]
 
@@ -692,7 +706,9 @@ def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw
 ) -> None:
     """The terminal is raw while corral relays, but Ctrl-Z keeps its meaning there: corral's
     job stops with the sandbox, the shell gets its terminal back in its own mode, and ``fg``
-    continues both with the terminal raw again (Ctrl-C then reaches the command's trap)."""
+    continues both with the terminal raw again (Ctrl-C then reaches the command's trap).
+    corral stopped from outside (SIGTERM; through the server, its client killed) restores the
+    terminal too and leaves no runsc process."""
     counter = os.path.join(served.workspace, "count")
     runs = _engine_runs(served, client, "gvisor")
     for name, (command, env) in runs.items():
@@ -735,5 +751,21 @@ def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw
             terminal.wait_for(b"status=7")
             assert b"finished" not in terminal.out, name
             assert _mode(terminal, "after") == before, (name, terminal.out)
+
+            # corral stopped from outside: SIGTERM in-process; through the server, its client
+            # killed (SIGKILL: the server stops the run) - the terminal is restored all the same
+            marker = f"gone-{name}"
+            script = f'echo {marker} >/dev/null; echo re""ady; sleep 100'
+            terminal.out = b""
+            terminal.type(f"{' '.join(command)} -c '{script}'\n")
+            terminal.wait_for(b"ready")
+            (pid,) = [int(p) for p, words in _command_lines().items() if marker in words]
+            os.kill(pid, 15 if name == "in-process" else 9)
+            terminal.wait_for(b"\r\n$ ", timeout=30)
+            assert _mode(terminal, "gone") == before, (name, terminal.out)
+            deadline = time.monotonic() + 30
+            while _gvisor_processes(served):
+                assert time.monotonic() < deadline, _gvisor_processes(served)
+                time.sleep(0.1)
         finally:
             terminal.close()
