@@ -31,6 +31,11 @@ Refused unless degraded (``allowDegraded``): ``filesystem.protect`` and glob
 syscalls never reach); and, as for the containers, ``network.mode =
 "allowlist"`` and ``credentials``.
 
+At a terminal (``corral run`` with stdin, stdout and stderr one terminal) the
+plan's ``terminal_argv`` runs a second bundle with ``process.terminal`` and
+``--console-socket``: runsc creates the command's pty and hands its master to
+the engine, which relays it (:mod:`corral.pipeline._console`).
+
 Known limits of Debian's runsc 20221219: coreutils ``ls``/``stat`` fail
 (statx with ``AT_NO_AUTOMOUNT``); runsc garbles a regular file as stdout, so
 corral always pipes it; the KVM platform is not used (``ptrace`` here,
