@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["ConsoleRelay", "ConsoleSocket", "set_raw"]
+__all__ = ["ConsoleRelay", "ConsoleSocket", "copy_window_size", "set_raw"]
 
 _POLLIN, _POLLOUT = 0x001, 0x004
 _KEYS = 4096
@@ -124,7 +124,7 @@ class ConsoleRelay:
     corral server client's fd). It is reopened as a file description of its
     own, non-blocking, so the user's shell never finds its terminal left
     non-blocking. The caller saved the terminal's mode before and restores it
-    (:func:`corral.pipeline._engine._restore_terminal`); this only sets it raw.
+    (:func:`corral.pipeline._terminal.restore_terminal`); this only sets it raw.
     Input waits while the command does not read (the pty's input queue is
     full), and while the job is stopped (:meth:`pause`: the shell reads the
     terminal then): the relay never blocks the engine's loop. All poller
@@ -210,6 +210,18 @@ class ConsoleRelay:
             except OSError:
                 pass
         self._writer = self._keyboard = -1
+
+
+def copy_window_size(terminal: int, master: int) -> None:
+    """Give the pty of *master* the window size of *terminal* (none known: left as it is)."""
+    import fcntl
+    import termios
+
+    try:
+        size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(master, termios.TIOCSWINSZ, size)
+    except OSError:
+        pass
 
 
 def set_raw(fd: int) -> None:
