@@ -24,6 +24,7 @@ Nothing here is imported unless a run takes that path.
 from __future__ import annotations
 
 import os
+import sys
 
 from .._exceptions import LaunchFailed
 
@@ -86,14 +87,22 @@ class ConsoleSocket:
                 while True:
                     wait_readable(conn.fileno())
                     try:
-                        _msg, fds, _flags, _addr = socket.recv_fds(
-                            conn, 1024, 4, socket.MSG_CMSG_CLOEXEC
+                        # close-on-exec as they arrive: the corral server spawns other
+                        # runs meanwhile, and none may inherit this run's terminal
+                        _msg, ancdata, _flags, _addr = conn.recvmsg(
+                            1024, socket.CMSG_SPACE(4 * 4), socket.MSG_CMSG_CLOEXEC
                         )
                     except BlockingIOError:
                         continue
                     break
         finally:
             self.close()
+        fds = [
+            int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+            for level, kind, data in ancdata
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+            for i in range(0, len(data) - len(data) % 4, 4)
+        ]
         master = fds[0] if len(fds) == 1 else -1
         if master >= 0 and os.isatty(master):
             return master
