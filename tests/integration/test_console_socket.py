@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import tempfile
 import termios
 import threading
 import time
@@ -144,3 +145,16 @@ def _raw(fd: int) -> list[object]:
     mode = termios.tcgetattr(fd)
     mode[3] &= ~(termios.ICANON | termios.ECHO | termios.ISIG)
     return mode
+
+
+def test_a_socket_path_too_long_fails_the_run_with_a_clear_error(tmp_path: object) -> None:
+    deep = os.path.join(str(tmp_path), "d" * 120)
+    os.makedirs(deep)
+    old = tempfile.tempdir
+    tempfile.tempdir = deep
+    try:
+        with pytest.raises(LaunchFailed, match="Failed to listen for the command's terminal"):
+            ConsoleSocket()
+    finally:
+        tempfile.tempdir = old
+    assert os.listdir(deep) == []  # the private directory is removed again

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["ConsoleRelay", "ConsoleSocket", "copy_window_size", "set_raw"]
+__all__ = ["ConsoleRelay", "ConsoleSocket", "set_raw"]
 
 _POLLIN, _POLLOUT = 0x001, 0x004
 _KEYS = 4096
@@ -51,13 +51,25 @@ class ConsoleSocket:
         import socket
         import tempfile
 
-        self.directory = tempfile.mkdtemp(prefix="corral-console-")  # mode 0700
+        try:
+            self.directory = tempfile.mkdtemp(prefix="corral-console-")  # mode 0700
+        except OSError as exc:
+            raise LaunchFailed(
+                f"Failed to make a private directory for the command's terminal: {exc}",
+                hint="check TMPDIR, or run with --no-tty to use pipes",
+            ) from exc
         self.path = os.path.join(self.directory, "console.sock")
         self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._listener.bind(self.path)
             self._listener.listen(1)
             self._listener.setblocking(False)
+        except OSError as exc:  # e.g. a TMPDIR whose path is too long for a unix socket
+            self.close()
+            raise LaunchFailed(
+                f"Failed to listen for the command's terminal on {self.path}: {exc.strerror or exc}",
+                hint="set TMPDIR to a short directory, or run with --no-tty to use pipes",
+            ) from exc
         except BaseException:
             self.close()
             raise
@@ -219,18 +231,6 @@ class ConsoleRelay:
             except OSError:
                 pass
         self._writer = self._keyboard = -1
-
-
-def copy_window_size(terminal: int, master: int) -> None:
-    """Give the pty of *master* the window size of *terminal* (none known: left as it is)."""
-    import fcntl
-    import termios
-
-    try:
-        size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
-        fcntl.ioctl(master, termios.TIOCSWINSZ, size)
-    except OSError:
-        pass
 
 
 def set_raw(fd: int) -> None:

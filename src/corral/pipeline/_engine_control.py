@@ -10,7 +10,7 @@ import os
 import time
 
 from ._engine_state import _sigterm, _State
-from ._terminal import restore_terminal
+from ._terminal import copy_window_size, restore_terminal
 
 TYPE_CHECKING = False
 
@@ -115,15 +115,8 @@ class _Control(_State):
 
     def _sync_window_sizes(self) -> None:
         """Give each output pty the window size of the terminal it is relayed to."""
-        import fcntl
-        import termios
-
         for master, terminal in self._ptys:
-            try:
-                size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
-                fcntl.ioctl(master, termios.TIOCSWINSZ, size)
-            except OSError:
-                pass  # closed meanwhile, or no terminal any more
+            copy_window_size(terminal, master)
 
     def _unreported_init(self) -> int:
         """The sandbox's pid-namespace init when bubblewrap did not report it (no info fd), or -1.

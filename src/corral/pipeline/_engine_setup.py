@@ -13,7 +13,13 @@ import time
 
 from .._exceptions import LaunchFailed
 from ._engine_state import _CHUNK, _POLLIN, _SETUP_TIMEOUT, _State, _Stream
-from ._terminal import ENGINE_CLI_BACKENDS, in_directory, output_pty, starts_a_session
+from ._terminal import (
+    ENGINE_CLI_BACKENDS,
+    copy_window_size,
+    in_directory,
+    output_pty,
+    starts_a_session,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -260,7 +266,7 @@ class _Setup(_State):
 
     def _attach_console(self, deadline: float) -> None:
         """Receive the command's pty master, relay it as stdout, set the terminal raw."""
-        from ._console import ConsoleRelay, copy_window_size
+        from ._console import ConsoleRelay
 
         assert self._console is not None
         try:
