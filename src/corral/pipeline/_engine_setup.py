@@ -191,7 +191,11 @@ class _Setup(_State):
         """Whether the plan's ``terminal_argv`` applies: stdin, stdout and stderr are one terminal.
 
         Only then is what the user sees the same with the engine's single pty
-        (stdout and stderr merged); a pipe anywhere keeps the pipes.
+        (stdout and stderr merged); a pipe anywhere keeps the pipes. So does a
+        corral in a background job of that terminal (``corral run ... &``): the
+        engine's relay would set the shell's terminal raw and read its
+        keystrokes, and the read would stop corral (SIGTTIN). Only a terminal
+        that is this process's own can be asked; the corral server's client's is not.
         """
         if not (self._may_use_terminal and self.plan.terminal_argv):
             return False
@@ -203,6 +207,11 @@ class _Setup(_State):
                 devices.add(os.fstat(fd).st_rdev)
             except OSError:
                 return False
+        try:
+            if os.tcgetpgrp(self._streams_in) != os.getpgrp():
+                return False
+        except OSError:
+            pass  # not this process's controlling terminal (a corral server's client's)
         return len(devices) == 1
 
     def _prepare_stdio(self, close_later: list[int]) -> list[int]:

@@ -752,6 +752,16 @@ def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw
             assert b"finished" not in terminal.out, name
             assert _mode(terminal, "after") == before, (name, terminal.out)
 
+            if name == "in-process":
+                # a background job keeps pipes: corral reads no keys (SIGTTIN would stop it)
+                terminal.out = b""
+                script = 'test -t 1 || echo pi""ped; echo do""ne'
+                terminal.type(f"{' '.join(command)} -c '{script}' &\n")
+                terminal.wait_for(b"done")
+                terminal.type("wait; jobs; echo status=$?\n")
+                terminal.wait_for(b"status=0")
+                assert b"piped" in terminal.out and b"Stopped" not in terminal.out, terminal.out
+
             # corral stopped from outside: SIGTERM in-process; through the server, its client
             # killed (SIGKILL: the server stops the run) - the terminal is restored all the same
             marker = f"gone-{name}"
