@@ -351,6 +351,26 @@ def _states(marker: str) -> dict[str, str]:
     return found
 
 
+def _stop_while_counting(terminal: Terminal, line: str, counter: str) -> str:
+    """Type *line* (a command that writes a growing count to *counter*); once it counts, type
+    Ctrl-Z. Returns the count, checked to stay the same while the job is stopped."""
+    terminal.type(line)
+    terminal.wait_for(b"ready")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(counter):
+        assert time.monotonic() < deadline, terminal.out
+        time.sleep(0.05)
+    terminal.type("\x1a")
+    terminal.wait_for(b"Stopped")
+    time.sleep(0.3)
+    with open(counter, encoding="utf-8") as f:
+        stopped_at = f.read()
+    time.sleep(0.5)
+    with open(counter, encoding="utf-8") as f:
+        assert f.read() == stopped_at, terminal.out  # nothing in the sandbox runs
+    return stopped_at
+
+
 def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, client: str) -> None:
     """Ctrl-Z at a shell with job control: the job stops - corral and every process in its
     sandbox, also one that ignores SIGTSTP - and ``fg`` continues it to its normal end."""
@@ -369,21 +389,8 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
         if os.path.exists(counter):
             os.unlink(counter)
         try:
-            terminal.type(f"{' '.join(argv)} run -c '{script}'\n")
-            terminal.wait_for(b"ready")
-            deadline = time.monotonic() + 30
-            while not os.path.exists(counter):
-                assert time.monotonic() < deadline, terminal.out
-                time.sleep(0.05)
-            terminal.type("\x1a")
-            terminal.wait_for(b"Stopped")
-            time.sleep(0.3)
+            _stop_while_counting(terminal, f"{' '.join(argv)} run -c '{script}'\n", counter)
             assert _states(marker) == {"sh": "T", "corral": "T"}, name
-            with open(counter, encoding="utf-8") as f:
-                stopped_at = f.read()
-            time.sleep(0.5)
-            with open(counter, encoding="utf-8") as f:
-                assert f.read() == stopped_at, name  # nothing in the sandbox runs
             terminal.type("fg\n")
             terminal.wait_for(b"finished")
             terminal.type("echo status=$?\n")
@@ -545,18 +552,22 @@ def test_podman_with_a_file_on_stdin_keeps_pipes_and_takes_ctrl_c(
         )
 
 
-def _gvisor_processes(world: World) -> list[str]:
-    """Command lines of runsc processes (runsc, its gofer, its sandbox) of *world*'s state."""
-    found = []
-    for name in os.listdir("/proc"):
+def _command_lines() -> dict[int, str]:
+    """Every process's command line (words joined by spaces), by pid."""
+    found = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{name}/cmdline", "rb") as f:
-                line = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+                found[int(name)] = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
         except OSError:
             continue
-        if os.path.join(world.state_dir, "gvisor") in line:
-            found.append(f"{name}: {line}")
     return found
+
+
+def _gvisor_processes(world: World) -> list[str]:
+    """Command lines of runsc processes (runsc, its gofer, its sandbox) of *world*'s state."""
+    state = os.path.join(world.state_dir, "gvisor")
+    return [f"{pid}: {line}" for pid, line in _command_lines().items() if state in line]
 
 
 @needs_root
@@ -636,20 +647,6 @@ def test_gvisor_at_a_terminal_fails_closed_without_a_pty(world: World) -> None:
     assert modes[2] == modes[3]
 
 
-def _command_lines() -> dict[str, str]:
-    """The command line of every ``corral run`` (or ``corral-client run``) process, by pid."""
-    found = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                words = f.read().split(b"\0")
-        except OSError:
-            continue
-        if b"run" in words[:6] and words[0] != b"/bin/sh":
-            found[name] = b" ".join(words).decode("utf-8", "replace")
-    return found
-
-
 def _mode(terminal: Terminal, tag: str) -> bytes:
     """The terminal's mode as ``stty -g`` prints it in *terminal*'s shell now."""
     terminal.type(f'stty -g; echo {tag}-""mode\n')  # -"": the echoed line is no match
@@ -681,20 +678,9 @@ def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw
             os.unlink(counter)
         try:
             before = _mode(terminal, "before")
-            terminal.type(f"{' '.join(command)} -c '{script}'\n")
-            terminal.wait_for(b"ready")
-            deadline = time.monotonic() + 30
-            while not os.path.exists(counter):
-                assert time.monotonic() < deadline, terminal.out
-                time.sleep(0.05)
-            terminal.type("\x1a")
-            terminal.wait_for(b"Stopped")
-            time.sleep(0.3)
-            with open(counter, encoding="utf-8") as f:
-                stopped_at = f.read()
-            time.sleep(0.5)
-            with open(counter, encoding="utf-8") as f:
-                assert f.read() == stopped_at, name  # nothing in the sandbox runs
+            stopped_at = _stop_while_counting(
+                terminal, f"{' '.join(command)} -c '{script}'\n", counter
+            )
             assert _mode(terminal, "stopped") == before, (name, terminal.out)
             terminal.type("fg\n")
             deadline = time.monotonic() + 30
@@ -723,18 +709,22 @@ def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw
 
             # corral stopped from outside: SIGTERM in-process; through the server, its client
             # killed (SIGKILL: the server stops the run) - the terminal is restored all the same
-            marker = f"gone-{name}"
+            marker = f"gone-{name}-{os.path.basename(served.root)}"
             script = f'echo {marker} >/dev/null; echo re""ady; sleep 100'
             terminal.out = b""
             terminal.type(f"{' '.join(command)} -c '{script}'\n")
             terminal.wait_for(b"ready")
-            (pid,) = [int(p) for p, words in _command_lines().items() if marker in words]
+            (pid,) = [  # corral run, or corral-client run (not the sandbox's sh)
+                p
+                for p, line in _command_lines().items()
+                if marker in line and not line.startswith("/bin/sh")
+            ]
             os.kill(pid, 15 if name == "in-process" else 9)
-            terminal.wait_for(b"\r\n$ ", timeout=30)
-            assert _mode(terminal, "gone") == before, (name, terminal.out)
             deadline = time.monotonic() + 30
-            while _gvisor_processes(served):
+            # the run is over once corral has exited and (through the server) runsc is gone
+            while os.path.exists(f"/proc/{pid}") or _gvisor_processes(served):
                 assert time.monotonic() < deadline, _gvisor_processes(served)
                 time.sleep(0.1)
+            assert _mode(terminal, "gone") == before, (name, terminal.out)
         finally:
             terminal.close()
