@@ -69,6 +69,7 @@ def via(request: pytest.FixtureRequest, world: World) -> str:
         client_command(name)
         world.environ.update(request.getfixturevalue("hook_server"))
         del world.environ["CORRAL_SERVER"]
+        world.environ["CORRAL_KEPT_MAX"] = "0"  # also for a server a client starts (see above)
     return name
 
 
