@@ -18,7 +18,9 @@ Rows (medians, all measured in this run):
   before the compiled client), the Python hook with the compiled client, and
   the compiled client for both. These run in the agent session's kept
   sandbox (``--keep``, :mod:`corral.server._kept`); one more row runs the same
-  call without ``--keep``: a fresh sandbox per call, in the same run;
+  call without ``--keep``: a fresh sandbox per call, in the same run; and
+  ``corral-client run -- true`` with and without ``--keep`` (no hook, no
+  shell around it);
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start): in the session's resident sandbox (the default) and in
   a fresh sandbox per command (``CORRAL_RESIDENT=0``), next to raw bwrap and
@@ -159,10 +161,13 @@ def run(ctx: Context) -> list[Row]:
             fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
             fresh_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast], keep=False)
             _check_kept(ctx, server.env, [fast])
+            client_fresh = ctx.median_cmd_ms([fast, "run", "--", "true"], env=server.env)
+            kept_argv = [fast, "run", "--agent-session", "bench-kept", "--keep", "--", "true"]
+            client_kept = ctx.median_cmd_ms(kept_argv, env=server.env)
         status = server.status()
     per_row = ctx.runs + 2  # 2 warm-up runs and the samples
     expected = (
-        (5 * per_row + 1) if fast is not None else 3 * per_row,
+        (7 * per_row + 1) if fast is not None else 3 * per_row,
         (3 * per_row + 1) if fast is not None else 0,
     )
     if (status.get("served"), status.get("hooks")) != expected:
@@ -229,6 +234,24 @@ def run(ctx: Context) -> list[Row]:
                 baseline="raw bwrap",
                 note=f"{ratio(fresh_total, raw)}; the kept session's is "
                 f"{ratio(fast_total, fresh_total)} of this",
+            )
+        )
+        rows.append(
+            Row(
+                "corral-client run -- true (warm server, fresh sandbox)",
+                client_fresh,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=ratio(client_fresh, raw),
+            )
+        )
+        rows.append(
+            Row(
+                "corral-client run --agent-session S --keep -- true (warm server, kept sandbox)",
+                client_kept,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(client_kept, raw)}; {ratio(client_kept, client_fresh)} of fresh",
             )
         )
     rows += _sdk_rows(ctx, raw)

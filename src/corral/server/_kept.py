@@ -237,38 +237,45 @@ class KeptSessions:
 
     @staticmethod
     def _take_report(tmp_dir: str) -> bytes | None:
-        """The working directory the command wrote to ``STATE_INSIDE/cwd`` (removed), if any.
+        """The working directory the command wrote to ``STATE_INSIDE/cwd``, if any; removed.
 
         Untrusted bytes from the sandbox: read without following links, at
         most :data:`_MAX_REPORT` + 1 bytes of a regular file; the rewritten
-        command checks the path itself before it moves anything.
+        command checks the path itself before it moves anything. Whatever
+        the command left under that name (a link, a directory) is removed, so
+        the next command's report is its own. No process of the sandbox runs
+        now (the init swept them all before it reported the end).
         """
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+        state = os.path.join(tmp_dir, os.path.basename(STATE_INSIDE))
         try:
-            dir_fd = os.open(
-                os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), flags | os.O_DIRECTORY
-            )
+            dir_fd = os.open(state, flags | os.O_DIRECTORY)
         except OSError:
-            return None
-        try:
+            _remove_tree(state)  # replaced by a link or a file: the next command gets a new one
             try:
-                fd = os.open("cwd", flags | os.O_NONBLOCK, dir_fd=dir_fd)
+                os.mkdir(state, 0o700)
             except OSError:
-                return None
+                pass
+            return None
+        data = None
+        try:
+            fd = os.open("cwd", flags | os.O_NONBLOCK, dir_fd=dir_fd)
             try:
-                if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
-                    return None
-                return os.read(fd, _MAX_REPORT + 1)
+                if (os.fstat(fd).st_mode & 0o170000) == 0o100000:
+                    data = os.read(fd, _MAX_REPORT + 1)
             finally:
                 os.close(fd)
-                try:
-                    os.unlink("cwd", dir_fd=dir_fd)
-                except OSError:
-                    pass
         except OSError:
-            return None
+            pass
         finally:
+            try:
+                os.unlink("cwd", dir_fd=dir_fd)
+            except IsADirectoryError:
+                _remove_tree(os.path.join(state, "cwd"))
+            except OSError:
+                pass
             os.close(dir_fd)
+        return data
 
     # ------------------------------------------------------------ release
     def _start_reaper(self) -> None:

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import _processes_mentioning, client_command
 
 from ..conftest import World, corral_executable, needs_bwrap
+from . import test_real_cli
 from ._claude import ScriptedModel, claude_cli, run_claude
 from .test_real_cli import install
 
@@ -112,6 +113,16 @@ def test_a_sessions_calls_share_cwd_exports_and_tmp_but_no_process(served: World
     assert _sandboxes(world)
     other = _session(world, [("Bash", {"command": 'echo "probe=${CORRAL_PROBE-}"; ls /tmp'})])
     assert other == [("probe=", False)], other  # another session: its own sandbox and /tmp
+
+
+def test_a_kept_sandbox_cannot_steer_the_next_calls_directory_either(served: World) -> None:
+    """The same forged reports as for a fresh sandbox (a link out, ``cd /``, the report
+    replaced by a link or a path outside, a newline), through the kept sandbox's report."""
+    served.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{served.environ['PATH']}"
+    test_real_cli.test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace(
+        served, claude_cli()
+    )
+    assert _sandboxes(served)  # they ran kept
 
 
 class _ChangingPolicy(ScriptedModel):
