@@ -43,7 +43,8 @@ import sys
 import time
 
 from .._exceptions import BrokerFailed, LaunchFailed
-from ._engine import Running, _Stream, _write_all
+from ._engine import Running
+from ._engine_state import _Stream, _write_all
 from ._outcome import Outcome, command_status
 
 TYPE_CHECKING = False
