@@ -13,7 +13,7 @@ sessions either (the session id is part of the key).
 
 Each kept sandbox has a private host directory mounted as its ``/tmp``
 (``<state dir>/sessions/<server pid>-kept-<n>``, mode 0700, removed when the
-sandbox is released; swept like an SDK session's when the server died). The
+sandbox is released; a dead server's are swept by the next first open). The
 shell state the hook's rewritten command carries lives there, under
 :data:`STATE_INSIDE`: only the sandbox's own commands read it, so it is never
 sourced outside the sandbox nor by another session (see
@@ -215,6 +215,8 @@ class KeptSessions:
             # carry one command's credential into the next
             return None
         sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
+        if number == 1:
+            _sweep(sessions)
         tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
         os.mkdir(tmp_dir, 0o700)
         os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
@@ -306,6 +308,18 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
+
+
+def _sweep(sessions: str) -> None:
+    """Remove the kept ``/tmp`` directories of servers that died without releasing them."""
+    try:
+        names = os.listdir(sessions)
+    except OSError:
+        return
+    for name in names:
+        pid, _, rest = name.partition("-")
+        if rest.startswith("kept-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+            _remove_tree(os.path.join(sessions, name))
 
 
 def _release(kept: _Kept) -> None:

@@ -210,10 +210,13 @@ def test_a_kept_sandbox_that_died_is_replaced_never_skipped(served: World) -> No
 
 @pytest.mark.parametrize("served", ["1"], indirect=True)
 def test_an_idle_kept_sandbox_is_released(served: World) -> None:
-    """With ``CORRAL_KEPT_IDLE=1`` the kept sandbox and its /tmp are gone a little later."""
+    """With ``CORRAL_KEPT_IDLE=1`` the kept sandbox and its /tmp are gone a little later; the
+    kept /tmp of a server that died (no such pid) is swept when the first one is opened."""
     world = served
     client_command("corral-client")
+    dead = World.write(os.path.join(world.state_dir, "sessions", "999999999-kept-1", "x"), "x")
     assert _client(world, "-c", "echo one >/tmp/mark").returncode == 0
+    assert not os.path.exists(os.path.dirname(dead))
     assert _sandboxes(world)
     deadline = time.monotonic() + 15
     while _sandboxes(world) and time.monotonic() < deadline:
