@@ -101,6 +101,9 @@ class KeptSessions:
         self._counter = 0
         self._reaper = False
         self._closed = False
+        self._swept = False
+        #: keys whose policy a kept sandbox cannot serve (each of their calls runs fresh)
+        self._unsuitable: set[tuple[str, str, str]] = set()
 
     @classmethod
     def from_environ(cls, state_dir: str, environ: Mapping[str, str]) -> KeptSessions:
@@ -169,7 +172,7 @@ class KeptSessions:
         released: list[_Kept] = []
         try:
             with self._lock:
-                if self._closed or self.limit <= 0:
+                if self._closed or self.limit <= 0 or key in self._unsuitable:
                     return None
                 kept = self._kept.get(key)
                 if kept is not None and kept.resident.broken and not kept.busy:
@@ -188,8 +191,13 @@ class KeptSessions:
                     released.append(self._kept.pop(oldest))
                 self._counter += 1
                 number = self._counter
-            opened = self._open(number, request, policy, environ)
+            opened, suitable = self._open(number, request, policy, environ)
             if opened is None:
+                if not suitable:
+                    with self._lock:
+                        if len(self._unsuitable) >= 256:
+                            self._unsuitable.clear()
+                        self._unsuitable.add(key)
                 return None
             with self._lock:
                 if self._closed or key in self._kept:
@@ -205,7 +213,8 @@ class KeptSessions:
 
     def _open(
         self, number: int, request: ExecRequest, policy: Policy, environ: Mapping[str, str]
-    ) -> _Kept | None:
+    ) -> tuple[_Kept | None, bool]:
+        """A new kept sandbox, or ``(None, whether another attempt may succeed)``."""
         from .._exceptions import CorralError
         from .._state import ensure_dir
         from ..pipeline._resident import Resident
@@ -213,13 +222,20 @@ class KeptSessions:
         if policy.credentials:
             # credentials are injected per command line: a kept /tmp and shell state would
             # carry one command's credential into the next
-            return None
-        sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
-        if number == 1:
-            _sweep(sessions)
-        tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
-        os.mkdir(tmp_dir, 0o700)
-        os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
+            return None, False
+        tmp_dir = ""
+        try:
+            sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
+            if not self._swept:
+                self._swept = True
+                _sweep(sessions)
+            tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
+            os.mkdir(tmp_dir, 0o700)
+            os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
+        except (CorralError, OSError):
+            if tmp_dir:
+                _remove_tree(tmp_dir)
+            return None, True  # the fresh run reports what is wrong, if anything
         base = request.replace(
             argv=("/bin/true",),
             shell_command=None,
@@ -228,14 +244,17 @@ class KeptSessions:
             tmp_dir=tmp_dir,
             env=(*request.env, (STATE_VARIABLE, STATE_INSIDE)),
         )
+        resident = None
         try:
             resident = Resident.open(base, policy, environ=environ)
         except CorralError:
-            resident = None  # the fresh run reports why
+            return None, True  # the fresh run reports why
+        finally:
+            if resident is None:
+                _remove_tree(tmp_dir)
         if resident is None:
-            _remove_tree(tmp_dir)
-            return None
-        return _Kept(resident, tmp_dir)
+            return None, False  # another backend, the egress proxy, ...: never here
+        return _Kept(resident, tmp_dir), True
 
     @staticmethod
     def _take_report(tmp_dir: str) -> bytes | None:

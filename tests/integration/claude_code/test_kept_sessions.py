@@ -225,3 +225,18 @@ def test_an_idle_kept_sandbox_is_released(served: World) -> None:
     assert not [n for n in os.listdir(os.path.join(world.state_dir, "sessions")) if "kept" in n]
     result = _client(world, "-c", "ls /tmp")
     assert result.returncode == 0 and b"mark" not in result.stdout
+
+
+def test_a_policy_with_credentials_runs_fresh_each_call(served: World) -> None:
+    """Credentials are injected per command line: no kept sandbox (nothing may carry)."""
+    world = served
+    client_command("corral-client")
+    World.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        '{"credentials": [{"name": "KEPT_TOKEN", "from": "env:SECRET_TOKEN", '
+        '"commands": ["deploy *"]}]}',
+    )
+    assert _client(world, "-c", "echo one >/tmp/mark").returncode == 0
+    result = _client(world, "-c", "ls /tmp; cat /proc/1/cmdline")
+    assert result.returncode == 0 and b"mark" not in result.stdout, result
+    assert b"--serve" not in result.stdout and not _sandboxes(world)
