@@ -120,7 +120,7 @@ class ResidentCommand:
         )
 
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command's first process."""
+        """Deliver *signum* to the command's process group (as a fresh sandbox does)."""
         self._resident.control(f"S{signum}".encode())
 
     def terminate(self) -> None:

@@ -189,6 +189,24 @@ def test_exit_status_signals_timeout_and_kill_pass_through(served: World) -> Non
         while _processes_mentioning("kept-kill-marker") and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _processes_mentioning("kept-kill-marker")
+    # SIGINT reaches the command's process group, as in a fresh sandbox: the shell does not
+    # wait for its sleep first (it would take 60 s; the wait below allows 20)
+    with subprocess.Popen(
+        [
+            *client_command("corral-client"),
+            "run",
+            *SESSION,
+            "-c",
+            "echo ready; sleep 60; echo after",
+        ],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        assert proc.stdout.read() == b""
     again = _client(world, "-c", "cat /tmp/mark")  # the same kept sandbox still serves
     assert (again.returncode, again.stdout) == (0, b"kept\n")
 
