@@ -226,9 +226,11 @@ class KeptSessions:
         tmp_dir = ""
         try:
             sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
-            if not self._swept:
+            if not self._swept:  # kept /tmps (and SDK sessions' TMPDIRs) of dead processes
+                from .._sandbox_base import _sweep_sessions
+
                 self._swept = True
-                _sweep(sessions)
+                _sweep_sessions(sessions)
             tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
             os.mkdir(tmp_dir, 0o700)
             os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
@@ -327,18 +329,6 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
-
-
-def _sweep(sessions: str) -> None:
-    """Remove the kept ``/tmp`` directories of servers that died without releasing them."""
-    try:
-        names = os.listdir(sessions)
-    except OSError:
-        return
-    for name in names:
-        pid, _, rest = name.partition("-")
-        if rest.startswith("kept-") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            _remove_tree(os.path.join(sessions, name))
 
 
 def _release(kept: _Kept) -> None:

@@ -190,14 +190,15 @@ def test_exit_status_signals_timeout_and_kill_pass_through(served: World) -> Non
             time.sleep(0.05)
         assert not _processes_mentioning("kept-kill-marker")
     # SIGINT reaches the command's process group, as in a fresh sandbox: the shell does not
-    # wait for its sleep first (it would take 60 s; the wait below allows 20)
+    # wait for its pipeline's sleep first (it would take 60 s; the wait below allows 20). The
+    # sleep is running when "ready" arrives (a pipeline's commands are forked left to right).
     with subprocess.Popen(
         [
             *client_command("corral-client"),
             "run",
             *SESSION,
             "-c",
-            "echo ready; sleep 60; echo after",
+            "sleep 60 | { echo ready; cat; }; echo after",
         ],
         cwd=world.workspace,
         env=world.environ,
