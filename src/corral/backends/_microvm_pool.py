@@ -30,8 +30,10 @@ hides; see docs/backends/microvm.md.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
+import time
 
 from ._microvm_vm import BootFailed, GuestVM
 
@@ -63,6 +65,10 @@ class VmPool:
     def __init__(self, size: int = 1) -> None:
         self.size = max(0, size)
         self._idle: dict[VmConfig, list[GuestVM]] = {}
+        #: qemu pids of the last pooled VMs handed out, oldest first (what :meth:`members`
+        #: showed idle is found here once a run took it)
+        self.served: collections.deque[int] = collections.deque(maxlen=256)
+        self._ready_at: dict[int, float] = {}  # qemu pid -> wall-clock time it became idle
         self._wanted: set[VmConfig] = set()
         self._lock = threading.Lock()
         self._jobs: queue.Queue[tuple[VmConfig, queue.Queue[object]] | None] = queue.Queue()
@@ -101,6 +107,23 @@ class VmPool:
         with self._lock:
             return len(self._idle.get(config, ()))
 
+    def members(self) -> list[dict[str, object]]:
+        """The idle VMs: ``qemu`` and ``virtiofsd`` pids, ``ready`` (wall-clock time it
+        became idle), and the ``memory_mb``/``cpus``/``net`` of its configuration."""
+        with self._lock:
+            return [
+                {
+                    "qemu": vm.qemu.pid if vm.qemu is not None else None,
+                    "virtiofsd": vm.virtiofsd.pid if vm.virtiofsd is not None else None,
+                    "ready": self._ready_at.get(vm.qemu.pid if vm.qemu is not None else -1),
+                    "memory_mb": config.memory_mb,
+                    "cpus": config.cpus,
+                    "net": bool(config.net),
+                }
+                for config, vms in self._idle.items()
+                for vm in vms
+            ]
+
     def acquire(self, config: VmConfig) -> GuestVM:
         """A booted VM for *config*, never handed out before; refills in the background.
 
@@ -111,11 +134,16 @@ class VmPool:
             idle = self._idle.get(config)
             vm = idle.pop(0) if idle else None
             self._wanted.add(config)
+            if vm is not None and vm.qemu is not None:
+                self._ready_at.pop(vm.qemu.pid, None)
         if vm is not None and (vm.qemu is None or vm.qemu.poll() is not None):
             vm.close()
             vm = None  # died while idle
         self.refill(config)
         if vm is not None:
+            assert vm.qemu is not None
+            with self._lock:
+                self.served.append(vm.qemu.pid)
             return vm
         # none idle: boot on the caller's thread (not behind a refill on the worker); the
         # run destroys this VM anyway, so its qemu may die with the calling thread
@@ -140,6 +168,8 @@ class VmPool:
                 keep = not self._closed  # close() may have run while it booted
                 if keep:
                     self._idle.setdefault(config, []).append(vm)
+                    if vm.qemu is not None:
+                        self._ready_at[vm.qemu.pid] = time.time()
             if not keep:
                 vm.close()
                 return
@@ -154,6 +184,7 @@ class VmPool:
             self._closed = True
             vms = [vm for vms in self._idle.values() for vm in vms]
             self._idle.clear()
+            self._ready_at.clear()
         for vm in vms:
             vm.close()
         self._jobs.put(None)
