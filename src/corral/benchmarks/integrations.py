@@ -16,7 +16,11 @@ Rows (medians, all measured in this run):
   starts ``corral-client`` when it is built (in-process rows: it hands over to
   the Python CLI); the warm-server rows show the Python hook and client (as
   before the compiled client), the Python hook with the compiled client, and
-  the compiled client for both;
+  the compiled client for both. These run in the agent session's kept
+  sandbox (``--keep``, :mod:`corral.server._kept`); one more row runs the same
+  call without ``--keep``: a fresh sandbox per call, in the same run; and
+  ``corral-client run -- true`` with and without ``--keep`` (no hook, no
+  shell around it);
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start): in the session's resident sandbox (the default) and in
   a fresh sandbox per command (``CORRAL_RESIDENT=0``), next to raw bwrap and
@@ -155,9 +159,17 @@ def run(ctx: Context) -> list[Row]:
         if fast is not None:
             fast_decision = ctx.median_ms(lambda: _hook(ctx, bash_call, server.env, [fast]))
             fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
+            fresh_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast], keep=False)
+            _check_kept(ctx, server.env, [fast])
+            client_fresh = ctx.median_cmd_ms([fast, "run", "--", "true"], env=server.env)
+            kept_argv = [fast, "run", "--agent-session", "bench-kept", "--keep", "--", "true"]
+            client_kept = ctx.median_cmd_ms(kept_argv, env=server.env)
         status = server.status()
     per_row = ctx.runs + 2  # 2 warm-up runs and the samples
-    expected = (4 if fast is not None else 3) * per_row, (2 if fast is not None else 0) * per_row
+    expected = (
+        (7 * per_row + 1) if fast is not None else 3 * per_row,
+        (3 * per_row + 1) if fast is not None else 0,
+    )
     if (status.get("served"), status.get("hooks")) != expected:
         raise RuntimeError(
             f"the warm server served {status.get('served')} runs and {status.get('hooks')} "
@@ -210,7 +222,36 @@ def run(ctx: Context) -> list[Row]:
                 samples=ctx.runs,
                 baseline="raw bwrap",
                 note=f"{ratio(fast_total, raw)}; {ratio(fast_total, python_total)} of the "
-                "Python hook and client's",
+                "Python hook and client's; the session's kept sandbox",
+            )
+        )
+        rows.append(
+            Row(
+                "hook + rewritten command, end to end (warm server, corral-client, "
+                "fresh sandbox per call)",
+                fresh_total,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(fresh_total, raw)}; the kept session's is "
+                f"{ratio(fast_total, fresh_total)} of this",
+            )
+        )
+        rows.append(
+            Row(
+                "corral-client run -- true (warm server, fresh sandbox)",
+                client_fresh,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=ratio(client_fresh, raw),
+            )
+        )
+        rows.append(
+            Row(
+                "corral-client run --agent-session S --keep -- true (warm server, kept sandbox)",
+                client_kept,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(client_kept, raw)}; {ratio(client_kept, client_fresh)} of fresh",
             )
         )
     rows += _sdk_rows(ctx, raw)
@@ -224,18 +265,39 @@ def _end_to_end_ms(
     *,
     hook: list[str] | None = None,
     rewritten: str | None = None,
+    keep: bool = True,
 ) -> float:
     """Median of one Bash tool call: the hook, then bash running its rewritten command.
 
-    *rewritten* replaces the hook's command (the same words with another corral).
+    *rewritten* replaces the hook's command (the same words with another corral);
+    without *keep* the rewritten command runs without ``--keep`` (a fresh sandbox
+    per call, as before kept sessions).
     """
 
     def once() -> None:
         answer = _hook(ctx, payload, env, hook)
-        command = answer["hookSpecificOutput"]["updatedInput"]["command"]  # type: ignore[index]
-        subprocess.run(["bash", "-c", rewritten or command], cwd=ctx.workspace, env=env, check=True)
+        command = str(answer["hookSpecificOutput"]["updatedInput"]["command"])  # type: ignore[index]
+        command = rewritten or command
+        if not keep:
+            command = command.replace(" --keep ", " ", 1)
+        subprocess.run(["bash", "-c", command], cwd=ctx.workspace, env=env, check=True)
 
     return ctx.median_ms(once)
+
+
+def _check_kept(ctx: Context, env: dict[str, str], hook: list[str]) -> None:
+    """Raise unless the hook's rewritten command runs in the kept sandbox (its init is pid 1)."""
+    probe = _payload(ctx, "Bash", {"command": "cat /proc/1/cmdline"})
+    answer = _hook(ctx, probe, env, hook)
+    command = str(answer["hookSpecificOutput"]["updatedInput"]["command"])  # type: ignore[index]
+    result = subprocess.run(
+        ["bash", "-c", command], cwd=ctx.workspace, env=env, capture_output=True, check=False
+    )
+    if b"--serve" not in result.stdout:
+        raise RuntimeError(
+            "the hook's command did not run in a kept sandbox: the kept-session row would "
+            f"measure something else ({result.stderr.decode()[-300:]})"
+        )
 
 
 def _sdk_rows(ctx: Context, raw: float | None) -> list[Row]:

@@ -16,7 +16,7 @@ Decisions (:func:`decide`):
   (:mod:`._permissions`; Claude Code would apply them only to the rewritten
   one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
   with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
-  becomes ``/abs/corral-client run --agent-session ID --allow-write TMP --shell bash -c ...``
+  becomes ``/abs/corral-client run --agent-session ID --keep --report-dir TMP --shell bash -c ...``
   (the compiled fast client when it is usable, else the Python CLI). The
   original travels in a quoted heredoc (:func:`rewrite_command`), so quotes,
   newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged,
@@ -180,7 +180,7 @@ def rewrite_command(
     quoting (E2BIG where the original runs) - and no shell word of the
     rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
     see nothing to check). Without *workspace* the rewritten command is ~120
-    bytes plus the original (with it, ~750: see :func:`_cwd_carrying`)::
+    bytes plus the original (with it, ~1150: see :func:`_cwd_carrying`)::
 
         IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
         <original>
@@ -236,7 +236,8 @@ def handoff_command(
     original goes into a new private file in corral's state directory
     (``hook-commands/``, hidden from every sandbox by the default secret
     paths), and the rewritten command is the simple command
-    ``/abs/corral-client run --agent-session ID --shell bash --command-file FILE``.
+    ``/abs/corral-client run --agent-session ID --keep --shell bash --command-file FILE``
+    (in the session's kept sandbox, see :mod:`corral.server._kept`).
     Claude Code's own shell does not run the original, so a ``cd`` does not
     carry to the next call here (docs/integrations.md, "Limits"). Files older
     than :data:`HANDOFF_MAX_AGE` are removed as new ones are written.
@@ -268,7 +269,7 @@ def handoff_command(
             f.write(os.fsencode(command))
     except OSError as exc:
         raise HookError(f"cannot hand the command to corral: {exc}") from None
-    words = [*corral, "run", "--agent-session", session_id, "--shell", SHELL]
+    words = [*corral, "run", "--agent-session", session_id, "--keep", "--shell", SHELL]
     return " ".join(quote(word) for word in [*words, "--command-file", path])
 
 
@@ -278,8 +279,24 @@ def _delimiter(base: str, lines: set[str]) -> str:
     return base
 
 
+#: The sandboxed script's prologue in a kept sandbox (``$CORRAL_SESSION_STATE`` set, see
+#: :mod:`corral.server._kept`): the report goes to the kept state directory, and the exported
+#: variables the previous call of the session left there are sourced - inside the sandbox,
+#: where they were written - keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD``
+#: that names the real directory; an ``EXIT`` trap records ``export -p`` for the next call.
+_KEPT_PROLOGUE = (
+    "__corral_s=${CORRAL_SESSION_STATE-}; unset CORRAL_SESSION_STATE\n"
+    'if [ -d "$__corral_s" ]; then __corral_d=$__corral_s\n'
+    '[ -f "$__corral_s/env" ] && { __corral_v="$SHLVL $CORRAL_SANDBOX_ID"; '
+    '. "$__corral_s/env" 2>/dev/null; SHLVL=${__corral_v% *} '
+    "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>/dev/null; "
+    "OLDPWD=$__corral_o; }\n"
+    "trap '{ export -p >\"$__corral_s/env\"; } 2>/dev/null' EXIT; fi\n"
+)
+
+
 def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspace: str) -> str:
-    """The rewritten command that also carries the sandboxed shell's final directory.
+    """The rewritten command that also carries the sandboxed shell's final directory and exports.
 
     The inner script (the heredoc's text, given to ``bash -c``) is the original
     in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
@@ -291,16 +308,26 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     host part is itself read from a third heredoc and ``eval``'d, so the only
     commands Claude Code's own rule matching sees are ``read`` and ``eval``
     (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
+
+    The run is ``--keep``: in the corral server it runs in the agent session's
+    kept sandbox (:mod:`corral.server._kept`), whose script writes its report
+    into the kept sandbox's private state directory instead (the server copies
+    it to ``$D/cwd``; ``$D`` is then no part of the policy, so every call of
+    the session has the same one) and carries exported variables from call to
+    call there (:data:`_KEPT_PROLOGUE`). In a fresh sandbox (no server, or a
+    run that cannot be kept) ``--report-dir`` makes ``$D`` writable and the
+    report lands there directly, as before; exports do not carry.
     """
     report = "cwd"
     script = (
         f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
+        f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
         f'{{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
     )
     host = (
         "__corral_d=$(mktemp -d) || exit 125\n"
-        f'{prefix} --allow-write "$__corral_d" --shell {SHELL} '
+        f'{prefix} --keep --report-dir "$__corral_d" --shell {SHELL} '
         f"-c \"__corral_d='$__corral_d'\n${{{VARIABLE}%?}}\"\n"
         "__corral_s=$?\n"
         f'if [ "$__corral_s" = 0 ] && [ -f "$__corral_d/{report}" ] '

@@ -1159,8 +1159,13 @@ static void serve_main(void) {
                     child = 0;
             }
         } else if (msg[0] == 'S' && child > 0) {
+            /* the command's process group (it is a session leader), as a terminal signals a
+             * job and as a fresh sandbox's signal is delivered: `sh -c 'sleep 9; echo'` stops
+             * at once on SIGINT instead of after the sleep */
             msg[len < (ssize_t)sizeof msg ? len : (ssize_t)sizeof msg - 1] = '\0';
-            kill(child, (int)strtol(msg + 1, NULL, 10));
+            int sig = (int)strtol(msg + 1, NULL, 10);
+            if (kill(-child, sig) < 0)
+                kill(child, sig);
         } else if (msg[0] == 'K') {
             /* every process but this one; the command's reaping above sends "D" */
             msg[len < (ssize_t)sizeof msg ? len : (ssize_t)sizeof msg - 1] = '\0';

@@ -17,7 +17,8 @@ What stays per command, exactly as in a fresh sandbox:
   Anything else (another policy from ``rules``, a different cwd mount) runs
   in a fresh sandbox, so a resident run never has other rules than a fresh one;
 * its own timeout (TERM to every process of the sandbox, KILL after the
-  grace), output cap and digests, stdin;
+  grace), output cap and digests, stdin (data, ``/dev/null``, or the
+  caller's own stdin when it is not a terminal);
 * nothing of a command survives into the next: when the command's first
   process ends, the init kills and reaps every other process of the
   namespace before it reports the end;
@@ -35,10 +36,11 @@ What stays per command, exactly as in a fresh sandbox:
 
 Not resident (a fresh sandbox as before): other backends, previews (the
 preview is held and recorded per run), the egress proxy (its log is per
-run), terminals, background processes (the SDK's ``spawn`` asks for a fresh
-sandbox), and a second command while one runs (the async twin may run
-several at once). A resident sandbox whose memory limit killed something is
-retired: the next command gets a new one.
+run), terminals (also a caller's stdin or output on one), background
+processes (the SDK's ``spawn`` asks for a fresh sandbox), and a second
+command while one runs (the async twin may run several at once). A resident
+sandbox whose memory limit killed something is retired: the next command
+gets a new one.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ class ResidentCommand:
         )
 
     def send_signal(self, signum: int) -> None:
-        """Deliver *signum* to the command's first process."""
+        """Deliver *signum* to the command's process group (as a fresh sandbox does)."""
         self._resident.control(f"S{signum}".encode())
 
     def terminate(self) -> None:
@@ -288,8 +290,10 @@ class Resident:
             CorralError: the request cannot be planned (as a fresh run would
                 raise), or the broker failed.
         """
-        if self.broken or request.tty or request.stdin_mode == "inherit":
+        if self.broken or request.tty:
             return None
+        if request.stdin_mode == "inherit" and any(_isatty(fd) for fd in streams):
+            return None  # a terminal: a fresh sandbox gives it the pty handling it needs
         if policy is not self._policy and policy != self._policy:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
         if self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
@@ -378,6 +382,8 @@ class Resident:
                 r, stdin_fd = os.pipe2(os.O_CLOEXEC)
                 theirs.append(r)
                 ours.append(stdin_fd)
+            elif request.stdin_mode == "inherit":
+                theirs.append(os.dup(streams[0]))  # the caller's stdin, as a fresh run hands it
             else:
                 theirs.append(os.dup(self._null))
             outs: list[_Stream] = []
@@ -609,6 +615,13 @@ class _Keeper:
         """Wait until the sandbox ended and its resources were released."""
         self._done.acquire()
         self._done.release()
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
 
 
 def _take(stream: _Stream, chunk: bytes, limit: int | None, kept: int) -> int:

@@ -41,6 +41,9 @@ def hook_server() -> Iterator[dict[str, str]]:
         "HOME": root,
         "LANG": "C.UTF-8",
         "XDG_STATE_HOME": os.path.join(root, "state"),
+        # every test's world is another workspace: a kept sandbox per test would outlive it
+        # (the world fixture fails on that); kept sessions are tested in test_kept_sessions.py
+        "CORRAL_KEPT_MAX": "0",
     }
 
     def server(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -66,6 +69,7 @@ def via(request: pytest.FixtureRequest, world: World) -> str:
         client_command(name)
         world.environ.update(request.getfixturevalue("hook_server"))
         del world.environ["CORRAL_SERVER"]
+        world.environ["CORRAL_KEPT_MAX"] = "0"  # also for a server a client starts (see above)
     return name
 
 
@@ -153,7 +157,7 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
     )
     assert (
         f"\n{hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
-        '--allow-write "$__corral_d" --shell bash -c'
+        '--keep --report-dir "$__corral_d" --shell bash -c'
     ) in updated["command"]
 
 
@@ -168,8 +172,8 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
 )
 def test_the_rewritten_command_has_no_escaping_cost(world: World, command: str) -> None:
     new = rewritten(world, command)
-    # a constant overhead (the cwd report, issue 11 item 6), nothing per byte of the command
-    assert len(new) <= len(command) + 1000 + len(hook_corral())  # + the session id
+    # a constant overhead (the cwd report and the kept shell state), nothing per byte
+    assert len(new) <= len(command) + 1400 + len(hook_corral())  # + the session id
     original, sandboxed = bash(world, command), bash(world, new)
     assert (sandboxed.returncode, sandboxed.stdout) == (original.returncode, original.stdout)
 
@@ -244,10 +248,10 @@ def test_rewrite_passes_any_command_to_corral_exactly(command: str, session: str
     )
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]
-    assert words[:3] + words[5:8] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
-    assert words[3] == "--allow-write" and len(words) == 9
+    assert words[:3] + words[6:9] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
+    assert words[3:5] == ["--keep", "--report-dir"] and len(words) == 10
     # the sandboxed script hands the original to eval exactly (eval shadowed to print it)
-    script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[8]
+    script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[9]
     inner = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, check=False)
     assert inner.stdout.decode() == command
 

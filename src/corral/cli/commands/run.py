@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ...policy._model import Policy
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
+    from ...server._kept import KeptSessions
 
 __all__ = [
     "Caller",
@@ -43,6 +44,20 @@ __all__ = [
 ]
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
+
+EXTRA = {"--keep": "flag", "--report-dir": "value"}
+EXTRA_HELP = (
+    (
+        "--keep",
+        "with --agent-session: run in the session's kept sandbox (through the corral server; "
+        "a fresh one when it cannot)",
+    ),
+    (
+        "--report-dir DIR",
+        "a directory the command may write its shell's final directory to (DIR/cwd); "
+        "corral copies a kept sandbox's report there",
+    ),
+)
 _MAX_VIOLATION_LINES = 20
 
 
@@ -122,6 +137,7 @@ def run(
     *,
     launchers: LauncherPool | None = None,
     prestage: bool = True,
+    kept: KeptSessions | None = None,
 ) -> int:
     """Carry out ``corral run ARGS`` for *caller*; return the exit status.
 
@@ -135,17 +151,29 @@ def run(
             cgroup move at once (:class:`corral.pipeline._cgroups.Prestage`); the
             server turns this off (its no-op move of a whole multi-threaded
             process would stall the other runs' forks).
+        kept: the corral server's kept sandboxes: ``--keep --agent-session ID``
+            runs there when it can (:mod:`corral.server._kept`), else fresh.
 
     Everything the user sees - the command's output, ``corral:`` lines, help
     text - goes to the caller's fds. Exit statuses as documented in
     :mod:`corral.cli`.
     """
     if args[:1] in (["-h"], ["--help"]):
-        caller.write_out(run_options_help("run", SUMMARY))
+        caller.write_out(run_options_help("run", SUMMARY, EXTRA_HELP))
         return 0
     try:
-        opts = parse_run_options(args)
+        opts = parse_run_options(args, extra=EXTRA)
+        keep, report_dir = _keep_options(opts)
         resolved = resolve(opts, caller.environ, caller=caller)
+        if keep and kept is not None:
+            status = _run_kept(opts, resolved, caller, relay, kept, report_dir)
+            if status is not None:
+                return status
+        if report_dir is not None:
+            # a fresh sandbox: the command writes its report there itself
+            opts.flags.setdefault("filesystem", {}).setdefault("allowWrite", []).append(report_dir)
+            quiet = Caller(cwd=caller.cwd, environ=caller.environ, stdio=(-1, -1, -1))
+            resolved = resolve(opts, caller.environ, caller=quiet)  # warned once already
         if _writes_through_preview(resolved.policy) and not resolved.policy.filesystem.read_only:
             return _run_in_new_preview(opts, resolved, caller, relay)
         return execute_options(
@@ -159,6 +187,88 @@ def run(
     except CorralError as exc:
         caller.error(exc.message, exc.hint)
         return EXIT_USAGE
+
+
+def _keep_options(opts: RunOptions) -> tuple[bool, str | None]:
+    """``--keep`` and ``--report-dir`` (absolute); a kept run's shell-state variable is "" unless kept.
+
+    Raises:
+        UsageError: ``--keep`` without ``--agent-session``, or a relative ``--report-dir``.
+    """
+    from ..._exceptions import UsageError
+    from ...server._kept import STATE_VARIABLE
+
+    keep = bool(opts.extra.get("--keep"))
+    report_dir = opts.extra.get("--report-dir")
+    if keep and not opts.agent_session:
+        raise UsageError("--keep needs --agent-session ID (the session whose sandbox is kept)")
+    if report_dir is not None and not report_dir.startswith("/"):
+        raise UsageError(f"--report-dir {report_dir!r}: expected an absolute path")
+    if keep:
+        # set in every run: only a kept sandbox's command gets a value (_run_kept)
+        opts.flags.setdefault("env", {}).setdefault("set", {})[STATE_VARIABLE] = ""
+    return keep, report_dir
+
+
+def _run_kept(
+    opts: RunOptions,
+    resolved: ResolvedSettings,
+    caller: Caller,
+    relay: SignalRelay,
+    kept: KeptSessions,
+    report_dir: str | None,
+) -> int | None:
+    """Run in the agent session's kept sandbox; ``None``: run it in a fresh one instead.
+
+    Not kept (``None``): a policy that writes through a preview, and whatever
+    :meth:`KeptSessions.run` declines (another backend, the egress proxy,
+    credentials, a terminal, the kept sandbox busy or gone).
+    """
+    from ..._state import state_dir
+    from ...pipeline._request import new_sandbox_id
+    from ...pipeline._runner import audit_outcome
+    from ...policy import policy_digest
+
+    policy = resolved.policy
+    if _writes_through_preview(policy):
+        return None
+    digest = policy_digest(policy)
+    key = (opts.agent_session or "", digest, resolved.workspace)
+    request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(
+        sandbox_id=new_sandbox_id()
+    )
+    done = kept.run(
+        key, request, policy, environ=caller.environ, relay=relay, streams=caller.streams
+    )
+    if done is None:
+        return None
+    outcome, cwd_report = done
+    outcome = outcome.replace(policy_digest=digest)
+    report(outcome, policy_timeout=policy.resources.timeout, caller=caller)
+    problem = audit_outcome(outcome, request, state_dir=state_dir(caller.environ))
+    if problem is not None:
+        caller.error(problem)
+    if opts.json_out:
+        _write_json(caller, opts.json_out, outcome)
+    if report_dir is not None and cwd_report is not None:
+        _hand_report(report_dir, cwd_report)
+    return outcome.returncode
+
+
+def _hand_report(directory: str, data: bytes) -> None:
+    """Write the kept sandbox's (untrusted) directory report to ``DIRECTORY/cwd`` for the caller."""
+    try:
+        fd = os.open(
+            os.path.join(directory, "cwd"),
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
+        return  # the caller looks for the file; without it nothing moves
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
 
 
 def _writes_through_preview(policy: Policy) -> bool:

@@ -26,18 +26,29 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ...pipeline._launchers import LauncherPool
     from ...pipeline._runner import SignalRelay
+    from ...server._kept import KeptSessions
     from ...server._requests import HookRequest, RunRequest
     from ...server._server import Server
 
 __all__ = ["handle_hook", "handle_run", "main"]
 
 
-def handle_run(request: RunRequest, relay: SignalRelay, launchers: LauncherPool | None) -> int:
-    """Run one client's ``corral run`` exactly as it would run in the client's process."""
+def handle_run(
+    request: RunRequest,
+    relay: SignalRelay,
+    launchers: LauncherPool | None,
+    *,
+    kept: KeptSessions | None = None,
+) -> int:
+    """Run one client's ``corral run`` exactly as it would run in the client's process.
+
+    With *kept*, ``corral run --keep --agent-session ID`` runs in that session's
+    kept sandbox (:mod:`corral.server._kept`).
+    """
     from .run import Caller, run
 
     caller = Caller(cwd=request.cwd, environ=request.environ, stdio=request.stdio)
-    return run(request.argv, caller, relay, launchers=launchers, prestage=False)
+    return run(request.argv, caller, relay, launchers=launchers, prestage=False, kept=kept)
 
 
 def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
@@ -130,11 +141,17 @@ def main(args: list[str]) -> int:
 
 def _serve(state: str, idle: float) -> int:
     from ..._exceptions import ServerError
+    from ...server._kept import KeptSessions
     from ...server._server import Server
+
+    kept = KeptSessions.from_environ(state, os.environ)
+
+    def run_kept(request: RunRequest, relay: SignalRelay, launchers: LauncherPool | None) -> int:
+        return handle_run(request, relay, launchers, kept=kept)
 
     server = Server(
         state,
-        handler=handle_run,
+        handler=run_kept,
         hook_handler=handle_hook,
         idle=idle,
         launchers=os.geteuid() == 0,
@@ -146,7 +163,10 @@ def _serve(state: str, idle: float) -> int:
         server.log(f"not started: {exc.message}")  # a detached server has no terminal
         raise
     _prepare_hooks(server)
-    server.serve()
+    try:
+        server.serve()
+    finally:
+        kept.close()
     return 0
 
 

@@ -1,0 +1,345 @@
+"""Kept sandboxes for agent sessions: ``corral run --keep --agent-session ID`` in the server.
+
+The Claude Code hook rewrites every Bash call to ``corral-client run --keep
+--agent-session ID ...``. The corral server keeps one resident sandbox
+(:mod:`corral.pipeline._resident`) per **key** - the agent session id, the
+digest of the run's policy and its workspace - and runs each further command
+of that key in it: one fork of the sandbox's init instead of a new
+bubblewrap (docs/design.md, "Kept sandboxes for agent sessions"). Another
+policy (a changed setting, a ``rules`` entry, a flag) or another workspace is
+another key: a new sandbox. The server serves one user (its peers are
+checked), so a kept sandbox is never shared across users; never across
+sessions either (the session id is part of the key).
+
+Each kept sandbox has a private host directory mounted as its ``/tmp``
+(``<state dir>/sessions/<server pid>-kept-<n>``, mode 0700, removed when the
+sandbox is released; a dead server's are swept by the next first open). The
+shell state the hook's rewritten command carries lives there, under
+:data:`STATE_INSIDE`: only the sandbox's own commands read it, so it is never
+sourced outside the sandbox nor by another session (see
+:func:`corral.integrations.claude_code_hook.rewrite_command`).
+
+Bounds: a kept sandbox unused for :data:`DEFAULT_IDLE` seconds
+(``CORRAL_KEPT_IDLE`` in the server's environment) is released; at most
+:data:`DEFAULT_LIMIT` are kept (``CORRAL_KEPT_MAX``); beyond that the one
+unused longest is released, and when every one is busy the command runs in a
+fresh sandbox. A key whose kept sandbox is busy (a background call of the same
+session) also runs fresh.
+
+Fail closed: whatever cannot run in the kept sandbox (it died, a plan of
+another shape, a terminal, a policy it cannot enforce) returns ``None`` and
+the caller runs the command in a fresh sandbox - never without one.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import time
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from ..pipeline._outcome import Outcome
+    from ..pipeline._request import ExecRequest
+    from ..pipeline._resident import Resident
+    from ..pipeline._runner import SignalRelay
+    from ..policy import Policy
+
+__all__ = [
+    "DEFAULT_IDLE",
+    "DEFAULT_LIMIT",
+    "STATE_INSIDE",
+    "STATE_VARIABLE",
+    "KeptSessions",
+]
+
+#: seconds a kept sandbox may stay unused before it is released (the server's own idle exit)
+DEFAULT_IDLE = 300.0
+#: how many kept sandboxes one server holds at most
+DEFAULT_LIMIT = 8
+#: the sandbox-private directory the hook's shell state lives in (under the kept ``/tmp``)
+STATE_INSIDE = "/tmp/.corral-shell"
+#: the variable that names :data:`STATE_INSIDE` to a kept run ("" in every fresh run)
+STATE_VARIABLE = "CORRAL_SESSION_STATE"
+#: the largest working-directory report read back (a path, one line)
+_MAX_REPORT = 4096
+
+
+class _Kept:
+    __slots__ = ("busy", "resident", "tmp_dir", "used")
+
+    def __init__(self, resident: Resident, tmp_dir: str) -> None:
+        self.resident = resident
+        self.tmp_dir = tmp_dir
+        self.busy = False
+        self.used = time.monotonic()
+
+
+class KeptSessions:
+    """The server's kept sandboxes, by ``(agent session, policy digest, workspace)``.
+
+    Example::
+
+        kept = KeptSessions(state_dir)
+        done = kept.run(key, request, policy, environ=env, relay=relay, streams=(0, 1, 2))
+        if done is None:
+            ...                        # run it in a fresh sandbox
+        outcome, cwd_report = done
+        kept.close()                   # at the server's exit
+    """
+
+    def __init__(
+        self, state_dir: str, *, idle: float = DEFAULT_IDLE, limit: int = DEFAULT_LIMIT
+    ) -> None:
+        self._state_dir = state_dir
+        self.idle = idle
+        self.limit = limit
+        self._lock = _thread.allocate_lock()
+        self._kept: dict[tuple[str, str, str], _Kept] = {}
+        self._counter = 0
+        self._reaper = False
+        self._closed = False
+        self._swept = False
+        #: keys whose policy a kept sandbox cannot serve (each of their calls runs fresh)
+        self._unsuitable: set[tuple[str, str, str]] = set()
+
+    @classmethod
+    def from_environ(cls, state_dir: str, environ: Mapping[str, str]) -> KeptSessions:
+        """With ``CORRAL_KEPT_IDLE`` (seconds) and ``CORRAL_KEPT_MAX`` from *environ*, when valid."""
+        idle, limit = DEFAULT_IDLE, DEFAULT_LIMIT
+        try:
+            idle = float(environ.get("CORRAL_KEPT_IDLE") or idle)
+        except ValueError:
+            pass
+        try:
+            limit = int(environ.get("CORRAL_KEPT_MAX") or limit)
+        except ValueError:
+            pass
+        return cls(state_dir, idle=idle if idle > 0 else DEFAULT_IDLE, limit=max(0, limit))
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    # ------------------------------------------------------------ run
+    def run(
+        self,
+        key: tuple[str, str, str],
+        request: ExecRequest,
+        policy: Policy,
+        *,
+        environ: Mapping[str, str],
+        relay: SignalRelay,
+        streams: tuple[int, int, int],
+    ) -> tuple[Outcome, bytes | None] | None:
+        """Run *request* in the kept sandbox of *key* (opened on first use).
+
+        Returns ``(outcome, the working directory the command reported or None)``,
+        or ``None``: run it in a fresh sandbox instead.
+
+        Raises:
+            CorralError: the request cannot be planned, or the broker failed
+                (as a fresh run would raise).
+        """
+        kept = self._take(key, request, policy, environ)
+        if kept is None:
+            return None
+        try:
+            outcome = kept.resident.run(
+                request.replace(
+                    tmp_dir=kept.tmp_dir, env=(*request.env, (STATE_VARIABLE, STATE_INSIDE))
+                ),
+                policy,
+                on_start=relay.started,  # type: ignore[arg-type]  # the relay's duck type
+                streams=streams,
+            )
+            report = self._take_report(kept.tmp_dir) if outcome is not None else None
+        finally:
+            with self._lock:
+                kept.busy = False
+                kept.used = time.monotonic()
+        return None if outcome is None else (outcome, report)
+
+    def _take(
+        self,
+        key: tuple[str, str, str],
+        request: ExecRequest,
+        policy: Policy,
+        environ: Mapping[str, str],
+    ) -> _Kept | None:
+        """The idle kept sandbox of *key*, marked busy (opened if there is none), or None."""
+        released: list[_Kept] = []
+        try:
+            with self._lock:
+                if self._closed or self.limit <= 0 or key in self._unsuitable:
+                    return None
+                kept = self._kept.get(key)
+                if kept is not None and kept.resident.broken and not kept.busy:
+                    released.append(self._kept.pop(key))  # it died: a new one below
+                    kept = None
+                if kept is not None:
+                    if kept.busy or kept.resident.broken:
+                        return None  # in use by another call of the session: a fresh sandbox
+                    kept.busy = True
+                    return kept
+                while len(self._kept) >= self.limit:
+                    idle = [(k, v) for k, v in self._kept.items() if not v.busy]
+                    if not idle:
+                        return None
+                    oldest = min(idle, key=lambda item: item[1].used)[0]
+                    released.append(self._kept.pop(oldest))
+                self._counter += 1
+                number = self._counter
+            opened, suitable = self._open(number, request, policy, environ)
+            if opened is None:
+                if not suitable:
+                    with self._lock:
+                        if len(self._unsuitable) >= 256:
+                            self._unsuitable.clear()
+                        self._unsuitable.add(key)
+                return None
+            with self._lock:
+                if self._closed or key in self._kept:
+                    released.append(opened)  # closed meanwhile, or a twin call opened one
+                    return None
+                opened.busy = True
+                self._kept[key] = opened
+                self._start_reaper()
+            return opened
+        finally:
+            for item in released:
+                _release(item)
+
+    def _open(
+        self, number: int, request: ExecRequest, policy: Policy, environ: Mapping[str, str]
+    ) -> tuple[_Kept | None, bool]:
+        """A new kept sandbox, or ``(None, whether another attempt may succeed)``."""
+        from .._exceptions import CorralError
+        from .._state import ensure_dir
+        from ..pipeline._resident import Resident
+
+        if policy.credentials:
+            # credentials are injected per command line: a kept /tmp and shell state would
+            # carry one command's credential into the next
+            return None, False
+        tmp_dir = ""
+        try:
+            sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
+            if not self._swept:  # kept /tmps (and SDK sessions' TMPDIRs) of dead processes
+                from .._sandbox_base import _sweep_sessions
+
+                self._swept = True
+                _sweep_sessions(sessions)
+            tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
+            os.mkdir(tmp_dir, 0o700)
+            os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
+        except (CorralError, OSError):
+            if tmp_dir:
+                _remove_tree(tmp_dir)
+            return None, True  # the fresh run reports what is wrong, if anything
+        base = request.replace(
+            argv=("/bin/true",),
+            shell_command=None,
+            stdin_mode="null",
+            stdin=b"",
+            tmp_dir=tmp_dir,
+            env=(*request.env, (STATE_VARIABLE, STATE_INSIDE)),
+        )
+        resident = None
+        try:
+            resident = Resident.open(base, policy, environ=environ)
+        except CorralError:
+            return None, True  # the fresh run reports why
+        finally:
+            if resident is None:
+                _remove_tree(tmp_dir)
+        if resident is None:
+            return None, False  # another backend, the egress proxy, ...: never here
+        return _Kept(resident, tmp_dir), True
+
+    @staticmethod
+    def _take_report(tmp_dir: str) -> bytes | None:
+        """The working directory the command wrote to ``STATE_INSIDE/cwd``, if any; removed.
+
+        Untrusted bytes from the sandbox: read without following links, at
+        most :data:`_MAX_REPORT` + 1 bytes of a regular file; the rewritten
+        command checks the path itself before it moves anything. Whatever
+        the command left under that name (a link, a directory) is removed, so
+        the next command's report is its own. No process of the sandbox runs
+        now (the init swept them all before it reported the end).
+        """
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+        state = os.path.join(tmp_dir, os.path.basename(STATE_INSIDE))
+        try:
+            dir_fd = os.open(state, flags | os.O_DIRECTORY)
+        except OSError:
+            _remove_tree(state)  # replaced by a link or a file: the next command gets a new one
+            try:
+                os.mkdir(state, 0o700)
+            except OSError:
+                pass
+            return None
+        data = None
+        try:
+            fd = os.open("cwd", flags | os.O_NONBLOCK, dir_fd=dir_fd)
+            try:
+                if (os.fstat(fd).st_mode & 0o170000) == 0o100000:
+                    data = os.read(fd, _MAX_REPORT + 1)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+        finally:
+            try:
+                os.unlink("cwd", dir_fd=dir_fd)
+            except IsADirectoryError:
+                _remove_tree(os.path.join(state, "cwd"))
+            except OSError:
+                pass
+            os.close(dir_fd)
+        return data
+
+    # ------------------------------------------------------------ release
+    def _start_reaper(self) -> None:
+        """(Under the lock.) Start the thread that releases idle sandboxes, once."""
+        if not self._reaper:
+            self._reaper = True
+            _thread.start_new_thread(self._reap, ())
+
+    def _reap(self) -> None:
+        while True:
+            time.sleep(min(max(self.idle / 4, 0.2), 5.0))
+            released = []
+            with self._lock:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                for key, kept in list(self._kept.items()):
+                    if not kept.busy and (now - kept.used >= self.idle or kept.resident.broken):
+                        released.append(self._kept.pop(key))
+            for kept in released:
+                _release(kept)
+
+    def close(self) -> None:
+        """Release every kept sandbox that is not running a command (the server exits)."""
+        with self._lock:
+            self._closed = True
+            released = [kept for kept in self._kept.values() if not kept.busy]
+            self._kept.clear()
+        for kept in released:
+            _release(kept)
+
+
+def _release(kept: _Kept) -> None:
+    kept.resident.close()
+    _remove_tree(kept.tmp_dir)
+
+
+def _remove_tree(path: str) -> None:
+    from ..preview._mechanism import remove_tree
+
+    try:
+        remove_tree(path)
+    except OSError:
+        pass

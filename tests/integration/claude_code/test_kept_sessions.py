@@ -1,0 +1,261 @@
+"""Kept sandboxes for agent sessions (issue 12 item 2): the hook's Bash calls of one Claude
+Code session run in one sandbox the corral server keeps (:mod:`corral.server._kept`).
+
+The real CLI (``claude -p`` against a scripted model) checks what a user sees: ``cd`` and
+``export`` carry from one call to the next, a background process of one call is gone in the
+next, two sessions share nothing, a changed policy gets a new sandbox. The client alone
+checks what the server must still do per command: the exit status, signals, timeout and
+kill, a kept sandbox that died (the next call gets a fresh one, never none), idle release.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import _processes_mentioning, client_command
+
+from ..conftest import World, corral_executable, needs_bwrap
+from . import test_real_cli
+from ._claude import ScriptedModel, claude_cli, run_claude
+from .test_real_cli import install
+
+pytestmark = needs_bwrap
+
+SESSION = ("--agent-session", "s-kept", "--keep")
+
+
+def _server(world: World, *args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [corral_executable(), "server", *args],
+        env=world.environ,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+
+
+def _sandboxes(world: World) -> list[str]:
+    """The kept sandboxes' processes on the host (their bubblewrap and init)."""
+    return [p for p in _processes_mentioning(world.root) if "--serve" in p]
+
+
+@pytest.fixture
+def served(world: World, request: pytest.FixtureRequest) -> Iterator[World]:
+    """The world with its own corral server (kept sandboxes released after ``idle`` seconds)."""
+    idle = getattr(request, "param", "60")
+    del world.environ["CORRAL_SERVER"]
+    world.environ["CORRAL_KEPT_IDLE"] = idle
+    assert _server(world, "--detach").returncode == 0
+    try:
+        yield world
+    finally:
+        _server(world, "--stop")  # releases every kept sandbox before it exits
+        deadline = time.monotonic() + 10
+        while _sandboxes(world) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def _client(world: World, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[bytes]:
+    return world.corral("run", *SESSION, *args, client="corral-client", **kwargs)
+
+
+def _session(
+    world: World, calls: list[tuple[str, dict[str, object]]], model: ScriptedModel | None = None
+) -> list[tuple[str, bool]]:
+    with model or ScriptedModel(calls) as running:
+        result = run_claude(world.home, world.workspace, running, environ=world.environ)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    results = running.tool_results()
+    assert len(results) == len(calls), results
+    return results
+
+
+def test_a_sessions_calls_share_cwd_exports_and_tmp_but_no_process(served: World) -> None:
+    """Two Bash calls of one session: the second sees the first's ``cd``, ``export`` and
+    ``/tmp`` (one kept sandbox); the first's background loop is gone (in the sandbox and on
+    the host); another session sees none of it."""
+    claude_cli()
+    world = served
+    world.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{world.environ['PATH']}"
+    install(world)
+    workspace = os.path.realpath(world.workspace)
+    loop = ": kept-loop-marker; while :; do date +%s%N >/tmp/tick; sleep 0.05; done"
+    check = (
+        'pwd; echo "probe=${CORRAL_PROBE-}"; a=$(cat /tmp/tick); sleep 0.5; b=$(cat /tmp/tick); '
+        '[ -s /tmp/tick ] && [ "$a" = "$b" ] && echo loop-gone; cat /proc/1/cmdline | tr "\\0" " "'
+    )
+    results = _session(
+        world,
+        [
+            (
+                "Bash",
+                {
+                    "command": "mkdir -p sub && cd sub && export CORRAL_PROBE=kept; "
+                    f"{{ {loop}; }} >/dev/null 2>&1 & sleep 0.3; echo started"
+                },
+            ),
+            ("Bash", {"command": check}),
+        ],
+    )
+    assert results[0] == ("started", False), results
+    lines = results[1][0].splitlines()
+    assert lines[:3] == [f"{workspace}/sub", "probe=kept", "loop-gone"], results
+    assert "--init --serve" in lines[3]  # run by the kept sandbox's init
+    # nothing of the loop on the host either; the kept sandbox itself is still there
+    assert not [p for p in _processes_mentioning("kept-loop-marker") if "pytest" not in p]
+    assert _sandboxes(world)
+    other = _session(world, [("Bash", {"command": 'echo "probe=${CORRAL_PROBE-}"; ls /tmp'})])
+    assert other == [("probe=", False)], other  # another session: its own sandbox and /tmp
+
+
+def test_a_kept_sandbox_cannot_steer_the_next_calls_directory_either(served: World) -> None:
+    """The same forged reports as for a fresh sandbox (a link out, ``cd /``, the report
+    replaced by a link or a path outside, a newline), through the kept sandbox's report."""
+    served.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{served.environ['PATH']}"
+    test_real_cli.test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace(
+        served, claude_cli()
+    )
+    assert _sandboxes(served)  # they ran kept
+
+
+class _ChangingPolicy(ScriptedModel):
+    """Runs *change* before it answers the turn *at* (between two tool calls)."""
+
+    def __init__(self, calls: list[tuple[str, dict[str, Any]]], at: int, change: Any) -> None:
+        super().__init__(calls)
+        self._at, self._change = at, change
+
+    def _answer(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        if body.get("tools") and len(self.requests) == self._at:
+            self._change()
+        return super()._answer(body)
+
+
+def test_a_changed_policy_gets_a_new_sandbox(served: World) -> None:
+    """The user's settings change between two calls: the second runs under the new policy in
+    a new sandbox (the first's /tmp and exports are not there)."""
+    claude_cli()
+    world = served
+    world.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{world.environ['PATH']}"
+    install(world)
+    settings = os.path.join(world.home, ".config", "corral", "settings.json")
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("Bash", {"command": "export CORRAL_PROBE=1; echo mark >/tmp/mark; echo one"}),
+        ("Bash", {"command": 'echo "probe=${CORRAL_PROBE-} policy=${CORRAL_MARK-}"; ls /tmp'}),
+    ]
+    model = _ChangingPolicy(
+        calls, 1, lambda: World.write(settings, '{"env": {"set": {"CORRAL_MARK": "new"}}}')
+    )
+    results = _session(world, calls, model)
+    assert results == [("one", False), ("probe= policy=new", False)], results
+
+
+def test_exit_status_signals_timeout_and_kill_pass_through(served: World) -> None:
+    """Per command, as in a fresh sandbox: the exit status, stdin, a timeout (124), SIGINT
+    forwarded to the command, and a killed client stops the command's whole tree."""
+    world = served
+    client_command("corral-client")
+    assert _client(world, "-c", "echo kept >/tmp/mark; exit 3").returncode == 3
+    piped = _client(world, "-c", "cat; cat /tmp/mark", input=b"from stdin\n")
+    assert (piped.returncode, piped.stdout) == (0, b"from stdin\nkept\n")
+    timed = _client(world, "--timeout", "1s", "-c", "sleep 20")
+    assert timed.returncode == 124 and b"timed out after 1s" in timed.stderr
+    for signum, expected in ((signal.SIGINT, 42), (signal.SIGKILL, None)):
+        with subprocess.Popen(
+            [
+                *client_command("corral-client"),
+                "run",
+                *SESSION,
+                "-c",
+                "trap 'exit 42' INT; echo ready; while :; do sleep 0.1; done # kept-kill-marker",
+            ],
+            cwd=world.workspace,
+            env=world.environ,
+            stdout=subprocess.PIPE,
+        ) as proc:
+            assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+            proc.send_signal(signum)
+            status = proc.wait(timeout=30)
+        if expected is not None:
+            assert status == expected
+        deadline = time.monotonic() + 10
+        while _processes_mentioning("kept-kill-marker") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _processes_mentioning("kept-kill-marker")
+    # SIGINT reaches the command's process group, as in a fresh sandbox: the shell does not
+    # wait for its pipeline's sleep first (it would take 60 s; the wait below allows 20). The
+    # sleep is running when "ready" arrives (a pipeline's commands are forked left to right).
+    with subprocess.Popen(
+        [
+            *client_command("corral-client"),
+            "run",
+            *SESSION,
+            "-c",
+            "sleep 60 | { echo ready; cat; }; echo after",
+        ],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=20) == 130
+        assert proc.stdout.read() == b""
+    again = _client(world, "-c", "cat /tmp/mark")  # the same kept sandbox still serves
+    assert (again.returncode, again.stdout) == (0, b"kept\n")
+
+
+def test_a_kept_sandbox_that_died_is_replaced_never_skipped(served: World) -> None:
+    """Kill the kept sandbox from the host: the next call runs in a new sandbox (the write
+    outside the workspace still fails), not without one."""
+    world = served
+    client_command("corral-client")
+    assert _client(world, "-c", "echo one >/tmp/mark").returncode == 0
+    for line in _sandboxes(world):
+        if "bwrap" in line.split(":", 1)[1].split()[0]:
+            os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+    result = _client(world, "-c", f"ls /tmp; echo pwned > {world.victim}")
+    assert result.returncode != 0 and b"mark" not in result.stdout, result
+    assert World.read(world.victim) == "original\n"
+    assert b"--serve" in _client(world, "-c", "cat /proc/1/cmdline").stdout  # kept again
+
+
+@pytest.mark.parametrize("served", ["1"], indirect=True)
+def test_an_idle_kept_sandbox_is_released(served: World) -> None:
+    """With ``CORRAL_KEPT_IDLE=1`` the kept sandbox and its /tmp are gone a little later; the
+    kept /tmp of a server that died (no such pid) is swept when the first one is opened."""
+    world = served
+    client_command("corral-client")
+    dead = World.write(os.path.join(world.state_dir, "sessions", "999999999-kept-1", "x"), "x")
+    assert _client(world, "-c", "echo one >/tmp/mark").returncode == 0
+    assert not os.path.exists(os.path.dirname(dead))
+    assert _sandboxes(world)
+    deadline = time.monotonic() + 15
+    while _sandboxes(world) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _sandboxes(world)
+    assert not [n for n in os.listdir(os.path.join(world.state_dir, "sessions")) if "kept" in n]
+    result = _client(world, "-c", "ls /tmp")
+    assert result.returncode == 0 and b"mark" not in result.stdout
+
+
+def test_a_policy_with_credentials_runs_fresh_each_call(served: World) -> None:
+    """Credentials are injected per command line: no kept sandbox (nothing may carry)."""
+    world = served
+    client_command("corral-client")
+    World.write(
+        os.path.join(world.home, ".config", "corral", "settings.json"),
+        '{"credentials": [{"name": "KEPT_TOKEN", "from": "env:SECRET_TOKEN", '
+        '"commands": ["deploy *"]}]}',
+    )
+    assert _client(world, "-c", "echo one >/tmp/mark").returncode == 0
+    result = _client(world, "-c", "ls /tmp; cat /proc/1/cmdline")
+    assert result.returncode == 0 and b"mark" not in result.stdout, result
+    assert b"--serve" not in result.stdout and not _sandboxes(world)
