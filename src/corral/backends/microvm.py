@@ -90,6 +90,7 @@ __all__ = [
 FD_STATUS = 3
 FD_CONFIG = 4
 FD_AGENT = 5
+FD_DONE = 6
 #: The image a run boots when the policy names none (``corral image build python --vm``).
 DEFAULT_IMAGE = "python"
 #: Guest RAM on top of ``resources.memory`` (guest kernel, agent, page cache).
@@ -563,12 +564,13 @@ class MicrovmBackend(Backend):
         runner = [str(facts.detail("python")), "-I", "-S", relay]
         helper = [
             facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
-            "--keep-fd", str(FD_AGENT), "--setsid", "--die-with-parent", "0",
+            "--keep-fd", str(FD_AGENT), "--keep-fd", str(FD_DONE), "--setsid",
+            "--die-with-parent", "0",
         ]  # fmt: skip
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
-            argv=(*helper, "--", *runner, str(FD_CONFIG), str(FD_AGENT)),
+            argv=(*helper, "--", *runner, str(FD_CONFIG), str(FD_AGENT), str(FD_DONE)),
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C.UTF-8")),
             cwd="/",
             fds=(
@@ -638,14 +640,55 @@ class MicrovmBackend(Backend):
             vm.close()
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
         try:
-            assert vm.channel is not None
-            if plan.egress is not None:  # the proxy listens where this VM's qemu connects
-                plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
+            outcome, _marks = self.run_in(
+                vm,
+                plan,
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+                streams=streams,
+            )
+            return outcome
+        finally:
+            if pool is not None:
+                pool.destroy(vm)  # off the run's path: the server lives on
+            else:
+                vm.close()
+
+    def run_in(
+        self,
+        vm: GuestVM,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
+    ) -> tuple[Outcome, bytes]:
+        """Run *plan*'s command in *vm* (booted, its workspace attached) through the relay.
+
+        Returns the outcome and what the relay reported on its done fd:
+        ``b"sx"`` when the agent took the command and reported its end,
+        ``b"s"`` when the relay ended in between (the guest may still run it),
+        ``b""`` when the agent never got it. The VM is left as it is.
+        """
+        assert vm.channel is not None
+        config = next(f for f in plan.fds if f.number == FD_CONFIG)
+        if plan.egress is not None:  # the proxy listens where this VM's qemu connects
+            plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
+        done_r, done_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        marks = b""
+        try:
             agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
+            done = FdSpec(number=FD_DONE, kind="pass", data=str(done_w).encode())
             command = FdSpec(number=FD_CONFIG, kind="data", data=exec_data(json.loads(config.data)))
             fds = tuple(f for f in plan.fds if f.number != FD_CONFIG)
-            return super().launch(
-                plan.replace(fds=(*fds, command, agent)),
+            outcome = super().launch(
+                plan.replace(fds=(*fds, command, agent, done)),
                 request,
                 cgroup_layout=cgroup_layout,
                 on_start=on_start,
@@ -654,10 +697,13 @@ class MicrovmBackend(Backend):
                 streams=streams,
             )
         finally:
-            if pool is not None:
-                pool.destroy(vm)  # off the run's path: the server lives on
-            else:
-                vm.close()
+            os.close(done_w)
+            try:
+                marks = os.read(done_r, 16)
+            except BlockingIOError:
+                pass
+            os.close(done_r)
+        return outcome, marks
 
 
 def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:
