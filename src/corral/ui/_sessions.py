@@ -47,7 +47,9 @@ class Session:
     @property
     def owner_short(self) -> str:
         """The owner's command line with programs and paths by their last name, at most 60 characters."""
-        words = [word.rsplit("/", 1)[-1] if word.startswith("/") else word for word in self.owner.split()]
+        words = [
+            word.rsplit("/", 1)[-1] if word.startswith("/") else word for word in self.owner.split()
+        ]
         shown = " ".join(words)
         return shown if len(shown) <= 60 else shown[:59] + "\u2026"
 
