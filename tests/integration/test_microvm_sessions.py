@@ -300,3 +300,50 @@ def test_unprivileged_caller_gets_a_refusal_not_a_weaker_sandbox(world_vm: World
     assert "root only" in answer["message"]
     assert cli.returncode == 125 and cli.stdout == "", cli.stderr
     assert "root only" in cli.stderr
+
+
+def test_the_server_boots_its_warm_pool_when_it_starts(world_vm: World) -> None:
+    """CORRAL_VM_POOL=1: the server boots a VM before any VM run asks (answering other runs
+    meanwhile), the first VM run takes it, and stopping the server leaves no VM."""
+    w = world_vm
+    env = {"CORRAL_SERVER": "on", "CORRAL_VM_POOL": "1"}
+
+    def status() -> dict[str, Any]:
+        result = w.corral("server", "--status", "--json", env=env)
+        data: dict[str, Any] = json.loads(result.stdout or b"null") or {}
+        return data
+
+    def wait_for(predicate: Any, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while not predicate():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.1)
+
+    started = w.corral("server", "--detach", env=env)
+    assert started.returncode == 0, started.stderr
+    server = status()["pid"]
+    try:
+        other = w.corral("run", "--", "echo", "hi", env=env)  # no VM: not held up by the boot
+        assert (other.returncode, other.stdout) == (0, b"hi\n"), other.stderr
+        assert status()["served"] >= 1
+        wait_for(lambda: status()["vm_pool"]["idle"] == 1, 120, "the pool's VM to boot")
+        pool = status()["vm_pool"]
+        assert (pool["booted"], pool["served"], pool["missed"]) == (1, 0, 0)  # before any VM run
+        ran = w.corral("run", "--backend", "microvm", "--read-only", "--", "cat", "README", env=env)
+        assert (ran.returncode, ran.stdout) == (0, b"hello\n"), ran.stderr
+        pool = status()["vm_pool"]
+        assert (pool["served"], pool["missed"]) == (1, 0)  # it took the VM booted ahead
+    finally:
+        stopped = w.corral("server", "--stop", env=env)
+        assert stopped.returncode == 0, stopped.stderr
+    wait_for(lambda: not os.path.exists(f"/proc/{server}"), 30, "the server to exit")
+    left = {pid for pid in _vm_processes() if os.path.exists(f"/proc/{pid}")}
+    orphans = set()
+    for pid in left:  # VMs of this server (re-parented after its exit: by their run dir name)
+        try:
+            if f"corral-vm-{server}-" in _cmdline(pid):
+                orphans.add(pid)
+        except OSError:
+            continue
+    assert _wait_gone(orphans) == set()
+    assert _run_dirs(server) == []

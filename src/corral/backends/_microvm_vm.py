@@ -292,8 +292,11 @@ def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
 class GuestVM:
     """A booted (or booting) micro-VM; see the module docstring."""
 
-    def __init__(self, config: VmConfig) -> None:
+    def __init__(self, config: VmConfig, *, background: bool = False) -> None:
         self.config = config
+        #: booted at the lowest CPU priority (nice 19) until :meth:`foreground` or ready:
+        #: a warm pool's boot ahead must not slow the runs being served meanwhile
+        self.background = background
         self.release = ""
         self.qemu: subprocess.Popen[bytes] | None = None
         self.virtiofsd: subprocess.Popen[bytes] | None = None
@@ -326,7 +329,7 @@ class GuestVM:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     env=env,
-                    preexec_fn=_die_with_parent,
+                    preexec_fn=self._child_setup,
                 )
                 self._procs.append(fs)
                 self.virtiofsd = fs
@@ -337,7 +340,7 @@ class GuestVM:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=_die_with_parent,
+                preexec_fn=self._child_setup,
             )
             self.qemu = qemu
             self._procs.append(qemu)
@@ -360,6 +363,7 @@ class GuestVM:
             else:
                 self._cleanup_run_dir()
             self.release = payload.decode("utf-8", "replace")
+            self.foreground()
         except OSError as exc:
             console = self.console()
             self.close()
@@ -367,6 +371,27 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
+
+    def _child_setup(self) -> None:
+        _die_with_parent()
+        if self.background:
+            os.nice(19)
+
+    def foreground(self) -> None:
+        """Back to normal CPU priority (every thread of qemu and virtiofsd), if niced."""
+        if not self.background:
+            return
+        self.background = False
+        for proc in self._procs:
+            try:
+                tasks = os.listdir(f"/proc/{proc.pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+                except OSError:
+                    pass  # gone, or not ours to raise (not root): it stays niced
 
     def attach(self, share: ShareSpec) -> None:
         """Give the booted VM a run's view of the workspace (raises BootFailed).
