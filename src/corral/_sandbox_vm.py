@@ -118,6 +118,17 @@ class VmSessions:
         request = self._request(["true"])
         return self._session_vm().open(request, self._policy, preview=self._preview)
 
+    def _retire_vm(self) -> None:
+        """The preview was applied or discarded: the next command gets a new VM.
+
+        The kept VM's view is the preview's overlay, mounted when the VM was
+        attached; apply and discard rewrite its layers under it, so the VM is
+        destroyed (its ``/tmp`` with it) rather than left on a stale view.
+        """
+        session = self._vm_session
+        if session is not None:
+            session.retire()
+
     def _close_vm(self) -> None:
         session, self._vm_session = self._vm_session, None
         if session is not None:

@@ -147,7 +147,7 @@ def test_two_execs_share_files_but_not_processes(session: Any, world_vm: World) 
 
 def test_per_exec_timeout_kills_only_that_command(session: Any) -> None:
     boots = session._vm_session.boots
-    stopped = session.exec("echo before; sleep 1000; echo after", timeout=2)
+    stopped = session.exec("echo before; sleep 1000; echo after", timeout=1)
     assert stopped.timed_out and stopped.text("stdout") == "before\n"
     after = session.exec(f"echo after; {COUNT_SLEEPS}")
     assert (after.returncode, after.text("stdout")) == (0, "after\nsleeps=0\n")
@@ -185,11 +185,31 @@ def test_a_relay_killed_mid_command_leaves_nothing_for_the_next(session: Any) ->
     assert vm_session.boots == boots
 
 
-def test_closing_leaves_no_qemu_virtiofsd_or_run_directory(session: Any) -> None:
+def test_apply_lands_the_changes_and_destroys_the_vm(session: Any, world_vm: World) -> None:
+    """After apply the preview is finished (as on every backend): its VM goes at once."""
+    from corral._exceptions import PreviewError
+
     vm = session._vm_session.vm
     pids = {vm.qemu.pid, vm.virtiofsd.pid}
     assert pids <= set(_vm_processes())
-    session.close()
+    session.apply()
+    assert world_vm.read(world_vm.ws("made.txt")) == "ws\n"
+    assert _wait_gone(pids) == set()
+    with pytest.raises(PreviewError, match="applied or discarded"):
+        session.exec("true")
+    assert session._vm_session.vm is None  # and none was booted for it
+
+
+def test_closing_leaves_no_qemu_virtiofsd_or_run_directory(world_vm: World) -> None:
+    from corral import Sandbox
+
+    with Sandbox(
+        workspace=world_vm.workspace, isolation="vm", read_only=True, environ=world_vm.environ
+    ) as sandbox:
+        assert sandbox.exec("cat made.txt").text("stdout") == "ws\n"
+        vm = sandbox._vm_session.vm
+        pids = {vm.qemu.pid, vm.virtiofsd.pid}
+        assert pids <= set(_vm_processes())
     assert _wait_gone(pids) == set()
     for pid in pids:  # reaped, not zombies
         assert not os.path.exists(f"/proc/{pid}")

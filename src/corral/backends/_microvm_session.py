@@ -128,6 +128,9 @@ class VmSession:
             if vm is not None and key != self._key:
                 return None  # another VM or another view: a fresh VM runs it
             if vm is None:
+                if preview is not None:
+                    with preview.hold():
+                        pass  # an applied or discarded preview: its error, before any boot
                 vm = self._start(key)
             kept = _InKeptVm(vm)
             from ..pipeline._runner import Prepared, launch
@@ -237,6 +240,13 @@ class VmSession:
         if self._keeper is not None:
             self._keeper.join()
             self._keeper = None
+
+    def retire(self) -> None:
+        """Destroy the VM (after the command running in it, if any); the next command boots
+        a new one. For a view that changed under the VM: a preview applied or discarded
+        (its layers were rewritten under the mounted view)."""
+        with self._lock:
+            self._retire()
 
     # ------------------------------------------------------------ close
     def close(self) -> None:
