@@ -236,7 +236,8 @@ def world() -> Iterator[World]:
 
 
 def corral_servers() -> dict[int, str]:
-    """Running ``corral server`` processes: pid -> command line."""
+    """Running ``corral server`` processes of this checkout's interpreter: pid -> command line."""
+    here = os.path.dirname(sys.executable)
     found = {}
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -249,6 +250,8 @@ def corral_servers() -> dict[int, str]:
         except OSError:
             continue
         if b"corral" in b" ".join(words[:4]) and b"server" in words and b"--state-dir" in words:
+            if os.path.dirname(words[0].decode(errors="replace")) != here:
+                continue  # another checkout's (engineers working side by side on one machine)
             found[int(pid)] = b" ".join(words).decode(errors="replace")
     return found
 

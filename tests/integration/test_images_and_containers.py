@@ -102,6 +102,32 @@ def test_podman_without_an_image_runs_the_default_image(
     assert result.stdout.split() == ["image", "1"]
 
 
+@needs_root
+@needs_build
+@needs_podman
+@pytest.mark.parametrize("server", ["on", "off"])
+def test_an_oom_kill_leaves_nothing_in_the_callers_directory_or_in_root(
+    built_python: str, tmp_path: object, server: str
+) -> None:
+    """conmon writes an ``oom`` file into its working directory: never the user's (or /)."""
+    workspace = os.path.join(str(tmp_path), "ws")
+    os.mkdir(workspace)
+    root_had_oom = os.path.lexists("/oom")
+    result = subprocess.run(
+        [*CORRAL, "run", "--backend", "podman", "--memory", "64M", "--", "python3", "-c",
+         "x = bytearray(400 << 20)"],
+        cwd=workspace,
+        env={**os.environ, "CORRAL_SERVER": server},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 137, result.stderr
+    assert os.listdir(workspace) == []
+    assert os.path.lexists("/oom") == root_had_oom
+
+
 @needs_podman
 def test_podman_without_a_built_image_names_the_one_command(tmp_path: object) -> None:
     cache = os.path.join(str(tmp_path), "cache")  # nothing built here

@@ -121,6 +121,31 @@ def test_a_command_with_other_rules_runs_in_a_fresh_sandbox(world: World) -> Non
         assert sbx.exec(_NS).stdout == ns  # the next ordinary command is resident again
 
 
+def test_a_secret_the_host_creates_or_replaces_stays_hidden(world: World) -> None:
+    # the kept sandbox's masks were decided when it started: a secret the host creates
+    # later, a new glob match and a masked file the host replaces by a rename (which
+    # detaches the mask in the sandbox's mount namespace) must not be readable there
+    World.write(world.ws("replaced.txt"), "old secret\n")
+    deny = [world.ws("created.txt"), world.ws("**/*.key"), world.ws("replaced.txt")]
+    with Sandbox(workspace=world.workspace, environ=world.environ, deny_read=deny) as sbx:
+        ns = sbx.exec(_NS).stdout
+        assert sbx.exec("cat replaced.txt").exit_code != 0
+        assert sbx.exec(_NS).stdout == ns  # resident
+        World.write(world.ws("created.txt"), "created later\n")
+        World.write(world.ws("sub/new.key"), "key later\n")
+        World.write(world.ws("new.tmp"), "new secret\n")
+        os.rename(world.ws("new.tmp"), world.ws("replaced.txt"))
+        read = sbx.exec("cat created.txt sub/new.key replaced.txt; " + _NS)
+        assert read.stderr.count(b"Permission denied") == 3, read.stderr
+        for secret in (b"created later", b"key later", b"new secret"):
+            assert secret not in read.stdout
+        assert ns not in read.stdout  # the kept sandbox was retired: it ran fresh
+        again = sbx.exec("cat created.txt sub/new.key replaced.txt; " + _NS)
+        assert b"secret" not in again.stdout and b"later" not in again.stdout
+        kept = sbx.exec(_NS).stdout
+        assert kept in again.stdout and kept != ns  # a new kept sandbox, from the host as it is
+
+
 def test_a_session_dropped_without_close_ends_its_sandbox(world: World) -> None:
     import gc
 

@@ -9,7 +9,7 @@ import pytest
 from corral._exceptions import CommandFailed, InvalidRequest, PolicyDenied
 from corral._frozen import FrozenInstanceError, Record
 from corral._jsonfast import JSONError, dumps, loads
-from corral.pipeline._engine import _dup_actions
+from corral.pipeline._engine_setup import _dup_actions
 from corral.pipeline._outcome import Outcome, Violation, status_for
 from corral.pipeline._request import ExecRequest, redact
 

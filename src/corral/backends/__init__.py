@@ -46,6 +46,7 @@ __all__ = [
 
 #: name -> (module, class). Order is irrelevant; ``auto`` sorts by cost.
 BACKENDS: dict[str, tuple[str, str]] = {
+    "boxlite": ("corral.backends.boxlite", "BoxliteBackend"),
     "bubblewrap": ("corral.backends.bubblewrap", "BubblewrapBackend"),
     "docker": ("corral.backends.docker", "DockerBackend"),
     "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
@@ -67,16 +68,13 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
     "docker": ("namespace", 200.0, False),
     "gvisor": ("kernel", 250.0, False),
     "microvm": ("vm", 2000.0, False),
+    "boxlite": ("vm", 500.0, True),  # used when named: never run on the CI machines (no KVM)
     "none": ("none", 1.0, True),
 }
 
 #: Backends of DESIGN §3 that are not registered, and why (``corral doctor``;
 #: :func:`unregistered` adds what this host lacks for them).
 UNREGISTERED: dict[str, str] = {
-    "boxlite": (
-        "not implemented in this build: BoxLite (libkrun) needs KVM that runs standard "
-        "guests, which this class of machine lacks"
-    ),
     "firecracker": "not implemented in this build (a second engine of microvm); needs KVM",
 }
 

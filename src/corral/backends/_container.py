@@ -102,6 +102,22 @@ def write_filter_files(plan: LaunchPlan) -> None:
         os.replace(scratch, path)
 
 
+def engine_directory(facts: HostFacts) -> str:
+    """Where the engine CLI runs: corral's private ``engine`` directory in the state directory.
+
+    Never the caller's directory (often the workspace): conmon, podman's
+    monitor, writes an ``oom`` file into its working directory when the
+    container is OOM-killed.
+    """
+    return str(facts.detail("engine_dir") or "/")
+
+
+def make_engine_directory(path: str) -> None:
+    """Create :func:`engine_directory` (0700) if it does not exist."""
+    if path != "/":
+        os.makedirs(path, mode=0o700, exist_ok=True)
+
+
 def find_program(name: str, environ: dict[str, str]) -> str | None:
     """*name* resolved once on the absolute entries of ``PATH``."""
     for directory in environ.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
@@ -148,9 +164,11 @@ class ContainerBackend(Backend):
             "image_is_default": policy.image is None,
         }
         details["engine_problem"] = self.engine_problem(environ) if engine is not None else None
-        if not self.passes_fds:
-            from .. import _state
+        from .. import _state
 
+        # the engine CLI's working directory: conmon writes an "oom" file into it
+        details["engine_dir"] = os.path.join(_state.state_dir(environ), "engine")
+        if not self.passes_fds:
             details["filters"] = os.path.join(_state.state_dir(environ), "filters")
         return details
 
@@ -553,7 +571,7 @@ class ContainerBackend(Backend):
             sandbox_id=request.sandbox_id,
             argv=tuple(args),
             env=tuple(self.engine_env(facts).items()),
-            cwd="/",
+            cwd=engine_directory(facts),
             fds=tuple(fds),
             broker=broker,
             timeout=timeout,
@@ -582,6 +600,7 @@ class ContainerBackend(Backend):
         if cgroup is not None:
             cgroup.remove()  # the engine applies the limits in its own cgroups
         write_filter_files(plan)
+        make_engine_directory(plan.cwd)
         try:
             outcome = super().launch(
                 plan,
@@ -657,10 +676,13 @@ class ContainerSession:
         os.write(write_fd, env_data)
         os.close(write_fd)
         argv = tuple(f"/dev/fd/{read_fd}" if word == f"/dev/fd/{FD_ENV}" else word for word in argv)
+        directory = engine_directory(facts)
+        make_engine_directory(directory)
         try:
             result = subprocess.run(
                 list(argv),
                 env=env,
+                cwd=directory,  # conmon, which lives as long as the container, writes there
                 capture_output=True,
                 text=True,
                 check=False,
@@ -712,7 +734,7 @@ class ContainerSession:
 
     def _stop_commands(self) -> None:
         """SIGKILL every process of the session except its init (corral's ``--hold``)."""
-        from ..pipeline._engine import _pids_in_pidns_of
+        from ..pipeline._engine_control import _pids_in_pidns_of
 
         keep = {self.init_pid}
         for pid in _pids_in_pidns_of(self.init_pid):

@@ -35,6 +35,7 @@ hides; see docs/backends/microvm.md.
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -71,6 +72,10 @@ class VmPool:
     def __init__(self, size: int = 1) -> None:
         self.size = max(0, size)
         self._idle: dict[VmConfig, list[GuestVM]] = {}
+        #: qemu pids of the last pooled VMs handed out, oldest first (what :meth:`members`
+        #: showed idle is found here once a run took it)
+        self.served: collections.deque[int] = collections.deque(maxlen=256)
+        self._ready_at: dict[int, float] = {}  # qemu pid -> wall-clock time it became idle
         self._wanted: set[VmConfig] = set()
         self._lock = threading.Lock()
         self._ready = threading.Condition(self._lock)  # a VM became idle, or the pool closed
@@ -79,7 +84,7 @@ class VmPool:
         self._jobs: queue.Queue[tuple[VmConfig, queue.Queue[object]] | None] = queue.Queue()
         self._closed = False
         self._booted = 0  # VMs booted into the pool
-        self._served = 0  # runs that took an idle VM
+        self._taken = 0  # runs that took an idle VM
         self._missed = 0  # runs that found none idle and booted their own
         self._worker = threading.Thread(target=self._work, name="corral-vm-pool", daemon=True)
         self._worker.start()
@@ -123,7 +128,7 @@ class VmPool:
                 "size": self.size,
                 "idle": idle,
                 "booted": self._booted,
-                "served": self._served,
+                "served": self._taken,
                 "missed": self._missed,
             }
 
@@ -131,6 +136,23 @@ class VmPool:
         """How many booted VMs wait for *config*."""
         with self._lock:
             return len(self._idle.get(config, ()))
+
+    def members(self) -> list[dict[str, object]]:
+        """The idle VMs: ``qemu`` and ``virtiofsd`` pids, ``ready`` (wall-clock time it
+        became idle), and the ``memory_mb``/``cpus``/``net`` of its configuration."""
+        with self._lock:
+            return [
+                {
+                    "qemu": vm.qemu.pid if vm.qemu is not None else None,
+                    "virtiofsd": vm.virtiofsd.pid if vm.virtiofsd is not None else None,
+                    "ready": self._ready_at.get(vm.qemu.pid if vm.qemu is not None else -1),
+                    "memory_mb": config.memory_mb,
+                    "cpus": config.cpus,
+                    "net": bool(config.net),
+                }
+                for config, vms in self._idle.items()
+                for vm in vms
+            ]
 
     def acquire(self, config: VmConfig) -> GuestVM:
         """A booted VM for *config*, never handed out before; refills in the background.
@@ -152,16 +174,21 @@ class VmPool:
                 self._ready.wait(left)
             idle = self._idle.get(config)
             vm = idle.pop(0) if idle else None
+            if vm is not None and vm.qemu is not None:
+                self._ready_at.pop(vm.qemu.pid, None)
         if vm is not None and (vm.qemu is None or vm.qemu.poll() is not None):
             vm.close()
             vm = None  # died while idle
         self.refill(config)
         with self._lock:
             if vm is not None:
-                self._served += 1
+                self._taken += 1
             else:
                 self._missed += 1
         if vm is not None:
+            assert vm.qemu is not None
+            with self._lock:
+                self.served.append(vm.qemu.pid)
             return vm
         # none idle: boot on the caller's thread (not behind a refill on the worker); the
         # run destroys this VM anyway, so its qemu may die with the calling thread
@@ -223,6 +250,8 @@ class VmPool:
                 if keep:
                     self._idle.setdefault(config, []).append(vm)
                     self._booted += 1
+                    if vm.qemu is not None:
+                        self._ready_at[vm.qemu.pid] = time.time()
                 self._ready.notify_all()
             if not keep:
                 vm.close()
@@ -238,6 +267,7 @@ class VmPool:
             self._closed = True
             vms = [vm for vms in self._idle.values() for vm in vms]
             self._idle.clear()
+            self._ready_at.clear()
             self._ready.notify_all()
         for vm in vms:
             vm.close()

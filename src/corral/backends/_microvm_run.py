@@ -39,6 +39,11 @@ import struct
 import sys
 import threading
 
+#: The largest frame the agent ever sends (its ``MAX_FRAME``; output comes in 64 KiB
+#: chunks). The guest's root can take the agent's port (``pidfd_getfd``) and send
+#: anything: a longer announced length is refused, not buffered.
+MAX_FRAME = 1 << 20
+
 RELAYED = (
     signal.SIGINT,
     signal.SIGQUIT,
@@ -62,10 +67,16 @@ class Agent:
             self.sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
 
     def frame(self) -> "tuple[bytes, bytes] | None":
-        """A complete buffered frame, or None."""
+        """A complete buffered frame, or None.
+
+        Raises:
+            ValueError: the frame announces more than :data:`MAX_FRAME` bytes.
+        """
         if len(self.buf) < 5:
             return None
         (length,) = struct.unpack(">I", self.buf[1:5])
+        if length > MAX_FRAME:
+            raise ValueError(f"a frame of {length} bytes (at most {MAX_FRAME})")
         if len(self.buf) < 5 + length:
             return None
         kind, payload = self.buf[:1], self.buf[5 : 5 + length]
@@ -127,7 +138,11 @@ def main(argv: "list[str]") -> int:
     else:
         agent.send(b"i")
     while True:
-        got = agent.frame()
+        try:
+            got = agent.frame()
+        except ValueError as exc:
+            sys.stderr.write(f"corral: the micro-VM broke the agent protocol: {exc}\n")
+            return 125
         if got is None:
             ready, _, _ = select.select([agent.sock.fileno(), wake_r], [], [])
             if wake_r in ready:

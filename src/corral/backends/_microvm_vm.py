@@ -257,6 +257,9 @@ def virtiofsd_argv(config: VmConfig, fs_socket: str) -> list[str]:
         "/bin/sh", "-c", prepare, "corral-share",
         config.virtiofsd, f"--socket-path={fs_socket}", "-o", f"source={VIEW_ROOT}",
         "-o", "cache=none", "-o", "sandbox=chroot", "-o", "no_xattr", "-o", "log_level=err",
+        # the guest's root may not make device nodes on the host's disk (the preview's
+        # upper layer): a FIFO needs no CAP_MKNOD, so only devices are refused
+        "-o", "modcaps=-mknod",
     ]  # fmt: skip
 
 
@@ -511,9 +514,21 @@ class Channel:
             self._sock.sendall(kind + struct.pack(">I", len(payload)) + payload)
 
     def read_frame(self, deadline: float | None = None) -> tuple[bytes, bytes]:
+        """The agent's next frame.
+
+        Raises:
+            BootFailed: the VM went away, the deadline passed, or a frame
+                announces more than the agent ever sends (``MAX_FRAME``).
+        """
+        from ._microvm_run import MAX_FRAME
+
         while True:
             if len(self._buf) >= 5:
                 (length,) = struct.unpack(">I", self._buf[1:5])
+                if length > MAX_FRAME:
+                    raise BootFailed(
+                        f"the guest agent sent a frame of {length} bytes (at most {MAX_FRAME})"
+                    )
                 if len(self._buf) >= 5 + length:
                     kind, payload = self._buf[:1], self._buf[5 : 5 + length]
                     self._buf = self._buf[5 + length :]

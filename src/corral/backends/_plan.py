@@ -260,7 +260,11 @@ class LaunchPlan(Record):
         sandbox_id: the sandbox's id.
         argv: the full argv to spawn; ``argv[0]`` is an absolute path.
         env: the exact environment of the spawned program.
-        cwd: host directory to spawn in.
+        cwd: host directory to spawn in. The engine honours it for the
+            container engines' CLIs (their helpers write there: conmon's
+            ``oom`` file); other first processes (bubblewrap, the exec
+            helper, which changes directory itself) do not depend on it and
+            start in the caller's directory.
         fds: extra fds the child receives.
         broker: the write broker's configuration, or ``None``.
         cgroup: cgroup limits, or ``None``.

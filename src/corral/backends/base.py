@@ -267,6 +267,16 @@ class Backend:
     #: writable ``corral run`` creates one, and a plan without one refuses
     writes_through_preview: ClassVar[bool] = False
 
+    def preview_mechanism(self) -> str:
+        """The ``mechanism`` a new preview for this backend is created with.
+
+        ``"auto"`` (overlay where it works) when the backend runs overlay views,
+        else the one it runs (``boxlite``: ``"copy"``).
+        """
+        if "overlay" in self.preview_mechanisms or not self.preview_mechanisms:
+            return "auto"
+        return self.preview_mechanisms[0]
+
     def problem(self, facts: HostFacts) -> str | None:
         """Why this backend cannot run here (with the fix), or ``None``."""
         raise NotImplementedError

@@ -280,36 +280,43 @@ def kvm_problem(qemu: str, kernel: str, environ: dict[str, str]) -> str | None:
     return problem
 
 
-def engine_problems(environ: dict[str, str]) -> dict[str, str]:
-    """Why Firecracker (a second engine) and BoxLite (backend ``boxlite``) cannot run here.
+def cached_kvm_problem(environ: dict[str, str]) -> tuple[str | None, bool]:
+    """``(problem, probed)``: the answer :func:`kvm_problem` recorded for this host, if any.
 
-    Neither is implemented in this build; the reasons say what this host
-    lacks besides, so ``corral doctor`` is precise: the ``firecracker``
-    binary (not packaged by Debian 12), PyPI ``boxlite``, and KVM that boots
-    standard guests (the cached probe of :func:`kvm_problem`; both engines
-    need it, neither has a TCG fallback).
+    ``probed`` is False when no probe ran yet (its record is missing or
+    unreadable); then ``problem`` is None and means nothing.
     """
-    import importlib.util
-    import shutil
-
     from ._image_ref import image_cache_dir
+
+    try:
+        with open(
+            os.path.join(os.path.dirname(image_cache_dir(environ)), "kvm-probe.json"),
+            encoding="utf-8",
+        ) as f:
+            known = json.load(f).get("problem")
+    except (OSError, ValueError, AttributeError):
+        return None, False
+    return (str(known) if known else None), True
+
+
+def engine_problems(environ: dict[str, str]) -> dict[str, str]:
+    """Why Firecracker (a second engine, not implemented in this build) cannot run here.
+
+    The reason says what this host lacks besides, so ``corral doctor`` is
+    precise: the ``firecracker`` binary (not packaged by Debian 12) and KVM
+    that boots standard guests (the cached probe of :func:`kvm_problem`;
+    Firecracker has no TCG fallback).
+    """
+    import shutil
 
     kvm = "unknown (no KVM probe yet: run a microvm command once)"
     if not os.path.exists("/dev/kvm"):
         kvm = "/dev/kvm does not exist"
     else:
-        try:
-            with open(
-                os.path.join(os.path.dirname(image_cache_dir(environ)), "kvm-probe.json"),
-                encoding="utf-8",
-            ) as f:
-                known = json.load(f).get("problem")
-            kvm = str(known) if known else "works"
-        except (OSError, ValueError, AttributeError):
-            pass
-    kvm_text = f"KVM: {kvm}"
+        known, probed = cached_kvm_problem(environ)
+        if probed:
+            kvm = known or "works"
     firecracker = shutil.which("firecracker", path=environ.get("PATH"))
-    boxlite = importlib.util.find_spec("boxlite") is not None
     return {
         "firecracker": "not implemented in this build (a second engine of microvm); "
         + (
@@ -317,10 +324,7 @@ def engine_problems(environ: dict[str, str]) -> dict[str, str]:
             if firecracker
             else "no firecracker binary (not in Debian 12)"
         )
-        + f"; {kvm_text}",
-        "boxlite": "not implemented in this build; "
-        + ("PyPI boxlite installed" if boxlite else "PyPI boxlite not installed")
-        + f"; {kvm_text} (BoxLite's libkrun needs KVM)",
+        + f"; KVM: {kvm}",
     }
 
 

@@ -17,6 +17,14 @@ Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
   every process of the nodes' agents and their sandboxes at the peak, over
   the same before, divided by the sandboxes running then).
 
+* ``microvm run, warm pool`` / ``microvm run, cold``: one-shot
+  ``cluster.run(["true"], backend="microvm", read_only=True)`` on the worker
+  whose settings keep one warm VM (``integrations.cluster.warmVms = 1``,
+  its own ``CORRAL_SETTINGS``) against the same run on the other worker
+  (no pool: the run boots its VM). Between warm runs the bench waits (not
+  timed) until the pool has a VM ready again. Both workers are this machine.
+  Needs root, qemu and the python VM image (built once, then cached).
+
 ``CORRAL_BENCH_CLUSTER_N`` changes N, ``CORRAL_BENCH_CLUSTER_HOLD`` the
 seconds each sleeps (on a small machine N set-ups may take longer than 30 s,
 so the first sandboxes end before the last start: the note gives the most
@@ -153,8 +161,9 @@ def run(ctx: Context) -> list[Row]:
     hold = int(os.environ.get("CORRAL_BENCH_CLUSTER_HOLD", "30"))
     rows: list[Row] = []
     slots = count // 2 + 10
+    vm_problem, node_env = _warm_node_env(ctx)
     with (
-        LocalCluster(workers=2, slots=slots, head_slots=0) as local,
+        LocalCluster(workers=2, slots=slots, head_slots=0, node_env=node_env) as local,
         corral.cluster.connect(
             local.address, state_dir=os.path.join(ctx.workspace, "state")
         ) as cluster,
@@ -202,6 +211,7 @@ def run(ctx: Context) -> list[Row]:
                 note=f"{added:+.2f} ms added per one-shot run (placement group, open, close)",
             )
         )
+        rows += _warm_rows(ctx, cluster, vm_problem)
         before = _rss_of_tree([int(n["pid"]) for n in cluster.nodes()])
         took, errors, samples, most, peak = _hold(cluster, ctx.workspace, count, hold)
         per_sandbox = (peak - before) / most / 2**20 if most else float("nan")
@@ -218,3 +228,72 @@ def run(ctx: Context) -> list[Row]:
             )
         )
     return rows
+
+
+def _warm_node_env(ctx: Context) -> tuple[str | None, list[dict[str, str]]]:
+    """``(why no warm pool, per-worker environments)``: the second worker keeps one warm VM."""
+    import json
+    import shutil
+
+    if os.geteuid() != 0 or not shutil.which("qemu-system-x86_64"):
+        return "the microvm backend needs root and qemu-system-x86", []
+    from ..images import build_image
+    from ..images._build import ImageBuildFailed
+    from ..images._vm import build_vm_image
+
+    try:
+        build_vm_image(build_image("python", environ=dict(os.environ)))
+    except ImageBuildFailed as exc:
+        return f"the python VM image cannot be built here: {exc.message}", []
+    path = os.path.join(ctx.workspace, "warm-node-settings.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"integrations": {"cluster": {"warmVms": 1}}}, f)
+    return None, [{}, {"CORRAL_SETTINGS": path}]
+
+
+def _warm_rows(ctx: Context, cluster: object, problem: str | None) -> list[Row]:
+    """A microvm run served from the warm worker's pool against a cold boot on the other."""
+    import statistics
+
+    name = "microvm run true, warm pool (cluster.run)"
+    if problem is not None:
+        return [Row(name, float("nan"), note=problem)]
+    nodes = cluster.nodes()  # type: ignore[attr-defined]
+    warm = next(n["id"] for n in nodes if n.get("warm", {}).get("microvm", {}).get("size"))
+    cold = next(n["id"] for n in nodes if n["id"] != warm)
+
+    def idle() -> int:
+        info = next(n for n in cluster.nodes() if n["id"] == warm)  # type: ignore[attr-defined]
+        return len(info["warm"]["microvm"]["idle"])
+
+    def one(node: str) -> float:
+        start = time.perf_counter()
+        outcome = cluster.run(  # type: ignore[attr-defined]
+            ["true"], workspace=ctx.workspace, backend="microvm", read_only=True, node=node
+        )
+        took = (time.perf_counter() - start) * 1000
+        if outcome.returncode != 0:
+            raise RuntimeError(f"a microvm run on the cluster exited {outcome.returncode}")
+        return took
+
+    runs = max(3, ctx.runs // 10)
+    warm_ms, cold_ms = [], []
+    for _ in range(runs + 1):  # the first pair warms the guests' code paths and is dropped
+        deadline = time.monotonic() + 120
+        while idle() < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)  # not timed: the pool boots between runs
+        warm_ms.append(one(warm))
+        cold_ms.append(one(cold))
+    warm_med = statistics.median(warm_ms[1:])
+    cold_med = statistics.median(cold_ms[1:])
+    return [
+        Row("microvm run true, cold boot (cluster.run)", cold_med, samples=runs),
+        Row(
+            name,
+            warm_med,
+            samples=runs,
+            baseline="cold boot",
+            note=f"{cold_med / warm_med:.1f}x faster than a cold boot on the other worker; "
+            f"{cold_med - warm_med:.0f} ms saved per run",
+        ),
+    ]

@@ -12,6 +12,16 @@ Every sandbox process on the node is a descendant of the agent's worker
 process and dies with it (the backends' ``--die-with-parent``): a killed
 agent - its node lost, its raylet killed, or the caller that owns it gone -
 leaves no sandbox running.
+
+Warm pool: where the node's own settings set ``integrations.cluster.warmVms``
+to N, the agent owns a :class:`~corral.backends._microvm_pool.VmPool` that
+keeps N booted micro-VMs per VM configuration; it boots N for the node's
+default microvm configuration when the agent starts, and runs with the
+microvm backend on this node take a VM from it (one run per VM, the
+workspace attached when the run takes it, a fresh one booted in the
+background). The VMs are children of the agent's process
+(``PR_SET_PDEATHSIG``): :meth:`NodeAgent.stop` powers them off, and a killed
+agent takes them with it.
 """
 
 from __future__ import annotations
@@ -23,6 +33,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from .._sandbox import AsyncSandbox
+    from ..backends._microvm_pool import VmPool
     from ..pipeline._outcome import Outcome
 
 __all__ = ["EXEC_METHODS", "SESSION_METHODS", "NodeAgent"]
@@ -59,6 +70,8 @@ class NodeAgent:
         self._state_dir = state_dir
         self._sandboxes: dict[str, AsyncSandbox] = {}
         self._problem: Any = _UNCHECKED
+        self._vm_pool: VmPool | None = None
+        self._warm_problem: str | None = None  # why the warm pool the settings ask for is off
         # sandboxes being set up at once: a thousand set-ups at the same moment starve each
         # other past the engine's set-up deadline; a running command holds no slot
         self._launches = asyncio.Semaphore(launches)
@@ -68,14 +81,91 @@ class NodeAgent:
 
         ``problem`` is ``None`` when a smoke run (``true`` under the node's
         default policy, in a scratch workspace) succeeded on this node, else why
-        not; the client places no sandbox on a node with a problem.
+        not; the client places no sandbox on a node with a problem. ``warm`` is
+        :meth:`warm`; the first call also starts the warm pool (:meth:`_start_pool`).
         """
+        import asyncio
+
         if self._problem is _UNCHECKED:
             self._problem = await self._smoke()
+            if self._problem is None:
+                await asyncio.to_thread(self._start_pool)
         info = dict(self._node)
         info["problem"] = self._problem
         info["sandboxes"] = len(self._sandboxes)
+        info["warm"] = self.warm()
         return info
+
+    def warm(self) -> dict[str, Any]:
+        """The node's warm pools: ``{"microvm": {"size", "idle", "served", "problem"}}``.
+
+        ``idle`` lists the booted VMs waiting (:meth:`VmPool.members
+        <corral.backends._microvm_pool.VmPool.members>`: qemu and virtiofsd
+        pids, when each became ready); ``served`` the qemu pids of pooled VMs
+        runs took, oldest first; ``problem`` why the pool the settings ask for
+        is not running (``size`` is then 0). Empty without a pool.
+        """
+        pool = self._vm_pool
+        if pool is None:
+            if self._warm_problem is None:
+                return {}
+            return {"microvm": {"size": 0, "idle": [], "served": [], "problem": self._warm_problem}}
+        return {
+            "microvm": {
+                "size": pool.size,
+                "idle": pool.members(),
+                "served": list(pool.served),
+                "problem": None,
+            }
+        }
+
+    def _start_pool(self) -> None:
+        """Start the micro-VM pool the node's settings ask for, booting the default config.
+
+        The size is ``integrations.cluster.warmVms`` of the node's own settings
+        (defaults, user file, environment). The first VMs are booted for the
+        configuration a run with ``backend="microvm"`` and the node's defaults
+        gets (planned here as such a run is); a run whose configuration
+        differs (another memory limit, an allowlist network device, another
+        image) boots its own VM, and from then on the pool keeps that
+        configuration warm too. Where the pool cannot start (the VM image is
+        not built, no qemu), ``warm()`` says why and runs boot their VMs cold.
+        """
+        import json
+        import shutil
+        import tempfile
+
+        from .._exceptions import CorralError
+        from ..backends._microvm_pool import VmPool
+        from ..backends.microvm import FD_CONFIG, set_pool, vm_config_of
+        from ..pipeline._request import ExecRequest
+        from ..pipeline._runner import prepare
+        from ..policy import load_settings
+
+        scratch = tempfile.mkdtemp(prefix="corral-node-warm-")
+        try:
+            resolved = load_settings(cwd=scratch, workspace=scratch)
+            size = resolved.integrations.get("cluster.warmVms")
+            if not size:
+                return
+            try:
+                # read-only, as a run without a preview must be there: how the workspace is
+                # shared (read-only, or a preview's view) is attached per run, not booted
+                flags = {"backend": "microvm", "filesystem": {"readOnly": True}}
+                policy = load_settings(cwd=scratch, workspace=scratch, flags=flags).policy
+                request = ExecRequest.from_argv(["true"], cwd=scratch)
+                plan = prepare(request, policy, environ=os.environ).plan
+            except CorralError as exc:
+                self._warm_problem = f"the microvm backend cannot run here: {exc.message}"
+                return
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        config = next(f for f in plan.fds if f.number == FD_CONFIG)
+        vm_config, _share = vm_config_of(json.loads(config.data))
+        pool = VmPool(size=int(size))
+        set_pool(pool)  # this process is the agent's: every microvm run here takes from it
+        self._vm_pool = pool
+        pool.refill(vm_config)
 
     async def open(self, options: dict[str, Any], policy: Any = None) -> str:
         """Open a sandbox with *options* (the SDK's keywords) or a complete *policy*; its id.
@@ -156,6 +246,23 @@ class NodeAgent:
         for sandbox_id in ids:
             await self.close(sandbox_id)
         return len(ids)
+
+    async def stop(self) -> int:
+        """Close every sandbox, then power off the warm pool's idle VMs; the sandboxes closed.
+
+        The client kills the actor afterwards; a later sandbox on this node
+        starts a new agent, which reads the node's settings again.
+        """
+        import asyncio
+
+        closed = await self.close_all()
+        pool, self._vm_pool = self._vm_pool, None
+        if pool is not None:
+            from ..backends.microvm import set_pool
+
+            set_pool(None)
+            await asyncio.to_thread(pool.close)
+        return closed
 
     async def _smoke(self) -> str | None:
         import tempfile

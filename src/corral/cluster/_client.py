@@ -167,12 +167,34 @@ class Cluster:
         self._agents[node] = agent
         return agent
 
+    def stop_agent(self, node: str) -> None:
+        """Stop *node*'s agent: close its sandboxes, power off its warm pool, end the actor.
+
+        A later sandbox on that node starts a new agent, which reads the
+        node's settings (and so the warm pool's size) again.
+        """
+        self._check_open()
+        with self._agents_lock:
+            self._stop_agent(node)
+
+    def _stop_agent(self, node: str) -> None:
+        agent = self._agents.pop(node, None)
+        if agent is None:
+            return
+        ray = _ray()
+        try:
+            ray.get(agent.stop.remote(), timeout=60)
+        except Exception:  # noqa: S110 - a lost node has nothing left to close
+            pass
+        ray.kill(agent)
+
     def forget(self, node: str) -> None:
         """Drop the agent of a lost *node* (a new one is started if the node comes back)."""
         self._agents.pop(node, None)
 
     def nodes(self) -> list[dict[str, Any]]:
-        """The live corral nodes: id, hostname, agent pid, ``problem`` and open sandboxes."""
+        """The live corral nodes: id, hostname, agent pid, ``problem``, open ``sandboxes``
+        and ``warm`` pools (:meth:`NodeAgent.warm <corral.cluster._agent.NodeAgent.warm>`)."""
         ray = _ray()
         result = []
         for node in self._corral_nodes():
@@ -317,13 +339,8 @@ class Cluster:
             return
         self._closed = True
         ray = _ray()
-        for agent in list(self._agents.values()):
-            try:
-                ray.get(agent.close_all.remote(), timeout=30)
-            except Exception:  # noqa: S110 - a lost node has nothing left to close
-                pass
-            ray.kill(agent)
-        self._agents.clear()
+        for node in list(self._agents):
+            self._stop_agent(node)
         if self._owns_ray:
             ray.shutdown()
 

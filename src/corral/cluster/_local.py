@@ -40,6 +40,8 @@ class LocalCluster:
         cpus: CPUs each node offers Ray.
         object_store: bytes of object store per node.
         head_slots: the head's ``corral`` resource (0: no sandboxes on the head).
+        env: environment of every node, on top of this process's.
+        node_env: per worker, environment on top of *env* (e.g. its own settings file).
     """
 
     def __init__(
@@ -51,6 +53,7 @@ class LocalCluster:
         object_store: int = 80 * 1024 * 1024,
         head_slots: int | None = None,
         env: dict[str, str] | None = None,
+        node_env: list[dict[str, str]] | None = None,
     ) -> None:
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -68,20 +71,23 @@ class LocalCluster:
         self._wait(
             [self._spawn(["--head", f"--port={self.port}", "--include-dashboard=false"], head)]
         )
-        for _ in range(workers):  # one at a time: parallel joins time out on a busy machine
-            self.add_node()
+        extra = list(node_env or [])
+        for i in range(workers):  # one at a time: parallel joins time out on a busy machine
+            self.add_node(extra[i] if i < len(extra) else None)
 
     def _ray_cli(self) -> str:
         return os.path.join(os.path.dirname(sys.executable), "ray")
 
-    def _spawn(self, args: list[str], slots: int) -> tuple[subprocess.Popen[bytes], Any]:
+    def _spawn(
+        self, args: list[str], slots: int, env: dict[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Any]:
         import tempfile
 
         resources = f'{{"corral": {slots}}}' if slots else "{}"
         log = tempfile.TemporaryFile()  # noqa: SIM115 - read while the node starts, then closed
         process = subprocess.Popen(
             [self._ray_cli(), "start", *args, *self._common, f"--resources={resources}"],
-            env=self._env,
+            env={**self._env, **(env or {})},
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -108,9 +114,9 @@ class LocalCluster:
             for _process, log in started:
                 log.close()
 
-    def add_node(self) -> subprocess.Popen[bytes]:
-        """Start one more worker node; returns its ``ray start`` process."""
-        started = self._spawn([f"--address={self.address}"], self._slots)
+    def add_node(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start one more worker node (*env* on top of the cluster's); its ``ray start`` process."""
+        started = self._spawn([f"--address={self.address}"], self._slots, env)
         self._wait([started])
         return started[0]
 

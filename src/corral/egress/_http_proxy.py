@@ -397,8 +397,13 @@ class _Session:
         host, port = terminated.host, terminated.port
         attempt = Attempt(host.text, port, method)
         target = request.target
-        if request.method == b"CONNECT" or not target.startswith(b"/"):
-            rule = "invalid request inside a tunnel: an origin-form target (/path) is required"
+        if request.method == b"CONNECT" or not target.startswith(b"/") or b"#" in target:
+            # (a fragment is never sent: the rules would judge the path before it, and
+            # a server that does not cut there would read another one)
+            rule = (
+                "invalid request inside a tunnel: an origin-form target (/path, no #fragment)"
+                " is required"
+            )
             self.ctx.log.add(attempt.finish(decision="deny", rule=rule))
             await self._send_error(400, reason="bad-target", rule=rule, message=rule)
             return False

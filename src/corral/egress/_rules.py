@@ -17,11 +17,12 @@ A rule is ``"METHOD HOST/PATH"``: METHOD is a method name or ``*``; the rest
 is a glob over ``host/path`` (``*`` matches any characters including ``/``,
 ``?`` one character), matched case-insensitively against the canonical host
 and the request path with ``%XX`` escapes decoded, ``.``/``..`` segments
-resolved, repeated slashes collapsed and the query removed, so that
-``/org/repo.git/%67it-receive-pack`` or ``//x/../git-receive-pack`` cannot
-slip past ``POST */git-receive-pack``. The host part (before the first ``/``)
-decides which hosts a rule applies to, and so which HTTPS hosts the proxy
-terminates.
+resolved, repeated slashes collapsed and the query removed - and, when a
+segment has ``;parameters``, also without them - so that
+``/org/repo.git/%67it-receive-pack``, ``//x/../git-receive-pack`` or
+``/r.git/git-receive-pack;x`` cannot slip past ``POST */git-receive-pack``.
+The host part (before the first ``/``) decides which hosts a rule applies
+to, and so which HTTPS hosts the proxy terminates.
 
 Example::
 
@@ -37,7 +38,7 @@ import binascii
 
 from .._frozen import Record
 from ..policy._hosts import Host, parse_pattern, pattern_matches
-from ..policy._requests import normalise_path, parse_rule
+from ..policy._requests import parse_rule, path_forms
 
 __all__ = ["MaskSpec", "RequestPolicy"]
 
@@ -104,14 +105,18 @@ class RequestPolicy:
     def decide(self, method: str, host: str, path: str) -> str | None:
         """The rule refusing the request (``"network.denyRequests: ..."``), or None to allow.
 
-        *path* is normalised here.
+        *path* is normalised here, in every form a server may read it
+        (:func:`~corral.policy._requests.path_forms`): a deny rule refuses if
+        it matches any, the allow rules must admit each.
         """
-        normal = normalise_path(path.encode("latin-1", "replace"))
+        forms = path_forms(path.encode("latin-1", "replace"))
         for rule in self.deny:
-            if rule.matches(method, host, normal):
+            if any(rule.matches(method, host, normal) for normal in forms):
                 return f"network.denyRequests: {rule.text}"
         scoped = [rule for rule in self.allow if rule.applies_to(host)]
-        if scoped and not any(rule.matches(method, host, normal) for rule in scoped):
+        if scoped and not all(
+            any(rule.matches(method, host, normal) for rule in scoped) for normal in forms
+        ):
             return f"not in network.allowRequests for {host}"
         return None
 

@@ -22,7 +22,16 @@ What stays per command, exactly as in a fresh sandbox:
   process ends, the init kills and reaps every other process of the
   namespace before it reports the end;
 * the write broker's git check runs after each command (the broker itself
-  serves the whole session) and its violations are the command's.
+  serves the whole session) and its violations are the command's;
+* the host the mounts were decided from: the kept sandbox's masks and binds
+  were planned from the host paths the policy names (secrets, carve-outs,
+  writable and write-denied paths, the workspace) and what the ``denyRead``
+  globs matched when it started. Before each command those paths are looked
+  at again (each one's kind, device and inode; every glob expanded anew); if
+  any differs - a secret the host created since, a masked file the host
+  replaced by a rename (which detaches a mount on it in every other mount
+  namespace), a new glob match - the sandbox is retired and the command runs
+  in a fresh one, planned from the host as it is now.
 
 Not resident (a fresh sandbox as before): other backends, previews (the
 preview is held and recorded per run), the egress proxy (its log is per
@@ -41,7 +50,8 @@ import sys
 import time
 
 from .._exceptions import BrokerFailed, LaunchFailed
-from ._engine import Running, _Stream, _write_all
+from ._engine import Running
+from ._engine_state import _Stream, _write_all
 from ._outcome import Outcome, command_status
 
 TYPE_CHECKING = False
@@ -60,6 +70,32 @@ _CHUNK = 65536
 _CONTROL_FD = 9  # bubblewrap's plan uses 3..8
 _MAX_REQUEST = 200 * 1024  # the init's buffer is 256 KiB
 _MAX_WORDS = 4000  # arguments, and environment entries: the init takes 4096 of each
+
+
+_Looked = tuple[tuple[str, int, int, int], ...]
+
+
+def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
+    """``(path, file type, device, inode)`` of every host path a plan of *request* under
+    *policy* looks at, the ``denyRead`` globs expanded now (a missing path: zeros); ``None``
+    when a glob cannot be expanded (a fresh run then refuses, with the reason)."""
+    from .._exceptions import CorralError
+    from ..backends.base import paths_of_policy
+    from ..policy._expand import expand_deny_read
+
+    try:
+        expanded = expand_deny_read(policy)
+    except CorralError:
+        return None
+    found = []
+    for path in sorted(paths_of_policy(request, expanded)):
+        try:
+            st = os.lstat(path)
+        except OSError:
+            found.append((path, 0, 0, 0))
+            continue
+        found.append((path, st.st_mode & 0o170000, st.st_dev, st.st_ino))
+    return tuple(found)
 
 
 def _helper_index(argv: tuple[str, ...]) -> int:
@@ -177,6 +213,8 @@ class Resident:
         # planned requests by everything but their command (see _plan)
         self._plans: dict[ExecRequest, tuple[LaunchPlan, str, bytes]] = {}
         self._socket: _socket.socket | None = None
+        # the request it was opened with and what its plan looked at (see _looked_at)
+        self._looked: tuple[ExecRequest, _Looked | None] | None = None
         self._null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the commands' stdin
 
     @classmethod
@@ -193,6 +231,7 @@ class Resident:
 
         if request.tty or request.stdin_mode == "inherit":
             return None
+        looked = _looked_at(request, policy)  # before planning: a change after it retires
         prepared = prepare(request, policy, environ=environ)
         plan = prepared.plan
         if prepared.backend.name != "bubblewrap" or plan.egress is not None:
@@ -212,6 +251,7 @@ class Resident:
         os.set_blocking(control, True)
         resident = cls(policy, prepared, running, control, split[0])
         resident._keeper = keeper
+        resident._looked = (request, looked)
         return resident
 
     # ------------------------------------------------------------ control
@@ -252,6 +292,13 @@ class Resident:
             return None
         if policy is not self._policy and policy != self._policy:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
+        if self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
+            # its mounts were decided from another host: retired once no command of it runs
+            # (retiring ends the sandbox, and the async twin may run one now), fresh until then
+            if self._lock.acquire(False):
+                self.broken = True
+                self._lock.release()
+            return None
         found = self._plan(request)
         if found is None:
             return None

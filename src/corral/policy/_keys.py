@@ -691,6 +691,19 @@ INTEGRATION_KEYS: tuple[Key, ...] = (
         ),
     ),
     Key(
+        path="integrations.cluster.warmVms",
+        kind=INT,
+        tighten=LOWER,
+        nullable=True,
+        override=False,
+        description=(
+            "Booted micro-VMs a `corral.cluster` node agent keeps ready per VM configuration "
+            "(memory, CPUs, network device, image) for runs with the microvm backend on that "
+            "node; each serves one run, and the agent boots the next in the background. Read "
+            "from the node's own settings when its agent starts. null: none."
+        ),
+    ),
+    Key(
         path="integrations.image.packages",
         kind=STRINGS,
         tighten=LOOSENS,

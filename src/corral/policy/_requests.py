@@ -19,7 +19,7 @@ from urllib.parse import unquote_to_bytes
 from .._frozen import Record
 from ._hosts import parse_host
 
-__all__ = ["RequestRule", "normalise_path", "parse_rule"]
+__all__ = ["RequestRule", "normalise_path", "parse_rule", "path_forms"]
 
 _METHOD = re.compile(r"^([A-Z][A-Z0-9_-]{0,31}|\*)$")
 
@@ -84,3 +84,20 @@ def normalise_path(target: bytes) -> str:
     if text.endswith("/") and normal != "/":
         normal += "/"
     return normal
+
+
+def path_forms(target: bytes) -> tuple[str, ...]:
+    """Every path a server may take *target* for, as rules see it (:func:`normalise_path`).
+
+    The literal one, and - when a segment carries ``;parameters`` (RFC 3986
+    path parameters, which Tomcat, Jetty and others drop before routing:
+    ``/r.git/git-receive-pack;x`` *is* ``git-receive-pack`` there) - the one
+    without them. A deny rule refuses when it matches any form, an allow rule
+    admits only when it matches every form.
+    """
+    literal = normalise_path(target)
+    raw = target.split(b"?", 1)[0].split(b"#", 1)[0]
+    if b";" not in raw:
+        return (literal,)
+    bare = normalise_path(b"/".join(segment.split(b";", 1)[0] for segment in raw.split(b"/")))
+    return (literal,) if bare == literal else (literal, bare)

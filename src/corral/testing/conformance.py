@@ -188,7 +188,13 @@ class Probe:
         from ..preview._preview import _policy_patterns
 
         state = self.environ["XDG_STATE_HOME"]
-        preview = Preview.create(self.workspace, state_dir=state)
+        from ..backends import get_backend
+
+        preview = Preview.create(
+            self.workspace,
+            state_dir=state,
+            mechanism=get_backend(self.backend).preview_mechanism(),
+        )
         try:
             outcome = launch(
                 prepare(request, policy, environ=self.environ, preview=preview), request

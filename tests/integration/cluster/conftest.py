@@ -5,10 +5,16 @@ raylet; the workers offer the ``corral`` resource, the head does not, so
 every sandbox of these tests runs on a worker. The nodes' HOME is a world
 made for the module (secrets in ``~/.ssh``), so the node's own default policy
 is what hides them.
+
+Where the microvm backend works (root, qemu, the python VM image built or
+buildable from the cache), the second worker's own settings file
+(``CORRAL_SETTINGS``) sets ``integrations.cluster.warmVms = 1``: its agent
+keeps a booted micro-VM ready; the first worker has no pool.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import uuid
@@ -29,11 +35,39 @@ except ImportError:
 class ClusterWorld:
     """The module's world, the local Ray cluster and the caller's connection."""
 
-    def __init__(self, world: World, local: object, cluster: object, workers: list[str]) -> None:
+    def __init__(
+        self,
+        world: World,
+        local: object,
+        cluster: object,
+        workers: list[str],
+        vm_problem: str | None,
+    ) -> None:
         self.world = world
         self.local = local
         self.cluster = cluster
         self.workers = workers
+        #: why no worker has a warm micro-VM pool (None: the second worker started has one)
+        self.vm_problem = vm_problem
+
+
+def _vm_problem() -> str | None:
+    """Why micro-VMs cannot run here, or None once the python VM image is built (cached)."""
+    if (
+        os.geteuid() != 0
+        or not shutil.which("qemu-system-x86_64")
+        or not shutil.which("mmdebstrap")
+    ):
+        return "the microvm backend needs root, qemu-system-x86 and (for its image) mmdebstrap"
+    from corral.images import build_image
+    from corral.images._build import ImageBuildFailed
+    from corral.images._vm import build_vm_image
+
+    try:
+        build_vm_image(build_image("python", environ=dict(os.environ)))
+    except ImageBuildFailed as exc:
+        return f"the python VM image cannot be built here: {exc.message}"
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -48,13 +82,24 @@ def ray_cluster() -> Iterator[ClusterWorld]:
     os.makedirs(root)
     world = World(root)
     env = {"HOME": world.home, "CORRAL_SERVER": "off"}
-    local = LocalCluster(workers=2, slots=50, head_slots=0, env=env)
+    vm_problem = _vm_problem()
+    node_env: list[dict[str, str]] = []
+    if vm_problem is None:
+        from corral.images import cache_root
+
+        # the VM image from this machine's cache (built once), for every node
+        env["XDG_CACHE_HOME"] = os.path.dirname(os.path.dirname(cache_root(dict(os.environ))))
+        warm_settings = os.path.join(root, "warm-node-settings.json")
+        with open(warm_settings, "w", encoding="utf-8") as f:
+            json.dump({"integrations": {"cluster": {"warmVms": 1}}}, f)
+        node_env = [{}, {"CORRAL_SETTINGS": warm_settings}]
+    local = LocalCluster(workers=2, slots=50, head_slots=0, env=env, node_env=node_env)
     try:
         cluster = connect(local.address, state_dir=os.path.join(root, "caller-state"))
         try:
             workers = [node["id"] for node in cluster.nodes()]
             assert len(workers) == 2, workers
-            yield ClusterWorld(world, local, cluster, workers)
+            yield ClusterWorld(world, local, cluster, workers, vm_problem)
         finally:
             cluster.close()
     finally:

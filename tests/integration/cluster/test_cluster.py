@@ -250,22 +250,109 @@ def test_caller_killed_leaves_no_sandbox(ray_cluster, tmp_path):
     assert _wait_gone(f"sleep {marker}", 60) == []
 
 
+def _warm_vms(cluster, node: str) -> dict:
+    pool = _warm_vms_or_none(cluster, node)
+    assert pool is not None
+    return pool
+
+
+def _qemu_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return False
+    return b"qemu" in cmdline or b"virtiofsd" in cmdline
+
+
+def test_warm_vm_pool_serves_one_run_and_refills(ray_cluster):
+    """The warm worker's pooled VM serves a run, the pool boots the next; the result and
+    enforcement equal a cold run's on the other worker; stopping the agent leaves no VM."""
+    if ray_cluster.vm_problem:
+        pytest.skip(ray_cluster.vm_problem)
+    w = ray_cluster.world
+    cluster = ray_cluster.cluster
+    pools = {node: _warm_vms_or_none(cluster, node) for node in ray_cluster.workers}
+    warm = next(node for node, pool in pools.items() if pool is not None)
+    cold = next(node for node in ray_cluster.workers if node != warm)
+    assert pools[warm]["size"] == 1 and pools[warm]["problem"] is None, pools[warm]
+    deadline = time.monotonic() + 120  # the agent boots it when it starts (TCG: seconds)
+    while not (pool := _warm_vms(cluster, warm))["idle"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [member] = pool["idle"]
+    seen = {member["qemu"], member["virtiofsd"]}
+    marker = os.path.join(w.workspace, f"warm-{uuid.uuid4().hex[:8]}.txt")
+    with open(marker, "w", encoding="utf-8") as f:
+        f.write("in the workspace\n")
+    submitted = time.time()
+    assert member["ready"] < submitted  # booted before the run was submitted
+    command = f"cat {os.path.basename(marker)}; echo pwned > {w.victim}; echo made > made.txt"
+
+    def run(node: str) -> tuple:
+        with cluster.Sandbox(
+            workspace=w.workspace, backend="microvm", preview=True, node=node
+        ) as sbx:
+            outcome = sbx.exec(command)
+            return outcome, sorted(change.path for change in sbx.diff())
+
+    warm_run, warm_diff = run(warm)
+    after = _warm_vms(cluster, warm)
+    assert after["served"] == [member["qemu"]]  # the run took the member booted before it
+    deadline = time.monotonic() + 120  # the pool boots the next one in the background
+    while not (after := _warm_vms(cluster, warm))["idle"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [refill] = after["idle"]
+    assert refill["qemu"] != member["qemu"] and refill["ready"] > submitted
+    seen |= {refill["qemu"], refill["virtiofsd"]}
+    assert not on_node(warm, _qemu_alive, member["qemu"])  # one run per VM: destroyed after it
+
+    cold_run, cold_diff = run(cold)
+    assert _warm_vms_or_none(cluster, cold) is None
+    assert warm_run.backend == cold_run.backend == "microvm"
+    # the same result and enforcement as the cold run: the workspace (attached when the run
+    # took the VM) read and written through the preview, the write outside failed on the host
+    assert (warm_run.returncode, warm_run.stdout) == (cold_run.returncode, cold_run.stdout)
+    assert warm_run.stdout == b"in the workspace\n" and warm_diff == cold_diff == ["made.txt"]
+    assert on_node(warm, _read, w.victim) == "original\n"
+    assert not on_node(warm, _exists, os.path.join(w.workspace, "made.txt"))  # not applied
+    os.remove(marker)
+
+    cluster.stop_agent(warm)  # powers the pool off: no qemu, no virtiofsd left
+    deadline = time.monotonic() + 30
+    while any(on_node(warm, _qemu_alive, pid) for pid in seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in seen if on_node(warm, _qemu_alive, pid)]
+
+
+def _warm_vms_or_none(cluster, node: str) -> dict | None:
+    return next(n for n in cluster.nodes() if n["id"] == node)["warm"].get("microvm")
+
+
 def test_node_lost_mid_run(ray_cluster):
     """Runs last: kills a worker's raylet, then brings a node back."""
     w = ray_cluster.world
     cluster = ray_cluster.cluster
     local = ray_cluster.local
-    victim_node = ray_cluster.workers[0]
-    survivor = ray_cluster.workers[1]
+    pools = {node["id"]: node["warm"].get("microvm") for node in cluster.nodes()}
+    # the warm worker when there is one: its pool's VMs must die with the node
+    victim_node = next((n for n in ray_cluster.workers if pools.get(n)), ray_cluster.workers[0])
+    survivor = next(n for n in ray_cluster.workers if n != victim_node)
     marker = f"{uuid.uuid4().int % 10_000}.{os.getpid() + 2}"
     from corral.cluster import NodeLost
 
     sbx = cluster.Sandbox(workspace=w.workspace, node=victim_node)
-    agent_pid = cluster.nodes()[ray_cluster.workers.index(victim_node)]["pid"]
+    agent_pid = next(n for n in cluster.nodes() if n["id"] == victim_node)["pid"]
     # which `ray start` process is that node's: the one the agent descends from
     from corral.cluster._local import _descendants
 
     node_process = next(p for p in local.nodes if agent_pid in _descendants(p.pid))
+    pool_pids: set[int] = set()
+    if pools.get(victim_node):
+        deadline = time.monotonic() + 120
+        while not (idle := _warm_vms(cluster, victim_node)["idle"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        pool_pids = {pid for vm in idle for pid in (vm["qemu"], vm["virtiofsd"])}
+        assert pool_pids
     errors: list[BaseException] = []
 
     def run() -> None:
@@ -286,6 +373,10 @@ def test_node_lost_mid_run(ray_cluster):
     assert len(errors) == 1 and isinstance(errors[0], NodeLost), errors
     assert victim_node in str(errors[0]) and "lost" in str(errors[0])
     assert _wait_gone(f"sleep {marker}", 60) == []  # no orphaned sandbox on the lost node
+    deadline = time.monotonic() + 30  # nor a VM of its warm pool (same machine: checked here)
+    while any(_qemu_alive(pid) for pid in pool_pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [pid for pid in pool_pids if _qemu_alive(pid)]
     local.stop_node(node_process)
     # new runs go to the remaining node
     for _ in range(3):

@@ -572,3 +572,30 @@ def test_a_plain_http_request_never_carries_the_secret(upstream: Upstream) -> No
     assert reply.startswith(b"HTTP/1.1 200"), reply
     (seen,) = upstream.seen.requests
     assert seen["headers"]["authorization"] == "Bearer corral_masked_x"  # clear text: no secret
+
+
+def test_path_parameters_and_fragments_do_not_slip_past_a_request_rule(
+    servers: tuple[_TLSServer, _TLSServer], tls_files: tuple[str, str]
+) -> None:
+    """``;x`` (dropped by Tomcat-like servers before routing) and a raw ``#`` (the rules
+    would judge the path before it, a server might not cut there) reach nothing."""
+    good, _other = servers
+    proxy = _Terminating(good, upstream_ca=tls_files[0], deny=("POST */git-receive-pack",))
+    host = f"api.example.test:{good.port}"
+    replies = []
+    try:
+        for target in ("/r.git/git-receive-pack;x", "/r.git/x#/../git-receive-pack"):
+            with proxy.tunnel("api.example.test", good.port) as tls:
+                replies.append(
+                    _exchange(
+                        tls,
+                        f"POST {target} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 0\r\n"
+                        "Connection: close\r\n\r\n",
+                    )
+                )
+    finally:
+        proxy.close()
+    assert replies[0].startswith(b"HTTP/1.1 403"), replies[0]
+    assert b"network.denyRequests: POST */git-receive-pack" in replies[0]
+    assert replies[1].startswith(b"HTTP/1.1 400"), replies[1]
+    assert good.seen == []

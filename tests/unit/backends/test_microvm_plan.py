@@ -153,6 +153,7 @@ def test_preview_plan_serves_the_previews_overlay() -> None:
     fsd = virtiofsd_argv(vm, "/run/f.sock")
     assert fsd[0] == "/usr/bin/unshare" and "/usr/lib/qemu/virtiofsd" in fsd
     assert "source=/mnt" in fsd
+    assert "modcaps=-mknod" in fsd  # no device nodes made on the host by the guest's root
 
 
 def test_copy_preview_binds_the_copy() -> None:
@@ -234,3 +235,36 @@ def test_vm_configs_are_pool_keys() -> None:
     one = VmConfig(qemu="q", virtiofsd="v", kernel="k", initrd="i", disk="d")
     assert {one: 1}[VmConfig(qemu="q", virtiofsd="v", kernel="k", initrd="i", disk="d")] == 1
     assert ShareSpec(setup=("a",), guest_path=WS, read_only=True).read_only
+
+
+def test_the_host_side_refuses_a_frame_longer_than_the_agent_sends() -> None:
+    """Both host-side readers bound a frame by the agent's own MAX_FRAME (a forged one
+    from the guest's root is refused, not buffered)."""
+    import os
+    import re
+    import socket
+
+    from corral.backends._microvm_run import MAX_FRAME, Agent
+    from corral.backends._microvm_vm import BootFailed, Channel
+
+    agent_c = os.path.join(
+        os.path.dirname(__file__), "../../../src/corral/native/corral-vm-agent.c"
+    )
+    with open(agent_c, encoding="utf-8") as f:
+        (shift,) = re.findall(r"#define MAX_FRAME \(1u << (\d+)\)", f.read())
+    assert 1 << int(shift) == MAX_FRAME
+    ours, guest = socket.socketpair()
+    with ours, guest:
+        guest.sendall(b"1\0\0\0\2ok" + b"1" + (MAX_FRAME + 1).to_bytes(4, "big"))
+        channel = Channel(ours)
+        assert channel.read_frame() == (b"1", b"ok")
+        with pytest.raises(BootFailed, match="a frame of"):
+            channel.read_frame()
+    ours, guest = socket.socketpair()
+    with ours, guest:
+        guest.sendall(b"2\0\0\0\2ok" + b"1" + (MAX_FRAME + 1).to_bytes(4, "big"))
+        relay = Agent(ours)
+        relay.fill()
+        assert relay.frame() == (b"2", b"ok")
+        with pytest.raises(ValueError, match="a frame of"):
+            relay.frame()

@@ -10,7 +10,7 @@ import pytest
 from corral import _exceptions
 from corral.egress._rules import MaskSpec, RequestPolicy
 from corral.policy._hosts import parse_host
-from corral.policy._requests import normalise_path, parse_rule
+from corral.policy._requests import normalise_path, parse_rule, path_forms
 
 from ..policy.conftest import SettingsWorld
 
@@ -35,6 +35,10 @@ RULES = RequestPolicy(
         ("POST", "gitlab.com", "/o/r.git/%67it-receive-pack", "POST */git-receive-pack"),
         ("POST", "gitlab.com", "//o/x/../r.git/./git-receive-pack?a=b", "POST */git-receive-pack"),
         ("post", "gitlab.com", "/o/r.git/GIT-RECEIVE-PACK", "POST */git-receive-pack"),
+        # path parameters, which servers such as Tomcat and Jetty drop before routing
+        ("POST", "gitlab.com", "/o/r.git/git-receive-pack;x", "POST */git-receive-pack"),
+        ("POST", "gitlab.com", "/o/r.git;a=b/git-receive-pack;", "POST */git-receive-pack"),
+        ("GET", "github.com", "/o/r;/../../x", None),  # allowed in both forms
         ("PUT", "registry.npmjs.org", "/corral-probe", "PUT registry.npmjs.org/*"),
         ("POST", "github.com", "/o/r.git/info/lfs", "not in network.allowRequests for github.com"),
         ("DELETE", "github.com", "/o/r", "not in network.allowRequests for github.com"),
@@ -63,6 +67,17 @@ def test_rules_name_the_hosts_whose_tls_is_terminated() -> None:
     assert masked.terminates(parse_host("api.example.test"), 443)
     assert not masked.terminates(parse_host("example.test"), 443)
     assert not RequestPolicy()
+
+
+def test_path_parameters_give_a_second_form() -> None:
+    assert path_forms(b"/a/b") == ("/a/b",)
+    assert path_forms(b"/a;x/b;y?q;z") == ("/a;x/b;y", "/a/b")
+    assert path_forms(b"/a/%3Bx") == ("/a/;x",)  # an escaped ';' is no delimiter
+    # Tomcat's "..;": literally a segment named "..;" under /public, routed as ".."
+    rules = RequestPolicy(allow=("GET h.test/public/*",))
+    assert rules.decide("GET", "h.test", "/public/a;v=1") is None
+    refusal = rules.decide("GET", "h.test", "/public/..;/private/x")
+    assert refusal == "not in network.allowRequests for h.test"
 
 
 def test_normalises_paths() -> None:

@@ -264,6 +264,19 @@ def test_integration_keys_are_unknown_to_other_tables(world: SettingsWorld) -> N
         world.load(keys=TABLE)
 
 
+def test_cluster_warm_vms_is_a_count_of_vms_only(world: SettingsWorld) -> None:
+    """The node agents' warm pool size (docs/cluster.md): a positive count or null, VMs only."""
+    from corral._exceptions import SettingsError
+
+    assert world.load().integrations["cluster.warmVms"] is None
+    world.user({"integrations": {"cluster": {"warmVms": 2}}})
+    assert world.load().integrations["cluster.warmVms"] == 2
+    for bad in ({"warmVms": 0}, {"warmVms": "2"}, {"warmPodman": 1}, {"warm": {"podman": 1}}):
+        world.user({"integrations": {"cluster": bad}})
+        with pytest.raises(SettingsError):
+            world.load()
+
+
 # ---------------------------------------------------------------- start-up cost
 FORBIDDEN = (
     "json",

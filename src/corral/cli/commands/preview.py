@@ -90,9 +90,12 @@ def _main(args: list[str]) -> int:
     if existing is not None:
         preview = existing
     else:
-        preview = Preview.create(
-            resolved.workspace, state_dir=state, mechanism=str(extra.get("--mechanism") or "auto")
-        )
+        mechanism = str(extra.get("--mechanism") or "auto")
+        if mechanism == "auto" and resolved.policy.backend != "auto":
+            from ...backends import get_backend
+
+            mechanism = get_backend(resolved.policy.backend).preview_mechanism()
+        preview = Preview.create(resolved.workspace, state_dir=state, mechanism=mechanism)
         print_error(f"preview {preview.id} of {preview.workspace} ({preview.mechanism})")
     try:
         status = execute_options(opts, resolved=resolved, preview=preview)

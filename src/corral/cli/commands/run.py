@@ -163,11 +163,12 @@ def run(
 
 def _writes_through_preview(policy: Policy) -> bool:
     """Whether the policy's backend writes the workspace only through a preview
-    (``microvm``, named or the only one ``auto`` can pick for ``isolation: "vm"``)."""
+    (``boxlite``, or ``microvm``: named, or the only one ``auto`` picks for
+    ``isolation: "vm"``)."""
     name = policy.backend
     if name == "auto" and policy.isolation == "vm":
         name = "microvm"
-    if name != "microvm":  # no backend import on the hot path
+    if name not in ("microvm", "boxlite"):  # no backend import on the hot path
         return False
     from ...backends import get_backend
 
@@ -177,16 +178,22 @@ def _writes_through_preview(policy: Policy) -> bool:
 def _run_in_new_preview(
     opts: RunOptions, resolved: ResolvedSettings, caller: Caller, relay: SignalRelay
 ) -> int:
-    """A writable run on the microvm backend: in a new preview, kept when it has changes.
+    """A writable run on a VM backend: in a new preview, kept when it has changes.
 
     A VM writes the workspace only through a preview (docs/backends/microvm.md):
     the changes come back for review (``corral diff``/``apply``/``discard``),
     as with ``corral preview``; a preview with nothing in it is removed.
     """
     from ..._state import state_dir
+    from ...backends import get_backend
     from ...preview import Preview
 
-    preview = Preview.create(resolved.workspace, state_dir=state_dir(caller.environ))
+    name = resolved.policy.backend if resolved.policy.backend != "auto" else "microvm"
+    preview = Preview.create(
+        resolved.workspace,
+        state_dir=state_dir(caller.environ),
+        mechanism=get_backend(name).preview_mechanism(),
+    )
     try:
         status = execute_options(
             opts, resolved=resolved, caller=caller, relay=relay, preview=preview
