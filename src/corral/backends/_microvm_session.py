@@ -135,16 +135,17 @@ class VmSession:
             kept = _InKeptVm(vm)
             from ..pipeline._runner import Prepared, launch
 
-            outcome = launch(
-                Prepared(kept, prepared.facts, prepared.layout, plan, prepared.policy, preview),
-                request,
-                on_start=on_start,
-                streams=streams,
-            )
-            self.commands += 1
-            if kept.marks == b"s" and not self._closed:
-                self._settle(vm, plan)
-            return outcome
+            try:
+                return launch(
+                    Prepared(kept, prepared.facts, prepared.layout, plan, prepared.policy, preview),
+                    request,
+                    on_start=on_start,
+                    streams=streams,
+                )
+            finally:
+                self.commands += 1
+                if kept.marks == b"s" and not self._closed:
+                    self._settle(vm, plan)  # also when the launch raised
 
     def open(self, request: ExecRequest, policy: Policy, *, preview: Preview | None = None) -> bool:
         """Boot the session's VM now for requests like *request* (False: not a VM policy).
@@ -268,7 +269,7 @@ class _InKeptVm(MicrovmBackend):
 
     def __init__(self, vm: GuestVM) -> None:
         self._vm = vm
-        self.marks = b""  # the relay's report (see MicrovmBackend.run_in)
+        self.marks = bytearray()  # the relay's report (see MicrovmBackend.run_in)
 
     def launch(
         self,
@@ -281,7 +282,7 @@ class _InKeptVm(MicrovmBackend):
         cgroup: Cgroup | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome:
-        outcome, self.marks = self.run_in(
+        return self.run_in(
             self._vm,
             plan,
             request,
@@ -290,5 +291,5 @@ class _InKeptVm(MicrovmBackend):
             stdio=stdio,
             cgroup=cgroup,
             streams=streams,
+            marks=self.marks,
         )
-        return outcome

@@ -684,7 +684,7 @@ class MicrovmBackend(Backend):
             vm.close()
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
         try:
-            outcome, _marks = self.run_in(
+            return self.run_in(
                 vm,
                 plan,
                 request,
@@ -694,7 +694,6 @@ class MicrovmBackend(Backend):
                 cgroup=cgroup,
                 streams=streams,
             )
-            return outcome
         finally:
             if pool is not None:
                 pool.destroy(vm)  # off the run's path: the server lives on
@@ -712,20 +711,21 @@ class MicrovmBackend(Backend):
         stdio: tuple[int, int, int] | None = None,
         cgroup: Cgroup | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
-    ) -> tuple[Outcome, bytes]:
+        marks: bytearray | None = None,
+    ) -> Outcome:
         """Run *plan*'s command in *vm* (booted, its workspace attached) through the relay.
 
-        Returns the outcome and what the relay reported on its done fd:
-        ``b"sx"`` when the agent took the command and reported its end,
-        ``b"s"`` when the relay ended in between (the guest may still run it),
-        ``b""`` when the agent never got it. The VM is left as it is.
+        *marks* receives what the relay reported on its done fd, also when
+        the launch raised: ``b"sx"`` when the agent took the command and
+        reported its end, ``b"s"`` when the relay ended in between (the guest
+        may still run it), ``b""`` when the agent never got it. The VM is left
+        as it is.
         """
         assert vm.channel is not None
         config = next(f for f in plan.fds if f.number == FD_CONFIG)
         if plan.egress is not None:  # the proxy listens where this VM's qemu connects
             plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
         done_r, done_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        marks = b""
         try:
             agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
             done = FdSpec(number=FD_DONE, kind="pass", data=str(done_w).encode())
@@ -743,11 +743,13 @@ class MicrovmBackend(Backend):
         finally:
             os.close(done_w)
             try:
-                marks = os.read(done_r, 16)
+                reported = os.read(done_r, 16)
             except BlockingIOError:
-                pass
+                reported = b""
             os.close(done_r)
-        return outcome, marks
+            if marks is not None:
+                marks += reported
+        return outcome
 
 
 def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:
