@@ -26,27 +26,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import TEST_ROOT, World, unreadable_for
+from tests.integration.conftest import needs_microvm
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or shutil.which("qemu-system-x86_64") is None
-    or shutil.which("mmdebstrap") is None,
-    reason="the microvm backend needs root, qemu-system-x86 and (to build its image) mmdebstrap",
-)
-
-
-@pytest.fixture(scope="module")
-def vm_cache() -> str:
-    """XDG_CACHE_HOME holding the python image and its VM artifacts (built once, then cached)."""
-    from corral.images import build_image, cache_root
-    from corral.images._build import ImageBuildFailed
-    from corral.images._vm import build_vm_image
-
-    try:
-        build_vm_image(build_image("python", environ=dict(os.environ)))
-    except ImageBuildFailed as exc:
-        pytest.skip(f"the python image cannot be built here: {exc.message}")
-    return os.path.dirname(os.path.dirname(cache_root(dict(os.environ))))
+pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
 
 def _vm_processes() -> dict[int, str]:
