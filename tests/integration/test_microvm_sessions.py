@@ -198,6 +198,65 @@ def test_closing_leaves_no_qemu_virtiofsd_or_run_directory(world_vm: World) -> N
     assert _run_dirs(os.getpid()) == []
 
 
+def test_allowlist_session_each_command_has_its_own_proxy_and_attempt_log(
+    world_vm: World,
+) -> None:
+    """network=allowlist in a kept VM: every command reaches only its own run's proxy, and
+    its attempts and violations are its own; the VM's run directory goes with it."""
+    import http.server
+
+    from corral import Sandbox
+
+    w = world_vm
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b"through the proxy"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    hosts = w.write(os.path.join(w.root, "hosts"), "127.0.0.1 example.test evil.test\n")
+    fetch = (
+        "import sys, urllib.request\n"
+        "try:\n"
+        f"    print(urllib.request.urlopen(f'http://{{sys.argv[1]}}:{port}/', timeout=30).read())\n"
+        "except Exception as exc:\n"
+        "    print(exc)\n"
+    )
+    try:
+        with Sandbox(
+            workspace=w.workspace,
+            isolation="vm",
+            read_only=True,
+            environ={**w.environ, "CORRAL_EGRESS_HOSTS": hosts},
+            settings={
+                "network": {"mode": "allowlist", "allow": ["example.test", f"127.0.0.1:{port}"]}
+            },
+        ) as sandbox:
+            allowed = sandbox.exec(["python3", "-c", fetch, "example.test"])
+            denied = sandbox.exec(["python3", "-c", fetch, "evil.test"])
+            again = sandbox.exec(["python3", "-c", fetch, "example.test"])
+            assert sandbox._vm_session.boots == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert allowed.text("stdout") == again.text("stdout") == "b'through the proxy'\n"
+    assert "403" in denied.text("stdout")
+    assert {(a.host, a.decision) for a in allowed.network} == {("example.test", "allow")}
+    assert {(a.host, a.decision) for a in denied.network} == {("evil.test", "deny")}
+    assert [(v.kind, v.target) for v in denied.violations] == [("network", f"evil.test:{port}")]
+    assert allowed.violations == () and again.violations == ()
+    assert _run_dirs(os.getpid()) == []
+
+
 def test_mcp_sandbox_create_with_vm_isolation_and_the_server_killed(world_vm: World) -> None:
     """Through the MCP SDK's client: a vm sandbox boots at sandbox_create and runs the
     commands and file calls; SIGKILL to the MCP server leaves no qemu, virtiofsd or run dir."""
