@@ -182,18 +182,37 @@ def test_apply_lands_the_changes_and_destroys_the_vm(session: Any, world_vm: Wor
     assert session._vm_session.vm is None  # and none was booted for it
 
 
-def test_closing_leaves_no_qemu_virtiofsd_or_run_directory(world_vm: World) -> None:
+def test_a_secret_replaced_on_the_host_stays_hidden_and_closing_leaves_nothing(
+    world_vm: World,
+) -> None:
+    """A masked secret the host replaces by a rename (which detaches a mount on it in
+    other mount namespaces, virtiofsd's included) is not shown by the kept VM: the session
+    moves to a new VM on the view as it is now. close() then leaves no qemu, virtiofsd or
+    run directory."""
     from corral import Sandbox
 
+    secret = world_vm.write(world_vm.ws(".env"), "OLD-SECRET\n")
     with Sandbox(
-        workspace=world_vm.workspace, isolation="vm", read_only=True, environ=world_vm.environ
+        workspace=world_vm.workspace,
+        isolation="vm",
+        read_only=True,
+        deny_read=[secret],
+        environ=world_vm.environ,
     ) as sandbox:
-        assert sandbox.exec("cat made.txt").text("stdout") == "ws\n"
+        first = sandbox.exec("cat README; cat .env")
+        assert first.text("stdout") == "hello\n", first.stderr  # .env: masked
+        vm = sandbox._vm_session.vm
+        old = {vm.qemu.pid, vm.virtiofsd.pid}
+        world_vm.write(secret + ".new", "NEW-SECRET\n")
+        os.rename(secret + ".new", secret)  # as editors and `aws configure` write
+        second = sandbox.exec("cat .env; echo done")
+        assert second.text("stdout") == "done\n", second.stderr  # not NEW-SECRET
+        assert sandbox._vm_session.boots == 2 and _wait_gone(old) == set()
         vm = sandbox._vm_session.vm
         pids = {vm.qemu.pid, vm.virtiofsd.pid}
         assert pids <= set(_vm_processes())
     assert _wait_gone(pids) == set()
-    for pid in pids:  # reaped, not zombies
+    for pid in old | pids:  # reaped, not zombies
         assert not os.path.exists(f"/proc/{pid}")
     assert _run_dirs(os.getpid()) == []
 

@@ -64,6 +64,11 @@ if TYPE_CHECKING:
 
 __all__ = ["VmSession", "wants_vm"]
 
+if TYPE_CHECKING:
+    #: what a kept VM serves: its configuration, the workspace view, and the host paths
+    #: the view was planned from (``pipeline._resident.looked_at``)
+    _Key = tuple[VmConfig, ShareSpec, tuple[tuple[str, int, int, int], ...] | None]
+
 #: Seconds the agent gets, after the grace period, to report the end of a command
 #: the session stopped itself (its relay was gone) before the VM counts as hung.
 SETTLE_TIMEOUT = 10.0
@@ -81,7 +86,8 @@ class VmSession:
         self._environ = environ
         self._lock = threading.Lock()  # one command at a time
         self._vm: GuestVM | None = None
-        self._key: tuple[VmConfig, ShareSpec] | None = None
+        self._key: _Key | None = None
+        self._policy: Policy | None = None  # what the VM was started for
         self._stop = threading.Event()  # releases the keeper thread
         self._keeper: threading.Thread | None = None
         self._closed = False
@@ -126,12 +132,18 @@ class VmSession:
                 self._retire()  # it died (a guest power-off, a panic): boot a new one
                 vm = None
             if vm is not None and key != self._key:
-                return None  # another VM or another view: a fresh VM runs it
+                if policy is not self._policy and policy != self._policy:
+                    return None  # a ``rules`` entry's own policy: a fresh VM runs it
+                # the host changed under the view (a secret created, or replaced by a
+                # rename, which detaches its mask): a new VM on the view as it is now
+                self._retire()
+                vm = None
             if vm is None:
                 if preview is not None:
                     with preview.hold():
                         pass  # an applied or discarded preview: its error, before any boot
                 vm = self._start(key)
+                self._policy = policy
             kept = _InKeptVm(vm)
             from ..pipeline._runner import Prepared, launch
 
@@ -160,25 +172,31 @@ class VmSession:
         with self._lock:
             if self._vm is None and not self._closed:
                 self._start(found[1])
+                self._policy = policy
         return True
 
     def _prepare(
         self, request: ExecRequest, policy: Policy, preview: Preview | None
-    ) -> tuple[Prepared, tuple[VmConfig, ShareSpec]] | None:
-        """The prepared run of *request* and the VM and view it needs (None: not a VM)."""
+    ) -> tuple[Prepared, _Key] | None:
+        """The prepared run of *request*, and the VM, the view and the host paths the view
+        was planned from (kind, device, inode each) it needs; None: not a VM."""
+        from ..pipeline._resident import _looked_at as looked_at  # the resident check's rule
         from ..pipeline._runner import prepare
 
         prepared = prepare(request, policy, environ=self._environ, preview=preview)
         if not isinstance(prepared.backend, MicrovmBackend):
             return None
         config = next(f for f in prepared.plan.fds if f.number == FD_CONFIG)
-        return prepared, vm_config_of(json.loads(config.data))
+        vm_config, share = vm_config_of(json.loads(config.data))
+        # the command's cwd is not mounted on its own: only the workspace view is
+        looked = looked_at(request.replace(cwd=""), prepared.policy)
+        return prepared, (vm_config, share, looked)
 
-    def _start(self, key: tuple[VmConfig, ShareSpec]) -> GuestVM:
+    def _start(self, key: _Key) -> GuestVM:
         """Boot a VM for *key* on a keeper thread and attach the workspace view."""
         from ._microvm_vm import BootFailed, GuestVM
 
-        config, share = key
+        config, share, _looked = key
         vm = GuestVM(config)
         booted = threading.Event()
         stop = threading.Event()
