@@ -823,6 +823,52 @@ def image_packages(world: World) -> None:
     assert b"'-not-a-package' is not an apt package name" in result.stderr
 
 
+def cluster_warm_vms(size: int | None) -> Proof:
+    """A node agent reads the size of its micro-VM pool from the node's own settings.
+
+    A real pool needs a Ray cluster and a VM image (tests/integration/cluster
+    covers one). Here the agent's pool start runs alone (no Ray: the agent is
+    made without its Ray-placed constructor) in this world, where no VM image
+    is built: with a size it reports why its pool cannot run; with ``null``
+    there is no pool at all.
+    """
+
+    def proof(world: World) -> None:
+        import subprocess
+        import sys
+
+        probe = (
+            "import json\n"
+            "from corral.cluster._agent import NodeAgent\n"
+            "agent = NodeAgent.__new__(NodeAgent)\n"
+            "agent._vm_pool = None\n"
+            "agent._warm_problem = None\n"
+            "agent._start_pool()\n"
+            "print(json.dumps(agent.warm()))\n"
+        )
+        settings = world.write(
+            os.path.join(world.root, "warm.json"),
+            json.dumps({"integrations": {"cluster": {"warmVms": size}}}),
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", probe],
+            env={**world.environ, "CORRAL_SETTINGS": settings},
+            cwd=world.workspace,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        warm = json.loads(done.stdout)
+        if size is None:
+            assert warm == {}
+        else:
+            assert warm["microvm"]["size"] == 0, warm
+            assert "microvm backend cannot run here" in warm["microvm"]["problem"], warm
+
+    return proof
+
+
 # ---------------------------------------------------------------- the table
 PROOFS: dict[str, dict[str, Proof]] = {
     "isolation": {
@@ -879,6 +925,10 @@ PROOFS: dict[str, dict[str, Proof]] = {
     "integrations.mcp.maxOutput": {"value": mcp_key("maxOutput")},
     "integrations.mcp.preview": {"false": mcp_key("preview"), "true": mcp_key("preview=true")},
     "integrations.image.packages": {"value": image_packages},
+    "integrations.cluster.warmVms": {
+        "value": cluster_warm_vms(2),
+        "null": cluster_warm_vms(None),
+    },
 }
 
 

@@ -148,6 +148,7 @@ class Broker(_Emulator):
         """
         if not self._spec.launcher_ns:
             self._open_roots("")
+        self._load_named_sockets()
         self._done.acquire()
         self._started = True
         _thread.start_new_thread(self._main, ())

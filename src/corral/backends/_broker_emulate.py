@@ -35,12 +35,13 @@ from ._broker_abi import (
     _signed64,
     _signed_fd,
 )
-from ._broker_policy import _land_copy, _Policy, _read_regular_file
+from ._broker_connect import _Connector
+from ._broker_policy import _land_copy, _read_regular_file
 
 __all__: list[str] = []
 
 
-class _Emulator(_Policy):
+class _Emulator(_Connector):
     """open/creat, mkdir, mknod, symlink, link, rename, unlink, chmod, chown, truncate,
     utimes and xattrs, by path and through file descriptors."""
 
@@ -113,6 +114,8 @@ class _Emulator(_Policy):
             return self._read_string(pid, nid, addr)
 
         sfd = _signed_fd
+        if name == "connect":
+            return self._connect(pid, nid, a)
         if name == "open":
             return self._open(pid, nid, _AT_FDCWD, s(a[0]), a[1], a[2])
         if name == "openat":

@@ -78,6 +78,11 @@ class BrokerSpec(Record):
             root's files appear as ``idmapped_id``): the broker acts with
             fsuid/fsgid ``idmapped_id`` (stored as 0 by the layers) and keeps
             the owners the sandbox names as they are.
+        unix_sockets: host paths of the sockets ``network.allowUnixSockets``
+            names: the broker performs every ``connect()`` of the sandbox and
+            allows a pathname unix socket only when it resolves, in the
+            sandbox's view, to one of these inodes (empty: connect() is not
+            trapped).
         git_configs: the caller's global git configs (``~/.gitconfig``, the XDG
             one, or ``GIT_CONFIG_GLOBAL``): the ``core.hooksPath`` and
             ``core.fsmonitor`` targets they name inside a root are protected
@@ -93,6 +98,7 @@ class BrokerSpec(Record):
     idmapped_id: int | None = None
     through_idmap: bool = False
     git_configs: tuple[str, ...] = ()
+    unix_sockets: tuple[str, ...] = ()
 
 
 class EgressSpec(Record):

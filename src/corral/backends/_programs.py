@@ -15,16 +15,25 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["broker_syscalls", "seccomp_program"]
+__all__ = ["broker_syscalls", "notify_variant", "seccomp_program"]
 
-_VARIANTS = ("deny", "deny+unix", "broker", "broker+metadata")
+_VARIANTS = (
+    "deny",
+    "deny+unix",
+    "deny+unix-dgram",
+    "broker",
+    "broker+metadata",
+    "broker+connect",
+    "broker+metadata+connect",
+    "connect",
+)
 _memo: dict[str, object] = {}
 
 
 def _sources_key() -> str:
     here = os.path.dirname(os.path.abspath(__file__))
     parts = []
-    for name in ("_seccomp_rules.py", "_seccomp.py"):
+    for name in ("_seccomp_rules.py", "_seccomp.py", "_programs.py"):
         try:
             st = os.stat(os.path.join(here, name))
             parts.append(f"{st.st_size}:{st.st_mtime_ns}")
@@ -37,36 +46,46 @@ def _compile(arch: str) -> dict[str, object]:
     from ._seccomp import compile_filter
     from ._seccomp_rules import (
         BROKER_RULES,
+        CONNECT_BROKER_RULES,
         DENY_RULES,
         METADATA_BROKER_RULES,
         SYSCALLS,
+        unix_datagram_rule,
         unix_socket_rule,
     )
 
     column = 0 if arch == "x86_64" else 1
-    metadata = (*BROKER_RULES, *METADATA_BROKER_RULES)
-    return {
+    notify = {
+        "broker": BROKER_RULES,
+        "broker+metadata": (*BROKER_RULES, *METADATA_BROKER_RULES),
+        "broker+connect": (*BROKER_RULES, *CONNECT_BROKER_RULES),
+        "broker+metadata+connect": (
+            *BROKER_RULES,
+            *METADATA_BROKER_RULES,
+            *CONNECT_BROKER_RULES,
+        ),
+        "connect": CONNECT_BROKER_RULES,
+    }
+    compiled: dict[str, object] = {
         "deny": compile_filter(DENY_RULES, arch=arch, deny_unknown=True).hex(),
         "deny+unix": compile_filter(
             (*DENY_RULES, unix_socket_rule()), arch=arch, deny_unknown=True
         ).hex(),
-        "broker": compile_filter(BROKER_RULES, arch=arch, deny_unknown=False).hex(),
-        "broker+metadata": compile_filter(metadata, arch=arch, deny_unknown=False).hex(),
-        "broker-syscalls": sorted(
-            [nr, name]
-            for rule in BROKER_RULES
-            for name in rule[0]
-            if (nr := SYSCALLS[name][column]) is not None
-        ),
-        "broker+metadata-syscalls": sorted(
-            {
-                (nr, name)
-                for rule in metadata
-                for name in rule[0]
-                if (nr := SYSCALLS[name][column]) is not None
-            }
-        ),
+        "deny+unix-dgram": compile_filter(
+            (*DENY_RULES, unix_datagram_rule()), arch=arch, deny_unknown=True
+        ).hex(),
     }
+    for name, rules in notify.items():
+        compiled[name] = compile_filter(rules, arch=arch, deny_unknown=False).hex()
+        compiled[f"{name}-syscalls"] = sorted(
+            {
+                (nr, syscall)
+                for rule in rules
+                for syscall in rule[0]
+                if (nr := SYSCALLS[syscall][column]) is not None
+            }
+        )
+    return compiled
 
 
 def _programs(arch: str) -> dict[str, object]:
@@ -85,8 +104,13 @@ def _programs(arch: str) -> dict[str, object]:
 
 
 def seccomp_program(variant: str, arch: str) -> bytes:
-    """The compiled BPF program: ``"deny"``, ``"deny+unix"`` (also denies AF_UNIX),
-    ``"broker"`` or ``"broker+metadata"`` (also fd-based metadata changes).
+    """The compiled BPF program of *variant* for *arch*.
+
+    Deny programs: ``"deny"``, ``"deny+unix"`` (also denies ``AF_UNIX``
+    sockets), ``"deny+unix-dgram"`` (also denies datagram ``AF_UNIX``
+    sockets: for named sockets). Broker (notify) programs: ``"broker"``,
+    with ``+metadata`` (fd-based metadata changes), with ``+connect``
+    (every ``connect()``, for named sockets), and ``"connect"`` alone.
 
     Raises:
         ValueError: unknown variant or architecture.
@@ -96,9 +120,17 @@ def seccomp_program(variant: str, arch: str) -> bytes:
     return bytes.fromhex(str(_programs(arch)[variant]))
 
 
-def broker_syscalls(arch: str, *, metadata: bool = False) -> tuple[tuple[int, str], ...]:
-    """``(number, name)`` of every syscall the broker program (``"broker+metadata"``
-    with *metadata*) traps on *arch*."""
-    rows = _programs(arch)["broker+metadata-syscalls" if metadata else "broker-syscalls"]
+def notify_variant(*, files: bool, metadata: bool, connect: bool) -> str:
+    """The name of the broker program that traps what is asked (at least one of them)."""
+    if not files:
+        if not connect or metadata:
+            raise ValueError("a broker program traps files, or connect() alone")
+        return "connect"
+    return "broker" + ("+metadata" if metadata else "") + ("+connect" if connect else "")
+
+
+def broker_syscalls(variant: str, arch: str) -> tuple[tuple[int, str], ...]:
+    """``(number, name)`` of every syscall the broker program *variant* traps on *arch*."""
+    rows = _programs(arch)[f"{variant}-syscalls"]
     assert isinstance(rows, list)
     return tuple((int(nr), str(name)) for nr, name in rows)

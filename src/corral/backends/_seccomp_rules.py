@@ -33,12 +33,14 @@ __all__ = [
     "AF_VSOCK",
     "BROKER_RULES",
     "CLONE_NAMESPACE_FLAGS",
+    "CONNECT_BROKER_RULES",
     "DENY_RULES",
     "INET_SOCKET_RULES",
     "MAX_KNOWN_SYSCALL",
     "METADATA_BROKER_RULES",
     "PROCESS_LEVEL_DENY_RULES",
     "SYSCALLS",
+    "unix_datagram_rule",
     "unix_socket_rule",
 ]
 
@@ -122,6 +124,7 @@ SYSCALLS: dict[str, tuple[int | None, int | None]] = {
     "move_pages": (279, 239),
     "migrate_pages": (256, 238),
     "socket": (41, 198),
+    "connect": (42, 203),
     # file creation and metadata
     "open": (2, None),
     "openat": (257, 56),
@@ -358,6 +361,41 @@ def unix_socket_rule() -> Rule:
         "host unix sockets (docker.sock, ssh-agent, D-Bus) are reachable by path; "
         "socketpair() still works",
     )
+
+
+def unix_datagram_rule() -> Rule:
+    """The row that denies datagram ``socket(AF_UNIX, ...)`` when sockets are named.
+
+    With ``network.allowUnixSockets`` as a list, the broker performs every
+    ``connect()`` (:data:`CONNECT_BROKER_RULES`); a datagram socket reaches a
+    path without one (``sendto``/``sendmsg`` with an address), so it is not
+    allowed. ``SOCK_RAW`` is a datagram socket for ``AF_UNIX``; both have the
+    value-2 bit of the type set, ``SOCK_STREAM`` (1) and ``SOCK_SEQPACKET`` (5)
+    do not (the flags ``SOCK_NONBLOCK``/``SOCK_CLOEXEC`` lie far above).
+    """
+    return (
+        ("socket",),
+        "EPERM",
+        ("all", ("eq", 0, AF_UNIX), ("any", 1, 0x2)),
+        "a datagram unix socket reaches a path by sendto() without connect(), which the "
+        "broker judges for the named sockets; socketpair() still works",
+    )
+
+
+#: Handed to the broker when ``network.allowUnixSockets`` names sockets: it reads the
+#: address once and performs the connect itself on the target's socket (see
+#: :mod:`corral.backends._broker_connect`), so what the kernel connects to is what was
+#: judged.
+CONNECT_BROKER_RULES: tuple[Rule, ...] = (
+    (
+        ("connect",),
+        "NOTIFY",
+        None,
+        "a pathname unix socket is allowed only when it is one of the named sockets "
+        "(by inode, in the sandbox's view); the broker connects, so the address cannot change "
+        "after the check",
+    ),
+)
 
 
 BROKER_RULES: tuple[Rule, ...] = (

@@ -268,10 +268,14 @@ class BubblewrapBackend(Backend):
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]
     ) -> dict[str, object]:
-        del request, environ
+        del request
         if not isinstance(policy.network.allow_unix_sockets, tuple):
             return {}
+        from .. import _state
+
         return {
+            # its server would take the broker's connect() for its own client's
+            "corral_state": os.path.realpath(_state.state_dir(environ)),
             "unix_listeners": host_unix_listeners(as_other=os.getuid() == 0),
             "unix_named": tuple(
                 (p, os.path.realpath(p)) for p in policy.network.allow_unix_sockets
@@ -311,7 +315,7 @@ class BubblewrapBackend(Backend):
             raise BackendUnavailable(f"Failed to use the bubblewrap backend: {problem}")
         assert facts.bwrap is not None
         assert facts.helper is not None
-        from ._programs import broker_syscalls, seccomp_program
+        from ._programs import broker_syscalls, notify_variant, seccomp_program
 
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
@@ -501,18 +505,37 @@ class BubblewrapBackend(Backend):
             FdSpec(
                 number=FD_SECCOMP,
                 kind="data",
-                # a list of sockets allows socket(AF_UNIX): the mounts decide what it reaches
-                data=seccomp_program("deny" if net.allow_unix_sockets else "deny+unix", facts.arch),
+                # named sockets: socket(AF_UNIX) is allowed (not datagram ones) and the
+                # broker judges every connect(); true: allowed, the mounts decide
+                data=seccomp_program(
+                    "deny+unix-dgram"
+                    if named_sockets
+                    else "deny"
+                    if net.allow_unix_sockets
+                    else "deny+unix",
+                    facts.arch,
+                ),
             ),
         ]
         helper = [SANDBOX_HELPER, "--init", "--status-fd", str(FD_STATUS)]
         helper += ["--seccomp-fd", str(FD_SECCOMP)]
         broker = None
-        if use_broker:
+        if named_sockets and facts.broker_problem is not None:
+            raise EnforcementUnavailable(
+                "Failed to enforce network.allowUnixSockets: the broker that judges each "
+                f"connect() cannot run here ({facts.broker_problem})",
+                rule="network.allowUnixSockets",
+                hint="use Linux 5.14 or newer, or allowUnixSockets: false",
+            )
+        if use_broker or named_sockets:
+            variant = notify_variant(
+                files=use_broker, metadata=as_user and use_broker, connect=bool(named_sockets)
+            )
             broker = BrokerSpec(
-                roots=tuple((w, source(w)) for w in writable),
-                patterns=tuple(patterns),
-                syscall_names=broker_syscalls(facts.arch, metadata=as_user),
+                roots=tuple((w, source(w)) for w in writable) if use_broker else (),
+                patterns=tuple(patterns) if use_broker else (),
+                unix_sockets=_named_socket_paths(facts) if named_sockets else (),
+                syscall_names=broker_syscalls(variant, facts.arch),
                 launcher_ns=preview is not None and not copy,
                 idmapped_id=ROOT_SANDBOX_ID if as_user else None,
                 through_idmap=as_user and preview is not None and not copy,
@@ -523,7 +546,7 @@ class BubblewrapBackend(Backend):
                     number=FD_NOTIFY_BPF,
                     kind="data",
                     # as another uid, fd-based metadata changes of root's files go via the broker
-                    data=seccomp_program("broker+metadata" if as_user else "broker", facts.arch),
+                    data=seccomp_program(variant, facts.arch),
                 ),
                 FdSpec(number=FD_NOTIFY_SOCK, kind="notify-sock"),
             ]
@@ -703,6 +726,11 @@ def unix_socket_mounts(
             problem = "it is under a directory the sandbox may write, which could replace it"
         elif any(is_under(target, d) for d in deny_read) and gone(target):
             problem = "it is under filesystem.denyRead"
+        elif is_under(target, str(facts.detail("corral_state", "/nonexistent"))):
+            problem = (
+                "it is corral's own (its server would take the connection corral makes "
+                "for the sandbox as one of its own clients')"
+            )
         if problem is not None:
             raise EnforcementUnavailable(
                 f"Failed to enforce network.allowUnixSockets: {path}: {problem}",
@@ -757,3 +785,10 @@ def proc_masks(facts: HostFacts) -> list[str]:
 def facts_env(facts: HostFacts) -> tuple[tuple[str, str], ...]:
     """The host environment recorded in *facts*."""
     return facts.environ
+
+
+def _named_socket_paths(facts: HostFacts) -> tuple[str, ...]:
+    """The canonical host paths of ``network.allowUnixSockets`` (from :meth:`inspect`)."""
+    named = facts.detail("unix_named", ())
+    assert isinstance(named, tuple)
+    return tuple(str(canonical) for _path, canonical in named)

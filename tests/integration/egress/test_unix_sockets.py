@@ -11,14 +11,15 @@ import json
 import os
 import shutil
 import socket
+import struct
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
 
-from tests.conftest import World, is_root, needs_bwrap
+from tests.conftest import World, client_command, is_root, needs_bwrap
 
 pytestmark = [needs_bwrap]
 
@@ -43,6 +44,7 @@ class Server:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
         self.accepted = 0
+        self.on_accept: Callable[[socket.socket], object] | None = None
         self.sock = socket.socket(socket.AF_UNIX)
         self.sock.bind(path)
         os.chmod(path, 0o666)  # a root caller's sandbox runs as an unrelated uid
@@ -58,6 +60,8 @@ class Server:
                 return
             self.accepted += 1
             with conn:
+                if self.on_accept is not None:
+                    self.on_accept(conn)
                 conn.sendall(b"pong")
 
     def close(self) -> None:
@@ -132,7 +136,8 @@ def test_only_the_named_host_socket_is_reachable(world: World) -> None:
 
 
 def test_the_corral_server_socket_stays_unreachable(world: World) -> None:
-    """Even re-exposed with allowRead, the server's socket is covered (and the run uses it)."""
+    """Even re-exposed with allowRead, the server's socket is covered (and the run uses it);
+    named, it is refused."""
     from tests.integration.server.conftest import stop
 
     del world.environ["CORRAL_SERVER"]
@@ -152,12 +157,13 @@ def test_the_corral_server_socket_stays_unreachable(world: World) -> None:
             seen = answers(result.stdout)
             assert seen == {svc: "OK pong", sock: "ERR ECONNREFUSED"}, seen
             assert named.accepted == 1
-            # named on purpose, it is reached: the server's peer checks refuse the sandbox
+            # named on purpose: refused before anything runs (the broker makes the connect,
+            # and corral's server must never take it for one of its own clients')
             settings["network"] = {"allowUnixSockets": [sock]}
             result = run(world, settings, sock)
-            assert result.returncode == 0, result.stderr
-            reply = answers(result.stdout)[sock]
-            assert reply.startswith("OK") and '"refused"' in reply, reply
+            assert result.returncode == 125, result.stderr
+            assert b"it is corral's own" in result.stderr
+            assert result.stdout == b""
     finally:
         stop(world)
 
@@ -221,15 +227,10 @@ def test_abstract_sockets_of_the_host_are_not_reachable(world: World) -> None:
         server.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="/proc/net/unix names a socket by the path given to bind(): a socket bound by a "
-    "relative path (git and others chdir first when the path is long) or whose directory "
-    "was renamed since is listed under a name that is not where it lies, so it is not "
-    "covered and the sandbox connects to it (needs a connect() supervised by path, e.g. "
-    "seccomp user notification with ADDFD; not a mount rule)",
-)
 def test_a_host_socket_listed_under_another_name_stays_unreachable(world: World) -> None:
+    """/proc/net/unix names a socket by the path given to bind() - relative, or where its
+    directory was before a rename - so no mount covers it; the broker's connect() judges the
+    inode the path reaches, whatever the listing says."""
     svc = os.path.join(world.outside, "svc")
     named = os.path.join(svc, "named.sock")
     relative_dir = os.path.join(world.outside, "bound-relative")
@@ -267,3 +268,87 @@ def test_a_host_socket_listed_under_another_name_stays_unreachable(world: World)
             assert all(seen[path] == "ERR ECONNREFUSED" for path in others), seen
         finally:
             relative.close()
+
+
+DATAGRAM_AND_LATE = """
+import errno, os, socket, sys, time
+try:
+    socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    print("dgram", "OK")
+except OSError as e:
+    print("dgram", "ERR", errno.errorcode.get(e.errno, e.errno))
+a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+a.send(b"x")
+print("socketpair", "OK", b.recv(1).decode())
+deadline = time.monotonic() + 10
+while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+    time.sleep(0.05)
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect(sys.argv[1])
+    print("late", "OK", s.recv(64).decode())
+except OSError as e:
+    print("late", "ERR", errno.errorcode.get(e.errno, e.errno))
+"""
+
+
+def test_no_datagram_socket_and_no_socket_made_after_the_start(world: World) -> None:
+    """Named sockets: a datagram unix socket would reach any path by sendto() without a
+    connect(), so it is refused (socketpair() still works); a socket the host creates after
+    the sandbox started is unnamed, so unreachable, and the attempt is a recorded violation."""
+    svc = os.path.join(world.outside, "svc")
+    named, late = os.path.join(svc, "named.sock"), os.path.join(svc, "late.sock")
+    path = world.write(
+        os.path.join(world.root, "dgram.json"),
+        json.dumps({"network": {"mode": "none", "allowUnixSockets": [named]}}),
+    )
+    with servers(named):
+        import subprocess
+
+        proc = subprocess.Popen(
+            [*client_command("corral"), "run", "--backend", "bubblewrap", "--settings", path, "--",
+             "python3", "-c", DATAGRAM_AND_LATE, late],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=world.environ, cwd=world.workspace,
+        )  # fmt: skip
+        import time
+
+        time.sleep(1.0)  # the sandbox has started: the host's socket appears only now
+        with servers(late) as (late_server,):
+            out, err = proc.communicate(timeout=60)
+            assert proc.returncode == 0, err
+            seen = answers(out)
+            assert seen["dgram"] == "ERR EPERM", seen
+            assert seen["socketpair"] == "OK x", seen
+            assert seen["late"] == "ERR ECONNREFUSED", seen
+            assert late_server.accepted == 0
+    records = world.audit_records()
+    violations = records[-1]["violations"]
+    assert any(
+        v["kind"] == "network" and v["rule"] == "network.allowUnixSockets" and late in v["target"]
+        for v in violations
+    ), violations
+
+
+@pytest.mark.skipif(not is_root(), reason="a root caller's sandbox identity")
+def test_a_root_callers_connect_is_made_as_the_sandbox_uid_not_root(world: World) -> None:
+    """The broker connects for the sandbox: the server sees the sandbox's uid (65533), never
+    root's, and a socket only root may open stays closed to it, as the kernel would say."""
+    svc = os.path.join(world.outside, "svc")
+    open_sock, root_only = os.path.join(svc, "open.sock"), os.path.join(svc, "root-only.sock")
+    with servers(open_sock, root_only) as (opened, closed):
+        os.chmod(root_only, 0o600)
+        peers: list[tuple[int, int, int]] = []
+        opened.on_accept = lambda conn: peers.append(
+            struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        )
+        result = run(
+            world,
+            {"network": {"mode": "none", "allowUnixSockets": [open_sock, root_only]}},
+            open_sock,
+            root_only,
+        )
+        assert result.returncode == 0, result.stderr
+        seen = answers(result.stdout)
+        assert seen == {open_sock: "OK pong", root_only: "ERR EACCES"}, seen
+        assert closed.accepted == 0
+        assert [(uid, gid) for _pid, uid, gid in peers] == [(65533, 65533)]

@@ -7,7 +7,14 @@ import pytest
 from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from corral.backends._plan import BrokerSpec, CgroupSpec, FdSpec, HostFacts, LaunchPlan
 from corral.backends._seccomp import compile_filter
-from corral.backends._seccomp_rules import BROKER_RULES, DENY_RULES, SYSCALLS, unix_socket_rule
+from corral.backends._seccomp_rules import (
+    BROKER_RULES,
+    CONNECT_BROKER_RULES,
+    DENY_RULES,
+    SYSCALLS,
+    unix_datagram_rule,
+    unix_socket_rule,
+)
 from corral.backends.bubblewrap import GITCONFIG_SOURCE, SANDBOX_GITCONFIG, BubblewrapBackend
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy, ResourceLimits
@@ -451,9 +458,46 @@ def test_a_unix_socket_list_hides_run_and_covers_every_other_listener() -> None:
     req = ExecRequest.from_argv(["true"], cwd=ws, sandbox_id="sbx-000000000001")
     args = " ".join(BubblewrapBackend().plan(req, p, f).argv)
     assert args.index("--tmpfs /run ") < args.index(f"--ro-bind /dev/null {ws}/app.sock")
-    # socket(AF_UNIX) is allowed: the mounts decide what it reaches
+    # socket(AF_UNIX) is allowed but for datagram sockets; the broker performs every
+    # connect() and judges the socket's inode (the mounts are the second layer)
     (seccomp,) = [fd for fd in plan.fds if fd.number == 4]
-    assert seccomp.data == compile_filter(DENY_RULES, arch="x86_64", deny_unknown=True)
+    assert seccomp.data == compile_filter(
+        (*DENY_RULES, unix_datagram_rule()), arch="x86_64", deny_unknown=True
+    )
+    assert plan.broker is not None
+    assert plan.broker.unix_sockets == ("/run/postgresql/.s.PGSQL.5432",)  # canonical
+    assert "connect" in dict(plan.broker.syscall_names).values()
+    notify = compile_filter(
+        (*BROKER_RULES, *CONNECT_BROKER_RULES), arch="x86_64", deny_unknown=False
+    )
+    assert any(fd.data == notify for fd in plan.fds)
+
+
+def test_named_sockets_alone_start_a_broker_that_traps_only_connect() -> None:
+    p = socket_policy()
+    p = p.replace(filesystem=p.filesystem.replace(read_only=True))
+    plan = BubblewrapBackend().plan(request(), p, socket_facts())
+    assert plan.broker is not None
+    assert plan.broker.roots == () and plan.broker.patterns == ()
+    assert set(dict(plan.broker.syscall_names).values()) == {"connect"}
+    only_connect = compile_filter(CONNECT_BROKER_RULES, arch="x86_64", deny_unknown=False)
+    assert any(fd.data == only_connect for fd in plan.fds)
+    # where the broker cannot run, the list is refused (never the mounts alone)
+    with pytest.raises(EnforcementUnavailable) as info:
+        BubblewrapBackend().plan(request(), p, socket_facts().replace(broker_problem="old kernel"))
+    assert info.value.rule == "network.allowUnixSockets"
+
+
+def test_corrals_own_sockets_cannot_be_named() -> None:
+    state = f"{HOME}/.local/state/corral"
+    sock = f"{state}/server/server.sock"
+    p = socket_policy()
+    p = p.replace(network=p.network.replace(allow_unix_sockets=(sock,)))
+    f = socket_facts(unix_named=((sock, sock),), corral_state=state)
+    f = f.replace(path_kinds=(*f.path_kinds, (sock, "socket")))
+    with pytest.raises(EnforcementUnavailable, match="it is corral's own") as info:
+        BubblewrapBackend().plan(request(), p, f)
+    assert info.value.rule == "network.allowUnixSockets"
 
 
 @pytest.mark.parametrize(
