@@ -180,16 +180,14 @@ class VmPool:
             vm.close()
             vm = None  # died while idle
         self.refill(config)
-        with self._lock:
-            if vm is not None:
-                self._taken += 1
-            else:
-                self._missed += 1
         if vm is not None:
             assert vm.qemu is not None
             with self._lock:
                 self.served.append(vm.qemu.pid)
+                self._taken += 1
             return vm
+        with self._lock:
+            self._missed += 1
         # none idle: boot on the caller's thread (not behind a refill on the worker); the
         # run destroys this VM anyway, so its qemu may die with the calling thread
         vm = GuestVM(config)
@@ -206,7 +204,7 @@ class VmPool:
         *configs* runs on that background thread too (working it out may
         probe KVM, seconds the first time), so the caller is never held up;
         an exception it raises is logged and nothing is booted (the pool then
-        fills on first use). Returns the thread (tests join it).
+        fills on first use). Returns the thread.
         """
 
         def work() -> None:
