@@ -267,7 +267,8 @@ class VmPool:
             self._idle.clear()
             self._ready_at.clear()
             self._ready.notify_all()
-        for vm in vms:
-            vm.close()
+            booting = [vm for vms in self._in_boot.values() for vm in vms]
+        for vm in (*booting, *vms):
+            vm.close()  # a VM still booting too: its boot fails at once instead of being awaited
         self._jobs.put(None)
         self._worker.join(timeout=60)
