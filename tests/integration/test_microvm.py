@@ -281,15 +281,9 @@ time.sleep(30)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="qemu's user network starts one host socat per guest connection to the proxy "
-    "(guestfwd cmd:), as children of qemu, which runs in no cgroup of corral's: the guest's "
-    "root can start host processes without bound, outside resources.pids/memory (needs a "
-    "per-VM cgroup for qemu, virtiofsd and their children, or a guestfwd without a process "
-    "per connection)",
-)
 def test_the_host_processes_a_guest_makes_are_bounded(vm_world: World) -> None:
+    """qemu's user network starts a host socat per guest connection to the proxy: each is
+    born in the VM's own cgroup (pids.max), killed with the VM."""
     w = vm_world
     proc = subprocess.Popen(
         [sys.executable, "-m", "corral", "run", "--backend", "microvm", "--read-only",
@@ -302,7 +296,7 @@ def test_the_host_processes_a_guest_makes_are_bounded(vm_world: World) -> None:
         line = proc.stdout.readline()
         assert line == b"open 8\n", proc.stderr.read()
         marker = f"corral-vm-{proc.pid}-"
-        served = []
+        served: list[int] = []
         for pid in os.listdir("/proc"):
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -318,6 +312,11 @@ def test_the_host_processes_a_guest_makes_are_bounded(vm_world: World) -> None:
         proc.wait()
         proc.stdout.close()
         proc.stderr.close()
+    # corral killed: qemu dies with it, and each forwarder with its connection's end
+    deadline = time.monotonic() + 10
+    while [p for p in served if os.path.exists(f"/proc/{p}")] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in served if os.path.exists(f"/proc/{p}")] == []
 
 
 def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from typing import IO
 
+    from ..pipeline._cgroups import Cgroup
+
 __all__ = [
     "BootFailed",
     "Channel",
@@ -62,6 +64,10 @@ SHARE_TAG = "corral-ws"
 VIEW_ROOT = "/mnt"
 #: What the run directories of VMs are called (in the system's temp directory).
 RUN_DIR_PREFIX = "corral-vm-"
+#: Host tasks (threads count) of one VM's qemu, virtiofsd and what they start - qemu's
+#: user network starts a host process per guest connection to the proxy: the cap on
+#: what a guest can make the host run (its own cgroup, see GuestVM.boot).
+HOST_TASKS = 256
 #: Where the guest reaches corral's egress proxy: qemu forwards each connection
 #: to this address (``guestfwd``) to the run's proxy socket on the host.
 GUEST_PROXY = ("10.0.2.100", 3128)
@@ -271,6 +277,49 @@ def _die_with_parent() -> None:
     os.setpgid(0, 0)
 
 
+def _niced(preexec: Callable[[], None]) -> Callable[[], None]:
+    """*preexec*, then the lowest CPU priority (nice 19) for the child."""
+
+    def setup() -> None:
+        preexec()
+        os.nice(19)
+
+    return setup
+
+
+def _vm_cgroup() -> Cgroup:
+    """A new cgroup for one VM's host processes: ``pids.max`` = :data:`HOST_TASKS`.
+
+    Raises:
+        BootFailed: no cgroup can be made here (the VM is not booted: its
+            host processes would be unbounded).
+    """
+    from ..pipeline._cgroups import Cgroup, probe, sweep
+
+    layout, problem = probe(frozenset({"pids"}))
+    if layout is None:
+        raise BootFailed(f"the VM's host processes cannot be bounded: {problem}")
+    sweep(layout)  # the empty groups of VMs whose corral was killed
+    name = f"corral-{os.getpid()}-vm-{os.urandom(4).hex()}"
+    try:
+        return Cgroup.create(layout, name, pids=HOST_TASKS, freezer=True)
+    except OSError as exc:
+        raise BootFailed(f"the VM's host processes cannot be bounded: {exc}") from None
+
+
+def _born_in(cgroup: Cgroup) -> Callable[[], None]:
+    """A ``preexec_fn``: die with corral, then join *cgroup* before exec (born inside it)."""
+    procs = [os.path.join(d, "cgroup.procs") for d in cgroup.dirs.values()]
+
+    def enter() -> None:
+        _die_with_parent()
+        for path in procs:
+            with open(path, "w", encoding="ascii") as f:
+                f.write("0")
+
+    return enter
+
+
 def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
     """Remove run directories whose creator (pid in the name) is gone; return them."""
     import shutil
@@ -309,6 +358,7 @@ class GuestVM:
         self._console = bytearray()
         self._run_dir = ""
         self.egress_socket = ""
+        self._cgroup: Cgroup | None = None
 
     # ----------------------------------------------------------- lifecycle
     def boot(self) -> None:
@@ -325,6 +375,14 @@ class GuestVM:
             self.egress_socket = os.path.join(self._run_dir, "egress.sock")
         env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
         try:
+            # qemu, virtiofsd and every process they start (a socat per guest connection to
+            # the proxy, double-forked by qemu: its parent is init) are born in the VM's own
+            # cgroup: bounded, and killed with the VM. If corral itself is killed, qemu dies
+            # of its parent-death signal and each socat ends with its connection's EOF.
+            self._cgroup = _vm_cgroup()
+            preexec = _born_in(self._cgroup)
+            if self.background:  # the pool's boot ahead: lowest CPU priority until ready
+                preexec = _niced(preexec)
             if fs_socket is not None:
                 fs = subprocess.Popen(
                     virtiofsd_argv(self.config, fs_socket),
@@ -332,7 +390,7 @@ class GuestVM:
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     env=env,
-                    preexec_fn=self._child_setup,
+                    preexec_fn=preexec,
                 )
                 self._procs.append(fs)
                 self.virtiofsd = fs
@@ -343,7 +401,7 @@ class GuestVM:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
-                preexec_fn=self._child_setup,
+                preexec_fn=preexec,
             )
             self.qemu = qemu
             self._procs.append(qemu)
@@ -374,11 +432,6 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
-
-    def _child_setup(self) -> None:
-        _die_with_parent()
-        if self.background:
-            os.nice(19)
 
     def foreground(self) -> None:
         """Back to normal CPU priority (every thread of qemu and virtiofsd), if niced."""
@@ -473,6 +526,10 @@ class GuestVM:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
+        if self._cgroup is not None:  # whatever qemu started (a socat per connection)
+            self._cgroup.kill_all()
+            self._cgroup.remove()
+            self._cgroup = None
         if self._drainer is not None:
             self._drainer.join(timeout=5)  # qemu's stdout is at its end: it is dead
             self._drainer = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from .._frozen import Record
 
 __all__ = [
+    "CONSOLE_SOCKET",
     "NETNS_PATH",
     "BrokerSpec",
     "CgroupSpec",
@@ -161,6 +162,13 @@ class EgressSpec(Record):
 #: for an ``EgressSpec(netns="fresh")`` (see :class:`EgressSpec`).
 NETNS_PATH = "@corral-netns@"
 
+#: In a plan's ``terminal_argv``: the path of the unix socket on which the
+#: engine receives the command's pty master (runsc's ``--console-socket``). The
+#: engine listens on it in a private directory of its own, relays the master to
+#: the user's terminal and removes both when the run ends
+#: (:mod:`corral.pipeline._console`).
+CONSOLE_SOCKET = "@corral-console@"
+
 
 class CgroupSpec(Record):
     """Limits enforced through a cgroup created for the run (None: not set)."""
@@ -287,8 +295,9 @@ class LaunchPlan(Record):
         credentials: names (never values) of the credentials injected.
         terminal_argv: the argv to spawn instead of *argv* when the command's
             stdin, stdout and stderr are all one terminal (``corral run`` at a
-            terminal on podman/docker: the engine's ``-i -t``); empty: *argv*
-            always.
+            terminal on podman/docker: the engine's ``-i -t``; on gVisor, runsc
+            with ``process.terminal`` and ``--console-socket``
+            :data:`CONSOLE_SOCKET`); empty: *argv* always.
     """
 
     backend: str

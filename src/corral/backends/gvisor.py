@@ -31,6 +31,11 @@ Refused unless degraded (``allowDegraded``): ``filesystem.protect`` and glob
 syscalls never reach); and, as for the containers, ``network.mode =
 "allowlist"`` and ``credentials``.
 
+At a terminal (``corral run`` with stdin, stdout and stderr one terminal) the
+plan's ``terminal_argv`` runs a second bundle with ``process.terminal`` and
+``--console-socket``: runsc creates the command's pty and hands its master to
+the engine, which relays it (:mod:`corral.pipeline._console`).
+
 Known limits of Debian's runsc 20221219: coreutils ``ls``/``stat`` fail
 (statx with ``AT_NO_AUTOMOUNT``); runsc garbles a regular file as stdout, so
 corral always pipes it; the KVM platform is not used (``ptrace`` here,
@@ -42,8 +47,8 @@ from __future__ import annotations
 import os
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
-from ..pipeline._request import redact
-from ._plan import FdSpec, LaunchPlan
+from ..pipeline._request import STDIN_INHERIT, redact
+from ._plan import CONSOLE_SOCKET, FdSpec, LaunchPlan
 from .base import (
     Backend,
     Degradations,
@@ -434,10 +439,36 @@ class GvisorBackend(Backend):
             bundle,
             request.sandbox_id,
         ]
+        files = [(os.path.join(bundle, "config.json"), json.dumps(spec, indent=1).encode())]
+        terminal_argv: tuple[str, ...] = ()
+        if (
+            request.output_tty
+            and not request.tty
+            and not request.capture
+            and request.stdin_mode == STDIN_INHERIT
+        ):
+            # at a terminal (decided at launch): runsc gives the command a pty of its own and
+            # sends its master to corral, which relays, caps and digests it (docs/design.md,
+            # "Output on a terminal")
+            process = spec["process"]
+            assert isinstance(process, dict)
+            on_terminal = {**spec, "process": {**process, "terminal": True}}
+            tty_bundle = f"{bundle}-tty"
+            files.append(
+                (
+                    os.path.join(tty_bundle, "config.json"),
+                    json.dumps(on_terminal, indent=1).encode(),
+                )
+            )
+            run = runsc.index("run")
+            tty_runsc = [*runsc[:run], "run", "--console-socket", CONSOLE_SOCKET, *runsc[run + 1 :]]
+            tty_runsc[tty_runsc.index(bundle)] = tty_bundle
+            terminal_argv = (*helper, "--", *stage, *tty_runsc)
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
             argv=(*helper, "--", *stage, *runsc),
+            terminal_argv=terminal_argv,
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),),
             cwd="/",
             fds=tuple(fds),
@@ -446,7 +477,7 @@ class GvisorBackend(Backend):
             output_limit=res.output,
             degraded=degrade.recorded,
             display_argv=redact(request.argv),
-            files=((os.path.join(bundle, "config.json"), json.dumps(spec, indent=1).encode()),),
+            files=tuple(files),
         )
 
     def launch(

@@ -75,7 +75,9 @@ class Running(_Setup, _Control):
     unless stdin, stdout and stderr are one terminal and the plan has a
     ``terminal_argv``: then the engine gives the command a pty of its own, its
     CLI's output comes through a pty of corral's - relayed, capped, digested -
-    and the terminal's mode, which the engine sets raw, is restored at the end). *stdio*
+    and the terminal's mode, which the engine sets raw, is restored at the end; when that
+    argv names :data:`~corral.backends._plan.CONSOLE_SOCKET` (runsc), the command's pty
+    master comes over that socket and this engine relays it: :mod:`._console`). *stdio*
     instead hands three fds to the command as they are (a pty: no relay, no
     cap). *cgroup* is a group prepared ahead; when it has a ``spawner``
     (:mod:`corral.pipeline._launchers`) the first process is started by it, born
@@ -135,6 +137,8 @@ class Running(_Setup, _Control):
         # (_kill_at is read after this exists, so a cancel before it is seen too.)
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         poller.register(self._wake_fd, _POLLIN)
+        if self._relay is not None:
+            self._relay.register(poller)
         exited_at: float | None = None
         wait_status: int | None = None
         try:
@@ -146,6 +150,8 @@ class Running(_Setup, _Control):
                 timeout_ms = None if not timeouts else max(0.0, min(timeouts) - now) * 1000
                 if exited_at is not None and not by_fd:
                     break
+                if self._relay is not None:
+                    self._relay.sync()  # stopped (Ctrl-Z) or continued meanwhile
                 events = poller.poll(timeout_ms)
                 for fd, mask in events:
                     if fd == self._wake_fd:
@@ -167,6 +173,8 @@ class Running(_Setup, _Control):
                             status_fd = -1
                     elif fd == self._stdin_fd:
                         self._feed_stdin(poller)
+                    elif self._relay is not None and self._relay.owns(fd):
+                        self._relay.on_event(fd)
                     elif fd in by_fd:
                         stream = by_fd[fd]
                         try:
@@ -209,6 +217,8 @@ class Running(_Setup, _Control):
 
     def _after_main_exit(self) -> None:
         """The spawned process exited: nothing of the sandbox may outlive it."""
+        if self._relay is not None:
+            self._relay.pause(True)  # the command is gone: typed keys are the shell's again
         if self.sandbox_pid <= 0:
             # no pid namespace (none/landlock): stop what the command left behind
             try:
@@ -372,6 +382,12 @@ class Running(_Setup, _Control):
 
     def _release(self) -> None:
         self._ptys = []  # before their masters close: a late SIGWINCH must not resize a reused fd
+        if self._relay is not None:
+            self._relay.close()
+            self._relay = None
+        if self._console is not None:
+            self._console.close()
+            self._console = None
         if self._saved_mode is not None:
             restore_terminal(*self._saved_mode)
             self._saved_mode = None

@@ -10,6 +10,7 @@ import os
 import time
 
 from ._engine_state import _sigterm, _State
+from ._terminal import copy_window_size, restore_terminal
 
 TYPE_CHECKING = False
 
@@ -32,9 +33,21 @@ class _Control(_State):
             return  # its pids may belong to other processes by now
         if signum in (18, 20):  # SIGCONT, SIGTSTP: the terminal's job control, for the sandbox
             self._suspend(signum == 20)
+            if self._relay is not None and self._saved_mode is not None:
+                # the user's shell gets its terminal back as it was; continued, raw again
+                from ._console import set_raw
+
+                if signum == 20:
+                    restore_terminal(*self._saved_mode)
+                else:
+                    set_raw(self._saved_mode[0])
+                self._relay.pause(signum == 20)
+                self._wake()
             return
         if signum == 28:  # SIGWINCH: the terminal was resized; so are corral's ptys first
             self._sync_window_sizes()
+            if self._relay is not None:  # the pty's new size signals the command inside
+                return
             if self._terminal:  # the engine CLI resizes the command's pty from its stdin's size
                 try:
                     os.kill(self.pid, signum)
@@ -102,15 +115,8 @@ class _Control(_State):
 
     def _sync_window_sizes(self) -> None:
         """Give each output pty the window size of the terminal it is relayed to."""
-        import fcntl
-        import termios
-
         for master, terminal in self._ptys:
-            try:
-                size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
-                fcntl.ioctl(master, termios.TIOCSWINSZ, size)
-            except OSError:
-                pass  # closed meanwhile, or no terminal any more
+            copy_window_size(terminal, master)
 
     def _unreported_init(self) -> int:
         """The sandbox's pid-namespace init when bubblewrap did not report it (no info fd), or -1.
@@ -148,6 +154,10 @@ class _Control(_State):
         then returns soon after.
         """
         self._cancelled = True
+        if self._relay is not None:  # no more keys for the command: the terminal is the shell's
+            self._relay.pause(True)
+            if self._saved_mode is not None:
+                restore_terminal(*self._saved_mode)
         if self._reaped:
             return
         self._kill_at = time.monotonic()

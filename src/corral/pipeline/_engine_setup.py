@@ -13,7 +13,13 @@ import time
 
 from .._exceptions import LaunchFailed
 from ._engine_state import _CHUNK, _POLLIN, _SETUP_TIMEOUT, _State, _Stream
-from ._terminal import ENGINE_CLI_BACKENDS, in_directory, output_pty, starts_a_session
+from ._terminal import (
+    ENGINE_CLI_BACKENDS,
+    copy_window_size,
+    in_directory,
+    output_pty,
+    starts_a_session,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -30,6 +36,15 @@ class _Setup(_State):
         argv = plan.terminal_argv if self._terminal else plan.argv
         if plan.backend in ENGINE_CLI_BACKENDS:
             argv = in_directory(argv, plan.cwd)
+        if self._terminal:
+            from ..backends._plan import CONSOLE_SOCKET
+
+            if any(CONSOLE_SOCKET in word for word in argv):
+                from ._console import ConsoleSocket
+
+                self._console = ConsoleSocket()
+                path = self._console.path
+                argv = tuple(word.replace(CONSOLE_SOCKET, path) for word in argv)
         if plan.egress is not None and plan.egress.netns == "fresh":
             # the sandbox joins a namespace by path as it starts: make it (the
             # proxy listening inside) first, and name it in the argv
@@ -176,7 +191,11 @@ class _Setup(_State):
         """Whether the plan's ``terminal_argv`` applies: stdin, stdout and stderr are one terminal.
 
         Only then is what the user sees the same with the engine's single pty
-        (stdout and stderr merged); a pipe anywhere keeps the pipes.
+        (stdout and stderr merged); a pipe anywhere keeps the pipes. So does a
+        corral in a background job of that terminal (``corral run ... &``): the
+        engine's relay would set the shell's terminal raw and read its
+        keystrokes, and the read would stop corral (SIGTTIN). Only a terminal
+        that is this process's own can be asked; the corral server's client's is not.
         """
         if not (self._may_use_terminal and self.plan.terminal_argv):
             return False
@@ -188,6 +207,11 @@ class _Setup(_State):
                 devices.add(os.fstat(fd).st_rdev)
             except OSError:
                 return False
+        try:
+            if os.tcgetpgrp(self._streams_in) != os.getpgrp():
+                return False
+        except OSError:
+            pass  # not this process's controlling terminal (a corral server's client's)
         return len(devices) == 1
 
     def _prepare_stdio(self, close_later: list[int]) -> list[int]:
@@ -202,6 +226,8 @@ class _Setup(_State):
                     self._saved_mode = (stdin, termios.tcgetattr(stdin))
                 except termios.error:
                     pass
+            if self._console is not None:
+                return self._console_stdio(close_later)
         elif self._stdin_mode == "data":
             r, w = os.pipe2(os.O_CLOEXEC)
             self._stdin_fd = w
@@ -231,6 +257,40 @@ class _Setup(_State):
                 self._err = stream
             outs.append(w)
         return [stdin, *outs]
+
+    def _console_stdio(self, close_later: list[int]) -> list[int]:
+        """The runtime's own stdio when the command's comes over the console socket.
+
+        Nothing of the user's terminal: stdin ``/dev/null``; stdout and stderr
+        one pipe for the runtime's own messages, relayed as stderr. The
+        command's output becomes stdout once its pty master arrives
+        (:meth:`_attach_console`).
+        """
+        stdin = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        r, w = os.pipe2(os.O_CLOEXEC)
+        close_later += [stdin, w]
+        self._err = _Stream(r, self._sinks[1])
+        self._streams.append(self._err)
+        return [stdin, w, w]
+
+    def _attach_console(self, deadline: float) -> None:
+        """Receive the command's pty master, relay it as stdout, set the terminal raw."""
+        from ._console import ConsoleRelay
+
+        assert self._console is not None
+        try:
+            master = self._console.receive(lambda fd: self._wait_readable(fd, deadline))
+        except LaunchFailed as exc:
+            raise LaunchFailed(
+                f"{exc.message} (while waiting for the command's terminal on the console socket)",
+                hint=exc.hint or "run with --no-tty to use pipes instead",
+            ) from exc
+        os.set_blocking(master, False)
+        self._out = _Stream(master, self._sinks[0])
+        self._streams.insert(0, self._out)
+        self._ptys.append((master, self._sinks[0]))  # resized on SIGWINCH (send_signal)
+        copy_window_size(self._sinks[0], master)
+        self._relay = ConsoleRelay(master, self._streams_in)
 
     def _setup_phase(self) -> None:
         """Place the sandbox into its cgroup, release it, and attach the broker."""
@@ -305,6 +365,8 @@ class _Setup(_State):
             os.close(self._parent_fds.pop("block"))
         if self._broker is not None:
             self._broker.attach(self._receive_listener(deadline), launcher_pid=self.pid)
+        if self._console is not None:
+            self._attach_console(deadline)
 
     def _read_until(self, fd: int, marker: bytes, deadline: float) -> bytes:
         data = bytearray()

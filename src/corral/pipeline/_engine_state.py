@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ..backends._plan import LaunchPlan
     from ..egress import EgressHandle
     from ._cgroups import Cgroup, CgroupLayout
+    from ._console import ConsoleRelay, ConsoleSocket
 
 _POLLIN, _POLLOUT, _POLLERR, _POLLHUP, _POLLNVAL = 0x001, 0x004, 0x008, 0x010, 0x020
 _CHUNK = 65536
@@ -87,6 +88,8 @@ class _State:
         )
         self._terminal = False
         self._saved_mode: tuple[int, list[Any]] | None = None  # (fd, termios attributes)
+        self._console: ConsoleSocket | None = None  # where runsc sends the command's pty master
+        self._relay: ConsoleRelay | None = None  # keystrokes into that master
         self._stdin_mode = stdin_mode
         self._stdin_data = memoryview(stdin_data)
         self._capture = capture

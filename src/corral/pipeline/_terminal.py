@@ -19,7 +19,6 @@ def output_pty(terminal: int) -> tuple[int, int]:
     terminal does the translation. Nothing is typed into it: the command's
     stdin stays what it was, so the slave is nobody's controlling terminal.
     """
-    import fcntl
     import termios
 
     master, slave = os.openpty()  # non-inheritable: posix_spawn's dup2 places the slave
@@ -27,16 +26,24 @@ def output_pty(terminal: int) -> tuple[int, int]:
         attrs = termios.tcgetattr(slave)
         attrs[1] &= ~termios.OPOST
         termios.tcsetattr(slave, termios.TCSANOW, attrs)
-        try:
-            size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
-            fcntl.ioctl(slave, termios.TIOCSWINSZ, size)
-        except OSError:
-            pass  # no size known: the pty's default
+        copy_window_size(terminal, slave)
     except BaseException:
         os.close(master)
         os.close(slave)
         raise
     return master, slave
+
+
+def copy_window_size(terminal: int, pty: int) -> None:
+    """Give *pty* the window size of *terminal* (none known, or either closed: left as it is)."""
+    import fcntl
+    import termios
+
+    try:
+        size = fcntl.ioctl(terminal, termios.TIOCGWINSZ, b"\0" * 8)
+        fcntl.ioctl(pty, termios.TIOCSWINSZ, size)
+    except OSError:
+        pass
 
 
 def restore_terminal(fd: int, attrs: list[Any]) -> None:

@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 from tests.conftest import World, client_command
 
-from ..test_images_and_containers import built_python, needs_build, needs_podman, needs_root
+from ..test_images_and_containers import (
+    built_python,
+    needs_build,
+    needs_podman,
+    needs_root,
+    needs_runsc,
+)
 
 __all__ = ["built_python"]  # the module's fixture: one image build for the podman test
 
@@ -345,6 +351,26 @@ def _states(marker: str) -> dict[str, str]:
     return found
 
 
+def _stop_while_counting(terminal: Terminal, line: str, counter: str) -> str:
+    """Type *line* (a command that writes a growing count to *counter*); once it counts, type
+    Ctrl-Z. Returns the count, checked to stay the same while the job is stopped."""
+    terminal.type(line)
+    terminal.wait_for(b"ready")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(counter):
+        assert time.monotonic() < deadline, terminal.out
+        time.sleep(0.05)
+    terminal.type("\x1a")
+    terminal.wait_for(b"Stopped")
+    time.sleep(0.3)
+    with open(counter, encoding="utf-8") as f:
+        stopped_at = f.read()
+    time.sleep(0.5)
+    with open(counter, encoding="utf-8") as f:
+        assert f.read() == stopped_at, terminal.out  # nothing in the sandbox runs
+    return stopped_at
+
+
 def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, client: str) -> None:
     """Ctrl-Z at a shell with job control: the job stops - corral and every process in its
     sandbox, also one that ignores SIGTSTP - and ``fg`` continues it to its normal end."""
@@ -363,21 +389,8 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
         if os.path.exists(counter):
             os.unlink(counter)
         try:
-            terminal.type(f"{' '.join(argv)} run -c '{script}'\n")
-            terminal.wait_for(b"ready")
-            deadline = time.monotonic() + 30
-            while not os.path.exists(counter):
-                assert time.monotonic() < deadline, terminal.out
-                time.sleep(0.05)
-            terminal.type("\x1a")
-            terminal.wait_for(b"Stopped")
-            time.sleep(0.3)
+            _stop_while_counting(terminal, f"{' '.join(argv)} run -c '{script}'\n", counter)
             assert _states(marker) == {"sh": "T", "corral": "T"}, name
-            with open(counter, encoding="utf-8") as f:
-                stopped_at = f.read()
-            time.sleep(0.5)
-            with open(counter, encoding="utf-8") as f:
-                assert f.read() == stopped_at, name  # nothing in the sandbox runs
             terminal.type("fg\n")
             terminal.wait_for(b"finished")
             terminal.type("echo status=$?\n")
@@ -391,10 +404,13 @@ def test_ctrl_z_stops_the_whole_sandbox_and_fg_continues_it(served: World, clien
 def _engine_runs(
     served: World, client: str, engine: str
 ) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """:func:`_runs` with *engine* and the built ``corral:python`` image (settings in the world)."""
+    """:func:`_runs` with *engine* (settings in the world): podman and docker with the built
+    ``corral:python`` image, gVisor over the host's ``/``."""
     settings = os.path.join(served.root, f"{engine}.json")
-    values: dict[str, object] = {"backend": engine, "image": "corral:python"}
-    if engine == "docker":  # it cannot take corral's write broker (tests/contract: refusals)
+    values: dict[str, object] = {"backend": engine}
+    if engine != "gvisor":
+        values["image"] = "corral:python"
+    if engine in ("docker", "gvisor"):  # neither can take corral's write broker (refusals)
         values["allowDegraded"] = ["filesystem.protect"]
     with open(settings, "w") as f:
         json.dump(values, f)
@@ -419,7 +435,8 @@ def _shown(out: bytes) -> list[bytes]:
 
 
 def _engine_at_a_terminal(served: World, client: str, engine: str) -> None:
-    """At a terminal the engine gives the command a pty (``-i -t``): it sees a terminal on
+    """At a terminal the engine gives the command a pty (``-i -t``; gVisor: runsc, through
+    the console socket): it sees a terminal on
     stdin, stdout and stderr; it reads the typed line; Ctrl-C reaches its trap; the output cap
     and the audit digest hold over the engine's one stream (stdout and stderr merged, with the
     pty's ``\\r\\n``); the terminal's mode, which the engine sets raw, is restored after every run,
@@ -465,8 +482,11 @@ def _engine_at_a_terminal(served: World, client: str, engine: str) -> None:
         )
         assert code != 0 and b"ready" in out, (name, out)
         assert modes[8] == modes[9], name
+        if engine == "gvisor":  # runsc, its gofer and its sandbox are gone
+            assert _gvisor_processes(served) == [], name
 
-        # a resize reaches the engine CLI, which resizes the container's pty
+        # a resize reaches the engine CLI, which resizes the container's pty (gVisor: corral
+        # resizes the pty whose master it relays)
         script = (
             "trap 'echo size $(stty size); exit 0' WINCH; echo ready; "
             "i=0; while [ $i -lt 100 ]; do sleep 0.1; i=$((i+1)); done; echo timeout"
@@ -530,3 +550,181 @@ def test_podman_with_a_file_on_stdin_keeps_pipes_and_takes_ctrl_c(
             name,
             out,
         )
+
+
+def _command_lines() -> dict[int, str]:
+    """Every process's command line (words joined by spaces), by pid."""
+    found = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                found[int(name)] = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:
+            continue
+    return found
+
+
+def _gvisor_processes(world: World) -> list[str]:
+    """Command lines of runsc processes (runsc, its gofer, its sandbox) of *world*'s state."""
+    state = os.path.join(world.state_dir, "gvisor")
+    return [f"{pid}: {line}" for pid, line in _command_lines().items() if state in line]
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_gives_the_command_a_pty(served: World, client: str) -> None:
+    """At a terminal runsc gives the command a pty (``process.terminal``) and hands its master
+    to corral over the console socket: what :func:`_engine_at_a_terminal` checks for podman
+    and docker holds; Ctrl-C is its pty's (a Python program's KeyboardInterrupt, exit 130) and
+    leaves no runsc process. With stdout not a terminal the command keeps pipes."""
+    _engine_at_a_terminal(served, client, "gvisor")
+    for name, (command, env) in _engine_runs(served, client, "gvisor").items():
+        modes: list[list[object]] = []
+        script = "import time; print('ready', flush=True); time.sleep(100); print('after')"
+        started = time.monotonic()
+        code, out = on_pty(
+            [*command, "--", "python3", "-c", script], env, served.workspace, b"\x03", modes=modes
+        )
+        assert time.monotonic() - started < 30, (name, out)
+        assert code == 130 and b"KeyboardInterrupt" in out and b"after" not in out, (name, out)
+        assert modes[0] == modes[1], name
+        assert _gvisor_processes(served) == [], name
+
+        # stdout not a terminal (stdin and stderr still are): pipes, as before
+        piped = ["/bin/sh", "-c", 'exec "$@" >piped', "sh", *command, "--", "python3", "-c"]
+        script = "import sys; print('tty', sys.stdout.isatty())"
+        code, out = on_pty([*piped, script], env, served.workspace, wait_for=b"\0")
+        with open(served.ws("piped"), "rb") as f:
+            assert (code, f.read().split()) == (0, [b"tty", b"False"]), (name, out)
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_fails_closed_without_a_pty(world: World) -> None:
+    """A runtime that connects to the console socket but hands over no terminal: the run fails
+    (exit 125, a clear error), nothing it started is left running, the terminal's mode is
+    restored and the socket's private (0700) directory is gone. A runtime that exits before it
+    connects fails the run the same way, with its own message."""
+    fake = os.path.join(world.root, "fake-bin")
+    os.makedirs(fake)
+    pids = os.path.join(world.root, "fake.pid")
+    exits = os.path.join(world.root, "fake-exits")
+    World.write(
+        os.path.join(fake, "runsc"),
+        "#!/usr/bin/python3\n"
+        "import os, socket, sys, time\n"
+        "args = sys.argv[1:]\n"
+        "if '--version' in args: print('runsc version 0.0~20221219.0'); sys.exit(0)\n"
+        "if 'run' not in args: sys.exit(0)\n"
+        "path = args[args.index('--console-socket') + 1]\n"
+        "mode = oct(os.stat(os.path.dirname(path)).st_mode & 0o777)\n"
+        f"open({pids!r}, 'a').write(f'{{os.getpid()}} {{mode}} {{path}}\\n')\n"
+        f"if os.path.exists({exits!r}): print('runsc: cannot boot', file=sys.stderr); sys.exit(3)\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect(path); s.send(b'no terminal here')\n"
+        "time.sleep(60)\n",
+    )
+    os.chmod(os.path.join(fake, "runsc"), 0o755)
+    env = {**world.environ, "CORRAL_SERVER": "off", "PATH": f"{fake}:{world.environ['PATH']}"}
+    modes: list[list[object]] = []
+    command = [*client_command("corral"), "run", "--backend", "gvisor"]
+    command += ["--allow-degraded", "filesystem.protect", "--", "true"]
+    started = time.monotonic()
+    code, out = on_pty(command, env, world.workspace, wait_for=b"\0", modes=modes)
+    assert time.monotonic() - started < 30, out
+    assert code == 125, out
+    assert b"console socket" in out and b"expected one pty" in out, out
+    assert modes[0] == modes[1]
+    with open(pids) as f:
+        pid, mode, path = f.read().split()
+    assert mode == "0o700", path  # only corral's user reaches the socket
+    assert not os.path.exists(f"/proc/{pid}"), out
+    assert not os.path.exists(os.path.dirname(path)), path
+
+    # a runtime that exits before it connects: the same, with its own message
+    World.write(exits, "")
+    code, out = on_pty(command, env, world.workspace, wait_for=b"\0", modes=modes)
+    assert code == 125 and b"console socket" in out and b"runsc: cannot boot" in out, out
+    assert modes[2] == modes[3]
+
+
+def _mode(terminal: Terminal, tag: str) -> bytes:
+    """The terminal's mode as ``stty -g`` prints it in *terminal*'s shell now."""
+    terminal.type(f'stty -g; echo {tag}-""mode\n')  # -"": the echoed line is no match
+    terminal.wait_for(f"\r\n{tag}-mode\r\n$ ".encode())  # and the next prompt
+    lines = terminal.out.split(b"\r\n")
+    return lines[lines.index(f"{tag}-mode".encode()) - 1]
+
+
+@needs_root
+@needs_runsc
+def test_gvisor_at_a_terminal_ctrl_z_stops_the_job_and_fg_makes_the_terminal_raw_again(
+    served: World, client: str
+) -> None:
+    """The terminal is raw while corral relays, but Ctrl-Z keeps its meaning there: corral's
+    job stops with the sandbox, the shell gets its terminal back in its own mode, and ``fg``
+    continues both with the terminal raw again (Ctrl-C then reaches the command's trap).
+    corral stopped from outside (SIGTERM; through the server, its client killed) restores the
+    terminal too and leaves no runsc process."""
+    counter = os.path.join(served.workspace, "count")
+    runs = _engine_runs(served, client, "gvisor")
+    for name, (command, env) in runs.items():
+        script = (  # typed into bash in single quotes; re""ady: the echoed line is no match
+            'trap "echo trapped; exit 7" INT; echo re""ady; '
+            "i=0; while [ $i -lt 100 ]; do i=$((i+1)); echo $i > count; sleep 0.1; done; "
+            'echo fini""shed'
+        )
+        terminal = Terminal(env, served.workspace)
+        if os.path.exists(counter):
+            os.unlink(counter)
+        try:
+            before = _mode(terminal, "before")
+            stopped_at = _stop_while_counting(
+                terminal, f"{' '.join(command)} -c '{script}'\n", counter
+            )
+            assert _mode(terminal, "stopped") == before, (name, terminal.out)
+            terminal.type("fg\n")
+            deadline = time.monotonic() + 30
+            with open(counter, encoding="utf-8") as f:
+                while f.read() == stopped_at:
+                    assert time.monotonic() < deadline, terminal.out
+                    time.sleep(0.05)
+                    f.seek(0)
+            terminal.type("\x03")
+            terminal.wait_for(b"trapped")
+            terminal.wait_for(b"allowDegraded)\r\n$ ")  # typed earlier, keys go to the command
+            terminal.type("echo status=$?\n")
+            terminal.wait_for(b"status=7")
+            assert b"finished" not in terminal.out, name
+            assert _mode(terminal, "after") == before, (name, terminal.out)
+
+            if name == "in-process":
+                # a background job keeps pipes: corral reads no keys (SIGTTIN would stop it)
+                terminal.out = b""
+                script = 'test -t 1 || echo pi""ped; echo do""ne'
+                terminal.type(f"{' '.join(command)} -c '{script}' &\n")
+                terminal.wait_for(b"done")
+                terminal.type("wait; jobs; echo status=$?\n")
+                terminal.wait_for(b"status=0")
+                assert b"piped" in terminal.out and b"Stopped" not in terminal.out, terminal.out
+
+            # corral stopped from outside: SIGTERM in-process; through the server, its client
+            # killed (SIGKILL: the server stops the run) - the terminal is restored all the same
+            marker = f"gone-{name}-{os.path.basename(served.root)}"
+            script = f'echo {marker} >/dev/null; echo re""ady; sleep 100'
+            terminal.out = b""
+            terminal.type(f"{' '.join(command)} -c '{script}'\n")
+            terminal.wait_for(b"ready")
+            (pid,) = [  # corral run, or corral-client run (not the sandbox's sh)
+                p
+                for p, line in _command_lines().items()
+                if marker in line and not line.startswith("/bin/sh")
+            ]
+            os.kill(pid, 15 if name == "in-process" else 9)
+            deadline = time.monotonic() + 30
+            # the run is over once corral has exited and (through the server) runsc is gone
+            while os.path.exists(f"/proc/{pid}") or _gvisor_processes(served):
+                assert time.monotonic() < deadline, _gvisor_processes(served)
+                time.sleep(0.1)
+            assert _mode(terminal, "gone") == before, (name, terminal.out)
+        finally:
+            terminal.close()

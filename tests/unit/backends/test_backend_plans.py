@@ -333,3 +333,41 @@ def test_gvisor_refuses_a_disk_quota_when_the_command_is_uid_0_inside() -> None:
         with pytest.raises(EnforcementUnavailable, match="does not size") as info:
             gvisor.plan(_request(), policy, host)
         assert info.value.rule == "resources.disk"
+
+
+def test_the_gvisor_plan_carries_a_console_socket_argv_only_when_it_may_apply() -> None:
+    """At a terminal runsc runs a second bundle whose process has ``terminal: true`` and sends
+    the pty master to the engine's console socket; SDK, piped or --no-tty runs keep pipes."""
+    import json
+
+    from corral.backends._plan import CONSOLE_SOCKET
+
+    facts = _facts(
+        runsc="/usr/bin/runsc", runsc_version=20221219, image=ImageRef(kind="host"), state="/s"
+    ).replace(uid=0, gid=0)
+    policy = _policy(isolation="kernel", allow_degraded=frozenset({"filesystem.protect"}))
+    streamed = _request().replace(capture=False, stdin_mode="inherit")
+    backend = get_backend("gvisor")
+    plan = backend.plan(streamed.replace(output_tty=True), policy, facts)
+    argv, terminal = list(plan.argv), list(plan.terminal_argv)
+    bundle = argv[argv.index("--bundle") + 1]
+    assert terminal[terminal.index("run") + 1 : terminal.index("run") + 3] == [
+        "--console-socket",
+        CONSOLE_SOCKET,
+    ]
+    assert terminal[terminal.index("--bundle") + 1] == f"{bundle}-tty"
+    assert [w for w in terminal if w not in ("--console-socket", CONSOLE_SOCKET)] == [
+        f"{bundle}-tty" if w == bundle else w for w in argv
+    ]
+    configs = {path: json.loads(data) for path, data in plan.files}
+    piped, on_terminal = configs[f"{bundle}/config.json"], configs[f"{bundle}-tty/config.json"]
+    assert piped["process"]["terminal"] is False and on_terminal["process"]["terminal"] is True
+    assert {**on_terminal, "process": {**on_terminal["process"], "terminal": False}} == piped
+    for request in (
+        streamed,  # --no-tty
+        streamed.replace(output_tty=True, capture=True),  # the SDK
+        streamed.replace(output_tty=True, stdin_mode="null"),
+        streamed.replace(output_tty=True, tty=True),  # corral shell: its own pty as stdio
+    ):
+        plan = backend.plan(request, policy, facts)
+        assert plan.terminal_argv == () and len(plan.files) == 1
