@@ -381,6 +381,7 @@ class AsyncSandbox(BaseSandbox):
         import asyncio
 
         preview = self._require_preview("apply the changes")
+        self._retire_vm()  # its view of the preview goes stale (_sandbox_vm.py)
         result: ApplyResult = await asyncio.to_thread(
             preview.apply,
             allow_protected=allow_protected,
@@ -398,6 +399,7 @@ class AsyncSandbox(BaseSandbox):
         import asyncio
 
         preview = self._require_preview("discard the changes")
+        self._retire_vm()
         await asyncio.to_thread(preview.discard)
 
     async def aclose(self) -> None:
@@ -552,13 +554,17 @@ class Sandbox(BaseSandbox):
         skip_conflicts: bool = False,
     ) -> ApplyResult:
         """See :meth:`AsyncSandbox.apply`."""
-        return self._require_preview("apply the changes").apply(
+        preview = self._require_preview("apply the changes")
+        self._retire_vm()  # its view of the preview goes stale (_sandbox_vm.py)
+        return preview.apply(
             allow_protected=allow_protected, force=force, skip_conflicts=skip_conflicts
         )
 
     def discard(self) -> None:
         """See :meth:`AsyncSandbox.discard`."""
-        self._require_preview("discard the changes").discard()
+        preview = self._require_preview("discard the changes")
+        self._retire_vm()
+        preview.discard()
 
     def close(self) -> None:
         """Stop background processes, remove the private ``/tmp``; idempotent.

@@ -16,6 +16,7 @@ from ._exceptions import (
     SessionClosed,
 )
 from ._files import FileRequests
+from ._sandbox_vm import VmSessions
 from ._streaming import Cancellation, Cancelled
 
 TYPE_CHECKING = False
@@ -71,7 +72,7 @@ def _remove_tree(path: str) -> None:
     remove_tree(path)
 
 
-class BaseSandbox(FileRequests):
+class BaseSandbox(FileRequests, VmSessions):
     """State and I/O-free logic shared by :class:`AsyncSandbox` and :class:`Sandbox`.
 
     Not instantiated directly; see :class:`AsyncSandbox` for the options.
@@ -333,6 +334,10 @@ class BaseSandbox(FileRequests):
             extra["on_start"] = cancellation.started
         if streams is not None:
             extra["streams"] = streams
+        if not fresh:  # a VM session's kept VM (_sandbox_vm.py)
+            outcome = self._run_vm(request, policy, cancellation, streams)
+            if outcome is not None:
+                return outcome
         if self._preview is None and self._resident_wanted and not fresh:
             outcome = self._run_resident(request, policy, cancellation, streams)
             if outcome is not None:
@@ -443,6 +448,7 @@ class BaseSandbox(FileRequests):
     def _finish_close(self) -> None:
         self._closed = True
         self._close_resident()
+        self._close_vm()
         _remove_tree(self._tmp_dir)
 
     def __repr__(self) -> str:

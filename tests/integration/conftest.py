@@ -32,6 +32,29 @@ def _bubblewrap_problem() -> str | None:
 BWRAP_PROBLEM = _bubblewrap_problem()
 needs_bwrap = pytest.mark.skipif(BWRAP_PROBLEM is not None, reason=BWRAP_PROBLEM or "")
 
+#: The microvm backend's tests: real qemu guests, root only.
+needs_microvm = pytest.mark.skipif(
+    os.geteuid() != 0
+    or shutil.which("qemu-system-x86_64") is None
+    or shutil.which("mmdebstrap") is None,
+    reason="the microvm backend needs root, qemu-system-x86 and (to build its image) mmdebstrap",
+)
+
+
+@pytest.fixture(scope="module")
+def vm_cache() -> str:
+    """XDG_CACHE_HOME holding the python image and its VM artifacts (built once, then cached)."""
+    from corral.images import build_image, cache_root
+    from corral.images._build import ImageBuildFailed
+    from corral.images._vm import build_vm_image
+
+    try:
+        image = build_image("python", environ=dict(os.environ))
+        build_vm_image(image)
+    except ImageBuildFailed as exc:
+        pytest.skip(f"the python image cannot be built here: {exc.message}")
+    return os.path.dirname(os.path.dirname(cache_root(dict(os.environ))))
+
 
 def worlds_root() -> str:
     """Where worlds are made (see tests/conftest.py): never under /tmp."""

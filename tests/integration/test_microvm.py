@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -24,28 +23,9 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import SECRET_ENV_VALUE, World
+from tests.integration.conftest import needs_microvm
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0
-    or shutil.which("qemu-system-x86_64") is None
-    or shutil.which("mmdebstrap") is None,
-    reason="the microvm backend needs root, qemu-system-x86 and (to build its image) mmdebstrap",
-)
-
-
-@pytest.fixture(scope="module")
-def vm_cache() -> str:
-    """XDG_CACHE_HOME holding the python image and its VM artifacts (built once, then cached)."""
-    from corral.images import build_image, cache_root
-    from corral.images._build import ImageBuildFailed
-    from corral.images._vm import build_vm_image
-
-    try:
-        image = build_image("python", environ=dict(os.environ))
-        build_vm_image(image)
-    except ImageBuildFailed as exc:
-        pytest.skip(f"the python image cannot be built here: {exc.message}")
-    return os.path.dirname(os.path.dirname(cache_root(dict(os.environ))))
+pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
 
 def _qemu_processes() -> list[str]:

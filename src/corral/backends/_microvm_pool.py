@@ -6,6 +6,7 @@ the server takes::
 
     pool = VmPool(size=2)               # idle VMs kept per VM configuration
     set_pool(pool)                      # corral.backends.microvm: runs use it
+    pool.prefill(configs)               # boot for the likely configurations now, in the background
     vm = pool.acquire(config)           # a booted VM (boots one if none is idle)
     ...                                 # the run attaches its workspace, runs, destroys it
     pool.close()                        # powers every idle VM off
@@ -15,9 +16,13 @@ Rules:
 * a VM is handed out **once**: the run (or session) destroys it afterwards;
   nothing of one run can reach the next;
 * :meth:`VmPool.acquire` starts a background refill for that configuration
-  (one booting VM at a time per configuration, up to *size* idle);
+  (one booting VM at a time per configuration, up to *size* idle); when no
+  VM is idle but one is booting, it waits for that one rather than boot a
+  second (which would be ready later, both competing for the CPUs);
 * the VMs are booted by the pool's own long-lived worker thread, because
   qemu's ``PR_SET_PDEATHSIG`` fires when the *thread* that started it ends;
+  at the lowest CPU priority (nice 19) until they are ready or a run waits
+  for one, so booting ahead does not slow the runs served meanwhile;
 * each VM runs :data:`WARM_UP` (``sh -c true``, as root, nothing of any run)
   once before it is idle, so a run does not pay the guest's cold caches;
 * idle VMs carry nothing of a run: no workspace is mounted before
@@ -39,6 +44,8 @@ from ._microvm_vm import BootFailed, GuestVM
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._microvm_vm import VmConfig
 
 __all__ = ["VmPool"]
@@ -71,8 +78,14 @@ class VmPool:
         self._ready_at: dict[int, float] = {}  # qemu pid -> wall-clock time it became idle
         self._wanted: set[VmConfig] = set()
         self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)  # a VM became idle, or the pool closed
+        self._booting: dict[VmConfig, int] = {}  # boots under way per configuration
+        self._in_boot: dict[VmConfig, list[GuestVM]] = {}  # the VMs the worker boots now
         self._jobs: queue.Queue[tuple[VmConfig, queue.Queue[object]] | None] = queue.Queue()
         self._closed = False
+        self._booted = 0  # VMs booted into the pool
+        self._taken = 0  # runs that took an idle VM
+        self._missed = 0  # runs that found none idle and booted their own
         self._worker = threading.Thread(target=self._work, name="corral-vm-pool", daemon=True)
         self._worker.start()
 
@@ -82,7 +95,9 @@ class VmPool:
             if job is None:
                 return
             config, reply = job
-            vm = GuestVM(config)
+            vm = GuestVM(config, background=True)  # niced until ready, or until a run waits
+            with self._lock:
+                self._in_boot.setdefault(config, []).append(vm)
             try:
                 vm.boot()
                 _warm_up(vm)
@@ -90,6 +105,9 @@ class VmPool:
                 vm.close()
                 reply.put(exc)
                 continue
+            finally:
+                with self._lock:
+                    self._in_boot[config].remove(vm)
             reply.put(vm)
 
     def _boot(self, config: VmConfig) -> GuestVM:
@@ -101,6 +119,18 @@ class VmPool:
             raise result
         assert isinstance(result, GuestVM)
         return result
+
+    def statistics(self) -> dict[str, int]:
+        """``size``, ``idle`` (every configuration), ``booted``, ``served``, ``missed``."""
+        with self._lock:
+            idle = sum(len(vms) for vms in self._idle.values())
+            return {
+                "size": self.size,
+                "idle": idle,
+                "booted": self._booted,
+                "served": self._taken,
+                "missed": self._missed,
+            }
 
     def idle(self, config: VmConfig) -> int:
         """How many booted VMs wait for *config*."""
@@ -131,9 +161,19 @@ class VmPool:
             BootFailed: no VM was idle and one could not be booted.
         """
         with self._lock:
+            self._wanted.add(config)
+            # a boot under way (the pre-boot at server start, a refill) is ready sooner
+            # than one started now, which would also compete with it for the CPUs
+            deadline = time.monotonic() + config.boot_timeout
+            while not self._idle.get(config) and self._booting.get(config) and not self._closed:
+                for booting in self._in_boot.get(config, ()):
+                    booting.foreground()  # a run waits for it now
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._ready.wait(left)
             idle = self._idle.get(config)
             vm = idle.pop(0) if idle else None
-            self._wanted.add(config)
             if vm is not None and vm.qemu is not None:
                 self._ready_at.pop(vm.qemu.pid, None)
         if vm is not None and (vm.qemu is None or vm.qemu.poll() is not None):
@@ -144,12 +184,46 @@ class VmPool:
             assert vm.qemu is not None
             with self._lock:
                 self.served.append(vm.qemu.pid)
+                self._taken += 1
             return vm
+        with self._lock:
+            self._missed += 1
         # none idle: boot on the caller's thread (not behind a refill on the worker); the
         # run destroys this VM anyway, so its qemu may die with the calling thread
         vm = GuestVM(config)
         vm.boot()
         return vm
+
+    def prefill(
+        self,
+        configs: Callable[[], list[VmConfig]],
+        log: Callable[[str], None] | None = None,
+    ) -> threading.Thread:
+        """Boot VMs for the configurations *configs* returns, in the background, now.
+
+        *configs* runs on that background thread too (working it out may
+        probe KVM, seconds the first time), so the caller is never held up;
+        an exception it raises is logged and nothing is booted (the pool then
+        fills on first use). Returns the thread.
+        """
+
+        def work() -> None:
+            try:
+                wanted = configs()
+            except Exception as exc:  # any failure: no pre-boot, and the log says why
+                if log is not None:
+                    log(f"vm pool: nothing booted ahead: {exc}")
+                return
+            for config in wanted:
+                with self._lock:
+                    self._wanted.add(config)
+                if log is not None:
+                    log(f"vm pool: booting {self.size} VM(s) ahead ({config.memory_mb} MiB)")
+                self._refill(config)
+
+        thread = threading.Thread(target=work, name="corral-vm-prefill", daemon=True)
+        thread.start()
+        return thread
 
     def refill(self, config: VmConfig) -> None:
         """Boot VMs for *config* in the background until *size* are idle."""
@@ -160,16 +234,23 @@ class VmPool:
             with self._lock:
                 if self._closed or len(self._idle.get(config, ())) >= self.size:
                     return
+                self._booting[config] = self._booting.get(config, 0) + 1
             try:
                 vm = self._boot(config)
             except (BootFailed, OSError):
+                with self._lock:
+                    self._booting[config] -= 1
+                    self._ready.notify_all()
                 return
             with self._lock:
+                self._booting[config] -= 1
                 keep = not self._closed  # close() may have run while it booted
                 if keep:
                     self._idle.setdefault(config, []).append(vm)
+                    self._booted += 1
                     if vm.qemu is not None:
                         self._ready_at[vm.qemu.pid] = time.time()
+                self._ready.notify_all()
             if not keep:
                 vm.close()
                 return
@@ -185,7 +266,9 @@ class VmPool:
             vms = [vm for vms in self._idle.values() for vm in vms]
             self._idle.clear()
             self._ready_at.clear()
-        for vm in vms:
-            vm.close()
+            self._ready.notify_all()
+            booting = [vm for vms in self._in_boot.values() for vm in vms]
+        for vm in (*booting, *vms):
+            vm.close()  # a VM still booting too: its boot fails at once instead of being awaited
         self._jobs.put(None)
         self._worker.join(timeout=60)

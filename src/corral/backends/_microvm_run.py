@@ -1,4 +1,4 @@
-"""The relay of one ``microvm`` run: ``python -I -S _microvm_run.py EXEC_FD AGENT_FD``.
+"""The relay of one ``microvm`` run: ``python -I -S _microvm_run.py EXEC_FD AGENT_FD DONE_FD``.
 
 :meth:`MicrovmBackend.launch <corral.backends.microvm.MicrovmBackend.launch>`
 boots the VM (or takes one from the warm pool) and mounts the workspace in
@@ -15,7 +15,14 @@ to the command itself, not to the boot. It relays:
   SIGTERM (a timeout or a stop) stops the whole guest tree (SIGTERM there,
   SIGKILL after the grace period);
 * the command's end: it exits with the command's status, or kills itself
-  with the command's signal. ``launch`` then destroys the VM.
+  with the command's signal. ``launch`` then destroys the VM (a session's
+  kept VM runs the next command instead).
+
+On *DONE_FD* it writes ``s`` once the agent has the command and ``x`` once
+the agent said the command ended ('X' or 'F'): a kept VM whose relay ended
+between the two (killed after a timeout's grace) still has a command to stop
+and frames to drain before the next one
+(:mod:`corral.backends._microvm_session`).
 
 It is a script of the standard library alone, started without ``site``
 (``-S``): its start-up is on every run's path. The frame format is the
@@ -106,9 +113,10 @@ def _write(fd: int, data: bytes) -> None:
 
 def main(argv: "list[str]") -> int:
     """Run the command in the guest and relay; see the module docstring."""
-    if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        sys.stderr.write("usage: python -I -S _microvm_run.py EXEC_FD AGENT_FD\n")
+    if len(argv) != 3 or not all(a.isdigit() for a in argv):
+        sys.stderr.write("usage: python -I -S _microvm_run.py EXEC_FD AGENT_FD DONE_FD\n")
         return 125
+    done = int(argv[2])
     with os.fdopen(int(argv[0]), "rb") as f:
         exec_frame = f.read()
     agent = Agent(socket.socket(fileno=int(argv[1])))
@@ -124,6 +132,7 @@ def main(argv: "list[str]") -> int:
     if signal.SIGTERM in pending:
         return 128 + signal.SIGTERM
     agent.send(b"E", exec_frame[1:])
+    _write(done, b"s")
     if exec_frame[:1] == b"1":
         threading.Thread(target=_pump_stdin, args=(agent,), daemon=True).start()
     else:
@@ -152,6 +161,11 @@ def main(argv: "list[str]") -> int:
                 return 125
             continue
         kind, payload = got
+        if kind in (b"X", b"F"):
+            # the command is over in the guest; no frame of ours may be cut in half by
+            # our exit (the stdin pump's), or the agent would misread the next command
+            agent.lock.acquire()
+            _write(done, b"x")
         if kind == b"1":
             _write(1, payload)
         elif kind == b"2":

@@ -277,6 +277,16 @@ def _die_with_parent() -> None:
     os.setpgid(0, 0)
 
 
+def _niced(preexec: Callable[[], None]) -> Callable[[], None]:
+    """*preexec*, then the lowest CPU priority (nice 19) for the child."""
+
+    def setup() -> None:
+        preexec()
+        os.nice(19)
+
+    return setup
+
+
 def _vm_cgroup() -> Cgroup:
     """A new cgroup for one VM's host processes: ``pids.max`` = :data:`HOST_TASKS`.
 
@@ -334,8 +344,11 @@ def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
 class GuestVM:
     """A booted (or booting) micro-VM; see the module docstring."""
 
-    def __init__(self, config: VmConfig) -> None:
+    def __init__(self, config: VmConfig, *, background: bool = False) -> None:
         self.config = config
+        #: booted at the lowest CPU priority (nice 19) until :meth:`foreground` or ready:
+        #: a warm pool's boot ahead must not slow the runs being served meanwhile
+        self.background = background
         self.release = ""
         self.qemu: subprocess.Popen[bytes] | None = None
         self.virtiofsd: subprocess.Popen[bytes] | None = None
@@ -368,6 +381,8 @@ class GuestVM:
             # of its parent-death signal and each socat ends with its connection's EOF.
             self._cgroup = _vm_cgroup()
             preexec = _born_in(self._cgroup)
+            if self.background:  # the pool's boot ahead: lowest CPU priority until ready
+                preexec = _niced(preexec)
             if fs_socket is not None:
                 fs = subprocess.Popen(
                     virtiofsd_argv(self.config, fs_socket),
@@ -409,6 +424,7 @@ class GuestVM:
             else:
                 self._cleanup_run_dir()
             self.release = payload.decode("utf-8", "replace")
+            self.foreground()
         except OSError as exc:
             console = self.console()
             self.close()
@@ -416,6 +432,22 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
+
+    def foreground(self) -> None:
+        """Back to normal CPU priority (every thread of qemu and virtiofsd), if niced."""
+        if not self.background:
+            return
+        self.background = False
+        for proc in self._procs:
+            try:
+                tasks = os.listdir(f"/proc/{proc.pid}/task")
+            except OSError:
+                continue
+            for tid in tasks:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, int(tid), 0)
+                except OSError:
+                    pass  # gone, or not ours to raise (not root): it stays niced
 
     def attach(self, share: ShareSpec) -> None:
         """Give the booted VM a run's view of the workspace (raises BootFailed).

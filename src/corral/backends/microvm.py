@@ -90,6 +90,7 @@ __all__ = [
 FD_STATUS = 3
 FD_CONFIG = 4
 FD_AGENT = 5
+FD_DONE = 6
 #: The image a run boots when the policy names none (``corral image build python --vm``).
 DEFAULT_IMAGE = "python"
 #: Guest RAM on top of ``resources.memory`` (guest kernel, agent, page cache).
@@ -111,12 +112,16 @@ def set_pool(pool: VmPool | None) -> VmPool | None:
     return previous
 
 
-def pool_from_environ(environ: dict[str, str]) -> VmPool | None:
+def pool_from_environ(
+    environ: dict[str, str], log: Callable[[str], None] | None = None
+) -> VmPool | None:
     """The warm pool the corral server owns: ``CORRAL_VM_POOL=N`` idle VMs per VM
     configuration (0 or unset: none); installed with :func:`set_pool`.
 
-    The first run of a configuration boots its VM; from then on the pool
-    keeps *N* booted and warmed up for the next runs.
+    It starts booting *N* VMs of the default configuration
+    (:func:`default_vm_configs`) at once, in the background; a run of another
+    configuration boots its VM, and from then on the pool keeps *N* of that
+    one booted and warmed up too. *log* hears what the pre-boot did.
 
     Raises:
         UsageError: the value is not a non-negative integer.
@@ -130,7 +135,43 @@ def pool_from_environ(environ: dict[str, str]) -> VmPool | None:
 
     pool = VmPool(size=int(value))
     set_pool(pool)
+    pool.prefill(lambda: default_vm_configs(environ), log)
     return pool
+
+
+def default_vm_configs(environ: dict[str, str]) -> list[VmConfig]:
+    """The VM configurations a default ``microvm`` run of this user boots (pure of runs).
+
+    Planned like ``corral run --backend microvm`` with the user's settings
+    (not a project's: the server does not know the project yet) in a
+    scratch workspace: the VM's size, image and accelerator do not depend on
+    the workspace. A run with a project's other memory or CPU setting, or
+    with network, is another configuration: its first run boots.
+
+    Raises:
+        CorralError: no VM can run here (not root, no VM image, ...).
+    """
+    import shutil
+    import tempfile
+
+    from ..pipeline._request import ExecRequest
+    from ..pipeline._runner import prepare
+    from ..policy import load_settings
+
+    scratch = tempfile.mkdtemp(prefix="corral-pool-plan-")
+    try:
+        policy = load_settings(
+            cwd=scratch,
+            workspace=scratch,
+            environ=environ,
+            flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
+        ).policy
+        request = ExecRequest.from_argv(["true"], cwd=scratch)
+        prepared = prepare(request, policy, environ=environ)
+        config = next(f for f in prepared.plan.fds if f.number == FD_CONFIG)
+        return [vm_config_of(json.loads(config.data))[0]]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:
@@ -567,12 +608,13 @@ class MicrovmBackend(Backend):
         runner = [str(facts.detail("python")), "-I", "-S", relay]
         helper = [
             facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
-            "--keep-fd", str(FD_AGENT), "--setsid", "--die-with-parent", "0",
+            "--keep-fd", str(FD_AGENT), "--keep-fd", str(FD_DONE), "--setsid",
+            "--die-with-parent", "0",
         ]  # fmt: skip
         return LaunchPlan(
             backend=self.name,
             sandbox_id=request.sandbox_id,
-            argv=(*helper, "--", *runner, str(FD_CONFIG), str(FD_AGENT)),
+            argv=(*helper, "--", *runner, str(FD_CONFIG), str(FD_AGENT), str(FD_DONE)),
             env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"), ("LC_ALL", "C.UTF-8")),
             cwd="/",
             fds=(
@@ -642,14 +684,9 @@ class MicrovmBackend(Backend):
             vm.close()
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
         try:
-            assert vm.channel is not None
-            if plan.egress is not None:  # the proxy listens where this VM's qemu connects
-                plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
-            agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
-            command = FdSpec(number=FD_CONFIG, kind="data", data=exec_data(json.loads(config.data)))
-            fds = tuple(f for f in plan.fds if f.number != FD_CONFIG)
-            return super().launch(
-                plan.replace(fds=(*fds, command, agent)),
+            return self.run_in(
+                vm,
+                plan,
                 request,
                 cgroup_layout=cgroup_layout,
                 on_start=on_start,
@@ -662,6 +699,57 @@ class MicrovmBackend(Backend):
                 pool.destroy(vm)  # off the run's path: the server lives on
             else:
                 vm.close()
+
+    def run_in(
+        self,
+        vm: GuestVM,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        *,
+        cgroup_layout: CgroupLayout | None = None,
+        on_start: Callable[[Running], None] | None = None,
+        stdio: tuple[int, int, int] | None = None,
+        cgroup: Cgroup | None = None,
+        streams: tuple[int, int, int] = (0, 1, 2),
+        marks: bytearray | None = None,
+    ) -> Outcome:
+        """Run *plan*'s command in *vm* (booted, its workspace attached) through the relay.
+
+        *marks* receives what the relay reported on its done fd, also when
+        the launch raised: ``b"sx"`` when the agent took the command and
+        reported its end, ``b"s"`` when the relay ended in between (the guest
+        may still run it), ``b""`` when the agent never got it. The VM is left
+        as it is.
+        """
+        assert vm.channel is not None
+        config = next(f for f in plan.fds if f.number == FD_CONFIG)
+        if plan.egress is not None:  # the proxy listens where this VM's qemu connects
+            plan = plan.replace(egress=plan.egress.replace(socket=vm.egress_socket))
+        done_r, done_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            agent = FdSpec(number=FD_AGENT, kind="pass", data=str(vm.channel.fileno()).encode())
+            done = FdSpec(number=FD_DONE, kind="pass", data=str(done_w).encode())
+            command = FdSpec(number=FD_CONFIG, kind="data", data=exec_data(json.loads(config.data)))
+            fds = tuple(f for f in plan.fds if f.number != FD_CONFIG)
+            outcome = super().launch(
+                plan.replace(fds=(*fds, command, agent, done)),
+                request,
+                cgroup_layout=cgroup_layout,
+                on_start=on_start,
+                stdio=stdio,
+                cgroup=cgroup,
+                streams=streams,
+            )
+        finally:
+            os.close(done_w)
+            try:
+                reported = os.read(done_r, 16)
+            except BlockingIOError:
+                reported = b""
+            os.close(done_r)
+            if marks is not None:
+                marks += reported
+        return outcome
 
 
 def vm_config_of(config: dict[str, object]) -> tuple[VmConfig, ShareSpec]:

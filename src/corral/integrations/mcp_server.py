@@ -82,6 +82,7 @@ class SandboxInfo(TypedDict):
     preview_id: str | None
     read_only: bool
     network: str
+    isolation: str
 
 
 class SandboxList(TypedDict):
@@ -275,6 +276,7 @@ class SandboxRegistry:
             "preview_id": None if preview is None else preview.id,
             "read_only": sandbox.policy.filesystem.read_only,
             "network": sandbox.policy.network.mode,
+            "isolation": sandbox.policy.isolation,
         }
 
     async def _close(self, sandbox: Any, reason: str, *, discard: bool = False) -> bool:
@@ -298,8 +300,17 @@ class SandboxRegistry:
         return False
 
     # ------------------------------------------------------------ tools
-    async def create(self, preview: bool | None, read_only: bool) -> SandboxInfo:
+    async def create(
+        self, preview: bool | None, read_only: bool, isolation: str | None = None
+    ) -> SandboxInfo:
+        """Open a sandbox; with ``isolation: "vm"`` its micro-VM is booted before this returns.
+
+        *isolation* can only raise the server's minimum isolation level.
+        """
+        import asyncio
+
         from .._sandbox import AsyncSandbox
+        from ..policy import isolation_rank
 
         if len(self.sandboxes) >= self.max_sandboxes:
             raise self.error(
@@ -307,6 +318,14 @@ class SandboxRegistry:
                 "(integrations.mcp.maxSandboxes); destroy one with sandbox_destroy first."
             )
         use_preview = self.preview_default if preview is None else preview
+        if isolation is not None and isolation_rank(isolation) < isolation_rank(
+            self.policy.isolation
+        ):
+            raise self.error(
+                f"isolation {isolation!r} is weaker than the server's minimum "
+                f"{self.policy.isolation!r}; arguments can only tighten the policy: omit "
+                "isolation or ask for a stronger level."
+            )
         try:
             # the settings are loaded like the server's (rules still apply per command);
             # the only option a client can give tightens them
@@ -316,8 +335,15 @@ class SandboxRegistry:
                 preview=use_preview,
                 agent_session=self.session,
                 read_only=True if read_only else None,
+                isolation=isolation,  # type: ignore[arg-type]
             )
         except CorralError as exc:
+            raise self._failure(exc) from None
+        try:
+            # a VM session boots now: a refusal comes here, and the first command is fast
+            await asyncio.to_thread(sandbox._start_vm)
+        except CorralError as exc:
+            await self._close(sandbox, "create failed", discard=True)
             raise self._failure(exc) from None
         self.sandboxes[sandbox.id] = sandbox
         return self.describe(sandbox)
@@ -612,9 +638,18 @@ def build_server(registry: SandboxRegistry) -> "MCPServer":
             ),
         ] = None,
         read_only: Annotated[bool, Field(description="mount the workspace read-only")] = False,
+        isolation: Annotated[
+            Literal["process", "namespace", "kernel", "vm"] | None,
+            Field(
+                description=(
+                    "the minimum isolation level (can only raise the server's); 'vm' keeps "
+                    "one micro-VM for the sandbox's life"
+                )
+            ),
+        ] = None,
     ) -> SandboxInfo:
         """Open a sandbox session: its id, workspace and private /tmp last until sandbox_destroy."""
-        return await registry.create(preview, read_only)
+        return await registry.create(preview, read_only, isolation)
 
     # destructive: without a preview a command writes to the workspace itself;
     # open world: the policy may allow hosts on the network

@@ -348,7 +348,8 @@ class Server:
         if os.environ.get("CORRAL_VM_POOL", "0") != "0":  # the microvm backend's warm pool
             from ..backends.microvm import pool_from_environ
 
-            self.vm_pool = pool_from_environ(dict(os.environ))
+            # boots ahead in the background: the first answers are not held up
+            self.vm_pool = pool_from_environ(dict(os.environ), self.log)
         previous = {
             sig: _signal.signal(sig, self._on_signal) for sig in (1, 2, 15)
         }  # SIGHUP, SIGINT, SIGTERM
@@ -775,6 +776,7 @@ class Server:
             "running": active,
             "retiring": self._retired,
             "launchers": self.pool.statistics() if self.pool is not None else None,
+            "vm_pool": self.vm_pool.statistics() if self.vm_pool is not None else None,
         }
 
 

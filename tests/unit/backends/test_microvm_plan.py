@@ -13,7 +13,7 @@ import pytest
 from corral._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from corral.backends import HostFacts, PreviewSpec, get_backend
 from corral.backends._microvm_vm import ShareSpec, VmConfig, qemu_argv, virtiofsd_argv
-from corral.backends.microvm import FD_AGENT, FD_CONFIG, view_setup, vm_config_of
+from corral.backends.microvm import FD_AGENT, FD_CONFIG, FD_DONE, view_setup, vm_config_of
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy
 
@@ -76,9 +76,9 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
     policy = _policy(read_only=True, deny_read=(SECRET_FILE, SECRET_DIR, "/root/.ssh"))
     plan = backend.plan(_request(), policy, _facts())
     assert plan.argv[0] == "/opt/corral-exec"
-    assert plan.argv[-6:-3] == ("/venv/bin/python3", "-I", "-S")
-    assert plan.argv[-3].endswith("/corral/backends/_microvm_run.py")
-    assert plan.argv[-2:] == (str(FD_CONFIG), str(FD_AGENT))
+    assert plan.argv[-7:-4] == ("/venv/bin/python3", "-I", "-S")
+    assert plan.argv[-4].endswith("/corral/backends/_microvm_run.py")
+    assert plan.argv[-3:] == (str(FD_CONFIG), str(FD_AGENT), str(FD_DONE))
     config = _config(plan)
     vm, share = vm_config_of(config)
     assert vm.accel == "tcg"

@@ -208,6 +208,12 @@ def _status(state: str, *, as_json: bool) -> int:
             else "none (cgroup v2, not root, or no v1 memory/pids controllers)"
         ),
     ]
+    vms = status.get("vm_pool")
+    if vms:
+        lines.append(
+            f"  micro-VM pool: {vms['idle']} idle (size {vms['size']}), {vms['booted']} booted, "
+            f"{vms['served']} served, {vms['missed']} missed"
+        )
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
