@@ -526,10 +526,10 @@ class GuestVM:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-        if self._cgroup is not None:  # whatever qemu started (a socat per connection)
-            self._cgroup.kill_all()
-            self._cgroup.remove()
-            self._cgroup = None
+        group, self._cgroup = self._cgroup, None  # close() may race close() (pool vs run)
+        if group is not None:  # whatever qemu started (a socat per connection)
+            group.kill_all()
+            group.remove()
         if self._drainer is not None:
             self._drainer.join(timeout=5)  # qemu's stdout is at its end: it is dead
             self._drainer = None
