@@ -17,6 +17,8 @@ from ._exceptions import (
 )
 from ._files import FileRequests
 from ._sandbox_vm import VmSessions
+from ._session_dirs import remove_tree as _remove_tree
+from ._session_dirs import sweep_sessions as _sweep_sessions
 from ._streaming import Cancellation, Cancelled
 
 TYPE_CHECKING = False
@@ -48,28 +50,6 @@ LANGUAGES: dict[str, tuple[str, ...]] = {
 
 #: The kernel's limit on one argument (MAX_ARG_STRLEN): longer code must be a file.
 _MAX_CODE = 128 * 1024 - 1
-
-
-def _sweep_sessions(directory: str) -> None:
-    """Remove the TMPDIRs of sessions whose process no longer exists (killed, not closed)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        pid = name.split("-", 1)[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
-            _remove_tree(os.path.join(directory, name))
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a session directory, whatever modes the sandbox left inside it.
-
-    Never follows a symlink the sandbox planted (see ``remove_tree``).
-    """
-    from .preview._mechanism import remove_tree
-
-    remove_tree(path)
 
 
 class BaseSandbox(FileRequests, VmSessions):

@@ -1,7 +1,7 @@
 """The SDK's VM sessions: one micro-VM for a whole :class:`~corral.Sandbox` (a mixin).
 
 A session whose policy asks for ``isolation: "vm"`` (or ``backend:
-"microvm"``) keeps one VM (:class:`corral.backends._microvm_session.VmSession`)
+"microvm"``) keeps one VM (:class:`corral.pipeline._vm_session.VmSession`)
 and runs every command, ``run_code`` and file call in it; the VM is destroyed
 when the session closes (or is dropped, or its process dies). Commands the
 kept VM cannot run as planned (another policy from ``rules``, a background
@@ -17,9 +17,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import Any
 
-    from .backends._microvm_session import VmSession
     from .pipeline._outcome import Outcome
     from .pipeline._request import ExecRequest
+    from .pipeline._vm_session import VmSession
     from .policy import Policy
     from .preview import Preview
 
@@ -51,9 +51,9 @@ class VmSessions:
         """Run *request* in the session's VM (booted on first use), audited.
 
         ``None``: the policy does not ask for a VM, or this request must run
-        in a fresh one (see :mod:`corral.backends._microvm_session`).
+        in a fresh one (see :mod:`corral.pipeline._vm_session`).
         """
-        from .backends._microvm_session import wants_vm
+        from .pipeline._vm_session import wants_vm
 
         if self._closed or not wants_vm(policy):
             return None
@@ -88,7 +88,7 @@ class VmSessions:
         return outcome
 
     def _session_vm(self) -> VmSession:
-        from .backends._microvm_session import VmSession
+        from .pipeline._vm_session import VmSession
 
         with self._resident_lock:
             session = self._vm_session
@@ -111,7 +111,7 @@ class VmSessions:
         Raises:
             CorralError: the VM cannot run here, or did not boot.
         """
-        from .backends._microvm_session import wants_vm
+        from .pipeline._vm_session import wants_vm
 
         if self._closed or not wants_vm(self._policy):
             return False

@@ -113,16 +113,23 @@ def test_an_oom_kill_leaves_nothing_in_the_callers_directory_or_in_root(
     workspace = os.path.join(str(tmp_path), "ws")
     os.mkdir(workspace)
     root_had_oom = os.path.lexists("/oom")
-    result = subprocess.run(
-        [*CORRAL, "run", "--backend", "podman", "--memory", "64M", "--", "python3", "-c",
-         "x = bytearray(400 << 20)"],
-        cwd=workspace,
-        env={**os.environ, "CORRAL_SERVER": server},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )  # fmt: skip
+    # a state directory of the test's own: its server (cwd /) is stopped at the end
+    env = {
+        **os.environ,
+        "CORRAL_SERVER": server,
+        "XDG_STATE_HOME": os.path.join(str(tmp_path), "st"),
+    }
+    if server == "on":  # running before the run (a first run would start it in the background)
+        started = subprocess.run([*CORRAL, "server", "--detach"], env=env, capture_output=True)
+        assert started.returncode == 0, started.stderr
+    try:
+        result = subprocess.run(
+            [*CORRAL, "run", "--backend", "podman", "--memory", "64M", "--", "python3", "-c",
+             "x = bytearray(400 << 20)"],
+            cwd=workspace, env=env, capture_output=True, text=True, check=False, timeout=300,
+        )  # fmt: skip
+    finally:
+        subprocess.run([*CORRAL, "server", "--stop"], env=env, capture_output=True, check=False)
     assert result.returncode == 137, result.stderr
     assert os.listdir(workspace) == []
     assert os.path.lexists("/oom") == root_had_oom

@@ -22,7 +22,7 @@ On *DONE_FD* it writes ``s`` once the agent has the command and ``x`` once
 the agent said the command ended ('X' or 'F'): a kept VM whose relay ended
 between the two (killed after a timeout's grace) still has a command to stop
 and frames to drain before the next one
-(:mod:`corral.backends._microvm_session`).
+(:mod:`corral.pipeline._vm_session`).
 
 It is a script of the standard library alone, started without ``site``
 (``-S``): its start-up is on every run's path. The frame format is the

@@ -105,73 +105,16 @@ KVM_PROBE_TIMEOUT = 8.0
 _pool: VmPool | None = None
 
 
+def current_pool() -> VmPool | None:
+    """The warm pool runs and VM sessions take their VM from (None: each boots its own)."""
+    return _pool
+
+
 def set_pool(pool: VmPool | None) -> VmPool | None:
     """Make runs in this process take VMs from *pool* (the corral server's); return the old one."""
     global _pool
     previous, _pool = _pool, pool
     return previous
-
-
-def pool_from_environ(
-    environ: dict[str, str], log: Callable[[str], None] | None = None
-) -> VmPool | None:
-    """The warm pool the corral server owns: ``CORRAL_VM_POOL=N`` idle VMs per VM
-    configuration (0 or unset: none); installed with :func:`set_pool`.
-
-    It starts booting *N* VMs of the default configuration
-    (:func:`default_vm_configs`) at once, in the background; a run of another
-    configuration boots its VM, and from then on the pool keeps *N* of that
-    one booted and warmed up too. *log* hears what the pre-boot did.
-
-    Raises:
-        UsageError: the value is not a non-negative integer.
-    """
-    value = environ.get("CORRAL_VM_POOL", "").strip()
-    if not value or value == "0":
-        return None
-    if not value.isdigit():
-        raise UsageError(f"CORRAL_VM_POOL={value!r}: expected a number of idle VMs (0: none)")
-    from ._microvm_pool import VmPool
-
-    pool = VmPool(size=int(value))
-    set_pool(pool)
-    pool.prefill(lambda: default_vm_configs(environ), log)
-    return pool
-
-
-def default_vm_configs(environ: dict[str, str]) -> list[VmConfig]:
-    """The VM configurations a default ``microvm`` run of this user boots (pure of runs).
-
-    Planned like ``corral run --backend microvm`` with the user's settings
-    (not a project's: the server does not know the project yet) in a
-    scratch workspace: the VM's size, image and accelerator do not depend on
-    the workspace. A run with a project's other memory or CPU setting, or
-    with network, is another configuration: its first run boots.
-
-    Raises:
-        CorralError: no VM can run here (not root, no VM image, ...).
-    """
-    import shutil
-    import tempfile
-
-    from ..pipeline._request import ExecRequest
-    from ..pipeline._runner import prepare
-    from ..policy import load_settings
-
-    scratch = tempfile.mkdtemp(prefix="corral-pool-plan-")
-    try:
-        policy = load_settings(
-            cwd=scratch,
-            workspace=scratch,
-            environ=environ,
-            flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
-        ).policy
-        request = ExecRequest.from_argv(["true"], cwd=scratch)
-        prepared = prepare(request, policy, environ=environ)
-        config = next(f for f in prepared.plan.fds if f.number == FD_CONFIG)
-        return [vm_config_of(json.loads(config.data))[0]]
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:

@@ -227,7 +227,7 @@ class KeptSessions:
         try:
             sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
             if not self._swept:  # kept /tmps (and SDK sessions' TMPDIRs) of dead processes
-                from .._sandbox_base import _sweep_sessions
+                from .._session_dirs import sweep_sessions as _sweep_sessions
 
                 self._swept = True
                 _sweep_sessions(sessions)

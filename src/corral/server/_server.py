@@ -346,7 +346,7 @@ class Server:
 
         assert self._listener is not None
         if os.environ.get("CORRAL_VM_POOL", "0") != "0":  # the microvm backend's warm pool
-            from ..backends.microvm import pool_from_environ
+            from ..pipeline._vm_session import pool_from_environ
 
             # boots ahead in the background: the first answers are not held up
             self.vm_pool = pool_from_environ(dict(os.environ), self.log)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 
 REMOVERS = {
     "preview": "from corral.preview._mechanism import remove_tree as rm",
-    "session": "from corral._sandbox_base import _remove_tree as rm",
+    "session": "from corral._session_dirs import remove_tree as rm",
 }
 
 

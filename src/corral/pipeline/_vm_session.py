@@ -45,22 +45,23 @@ import json
 import threading
 import time
 
-from .._exceptions import BackendUnavailable
-from .microvm import FD_CONFIG, MicrovmBackend, vm_config_of
+from .._exceptions import BackendUnavailable, UsageError
+from ..backends.microvm import FD_CONFIG, MicrovmBackend, current_pool, set_pool, vm_config_of
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
-    from ..pipeline._cgroups import Cgroup, CgroupLayout
-    from ..pipeline._engine import Running
-    from ..pipeline._outcome import Outcome
-    from ..pipeline._request import ExecRequest
-    from ..pipeline._runner import Prepared
+    from ..backends._microvm_pool import VmPool
+    from ..backends._microvm_vm import GuestVM, ShareSpec, VmConfig
+    from ..backends._plan import LaunchPlan
     from ..policy._model import Policy
     from ..preview import Preview
-    from ._microvm_vm import GuestVM, ShareSpec, VmConfig
-    from ._plan import LaunchPlan
+    from ._cgroups import Cgroup, CgroupLayout
+    from ._engine import Running
+    from ._outcome import Outcome
+    from ._request import ExecRequest
+    from ._runner import Prepared
 
 __all__ = ["VmSession", "wants_vm"]
 
@@ -145,7 +146,7 @@ class VmSession:
                 vm = self._start(key)
                 self._policy = policy
             kept = _InKeptVm(vm)
-            from ..pipeline._runner import Prepared, launch
+            from ._runner import Prepared, launch
 
             try:
                 return launch(
@@ -180,8 +181,8 @@ class VmSession:
     ) -> tuple[Prepared, _Key] | None:
         """The prepared run of *request*, and the VM, the view and the host paths the view
         was planned from (kind, device, inode each) it needs; None: not a VM."""
-        from ..pipeline._resident import _looked_at as looked_at  # the resident check's rule
-        from ..pipeline._runner import prepare
+        from ._resident import _looked_at as looked_at  # the resident check's rule
+        from ._runner import prepare
 
         prepared = prepare(request, policy, environ=self._environ, preview=preview)
         if not isinstance(prepared.backend, MicrovmBackend):
@@ -194,9 +195,16 @@ class VmSession:
 
     def _start(self, key: _Key) -> GuestVM:
         """Boot a VM for *key* on a keeper thread and attach the workspace view."""
-        from ._microvm_vm import BootFailed, GuestVM
+        from ..backends._microvm_vm import BootFailed, GuestVM
 
         config, share, _looked = key
+        pool = current_pool()
+        if pool is not None:  # the server's or the node agent's warm pool: a VM booted ahead
+            try:
+                vm = pool.acquire(config)
+            except (BootFailed, OSError) as exc:
+                raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
+            return self._attach(vm, key, share, threading.Event(), None)
         vm = GuestVM(config)
         booted = threading.Event()
         stop = threading.Event()
@@ -218,12 +226,26 @@ class VmSession:
         if failure:
             keeper.join()
             raise BackendUnavailable(f"Failed to start the micro-VM: {failure[0]}") from None
+        return self._attach(vm, key, share, stop, keeper)
+
+    def _attach(
+        self,
+        vm: GuestVM,
+        key: _Key,
+        share: ShareSpec,
+        stop: threading.Event,
+        keeper: threading.Thread | None,
+    ) -> GuestVM:
+        """Attach the workspace view to the booted *vm* and make it the session's."""
+        from ..backends._microvm_vm import BootFailed
+
         try:
             vm.attach(share)
         except (BootFailed, OSError) as exc:
             vm.close()
             stop.set()
-            keeper.join()
+            if keeper is not None:
+                keeper.join()
             raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
         self._vm, self._key, self._stop, self._keeper = vm, key, stop, keeper
         self.boots += 1
@@ -235,7 +257,7 @@ class VmSession:
         A VM whose agent does not report the end in time is destroyed (the
         next command boots a new one).
         """
-        from ._microvm_vm import BootFailed
+        from ..backends._microvm_vm import BootFailed
 
         channel = vm.channel
         if channel is None:
@@ -311,3 +333,66 @@ class _InKeptVm(MicrovmBackend):
             streams=streams,
             marks=self.marks,
         )
+
+
+# ---------------------------------------------------------------- the server's warm pool
+def pool_from_environ(
+    environ: dict[str, str], log: Callable[[str], None] | None = None
+) -> VmPool | None:
+    """The warm pool the corral server owns: ``CORRAL_VM_POOL=N`` idle VMs per VM
+    configuration (0 or unset: none); installed with :func:`set_pool`.
+
+    It starts booting *N* VMs of the default configuration
+    (:func:`default_vm_configs`) at once, in the background; a run of another
+    configuration boots its VM, and from then on the pool keeps *N* of that
+    one booted and warmed up too. *log* hears what the pre-boot did.
+
+    Raises:
+        UsageError: the value is not a non-negative integer.
+    """
+    value = environ.get("CORRAL_VM_POOL", "").strip()
+    if not value or value == "0":
+        return None
+    if not value.isdigit():
+        raise UsageError(f"CORRAL_VM_POOL={value!r}: expected a number of idle VMs (0: none)")
+    from ..backends._microvm_pool import VmPool
+
+    pool = VmPool(size=int(value))
+    set_pool(pool)
+    pool.prefill(lambda: default_vm_configs(environ), log)
+    return pool
+
+
+def default_vm_configs(environ: dict[str, str]) -> list[VmConfig]:
+    """The VM configurations a default ``microvm`` run of this user boots (pure of runs).
+
+    Planned like ``corral run --backend microvm`` with the user's settings
+    (not a project's: the server does not know the project yet) in a
+    scratch workspace: the VM's size, image and accelerator do not depend on
+    the workspace. A run with a project's other memory or CPU setting, or
+    with network, is another configuration: its first run boots.
+
+    Raises:
+        CorralError: no VM can run here (not root, no VM image, ...).
+    """
+    import shutil
+    import tempfile
+
+    from ..policy import load_settings
+    from ._request import ExecRequest
+    from ._runner import prepare
+
+    scratch = tempfile.mkdtemp(prefix="corral-pool-plan-")
+    try:
+        policy = load_settings(
+            cwd=scratch,
+            workspace=scratch,
+            environ=environ,
+            flags={"backend": "microvm", "isolation": "vm", "filesystem": {"readOnly": True}},
+        ).policy
+        request = ExecRequest.from_argv(["true"], cwd=scratch)
+        prepared = prepare(request, policy, environ=environ)
+        config = next(f for f in prepared.plan.fds if f.number == FD_CONFIG)
+        return [vm_config_of(json.loads(config.data))[0]]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
