@@ -59,7 +59,8 @@ def test_escape_battery_passes_as_an_unprivileged_user() -> None:
     # where root's worlds live too: outside the private /tmp and /var/tmp of a sandbox,
     # so a world's "outside" directory is visible (read-only) to its commands
     os.makedirs(TEST_ROOT, mode=0o755, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="corral-unprivileged-", dir=TEST_ROOT)
+    # short: a unix socket's path (the corral server's, the tests' own) must fit in 107 bytes
+    scratch = tempfile.mkdtemp(prefix="corral-u-", dir=TEST_ROOT)
     try:
         os.chmod(scratch, 0o755)  # the test user must reach its own home below
         home, worlds = os.path.join(scratch, "home"), os.path.join(scratch, "worlds")

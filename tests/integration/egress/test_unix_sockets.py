@@ -233,7 +233,9 @@ def test_a_host_socket_listed_under_another_name_stays_unreachable(world: World)
     inode the path reaches, whatever the listing says."""
     svc = os.path.join(world.outside, "svc")
     named = os.path.join(svc, "named.sock")
-    relative_dir = os.path.join(world.outside, "bound-relative")
+    relative_dir = os.path.join(
+        world.outside, "rel"
+    )  # short: the unprivileged pass's paths are long
     bound_in, moved_to = os.path.join(world.outside, "a"), os.path.join(world.outside, "b")
     os.makedirs(relative_dir)
     relative = socket.socket(socket.AF_UNIX)
@@ -242,15 +244,15 @@ def test_a_host_socket_listed_under_another_name_stays_unreachable(world: World)
         here = os.getcwd()
         os.chdir(relative_dir)
         try:
-            relative.bind("relative.sock")  # /proc/net/unix says "relative.sock"
+            relative.bind("r.sock")  # /proc/net/unix says "r.sock"
         finally:
             os.chdir(here)
-        os.chmod(os.path.join(relative_dir, "relative.sock"), 0o666)
+        os.chmod(os.path.join(relative_dir, "r.sock"), 0o666)
         relative.listen(4)
         relative.setblocking(False)
         try:
             others = [
-                os.path.join(relative_dir, "relative.sock"),
+                os.path.join(relative_dir, "r.sock"),
                 os.path.join(moved_to, "moved.sock"),
             ]
             result = run(world, {"network": {"mode": "none", "allowUnixSockets": [named]}},
