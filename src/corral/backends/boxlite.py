@@ -53,7 +53,15 @@ import sys
 from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
 from ..pipeline._request import redact
 from ._plan import CgroupSpec, FdSpec, LaunchPlan
-from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
+from ._vm_plan import (
+    guest_env,
+    only_the_workspace,
+    refuse_credentials,
+    require_preview,
+    vm_workspace,
+    whole_vcpus,
+)
+from .base import Backend, Degradations, is_under, paths_of_policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -197,14 +205,7 @@ class BoxliteBackend(Backend):
         assert facts.helper is not None
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
-        workspace = checked_workspace(fs, facts)
-        cwd = request.cwd or workspace
-        if not is_under(cwd, workspace):
-            raise UsageError(
-                f"Failed to run in {cwd} on the boxlite backend: only the workspace "
-                f"({workspace}) exists in the guest",
-                hint="run from inside the workspace, or pass --workspace",
-            )
+        workspace, cwd = vm_workspace(self.name, request, fs, facts)
         if net.mode != "none":
             raise EnforcementUnavailable(
                 f"Failed to enforce network.mode={net.mode} on the boxlite backend: the VM gets "
@@ -213,13 +214,7 @@ class BoxliteBackend(Backend):
                 rule="network.mode",
                 hint="use --net none, or the microvm backend for an allowlist",
             )
-        if policy.credentials:
-            raise EnforcementUnavailable(
-                "Failed to enforce credentials on the boxlite backend: secrets never enter "
-                "the guest",
-                rule="credentials",
-                hint="remove the credentials setting",
-            )
+        refuse_credentials(self.name, policy)
         if preview is not None and preview.mechanism != "copy":
             raise UsageError(
                 f"Failed to run in preview {preview.id} on the boxlite backend: it shares a "
@@ -227,21 +222,8 @@ class BoxliteBackend(Backend):
                 f"{preview.mechanism}",
                 hint="create the preview with --mechanism copy",
             )
-        if preview is None and not fs.read_only:
-            raise EnforcementUnavailable(
-                "Failed to enforce filesystem.workspace on the boxlite backend: the VM writes "
-                "the workspace only through a preview",
-                rule="filesystem.workspace",
-                hint="run it with 'corral preview --backend boxlite', or with --read-only",
-            )
-        if fs.allow_write:
-            degrade.cannot(
-                "filesystem.allowWrite",
-                "only the workspace is shared with the VM",
-                fix="put the files in the workspace",
-            )
-        if policy.caches:
-            degrade.cannot("caches", "only the workspace is shared with the VM", fix="unset caches")
+        require_preview(self.name, preview, fs)
+        only_the_workspace(policy, degrade)
         for secret in sorted(fs.deny_read):
             if is_under(secret, workspace) and facts.kind(secret) in ("dir", "file"):
                 degrade.cannot(
@@ -264,15 +246,7 @@ class BoxliteBackend(Backend):
                 "per-sandbox quota",
                 fix="unset resources.disk",
             )
-        cpus = 1
-        if res.cpus is not None:
-            cpus = max(1, int(res.cpus))
-            if cpus != res.cpus:
-                degrade.cannot(
-                    "resources.cpus",
-                    f"a VM's CPU limit is a whole number of vCPUs (not {res.cpus})",
-                    fix="use a whole number of CPUs",
-                )
+        cpus = whole_vcpus(res.cpus, degrade)
         memory_mb = (
             max(MIN_MEMORY_MB, res.memory // (1 << 20) + GUEST_OVERHEAD_MB)
             if res.memory
@@ -302,7 +276,7 @@ class BoxliteBackend(Backend):
             },
             "exec": {
                 "argv": list(_limited(request.argv, pids=pids, cpu_time=res.cpu_time)),
-                "env": [list(kv) for kv in _guest_env(request, policy, facts)],
+                "env": [list(kv) for kv in guest_env(request, policy, facts, home="/tmp")],
                 "cwd": cwd,
                 "user": f"{facts.uid}:{facts.gid}",
             },
@@ -350,19 +324,3 @@ def _limited(argv: tuple[str, ...], *, pids: int | None, cpu_time: float | None)
         return argv
     script = " && ".join(limits) + ' || exit 126\nexec "$@"'
     return ("/bin/sh", "-c", script, "corral-limits", *argv)
-
-
-def _guest_env(
-    request: ExecRequest, policy: Policy, facts: HostFacts
-) -> tuple[tuple[str, str], ...]:
-    """The command's environment in the guest: the policy's allowlist, as everywhere.
-
-    ``TMPDIR`` and ``HOME`` are the guest's ``/tmp`` (the host's home
-    directory does not exist there).
-    """
-    from .bubblewrap import sandbox_env
-
-    env = dict(sandbox_env(request, policy, facts.environ))
-    env["TMPDIR"] = "/tmp"
-    env["HOME"] = "/tmp"
-    return tuple(env.items())

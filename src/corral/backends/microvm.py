@@ -59,10 +59,18 @@ import json
 import os
 import sys
 
-from .._exceptions import BackendUnavailable, EnforcementUnavailable, UsageError
+from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
 from ._plan import FdSpec, LaunchPlan
-from .base import Backend, Degradations, checked_workspace, is_under, paths_of_policy
+from ._vm_plan import (
+    guest_env,
+    only_the_workspace,
+    refuse_credentials,
+    require_preview,
+    vm_workspace,
+    whole_vcpus,
+)
+from .base import Backend, Degradations, is_under, paths_of_policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -418,14 +426,7 @@ class MicrovmBackend(Backend):
         assert facts.helper is not None
         fs, net, res = policy.filesystem, policy.network, policy.resources
         degrade = Degradations(policy.allow_degraded)
-        workspace = checked_workspace(fs, facts)
-        cwd = request.cwd or workspace
-        if not is_under(cwd, workspace):
-            raise UsageError(
-                f"Failed to run in {cwd} on the microvm backend: only the workspace "
-                f"({workspace}) exists in the guest",
-                hint="run from inside the workspace, or pass --workspace",
-            )
+        workspace, cwd = vm_workspace(self.name, request, fs, facts)
         if net.mode == "open":
             raise EnforcementUnavailable(
                 "Failed to enforce network.mode=open on the microvm backend: the VM reaches the "
@@ -433,31 +434,12 @@ class MicrovmBackend(Backend):
                 rule="network.mode",
                 hint="use --net allowlist with --allow-host HOST, or another backend",
             )
-        if policy.credentials:
-            raise EnforcementUnavailable(
-                "Failed to enforce credentials on the microvm backend: secrets never enter "
-                "the guest",
-                rule="credentials",
-                hint="remove the credentials setting",
-            )
+        refuse_credentials(self.name, policy)
         egress = None
         if net.mode == "allowlist":
             egress = self._egress(policy, facts, request)
-        if preview is None and not fs.read_only:
-            raise EnforcementUnavailable(
-                "Failed to enforce filesystem.workspace on the microvm backend: the VM writes "
-                "the workspace only through a preview",
-                rule="filesystem.workspace",
-                hint="run it with 'corral preview --backend microvm', or with --read-only",
-            )
-        if fs.allow_write:
-            degrade.cannot(
-                "filesystem.allowWrite",
-                "only the workspace is shared with the VM",
-                fix="put the files in the workspace",
-            )
-        if policy.caches:
-            degrade.cannot("caches", "only the workspace is shared with the VM", fix="unset caches")
+        require_preview(self.name, preview, fs)
+        only_the_workspace(policy, degrade)
         if res.cpu_time is not None:
             degrade.cannot(
                 "resources.cpuTime",
@@ -500,17 +482,9 @@ class MicrovmBackend(Backend):
             read_only_paths=read_only_paths,
         )
         memory_mb = res.memory // (1 << 20) + GUEST_OVERHEAD_MB if res.memory else DEFAULT_MEMORY_MB
-        cpus = 1
-        if res.cpus is not None:
-            cpus = max(1, int(res.cpus))
-            if cpus != res.cpus:
-                degrade.cannot(
-                    "resources.cpus",
-                    f"a VM's CPU limit is a whole number of vCPUs (not {res.cpus})",
-                    fix="use a whole number of CPUs",
-                )
+        cpus = whole_vcpus(res.cpus, degrade)
         timeout = request.timeout if request.timeout is not None else res.timeout
-        env = _guest_env(request, policy, facts)
+        env = guest_env(request, policy, facts, home="/root" if facts.uid == 0 else "/tmp")
         if egress is not None:
             from ._microvm_vm import GUEST_PROXY
             from ._proxy_env import proxy_environment
@@ -728,19 +702,3 @@ def boot_vm(config: VmConfig) -> GuestVM:
     except OSError as exc:
         raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
     return vm
-
-
-def _guest_env(
-    request: ExecRequest, policy: Policy, facts: HostFacts
-) -> tuple[tuple[str, str], ...]:
-    """The command's environment in the guest: the policy's allowlist as everywhere.
-
-    ``TMPDIR`` is the guest's own ``/tmp``; ``HOME`` is ``/root`` or
-    ``/tmp`` (the host's home directory does not exist in the guest).
-    """
-    from .bubblewrap import sandbox_env
-
-    env = dict(sandbox_env(request, policy, facts.environ))
-    env["TMPDIR"] = "/tmp"
-    env["HOME"] = "/root" if facts.uid == 0 else "/tmp"
-    return tuple(env.items())
