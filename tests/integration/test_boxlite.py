@@ -86,7 +86,8 @@ def _boots() -> str | None:
     return f"BoxLite needs KVM that boots guests: {problem}" if problem else None
 
 
-needs_kvm = pytest.mark.skipif(_boots() is not None, reason=str(_boots()))
+_BOOT_PROBLEM = _boots()  # probed once for the module (the KVM probe is cached per boot)
+needs_kvm = pytest.mark.skipif(_BOOT_PROBLEM is not None, reason=str(_BOOT_PROBLEM))
 
 
 @pytest.fixture(scope="module")
