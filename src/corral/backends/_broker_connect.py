@@ -40,7 +40,6 @@ from ..pipeline._outcome import Violation
 from ._broker_abi import (
     _RESOLVE_IN_ROOT,
     _RESOLVE_NO_MAGICLINKS,
-    _SYS_CAPSET,
     _SYS_SETFSGID,
     _SYS_SETFSUID,
     _signed_fd,
@@ -160,19 +159,18 @@ class _Connector(_Policy):
             return
         import ctypes
 
-        libc, caps = self._libc, self._caps
+        libc = self._libc
         assert libc is not None
-        assert caps is not None
         arch = self._arch
 
         def call(table: dict[str, int], *args: object) -> int:
             return int(libc.syscall(table[arch], *args))
 
         def set_effective(bits: int) -> None:
-            header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-            caps[0] = bits
-            if libc.syscall(_SYS_CAPSET[arch], header, caps) != 0:
-                raise RuntimeError(f"capset (effective {bits:#x}) failed for the broker thread")
+            try:
+                self._set_effective(bits)
+            except OSError as exc:  # never go on in a half-switched identity: fail closed
+                raise RuntimeError(f"capset for the broker thread: {exc}") from exc
 
         own_fsuid, own_fsgid = call(_SYS_SETFSUID, -1), call(_SYS_SETFSGID, -1)
         own_egid = os.getegid()

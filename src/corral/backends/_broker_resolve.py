@@ -69,25 +69,33 @@ class _Resolver:
         """
         if self._spec.idmapped_id is None or self._tracing:
             return fn()  # nested (resolution duplicates a dirfd): the outermost call drops
-        import ctypes
-
-        libc, caps = self._libc, self._caps
-        assert libc is not None
-        assert caps is not None
-        header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-        caps[0] = _TRACER_CAPS
-        if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
-            raise OSError(ctypes.get_errno(), "capset (raise the tracer's capabilities)")
+        self._set_effective(_TRACER_CAPS)
         self._tracing = True
         try:
             return fn()
         finally:
             self._tracing = False
-            caps[0] = 0
-            header = (ctypes.c_uint32 * 2)(0x20080522, 0)
-            if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
-                # never go on with capabilities raised: fail the broker (closed)
-                raise RuntimeError("capset (drop the tracer's capabilities) failed")
+            self._set_effective(0)
+
+    def _set_effective(self, bits: int) -> None:
+        """Make *bits* this thread's effective capabilities (from its permitted set).
+
+        Raises:
+            OSError: they could not be raised.
+            RuntimeError: they could not be dropped (*bits* 0): never go on with
+                capabilities raised - the broker fails, closed.
+        """
+        import ctypes
+
+        libc, caps = self._libc, self._caps
+        assert libc is not None
+        assert caps is not None
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+        caps[0] = bits
+        if libc.syscall(_SYS_CAPSET[self._arch], header, caps) != 0:
+            if bits == 0:
+                raise RuntimeError("capset (drop the effective capabilities) failed")
+            raise OSError(ctypes.get_errno(), f"capset (raise the capabilities {bits:#x})")
 
     def _id_valid(self, notif_id: int) -> bool:
         import fcntl
