@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 
+from corral.backends.bubblewrap import corral_sockets, host_unix_listeners
 from tests.conftest import World, fast_client_path, needs_bwrap
 from tests.integration.server.conftest import gone, wait_for
 
@@ -39,6 +40,11 @@ def test_a_socket_path_of_200_bytes_is_served_by_both_clients(world: World) -> N
         first = status()
         assert first is not None and first["state_dir"] == state and first["served"] == 0
         assert os.stat(sock).st_mode & 0o777 == 0o600  # the socket is at the long path itself
+        # the kernel's table names it by its alias; the sandboxes' socket covers still find it
+        with open("/proc/net/unix", encoding="utf-8") as f:
+            assert sock not in f.read()
+        listeners = dict(host_unix_listeners(as_other=False, also=corral_sockets(state)))
+        assert os.path.realpath(sock) in listeners
         clients = ["corral"] + (["corral-client"] if fast_client_path() else [])
         for client in clients:
             result = world.corral("run", "--", "sh", "-c", "echo via-$0", client, client=client)
