@@ -358,7 +358,7 @@ def _relay_terminal(
     on_terminal = os.isatty(0)
     saved = termios.tcgetattr(0) if on_terminal else None
     wake_r, wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    handled = (signal.SIGWINCH, signal.SIGHUP, signal.SIGTERM)
+    handled = (signal.SIGWINCH, signal.SIGHUP, signal.SIGTERM, signal.SIGINT)
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in handled}
     old_wakeup = signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     status: int | None = None
@@ -388,7 +388,7 @@ def _relay_terminal(
                 continue
             if wake_r in readable:
                 signals = os.read(wake_r, 256)
-                if signal.SIGHUP in signals or signal.SIGTERM in signals:
+                if any(sig in signals for sig in handled[1:]):  # HUP, TERM, INT: detach
                     status, note = 0, "detached"
                     break
                 if signal.SIGWINCH in signals and on_terminal:
@@ -396,7 +396,10 @@ def _relay_terminal(
                     if size is not None:
                         sock.sendall(_frame(b"W", size))
             if 0 in readable:
-                data = os.read(0, 65536)
+                try:
+                    data = os.read(0, 65536)
+                except OSError:  # EIO: the terminal hung up
+                    data = b""
                 if not data:
                     status, note = 0, "detached"  # stdin ended: leave the shell running
                     break
@@ -509,7 +512,7 @@ class Keeper:
         """Relay between the pty and whichever client is attached, in a daemon thread."""
         import threading
 
-        thread = threading.Thread(target=self._serve, args=(relay,), daemon=True)
+        thread = threading.Thread(target=self._serve_or_stop, args=(relay,), daemon=True)
         thread.start()
         self._thread = thread
 
@@ -530,6 +533,14 @@ class Keeper:
             self._listener.close()
 
     # ---------------------------------------------------------------- the relay thread
+    def _serve_or_stop(self, relay: SignalRelay) -> None:
+        """:meth:`_serve`; should it fail, nobody could reach the shell again: it is stopped."""
+        try:
+            self._serve(relay)
+        except BaseException:
+            relay.kill()
+            raise
+
     def _serve(self, relay: SignalRelay) -> None:
         import select
 

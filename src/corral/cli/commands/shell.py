@@ -221,7 +221,10 @@ def _keeper(fds: str, args: list[str]) -> int:
     os.dup2(keeper.slave, 2)  # corral's messages about the run reach the attached terminal
     relay = SignalRelay()
     keeper.serve_in_background(relay)
-    os.write(ready, b"ok")
+    try:
+        os.write(ready, b"ok")
+    except OSError:
+        pass  # the starting client is gone: the shell starts detached (--idle ends it)
     os.close(ready)
     slave = keeper.slave
     try:
