@@ -305,3 +305,19 @@ def test_a_sandboxed_process_cannot_attach_to_a_kept_shell(kept: World) -> None:
     assert b"INJECTED-42" not in client.seen, shown
     client.type(b"exit 0\n")
     assert client.wait() == 0
+
+
+def test_a_kept_shell_left_detached_past_its_idle_time_is_stopped(kept: World) -> None:
+    world = kept
+    client = Client(world, "shell", "--keep", "work", "--idle", "1", *SHELL)
+    client.read_until(PROMPT)
+    client.command("sleep 4715 & echo DONE-$((100+5))", b"DONE-105\r\n")
+    sleeper = _started("4715")
+    [keeper] = _keepers()
+    time.sleep(1.5)  # attached: the idle time does not run
+    assert _alive(sleeper)
+    client.type(b"\x1d")
+    assert client.wait() == 0
+    _wait_gone([keeper, sleeper])  # detached for 1 s: the sandbox and the keeper end
+    assert not os.path.exists(os.path.join(world.state_dir, "shells", "work.sock"))
+    assert any(r.get("kept_shell") == "work" for r in world.audit_records())
