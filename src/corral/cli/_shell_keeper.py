@@ -283,7 +283,12 @@ def _start_keeper(path: str, lock_fd: int, start: Callable[[int, int], int], nam
         os.close(ready_w)
         ready_w = -1
         answer = b""
-        while True:
+        import select
+
+        poller = select.poll()
+        poller.register(ready_r, select.POLLIN)
+        deadline = time.monotonic() + _START_TIMEOUT
+        while poller.poll(max(0.0, deadline - time.monotonic()) * 1000):
             chunk = os.read(ready_r, 65536)
             if not chunk:
                 break
@@ -459,7 +464,7 @@ class Keeper:
     Example::
 
         keeper = Keeper(state, name, digest=d, workspace=w, idle=3600.0)
-        keeper.listen(lock_fd)          # raises CorralError (reported to the client)
+        keeper.listen()                 # raises CorralError (reported to the client)
         master, slave = keeper.master, keeper.slave
         relay = SignalRelay()
         keeper.serve_in_background(relay)

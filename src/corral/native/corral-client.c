@@ -968,9 +968,6 @@ struct link {
     struct reader reader;
 };
 
-/* Connect; R_NONE when connected. *foreign: the socket is another uid's (the
- * Python CLI then warns about it itself). Errors are classified like the
- * Python client's. */
 /* connect() to the socket at path (NUL-terminated, len bytes); 0 or -1 with errno.
  * A path too long for sun_path goes through /proc/self/fd/N/NAME, N an O_PATH
  * descriptor of its directory, as _wire.connect_unix does. */
@@ -1015,6 +1012,9 @@ static int connect_path(int sock, const char *path, size_t len) {
     return rc;
 }
 
+/* Connect; R_NONE when connected. *foreign: the socket is another uid's (the
+ * Python CLI then warns about it itself). Errors are classified like the
+ * Python client's. */
 static enum result connect_server(struct link *l, int *foreign) {
     *foreign = 0;
     l->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
