@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests.conftest import PROBE_PYTHON, World, corral_command, needs_bwrap
+from tests.integration.server.conftest import gone
 
 pytestmark = needs_bwrap
 
@@ -138,18 +139,9 @@ def _started(word: str, timeout: float = 20.0) -> int:
 
 def _wait_gone(pids: list[int], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while any(os.path.exists(f"/proc/{p}") and _alive(p) for p in pids):
+    while any(not gone(p) for p in pids):
         assert time.monotonic() < deadline, f"still running: {pids}"
         time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    return stat[stat.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 @pytest.fixture
@@ -177,7 +169,7 @@ def test_a_kept_shell_survives_detaching_and_keeps_its_terminal(kept: World) -> 
     first.type(b"\x1d")  # Ctrl-]: detach
     assert b"detached from the kept shell work" in first.read_until(b"ends it")
     assert first.wait() == 0
-    assert _alive(sleeper)  # the shell's background job runs on while nobody is attached
+    assert not gone(sleeper)  # the shell's background job runs on while nobody is attached
     assert not _host_file_holds("/tmp/marker", "kept-42\n")  # the sandbox's /tmp is its own
 
     second = Client(world, "shell", "--keep", "work", rows=40, cols=120)
@@ -236,7 +228,7 @@ def test_stop_refusal_and_a_dead_keeper_are_fail_closed(kept: World) -> None:
     refused = world.corral("shell", "--keep", "other", "--timeout", "999", input=b"")
     assert refused.returncode == 125
     assert b"runs under another policy" in refused.stderr and b"--stop other" in refused.stderr
-    assert _alive(sleeper)
+    assert not gone(sleeper)
 
     # a keeper killed outright takes its sandbox with it; the next --keep starts a new one
     [keeper] = _keepers()
@@ -315,7 +307,7 @@ def test_a_kept_shell_left_detached_past_its_idle_time_is_stopped(kept: World) -
     sleeper = _started("4715")
     [keeper] = _keepers()
     time.sleep(1.5)  # attached: the idle time does not run
-    assert _alive(sleeper)
+    assert not gone(sleeper)
     client.type(b"\x1d")
     assert client.wait() == 0
     _wait_gone([keeper, sleeper])  # detached for 1 s: the sandbox and the keeper end
