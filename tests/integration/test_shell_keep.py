@@ -187,6 +187,14 @@ def test_a_kept_shell_survives_detaching_and_keeps_its_terminal(kept: World) -> 
     second.type(b"\x03")
     second.read_until(PROMPT)
     assert b"status-130" in second.command("echo status-$?", b"status-130")
+    # Ctrl-Z stops the foreground job: the shell's job control owns the sandbox's pty
+    second.type(b"sleep 4716\n")
+    stopped = _started("4716")
+    second.type(b"\x1a")
+    second.read_until(b"Stopped")
+    second.read_until(PROMPT)
+    second.command("kill -9 %%; echo DONE-$((100+6))", b"DONE-106\r\n")
+    _wait_gone([stopped])
     # the window changes while attached: SIGWINCH to the client passes the size on
     fcntl.ioctl(second.fd, termios.TIOCSWINSZ, struct.pack("HHHH", 25, 90, 0, 0))
     os.kill(second.pid, signal.SIGWINCH)
