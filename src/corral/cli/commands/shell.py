@@ -92,7 +92,7 @@ def _options(args: list[str]) -> RunOptions:
 
 
 def _idle(value: object) -> float:
-    from ..._exceptions import UsageError
+    """``--idle``'s seconds (default :data:`~corral.cli._shell_keeper.DEFAULT_IDLE`)."""
     from .._shell_keeper import DEFAULT_IDLE
 
     if value is None:
