@@ -321,3 +321,21 @@ def test_a_kept_shell_left_detached_past_its_idle_time_is_stopped(kept: World) -
     _wait_gone([keeper, sleeper])  # detached for 1 s: the sandbox and the keeper end
     assert not os.path.exists(os.path.join(world.state_dir, "shells", "work.sock"))
     assert any(r.get("kept_shell") == "work" for r in world.audit_records())
+
+
+def test_a_keeper_asked_to_end_stops_its_sandbox_and_audits_it(kept: World) -> None:
+    """SIGTERM to the keeper (a logout, ``kill``) ends the sandbox as ``--stop`` does: the
+    attached client gets the shell's status and the run has its audit record."""
+    world = kept
+    before = set(_keepers())
+    client = Client(world, "shell", "--keep", "work", *SHELL)
+    client.read_until(PROMPT)
+    client.command("sleep 4717 & echo DONE-$((100+7))", b"DONE-107\r\n")
+    sleeper = _started("4717")
+    [keeper] = [p for p in _keepers() if p not in before]
+    os.kill(keeper, signal.SIGTERM)
+    assert client.wait() not in (0, 125)  # the shell's status, not "the keeper went away"
+    _wait_gone([keeper, sleeper])
+    assert not os.path.exists(os.path.join(world.state_dir, "shells", "work.sock"))
+    [record] = [r for r in world.audit_records() if r.get("kept_shell") == "work"]
+    assert record["backend"] != "none" and not record["unsandboxed"]

@@ -193,6 +193,8 @@ def _keeper(fds: str, args: list[str]) -> int:
     prints them); corral's lines about the run go to the pty (the attached
     terminal).
     """
+    import signal
+
     from ..._state import state_dir
     from ...pipeline._runner import SignalRelay, launch
     from ...policy import policy_digest
@@ -220,6 +222,10 @@ def _keeper(fds: str, args: list[str]) -> int:
         return EXIT_USAGE
     os.dup2(keeper.slave, 2)  # corral's messages about the run reach the attached terminal
     relay = SignalRelay()
+    # a keeper asked to end (a logout's SIGTERM/SIGHUP, kill) stops its sandbox as --stop
+    # does, so the run still gets its audit record and the client the shell's status
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: relay.stop())
     keeper.serve_in_background(relay)
     try:
         os.write(ready, b"ok")
