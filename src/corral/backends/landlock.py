@@ -44,6 +44,10 @@ Not guaranteed (no policy key asks for these; ask for ``isolation:
   * listing an ancestor of a hidden path (``ls ~``) fails; entries created in
     such an ancestor after the start are unreadable;
   * SysV IPC and the network are the host's when ``network.mode = "open"``;
+  * the user's other terminals: ``/dev/pts`` is granted whole (for the ptys
+    the command creates), so every pty of the caller's uid opens for reading
+    and writing (keys typed there, text shown there);
+    ``tests/integration/test_host_terminals.py`` (xfail) holds the attempt;
   * protection from kernel exploits.
 """
 
