@@ -280,6 +280,42 @@ def test_landlock_keeps_host_processes_unwritable(world: World) -> None:
         host.wait()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="without a cgroup (no memory/pids limit, or one degraded) the landlock backend "
+    "stops the command's process group only: a setsid'd child outlives the run and its "
+    "timeout (and a kept shell's --stop), still holding the workspace's write access",
+)
+def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World) -> None:
+    """No pid namespace there: what the command started must end with the run all the same."""
+    import signal
+
+    word = "4831"
+    result = world.run(
+        f"(setsid sleep {word} &); sleep 60",
+        *_LANDLOCK,
+        *_LANDLOCK_AS_ROOT,
+        "--memory",
+        "none",
+        "--pids",
+        "none",
+        "--timeout",
+        "1",
+    )
+    assert result.returncode == 124, result.stderr
+    left = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if f.read() == f"sleep\0{word}\0".encode():
+                    left.append(int(pid))
+        except OSError:
+            continue
+    for pid in left:  # the test's own stray: never left running
+        os.kill(pid, signal.SIGKILL)
+    assert left == [], "a process of the command outlived the run"
+
+
 @root_caller
 def test_a_root_callers_command_changes_metadata_of_its_own_files(world: World) -> None:
     """The broker creates root's files; fd-based chmod/utime by the sandbox's uid still work."""
