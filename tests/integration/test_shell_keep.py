@@ -275,6 +275,17 @@ def test_bad_keep_options_are_usage_errors(world: World, args: list[str], messag
     assert not os.path.exists(os.path.join(world.state_dir, "shells", "x.sock"))
 
 
+def test_a_link_planted_as_a_kept_shells_lock_is_never_followed(world: World) -> None:
+    shells = os.path.join(world.state_dir, "shells")
+    os.makedirs(shells, mode=0o700)
+    os.symlink(world.victim, os.path.join(shells, "x.lock"))
+    result = world.corral("shell", "--keep", "x", *SHELL, input=b"")
+    assert result.returncode == 125, result.stderr
+    assert b"Failed to use" in result.stderr and b"Traceback" not in result.stderr
+    assert World.read(world.victim) == "original\n"
+    assert not os.path.exists(os.path.join(shells, "x.sock"))
+
+
 def test_a_sandboxed_process_cannot_attach_to_a_kept_shell(kept: World) -> None:
     """A sandbox that reaches the keeper's socket (a hard link, unix sockets allowed) is refused
     by the peer checks: it cannot type into a shell whose policy may be weaker than its own."""

@@ -257,7 +257,13 @@ def attach(
         if time.monotonic() > deadline:
             raise LaunchFailed(f"Failed to start the kept shell {name}: its keeper did not answer")
         _private_directory(directory)
-        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:  # ELOOP: a link planted in its place is never followed
+            raise LaunchFailed(
+                f"Failed to use {lock}: {exc.strerror}",
+                hint=f"remove it (rm {lock}) and start again",
+            ) from exc
         try:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
