@@ -286,6 +286,7 @@ def view_setup(
     read_only: bool,
     masks: list[tuple[str, str]],
     read_only_paths: list[str],
+    chain: bool = False,
 ) -> tuple[str, ...]:
     """The argv that mounts a run's workspace view in virtiofsd's namespace (pure).
 
@@ -299,7 +300,10 @@ def view_setup(
       or ``/dev/null``), each of *read_only_paths* bound read-only.
 
     The guest can only ever reach what virtiofsd serves, and the kernel
-    enforces these mounts for virtiofsd as for any process.
+    enforces these mounts for virtiofsd as for any process. With *chain*, the
+    script execs the arguments appended after the returned argv once the view
+    is mounted (the Firecracker engine builds its workspace image from the
+    view and writes the guest's changes back into it: ``_firecracker_disk``).
     """
     from ._microvm_vm import VIEW_ROOT
 
@@ -330,6 +334,8 @@ def view_setup(
         target = f'"$v"/{arg(path[len(workspace) + 1 :])}'
         lines.append(f"mount --bind {target} {target}")
         lines.append(f"mount -o remount,bind,ro {target}")
+    if chain:
+        lines.append(f'shift {len(words)}\nexec "$@"')
     return ("/bin/sh", "-c", "\n".join(lines), "corral-view", *words)
 
 
