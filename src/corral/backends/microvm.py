@@ -81,6 +81,7 @@ if TYPE_CHECKING:
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
+    from ._firecracker_vm import FirecrackerVM
     from ._microvm_pool import VmPool
     from ._microvm_vm import GuestVM, ShareSpec, VmConfig
     from ._plan import EgressSpec, HostFacts, PreviewSpec
@@ -248,35 +249,6 @@ def cached_kvm_problem(environ: dict[str, str]) -> tuple[str | None, bool]:
     except (OSError, ValueError, AttributeError):
         return None, False
     return (str(known) if known else None), True
-
-
-def engine_problems(environ: dict[str, str]) -> dict[str, str]:
-    """Why Firecracker (a second engine, not implemented in this build) cannot run here.
-
-    The reason says what this host lacks besides, so ``corral doctor`` is
-    precise: the ``firecracker`` binary (not packaged by Debian 12) and KVM
-    that boots standard guests (the cached probe of :func:`kvm_problem`;
-    Firecracker has no TCG fallback).
-    """
-    import shutil
-
-    kvm = "unknown (no KVM probe yet: run a microvm command once)"
-    if not os.path.exists("/dev/kvm"):
-        kvm = "/dev/kvm does not exist"
-    else:
-        known, probed = cached_kvm_problem(environ)
-        if probed:
-            kvm = known or "works"
-    firecracker = shutil.which("firecracker", path=environ.get("PATH"))
-    return {
-        "firecracker": "not implemented in this build (a second engine of microvm); "
-        + (
-            "firecracker binary found"
-            if firecracker
-            else "no firecracker binary (not in Debian 12)"
-        )
-        + f"; KVM: {kvm}",
-    }
 
 
 def view_setup(
@@ -511,7 +483,14 @@ class MicrovmBackend(Backend):
                 "tsc_khz": facts.detail("tsc_khz"),
                 "net": str(facts.detail("socat")) if egress is not None else "",
             },
-            "share": {"setup": list(setup), "guest_path": workspace, "read_only": fs.read_only},
+            "share": {
+                "setup": list(setup),
+                "guest_path": workspace,
+                "read_only": fs.read_only,
+                # what the view is made of (the firecracker engine mounts it again)
+                "masks": [list(m) for m in masks],
+                "read_only_paths": read_only_paths,
+            },
             "exec": {
                 "argv": list(request.argv),
                 "env": [list(kv) for kv in env],
@@ -625,7 +604,7 @@ class MicrovmBackend(Backend):
 
     def run_in(
         self,
-        vm: GuestVM,
+        vm: GuestVM | FirecrackerVM,
         plan: LaunchPlan,
         request: ExecRequest,
         *,

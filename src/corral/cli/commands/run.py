@@ -273,12 +273,12 @@ def _hand_report(directory: str, data: bytes) -> None:
 
 def _writes_through_preview(policy: Policy) -> bool:
     """Whether the policy's backend writes the workspace only through a preview
-    (``boxlite``, or ``microvm``: named, or the only one ``auto`` picks for
+    (``boxlite``, ``firecracker``, or ``microvm``: named, or the only one ``auto`` picks for
     ``isolation: "vm"``)."""
     name = policy.backend
     if name == "auto" and policy.isolation == "vm":
         name = "microvm"
-    if name not in ("microvm", "boxlite"):  # no backend import on the hot path
+    if name not in ("microvm", "boxlite", "firecracker"):  # no backend import on the hot path
         return False
     from ...backends import get_backend
 
