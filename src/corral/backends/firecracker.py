@@ -87,7 +87,7 @@ class FirecrackerBackend(MicrovmBackend):
         from ..images import find_built
         from ..images._vm import find_vm_image
         from ._container import find_program
-        from .microvm import DEFAULT_IMAGE, cached_kvm_problem, find_qemu, kvm_problem
+        from .microvm import DEFAULT_IMAGE
 
         facts: dict[str, object] = {}
         firecracker = find_program("firecracker", environ)
@@ -102,18 +102,9 @@ class FirecrackerBackend(MicrovmBackend):
             name = policy.image[len("corral:") :]
         built = find_built(name, environ)
         vm = find_vm_image(built) if built is not None else None
-        qemu, _virtiofsd = find_qemu(environ)
-        if not os.path.exists("/dev/kvm"):
-            kvm: str | None = "/dev/kvm does not exist"
-        elif qemu and vm:
-            kvm = kvm_problem(qemu, vm.kernel, environ)  # the probe boots the guest under qemu
-        else:
-            known, probed = cached_kvm_problem(environ)
-            kvm = (
-                known
-                if probed
-                else "not probed (the probe needs qemu-system-x86_64 and a VM image)"
-            )
+        from .boxlite import kvm_state
+
+        kvm = kvm_state(environ)  # the microvm backend's probe (Firecracker has no TCG)
         facts.update(
             firecracker=firecracker,
             firecracker_version=firecracker_version(firecracker) if firecracker else None,
