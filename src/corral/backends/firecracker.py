@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from .microvm import FD_CONFIG, MicrovmBackend, view_setup
@@ -114,7 +115,7 @@ class FirecrackerBackend(MicrovmBackend):
             vm_initrd=vm.initrd if vm else None,
             vm_disk=vm.disk if vm else None,
             kvm_problem=kvm,
-            python=__import__("sys").executable,
+            python=sys.executable,
             mkfs=shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin"),
             debugfs=shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin"),
             bwrap=find_program("bwrap", environ),
@@ -177,7 +178,7 @@ class FirecrackerBackend(MicrovmBackend):
                 hint="use --backend microvm for --net allowlist",
             )
         # the qemu engine's plan: every check and refusal, the command, the relay
-        plan = super().plan(request, policy, _as_qemu_facts(facts), preview)
+        plan = super().plan(request, policy, facts, preview)
         config = json.loads(next(f for f in plan.fds if f.number == FD_CONFIG).data)
         vm, share = config["vm"], config["share"]
         workspace = share["guest_path"]
@@ -319,14 +320,6 @@ class FirecrackerBackend(MicrovmBackend):
             return outcome
         finally:
             vm.close()
-
-
-def _as_qemu_facts(facts: HostFacts) -> HostFacts:
-    """*facts* as the qemu engine's plan reads them (it checks for qemu and virtiofsd,
-    which this engine does not use)."""
-    details = dict(facts.details)
-    details.update(qemu="(firecracker)", virtiofsd="(firecracker)", socat=None, tsc_khz=0)
-    return facts.replace(details=tuple(details.items()))
 
 
 def _used_kib(paths: list[str]) -> int:
