@@ -20,7 +20,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,7 +70,7 @@ print("agent ended", agent.wait(timeout=30))
 
 
 @pytest.fixture(scope="module")
-def vsock_modules(tmp_path_factory: pytest.TempPathFactory, vm_cache: str) -> Iterator[Path]:
+def vsock_modules(tmp_path_factory: pytest.TempPathFactory, vm_cache: str) -> Path:
     """The vsock loopback modules of the kernel the VM image was built from (apt)."""
     from corral.images._vm import kernel_package
 
@@ -96,7 +95,7 @@ def vsock_modules(tmp_path_factory: pytest.TempPathFactory, vm_cache: str) -> It
         shutil.copy(found[name], out / name)
     shutil.rmtree(scratch / "x")
     debs[0].unlink()
-    yield out
+    return out
 
 
 def test_the_agent_speaks_its_frames_over_vsock_in_a_real_guest_kernel(
