@@ -70,10 +70,20 @@ while True:
         fields = payload.split(b"\0")
         argc = int(fields[8])
         argv = [a.decode() for a in fields[9:9 + argc]]
-        if argv[0] == "debugfs-script":   # the "guest" writes its workspace disk
+        if argv[0] in ("debugfs-script", "debugfs-then-hang"):   # the "guest" writes its disk
             subprocess.run(["/usr/sbin/debugfs", "-w", "-f", "-", image],
                            input=argv[1].encode(), capture_output=True, check=True)
             send(b"1", b"done\n")
+            if argv[0] == "debugfs-then-hang":  # ... and does not stop when asked ('T')
+                while True:
+                    head = recv_exact(5)
+                    recv_exact(struct.unpack(">I", head[1:])[0])
+                    if head[:1] == b"K":
+                        with open(RECORD + ".killed", "w") as f:
+                            f.write("K")
+                        break
+                send(b"X", b"signal 9\0")
+                continue
         elif argv[0] == "debugfs-cat":    # the "guest" reads a file of its workspace disk
             out = subprocess.run(["/usr/sbin/debugfs", "-R", "cat " + argv[1], image],
                                  capture_output=True).stdout
@@ -214,3 +224,32 @@ def test_a_vmm_that_dies_at_boot_fails_the_run_clearly_and_leaves_nothing(
         backend.launch(plan, request)
     after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")}
     assert after - before == set()
+
+
+def test_a_command_that_outlives_its_timeout_is_killed_and_its_writes_still_come_back(
+    tmp_path: Path,
+) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    firecracker, record = _stand_in(tmp_path)
+    blob = tmp_path / "new"
+    blob.write_text("new\n")
+    policy = Policy.for_workspace(str(ws), home="/root").replace(backend="firecracker")
+    policy = policy.replace(resources=policy.resources.replace(kill_grace=0.5))
+    request = ExecRequest.from_argv(
+        ["debugfs-then-hang", f"rm a.txt\nwrite {blob} a.txt\n"], cwd=str(ws), timeout=1.0
+    )
+    preview = Preview.create(str(ws), state_dir=str(tmp_path / "state"), mechanism="overlay")
+    try:
+        backend = get_backend("firecracker")
+        plan = backend.plan(request, policy, _facts(firecracker, str(ws)), preview.spec())
+        outcome = backend.launch(plan, request)
+        assert outcome.timed_out, outcome
+        # the relay was killed before the agent reported the end: corral killed the
+        # command in the guest ('K'), had it flush, then read the disk back
+        assert Path(f"{record}.killed").exists()
+        assert {c.path: c.kind for c in preview.changes()} == {"a.txt": "modified"}
+    finally:
+        preview.discard()
+    assert (ws / "a.txt").read_text() == "old\n"
