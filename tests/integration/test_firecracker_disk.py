@@ -41,6 +41,7 @@ chmod 700 mode.sh
 rm swap && mkdir swap
 rm link && ln -s elsewhere link
 printf 'x' > .git/hooks/post-checkout && chmod 755 .git/hooks/post-checkout
+chown 1234:1234 owned.txt
 """
 DEBUGFS = """
 rm kept.txt
@@ -60,6 +61,8 @@ rm link
 symlink link elsewhere
 write {x} .git/hooks/post-checkout
 set_inode_field .git/hooks/post-checkout mode 0100755
+set_inode_field owned.txt uid 1234
+set_inode_field owned.txt gid 1234
 """
 
 
@@ -69,6 +72,7 @@ def _workspace(root: Path) -> Path:
     (ws / "olddir" / "inner.txt").write_text("inner\n")
     (ws / "kept.txt").write_text("original\n")
     (ws / "gone.txt").write_text("bye\n")
+    (ws / "owned.txt").write_text("mine\n")
     (ws / "mode.sh").write_text("#!/bin/sh\n")
     (ws / "mode.sh").chmod(0o644)
     (ws / "swap").write_text("file\n")
@@ -153,6 +157,9 @@ def test_the_image_round_trip_reports_what_the_qemu_engine_reports(
         assert _described(via_image) == expected
         by_path = {c.path: c for c in via_image.changes()}
         assert by_path["mode.sh"].kind == "modified"
+        spec = via_image.spec()
+        owned = os.path.join(spec.upper or spec.tree, "owned.txt")
+        assert os.stat(owned).st_uid == 1234  # an owner change comes back into the view too
         assert ".env" not in by_path  # the masked secret neither came back nor was deleted
         # the protected path is reported as the qemu engine's preview reports it
         assert via_image.protected() == via_view.protected()
