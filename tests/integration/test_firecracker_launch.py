@@ -70,6 +70,8 @@ while True:
         fields = payload.split(b"\0")
         argc = int(fields[8])
         argv = [a.decode() for a in fields[9:9 + argc]]
+        with open(RECORD + ".commands", "a") as f:
+            f.write(json.dumps(argv) + "\n")
         if argv[0] in ("debugfs-script", "debugfs-then-hang"):   # the "guest" writes its disk
             subprocess.run(["/usr/sbin/debugfs", "-w", "-f", "-", image],
                            input=argv[1].encode(), capture_output=True, check=True)
@@ -162,6 +164,8 @@ def test_a_preview_run_brings_the_guests_disk_writes_back_and_leaves_nothing(
         preview.discard()
     assert (ws / "a.txt").read_text() == "old\n" and (ws / "gone.txt").exists()
     seen = json.loads(record.read_text())
+    commands = Path(f"{record}.commands").read_text().splitlines()
+    assert json.loads(commands[-1]) == ["/bin/sync"]  # flushed before the disk was read
     assert seen["argv"][:2] == ["--no-api", "--config-file"]
     assert seen["listening"], "corral did not listen on <uds_path>_1024 before the VMM started"
     config = seen["config"]

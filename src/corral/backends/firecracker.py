@@ -358,7 +358,7 @@ def _flush(vm: FirecrackerVM, *, ended: bool, grace: float) -> None:
                 pass
         channel.start(
             ExecSpec(
-                argv=("sync",),
+                argv=("/bin/sync",),
                 env=(("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),),
                 cwd="/",
                 uid=0,
