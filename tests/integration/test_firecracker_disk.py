@@ -2,9 +2,10 @@
 
 One change set is made twice on two previews of the same workspace: once
 through the preview's view mounted writable (what the qemu engine's
-virtiofsd does with a guest's writes), once inside the ext4 image the
-Firecracker engine builds from that view (with debugfs, as a guest's kernel
-would write it), then read back. Both previews must report the same changes.
+virtiofsd does with a guest's writes) or by a real guest of the qemu
+engine, once inside the ext4 image the Firecracker engine builds from that
+view (with debugfs, as a guest's kernel would write it), then read back.
+Both previews must report the same changes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from corral.backends import _firecracker_disk as disk
 from corral.backends.microvm import view_setup
 from corral.preview import Preview
+from tests.integration.conftest import needs_microvm
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="the view is mounted in a mount namespace (root)"),
@@ -208,3 +211,54 @@ def test_a_broken_image_is_refused_not_half_read(tmp_path: Path) -> None:
         assert not preview.changes()
     finally:
         preview.discard()
+
+
+@needs_microvm
+def test_the_image_round_trip_reports_what_a_real_qemu_guest_reports(
+    tmp_path: Path, vm_cache: str
+) -> None:
+    """The same change set made by a real guest under the qemu engine (virtiofs) and
+    through a workspace image: both previews report the same changes."""
+    ws = _workspace(tmp_path)
+    state = tmp_path / "xdg-state"
+    env = {**os.environ, "XDG_CACHE_HOME": vm_cache, "XDG_STATE_HOME": str(state)}
+    result = subprocess.run(
+        [sys.executable, "-m", "corral", "preview", "--backend", "microvm",
+         "--deny-read", str(ws / ".env"), "--", "sh", "-c", SHELL, "sh", str(ws)],
+        cwd=ws, env=env, capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    preview_id = result.stderr.split("preview ", 1)[1].split()[0]
+    via_qemu = Preview.open(preview_id, state_dir=os.path.join(state, "corral"))
+    via_image = Preview.create(
+        str(ws), state_dir=os.path.join(state, "corral"), mechanism=via_qemu.mechanism
+    )
+    masks = [(str(ws / ".env"), "file")]
+    try:
+        image = str(tmp_path / "ws.ext4")
+        disk.build_image(_setup(via_image, ws, masks=masks), image, size_mb=64, owner=(0, 0))
+        blobs = tmp_path / "blobs"
+        blobs.mkdir()
+        for name, data in (("changed", "changed\n"), ("n", "n\n"), ("x", "x")):
+            (blobs / name).write_text(data)
+        script = DEBUGFS.format(changed=blobs / "changed", n=blobs / "n", x=blobs / "x")
+        subprocess.run(
+            ["debugfs", "-w", "-f", "-", image], input=script, text=True, check=True,
+            capture_output=True,
+        )  # fmt: skip
+        scratch = tmp_path / "scratch"
+        scratch.mkdir(mode=0o700)
+        disk.read_back(
+            image,
+            _setup(via_image, ws, masks=masks),
+            masks=(".env",),
+            scratch=str(scratch),
+            bwrap=str(shutil.which("bwrap")),
+        )
+        expected = _described(via_qemu)
+        assert ("kept.txt", "modified") in expected, expected  # the guest really ran
+        assert _described(via_image) == expected
+        assert via_image.protected() == via_qemu.protected()
+    finally:
+        via_qemu.discard()
+        via_image.discard()
