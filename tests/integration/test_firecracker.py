@@ -50,7 +50,7 @@ def _boot_problem() -> str | None:
     if kvm:
         problems.append(f"KVM does not run standard guests here: {kvm}")
     if os.geteuid() != 0:
-        problems.append("the firecracker backend runs as root only")
+        problems.append("this build runs Firecracker VMs as root only")
     return "; ".join(problems) or None
 
 
