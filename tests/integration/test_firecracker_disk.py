@@ -99,6 +99,39 @@ def _setup(preview: Preview, ws: Path, *, masks: list[tuple[str, str]]) -> tuple
     )
 
 
+def _changed_through_an_image(
+    preview: Preview, ws: Path, tmp_path: Path, *, masks: list[tuple[str, str]]
+) -> str:
+    """The Firecracker engine's way: an image of *preview*'s view, changed with debugfs
+    (:data:`DEBUGFS`, as a guest kernel writes its disk), read back into the preview."""
+    image = str(tmp_path / "ws.ext4")
+    disk.build_image(
+        _setup(preview, ws, masks=masks),
+        image,
+        size_mb=disk.image_size_mb(100, headroom_mb=32),
+        owner=(os.stat(ws).st_uid, os.stat(ws).st_gid),
+    )
+    blobs = tmp_path / "blobs"
+    blobs.mkdir()
+    for name, data in (("changed", "changed\n"), ("n", "n\n"), ("x", "x")):
+        (blobs / name).write_text(data)
+    script = DEBUGFS.format(changed=blobs / "changed", n=blobs / "n", x=blobs / "x")
+    subprocess.run(
+        ["debugfs", "-w", "-f", "-", image], input=script, text=True, check=True,
+        capture_output=True,
+    )  # fmt: skip
+    scratch = tmp_path / "scratch"
+    scratch.mkdir(mode=0o700)
+    disk.read_back(
+        image,
+        _setup(preview, ws, masks=masks),
+        masks=tuple(p[len(str(ws)) + 1 :] for p, _k in masks),
+        scratch=str(scratch),
+        bwrap=str(shutil.which("bwrap")),
+    )
+    return image
+
+
 def _described(preview: Preview) -> list[tuple[str, str]]:
     return sorted((c.path, c.kind) for c in preview.changes())
 
@@ -121,13 +154,7 @@ def test_the_image_round_trip_reports_what_the_qemu_engine_reports(
             check=True,
         )
         # the firecracker engine: an image of the view, written by the "guest", read back
-        image = str(tmp_path / "ws.ext4")
-        disk.build_image(
-            _setup(via_image, ws, masks=masks),
-            image,
-            size_mb=disk.image_size_mb(100, headroom_mb=32),
-            owner=(os.stat(ws).st_uid, os.stat(ws).st_gid),
-        )
+        image = _changed_through_an_image(via_image, ws, tmp_path, masks=masks)
         listing = subprocess.run(
             ["debugfs", "-R", "ls -l /", image], capture_output=True, text=True, check=True
         ).stdout
@@ -137,24 +164,6 @@ def test_the_image_round_trip_reports_what_the_qemu_engine_reports(
             ["debugfs", "-R", "cat .env", image], capture_output=True, check=True
         ).stdout
         assert b"SECRET" not in dumped
-        blobs = tmp_path / "blobs"
-        blobs.mkdir()
-        for name, data in (("changed", "changed\n"), ("n", "n\n"), ("x", "x")):
-            (blobs / name).write_text(data)
-        script = DEBUGFS.format(changed=blobs / "changed", n=blobs / "n", x=blobs / "x")
-        subprocess.run(
-            ["debugfs", "-w", "-f", "-", image], input=script, text=True, check=True,
-            capture_output=True,
-        )  # fmt: skip
-        scratch = tmp_path / "scratch"
-        scratch.mkdir(mode=0o700)
-        disk.read_back(
-            image,
-            _setup(via_image, ws, masks=masks),
-            masks=(".env",),
-            scratch=str(scratch),
-            bwrap=str(shutil.which("bwrap")),
-        )
         expected = _described(via_view)
         assert expected, "the change set is empty: the test proves nothing"
         assert _described(via_image) == expected
@@ -235,26 +244,7 @@ def test_the_image_round_trip_reports_what_a_real_qemu_guest_reports(
     )
     masks = [(str(ws / ".env"), "file")]
     try:
-        image = str(tmp_path / "ws.ext4")
-        disk.build_image(_setup(via_image, ws, masks=masks), image, size_mb=64, owner=(0, 0))
-        blobs = tmp_path / "blobs"
-        blobs.mkdir()
-        for name, data in (("changed", "changed\n"), ("n", "n\n"), ("x", "x")):
-            (blobs / name).write_text(data)
-        script = DEBUGFS.format(changed=blobs / "changed", n=blobs / "n", x=blobs / "x")
-        subprocess.run(
-            ["debugfs", "-w", "-f", "-", image], input=script, text=True, check=True,
-            capture_output=True,
-        )  # fmt: skip
-        scratch = tmp_path / "scratch"
-        scratch.mkdir(mode=0o700)
-        disk.read_back(
-            image,
-            _setup(via_image, ws, masks=masks),
-            masks=(".env",),
-            scratch=str(scratch),
-            bwrap=str(shutil.which("bwrap")),
-        )
+        _changed_through_an_image(via_image, ws, tmp_path, masks=masks)
         expected = _described(via_qemu)
         assert ("kept.txt", "modified") in expected, expected  # the guest really ran
         assert _described(via_image) == expected

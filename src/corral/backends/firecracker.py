@@ -85,42 +85,25 @@ class FirecrackerBackend(MicrovmBackend):
     ) -> dict[str, object]:
         import shutil
 
-        from ..images import find_built
-        from ..images._vm import find_vm_image
         from ._container import find_program
-        from .microvm import DEFAULT_IMAGE
-
-        facts: dict[str, object] = {}
-        firecracker = find_program("firecracker", environ)
-        name = DEFAULT_IMAGE
-        image_problem = None
-        if policy.image is not None:
-            if not policy.image.startswith("corral:"):
-                image_problem = (
-                    f"the firecracker backend boots images built by corral (corral:NAME), "
-                    f"not {policy.image!r}"
-                )
-            name = policy.image[len("corral:") :]
-        built = find_built(name, environ)
-        vm = find_vm_image(built) if built is not None else None
         from .boxlite import kvm_state
 
-        kvm = kvm_state(environ)  # the microvm backend's probe (Firecracker has no TCG)
-        facts.update(
-            firecracker=firecracker,
-            firecracker_version=firecracker_version(firecracker) if firecracker else None,
-            image_name=name,
-            image_problem=image_problem,
-            vm_kernel=vm.vmlinux if vm and vm.vmlinux and os.path.isfile(vm.vmlinux) else None,
-            vm_initrd=vm.initrd if vm else None,
-            vm_disk=vm.disk if vm else None,
-            kvm_problem=kvm,
-            python=sys.executable,
-            mkfs=shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin"),
-            debugfs=shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin"),
-            bwrap=find_program("bwrap", environ),
-        )
-        return facts
+        firecracker = find_program("firecracker", environ)
+        name, image_problem, vm = self.vm_image(policy, environ)
+        return {
+            "firecracker": firecracker,
+            "firecracker_version": firecracker_version(firecracker) if firecracker else None,
+            "image_name": name,
+            "image_problem": image_problem,
+            "vm_kernel": vm.vmlinux if vm and vm.vmlinux and os.path.isfile(vm.vmlinux) else None,
+            "vm_initrd": vm.initrd if vm else None,
+            "vm_disk": vm.disk if vm else None,
+            "kvm_problem": kvm_state(environ),  # the microvm backend's probe (no TCG here)
+            "python": sys.executable,
+            "mkfs": shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin"),
+            "debugfs": shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin"),
+            "bwrap": find_program("bwrap", environ),
+        }
 
     def problem(self, facts: HostFacts) -> str | None:
         """Every reason this host cannot run the engine, joined (None: it can)."""

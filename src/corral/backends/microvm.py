@@ -76,6 +76,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..images._vm import VmImage
     from ..pipeline._cgroups import Cgroup, CgroupLayout
     from ..pipeline._engine import Running
     from ..pipeline._outcome import Outcome
@@ -323,22 +324,10 @@ class MicrovmBackend(Backend):
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]
     ) -> dict[str, object]:
-        from ..images import find_built
-        from ..images._vm import find_vm_image
         from ._container import find_program
 
         qemu, virtiofsd = find_qemu(environ)
-        name = DEFAULT_IMAGE
-        image_problem = None
-        if policy.image is not None:
-            if not policy.image.startswith("corral:"):
-                image_problem = (
-                    f"the microvm backend boots images built by corral (corral:NAME), "
-                    f"not {policy.image!r}"
-                )
-            name = policy.image[len("corral:") :]
-        built = find_built(name, environ)
-        vm = find_vm_image(built) if built is not None else None
+        name, image_problem, vm = self.vm_image(policy, environ)
         kvm = (
             kvm_problem(qemu, vm.kernel, environ)
             if qemu and vm and os.path.exists("/dev/kvm")
@@ -359,6 +348,27 @@ class MicrovmBackend(Backend):
             "python": sys.executable,
             "socat": find_program("socat", environ),
         }
+
+    def vm_image(
+        self, policy: Policy, environ: dict[str, str]
+    ) -> tuple[str, str | None, VmImage | None]:
+        """``(name, problem, artifacts)`` of the VM image *policy* names (``corral:NAME``,
+        default :data:`DEFAULT_IMAGE`): *problem* when it names another kind of image,
+        *artifacts* None when no VM image of it is built."""
+        from ..images import find_built
+        from ..images._vm import find_vm_image
+
+        name = DEFAULT_IMAGE
+        problem = None
+        if policy.image is not None:
+            if not policy.image.startswith("corral:"):
+                problem = (
+                    f"the {self.name} backend boots images built by corral (corral:NAME), "
+                    f"not {policy.image!r}"
+                )
+            name = policy.image[len("corral:") :]
+        built = find_built(name, environ)
+        return name, problem, find_vm_image(built) if built is not None else None
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.detail("qemu") is None:
