@@ -137,7 +137,7 @@ def _described(preview: Preview) -> list[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("mechanism", ["overlay", "copy"])
-def test_the_image_round_trip_reports_what_the_qemu_engine_reports(
+def test_the_image_round_trip_reports_what_writes_through_the_view_report(
     tmp_path: Path, mechanism: str
 ) -> None:
     ws = _workspace(tmp_path)
