@@ -113,7 +113,10 @@ def build_image(
     *setup* is built with ``chain=True``; this function supplies what it
     execs (``mkfs.ext4 -d``). The root directory gets *owner* (the
     workspace's uid and gid); ``lost+found`` is removed (the guest sees the
-    view and nothing else).
+    view and nothing else). No journal: once the guest has run ``sync``,
+    every change is in place, where ``debugfs`` reads it (it does not replay
+    a journal, and a journalled file system may keep committed metadata
+    only in its journal until a later checkpoint).
 
     Raises:
         DiskFailed: mkfs failed, e.g. the view does not fit in *size_mb* MiB.
@@ -123,7 +126,7 @@ def build_image(
     _run(
         in_view(
             setup,
-            mkfs, "-q", "-F", "-t", "ext4", "-L", "corral-ws", "-i", "4096",
+            mkfs, "-q", "-F", "-t", "ext4", "-L", "corral-ws", "-i", "4096", "-O", "^has_journal",
             "-d", f"{_VIEW_ROOT}/ws", "-E", f"root_owner={owner[0]}:{owner[1]}",
             image, f"{size_mb}M",
         ),
