@@ -1,4 +1,7 @@
-"""The guest agent's vsock transport (the Firecracker engine's), for real, inside a qemu guest.
+"""The Firecracker engine's guest side, for real, inside qemu guests of the same kernel.
+
+The image's init, booted with Firecracker's kernel command line and disks,
+takes the vsock path. And the guest agent's vsock transport:
 
 This host's kernel has no vsock loopback transport (and CID 2 is this
 machine's own VMM, which tests must not contact), so the transport is tested
@@ -125,3 +128,58 @@ def test_the_agent_speaks_its_frames_over_vsock_in_a_real_guest_kernel(
     # the host closed: the agent powered off, which in a pid namespace ends its init as if
     # by SIGINT (pid_namespaces(7)); unshare reports that signal as its own
     assert lines[-1] == "agent ended -2", lines
+
+
+def test_the_guest_init_takes_the_firecracker_path_from_the_command_line(
+    tmp_path: Path, vm_cache: str
+) -> None:
+    """The image's init under ``corral.agent=vsock corral.ws=rw`` (booted here by qemu with
+    two disks, as Firecracker would attach them): it loads the vsock modules, mounts the
+    workspace disk and starts the agent on ``vsock:2:1024``."""
+    import select
+    import time
+
+    from corral.backends.microvm import find_qemu, tsc_khz
+    from corral.images import find_built
+    from corral.images._vm import find_vm_image
+
+    environ = {**os.environ, "XDG_CACHE_HOME": vm_cache}
+    built = find_built("python", environ)
+    vm = find_vm_image(built) if built is not None else None
+    qemu, _virtiofsd = find_qemu(environ)
+    assert vm is not None and qemu is not None
+    workspace = tmp_path / "ws.ext4"
+    subprocess.run(
+        ["mkfs.ext4", "-q", "-F", "-O", "^has_journal", str(workspace), "16M"], check=True
+    )
+    cmdline = "console=ttyS0 panic=-1 reboot=t corral.agent=vsock corral.ws=rw"
+    if tsc_khz():
+        cmdline += f" tsc_early_khz={tsc_khz()} tsc=reliable"
+    proc = subprocess.Popen(
+        [qemu, "-M", "microvm,x-option-roms=off", "-accel", "tcg", "-cpu", "max", "-m", "256M",
+         "-nodefaults", "-no-user-config", "-display", "none", "-monitor", "none", "-no-reboot",
+         "-serial", "stdio", "-global", "virtio-mmio.force-legacy=false",
+         "-kernel", vm.kernel, "-initrd", vm.initrd, "-append", cmdline,
+         "-drive", f"id=root,file={vm.disk},format=raw,if=none,readonly=on",
+         "-device", "virtio-blk-device,drive=root",
+         "-drive", f"id=ws,file={workspace},format=raw,if=none",
+         "-device", "virtio-blk-device,drive=ws"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    console = b""
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while b"corral-init: workspace disk mounted" not in console:
+            left = deadline - time.monotonic()
+            assert left > 0 and proc.poll() is None, console.decode(errors="replace")[-2000:]
+            if select.select([proc.stdout], [], [], min(left, 1.0))[0]:
+                console += os.read(proc.stdout.fileno(), 65536)
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    text = console.decode(errors="replace")
+    assert "corral-init: workspace disk mounted rw; agent on vsock:2:1024" in text
+    assert "insmod" not in text  # every module (the vsock ones too) loaded

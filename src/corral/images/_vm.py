@@ -113,6 +113,7 @@ case " $(cat /proc/cmdline) " in
       mkdir -p /newroot/.corral/share/ws
       mount -t ext4 -o "$ws,nosuid,nodev" /dev/vdb /newroot/.corral/share/ws ||
         { echo "corral-init: no workspace disk"; poweroff -f; }
+      echo "corral-init: workspace disk mounted $ws; agent on $agent"
     esac
   done ;;
 *)
