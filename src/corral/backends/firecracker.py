@@ -108,6 +108,8 @@ class FirecrackerBackend(MicrovmBackend):
     def problem(self, facts: HostFacts) -> str | None:
         """Every reason this host cannot run the engine, joined (None: it can)."""
         problems = []
+        if facts.arch != "x86_64":
+            problems.append(f"this build runs x86_64 guests only (this is {facts.arch})")
         binary = facts.detail("firecracker")
         version = facts.detail("firecracker_version")
         if binary is None:

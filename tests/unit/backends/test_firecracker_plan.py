@@ -153,9 +153,12 @@ def test_where_nothing_is_there_every_reason_is_given() -> None:
     assert "corral image build python --vm" in message
 
 
-def test_an_old_firecracker_is_refused() -> None:
+def test_an_old_firecracker_or_another_architecture_is_refused() -> None:
     problem = get_backend("firecracker").problem(_facts(firecracker_version=(1, 7)))
     assert problem is not None and "older than 1.8" in problem
+    assert get_backend("firecracker").problem(_facts()) is None
+    problem = get_backend("firecracker").problem(_facts().replace(arch="aarch64"))
+    assert problem is not None and "x86_64 guests only (this is aarch64)" in problem
 
 
 @pytest.mark.parametrize(
