@@ -129,6 +129,12 @@ def _facts(firecracker: str, workspace: str) -> HostFacts:
     )
 
 
+def _run_dirs() -> list[str]:
+    """The VM run directories of this process (other VMs on the machine have their own)."""
+    mine = f"corral-vm-{os.getpid()}-"
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(mine)]
+
+
 def _gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -145,7 +151,6 @@ def test_a_preview_run_brings_the_guests_disk_writes_back_and_leaves_nothing(
     (ws / "a.txt").write_text("old\n")
     (ws / "gone.txt").write_text("bye\n")
     firecracker, record = _stand_in(tmp_path)
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")}
     blob = tmp_path / "new"
     blob.write_text("new\n")
     writes = f"rm a.txt\nwrite {blob} a.txt\nrm gone.txt\nwrite {blob} b.txt\n"
@@ -176,8 +181,7 @@ def test_a_preview_run_brings_the_guests_disk_writes_back_and_leaves_nothing(
     assert "-vm-" in seen["cgroup"]  # born in the VM's own cgroup
     assert _gone(seen["pid"])  # killed with the run
     # the run directory (config file, sockets, the workspace image) is gone
-    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")}
-    assert after - before == set()
+    assert _run_dirs() == []
     assert not os.path.exists(config["drives"][1]["path_on_host"])
 
 
@@ -218,7 +222,6 @@ def test_a_vmm_that_dies_at_boot_fails_the_run_clearly_and_leaves_nothing(
     dying = tmp_path / "firecracker"
     dying.write_text("#!/bin/sh\necho 'no KVM for you' >&2\nexit 3\n")
     dying.chmod(0o755)
-    before = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")}
     policy = Policy.for_workspace(str(ws), home="/root").replace(backend="firecracker")
     policy = policy.replace(filesystem=policy.filesystem.replace(read_only=True))
     request = ExecRequest.from_argv(["true"], cwd=str(ws))
@@ -226,8 +229,7 @@ def test_a_vmm_that_dies_at_boot_fails_the_run_clearly_and_leaves_nothing(
     plan = backend.plan(request, policy, _facts(str(dying), str(ws)))
     with pytest.raises(BackendUnavailable, match="firecracker exited 3: no KVM for you"):
         backend.launch(plan, request)
-    after = {n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")}
-    assert after - before == set()
+    assert _run_dirs() == []
 
 
 def test_a_command_that_outlives_its_timeout_is_killed_and_its_writes_still_come_back(

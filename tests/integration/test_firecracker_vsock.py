@@ -170,7 +170,10 @@ def test_the_guest_init_takes_the_firecracker_path_from_the_command_line(
     try:
         assert proc.stdout is not None
         deadline = time.monotonic() + 120
-        while b"corral-init: workspace disk mounted" not in console:
+        while not any(
+            line.startswith(b"corral-init: workspace disk mounted")
+            for line in console.split(b"\n")[:-1]  # complete lines only
+        ):
             left = deadline - time.monotonic()
             assert left > 0 and proc.poll() is None, console.decode(errors="replace")[-2000:]
             if select.select([proc.stdout], [], [], min(left, 1.0))[0]:
