@@ -139,8 +139,8 @@ class FirecrackerBackend(MicrovmBackend):
         elif facts.detail("vm_kernel") is None:
             name = facts.detail("image_name")
             problems.append(
-                f"no VM image of {name!r} with a vmlinux is built; run "
-                f"'corral image build {name} --vm'"
+                f"no VM image of {name!r} with a vmlinux is built (extracting it from "
+                f"Debian's kernel needs the lz4 program); run 'corral image build {name} --vm'"
             )
         return "; ".join(problems) or None
 
