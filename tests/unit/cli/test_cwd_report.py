@@ -99,3 +99,19 @@ def test_the_client_writes_the_servers_report_only_to_a_descriptor_of_its_caller
     finally:
         own.close()
         os.close(read)
+
+
+@pytest.mark.parametrize("given", ["0", "1", "2", "-3", "x", "3.0", "", "٣"])
+def test_report_fd_must_be_a_descriptor_number_of_3_or_more(given: str, tmp_path: Path) -> None:
+    from corral.cli.commands.run import Caller, run
+    from corral.pipeline._runner import SignalRelay
+
+    read, write = os.pipe()
+    try:
+        caller = Caller(cwd=str(tmp_path), environ={"HOME": str(tmp_path)}, stdio=(-1, -1, write))
+        status = run(["--report-fd", given, "--", "true"], caller, SignalRelay())
+        os.close(write)
+        assert status == 125
+        assert b"--report-fd" in os.read(read, 4096)
+    finally:
+        os.close(read)
