@@ -305,7 +305,7 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     directory - changes no status and prints nothing of the shell's).
 
     corral, not the host shell, handles the report (``--report-fd 3``,
-    :mod:`corral.cli._cwd_report`): in a fresh sandbox (no server, or a run that
+    :mod:`corral.server._cwd_report`): in a fresh sandbox (no server, or a run that
     cannot be kept) it makes a private report directory under the caller's
     ``$TMPDIR``, writable by this run only, and names it in ``$CORRAL_REPORT_DIR``; the
     agent session's kept sandbox in the corral server (:mod:`corral.server._kept`)

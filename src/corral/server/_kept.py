@@ -37,7 +37,7 @@ import _thread
 import os
 import time
 
-from ..cli._cwd_report import read_report
+from ._cwd_report import read_report
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -263,8 +263,8 @@ class KeptSessions:
         """The working directory the command wrote to ``STATE_INSIDE/cwd``, if any; removed.
 
         Untrusted bytes from the sandbox: read without following links, at
-        most 4 KiB + 1 bytes of a regular file (:func:`corral.cli._cwd_report.read_report`);
-        ``corral run`` checks the path (:func:`~corral.cli._cwd_report.checked_directory`). Whatever
+        most 4 KiB + 1 bytes of a regular file (:func:`corral.server._cwd_report.read_report`);
+        ``corral run`` checks the path (:func:`~corral.server._cwd_report.checked_directory`). Whatever
         the command left under that name (a link, a directory) is removed, so
         the next command's report is its own. No process of the sandbox runs
         now (the init swept them all before it reported the end).

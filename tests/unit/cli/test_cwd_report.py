@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from corral.cli._client import _write_report
-from corral.cli._cwd_report import MAX_REPORT, checked_directory, make_report_dir, take_report
+from corral.server._cwd_report import MAX_REPORT, checked_directory, make_report_dir, take_report
 
 
 @pytest.fixture

@@ -231,7 +231,7 @@ def _run_reporting(
     """A fresh run with ``--report-fd``: corral makes the report directory, the command may
     write ``$CORRAL_REPORT_DIR/cwd`` there (``--allow-write``), corral takes the report,
     removes the directory and hands the checked directory to the caller."""
-    from .._cwd_report import REPORT_VARIABLE, make_report_dir, take_report
+    from ...server._cwd_report import REPORT_VARIABLE, make_report_dir, take_report
 
     try:
         directory = make_report_dir(caller.environ)
@@ -334,7 +334,7 @@ def _run_kept(
 
 def _hand_report(caller: Caller, fd: int, report: bytes | None, workspace: str) -> None:
     """The (untrusted) *report*, if it names a directory at or under *workspace*, to *fd*."""
-    from .._cwd_report import checked_directory
+    from ...server._cwd_report import checked_directory
 
     directory = checked_directory(report, workspace)
     if directory is not None:
