@@ -68,6 +68,7 @@ from ._requests import (
     _receive_request,
     _run_request,
     _tell,
+    report_member,
 )
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import (
@@ -631,7 +632,7 @@ class Server:
             status = self._run(request, session)
             session.done = True
             try:
-                conn.sendall(encode({"exit": status}))
+                conn.sendall(encode({"exit": status, **report_member(request)}))
             except OSError:
                 pass  # the client is gone; the run was stopped and audited
         finally:
