@@ -174,16 +174,42 @@ def main(argv: "list[str]") -> int:
             sys.stderr.write(f"corral: {payload.decode('utf-8', 'replace')}\n")
             return 127 if payload.startswith(b"exec") else 126
         elif kind == b"X":
-            how = payload.partition(b"\0")[0].decode()
-            word, _, number = how.partition(" ")
+            end = _ending(payload)
+            if end is None:
+                how = payload.partition(b"\0")[0][:64].decode("ascii", "replace")
+                sys.stderr.write(
+                    f"corral: the micro-VM broke the agent protocol: an end of {how!r}\n"
+                )
+                return 125
+            word, number = end
             if word == "signal":
-                signum = int(number)
                 signal.set_wakeup_fd(-1)
-                if signum not in (signal.SIGKILL, signal.SIGSTOP):
-                    signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
-                return 128 + signum
-            return int(number)
+                if number != signal.SIGKILL:
+                    signal.signal(number, signal.SIG_DFL)
+                os.kill(os.getpid(), number)
+                return 128 + number
+            return number
+
+
+#: signals that end a process by default (Term or Core): the only ones a command can
+#: have died of; a stop signal (19-22) sent to the relay itself would hang the host's run
+_ENDING_SIGNALS = frozenset(range(1, 65)) - {17, 18, 19, 20, 21, 22, 23, 28}
+
+
+def _ending(payload: bytes) -> "tuple[str, int] | None":
+    """``("exit", 0-255)`` or ``("signal", N)`` from an 'X' payload; None for anything else.
+
+    The guest is not trusted: an end no command can have is a protocol error.
+    """
+    word, _, number = payload.partition(b"\0")[0].partition(b" ")
+    if not number.isdigit() or len(number) > 3:
+        return None
+    value = int(number)
+    if word == b"exit" and value <= 255:
+        return "exit", value
+    if word == b"signal" and value in _ENDING_SIGNALS:
+        return "signal", value
+    return None
 
 
 if __name__ == "__main__":

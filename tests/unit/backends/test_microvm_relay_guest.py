@@ -1,0 +1,119 @@
+"""The micro-VM relay against a hostile guest: what the agent says a command ended with.
+
+The guest's root can take the agent's port and send any frame (the agent is
+not a trust boundary). The relay ends "the same way" as the guest's command:
+it must never stop itself (a stopped relay hangs the host's run until its
+timeout's SIGKILL - forever for ``corral shell``, which has none) and never
+exit with a status the guest made up out of range. The test plays the agent
+on a socketpair and runs the real relay.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+import corral.backends as backends_package
+
+RELAY = os.path.join(os.path.dirname(backends_package.__file__), "_microvm_run.py")
+
+
+def _frame(kind: bytes, payload: bytes) -> bytes:
+    return kind + len(payload).to_bytes(4, "big") + payload
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        b"signal 19",
+        b"signal 20",
+        b"signal 21",
+        b"signal 22",
+        b"signal 0",
+        b"signal 99",
+        b"signal x",
+        b"exit 300",
+        b"exit -1",
+        b"exit",
+    ],
+)
+def test_a_guests_made_up_end_never_stops_the_relay(end: bytes) -> None:
+    host, guest = socket.socketpair()
+    exec_r, exec_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(exec_w, b"0command")
+    os.close(exec_w)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", RELAY, str(exec_r), str(guest.fileno()), str(done_w)],
+        pass_fds=(exec_r, guest.fileno(), done_w),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(exec_r)
+    os.close(done_w)
+    guest.close()
+    try:
+        host.settimeout(10)
+        assert host.recv(5)[:1] == b"E"  # the relay sent the command: now the guest answers
+        host.sendall(_frame(b"X", end + b"\0"))
+        deadline = time.monotonic() + 10
+        while relay.poll() is None:
+            assert _state(relay.pid) != "T", f"the guest's {end!r} stopped the host's relay"
+            assert time.monotonic() < deadline, "the relay did not end"
+            time.sleep(0.02)
+        _out, err = relay.communicate()
+        assert relay.returncode == 125, (relay.returncode, err)
+        assert b"broke the agent protocol" in err and b"Traceback" not in err, err
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        host.close()
+        os.close(done_r)
+
+
+@pytest.mark.parametrize(
+    ("end", "status"), [(b"exit 7", 7), (b"signal 15", -15), (b"signal 9", -9)]
+)
+def test_a_guests_real_end_is_passed_on(end: bytes, status: int) -> None:
+    """The check above refuses only ends no command can have: real ones still pass."""
+    host, guest = socket.socketpair()
+    exec_r, exec_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(exec_w, b"0command")
+    os.close(exec_w)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", RELAY, str(exec_r), str(guest.fileno()), str(done_w)],
+        pass_fds=(exec_r, guest.fileno(), done_w),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    os.close(exec_r)
+    os.close(done_w)
+    guest.close()
+    try:
+        host.settimeout(10)
+        assert host.recv(5)[:1] == b"E"
+        host.sendall(_frame(b"X", end + b"\0"))
+        assert relay.wait(10) == status
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.wait()
+        relay.stderr.close()  # type: ignore[union-attr]
+        host.close()
+        os.close(done_r)
