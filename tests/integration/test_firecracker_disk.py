@@ -262,8 +262,9 @@ def test_the_image_round_trip_reports_what_a_real_qemu_guest_reports(
     strict=True,
     reason="debugfs rdump writes a file's whole i_size: a guest's sparse file (i_size up to "
     "16 TiB, no blocks) in a small image becomes that many bytes in the host's scratch "
-    "directory (and again, dense, in the preview) - nothing bounds the read-back by the "
-    "image's size",
+    "directory (and again, dense, in the preview); hard links (one inode, thousands of "
+    "names, each written out again) amplify the same way - nothing bounds the read-back's "
+    "total by the image's size",
 )
 def test_a_guests_huge_sparse_file_never_fills_the_hosts_disk(tmp_path: Path) -> None:
     """The read-back writes no more than the image holds, whatever sizes the guest claims.

@@ -32,7 +32,8 @@ too).
 Not bounded yet: ``rdump`` writes every regular file's whole size, holes
 as zeros, so a guest's sparse file (a size of up to 16 TiB and no block)
 becomes that many bytes in the host's scratch directory and then in the
-preview (``test_a_guests_huge_sparse_file_never_fills_the_hosts_disk``,
+preview, and a file hard-linked under thousands of names is written out
+once per name (``test_a_guests_huge_sparse_file_never_fills_the_hosts_disk``,
 xfail).
 """
 
