@@ -35,6 +35,43 @@ def _state(pid: int) -> str:
         return "gone"
 
 
+def _relay_told(end: bytes) -> tuple[int, bytes]:
+    """Run the real relay, answer its command with the end *end* (as a guest's agent would),
+    and return its exit status and stderr; fails if the relay is ever seen stopped."""
+    host, guest = socket.socketpair()
+    exec_r, exec_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(exec_w, b"0command")
+    os.close(exec_w)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", RELAY, str(exec_r), str(guest.fileno()), str(done_w)],
+        pass_fds=(exec_r, guest.fileno(), done_w),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    os.close(exec_r)
+    os.close(done_w)
+    guest.close()
+    try:
+        host.settimeout(10)
+        assert host.recv(5)[:1] == b"E"  # the relay sent the command: now the guest answers
+        host.sendall(_frame(b"X", end + b"\0"))
+        deadline = time.monotonic() + 10
+        while relay.poll() is None:
+            assert _state(relay.pid) != "T", f"the guest's {end!r} stopped the host's relay"
+            assert time.monotonic() < deadline, "the relay did not end"
+            time.sleep(0.02)
+        _out, err = relay.communicate()
+        return relay.returncode, err
+    finally:
+        if relay.poll() is None:
+            relay.kill()
+            relay.communicate()
+        host.close()
+        os.close(done_r)
+
+
 @pytest.mark.parametrize(
     "end",
     [
@@ -51,39 +88,9 @@ def _state(pid: int) -> str:
     ],
 )
 def test_a_guests_made_up_end_never_stops_the_relay(end: bytes) -> None:
-    host, guest = socket.socketpair()
-    exec_r, exec_w = os.pipe()
-    done_r, done_w = os.pipe()
-    os.write(exec_w, b"0command")
-    os.close(exec_w)
-    relay = subprocess.Popen(
-        [sys.executable, "-I", "-S", RELAY, str(exec_r), str(guest.fileno()), str(done_w)],
-        pass_fds=(exec_r, guest.fileno(), done_w),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    os.close(exec_r)
-    os.close(done_w)
-    guest.close()
-    try:
-        host.settimeout(10)
-        assert host.recv(5)[:1] == b"E"  # the relay sent the command: now the guest answers
-        host.sendall(_frame(b"X", end + b"\0"))
-        deadline = time.monotonic() + 10
-        while relay.poll() is None:
-            assert _state(relay.pid) != "T", f"the guest's {end!r} stopped the host's relay"
-            assert time.monotonic() < deadline, "the relay did not end"
-            time.sleep(0.02)
-        _out, err = relay.communicate()
-        assert relay.returncode == 125, (relay.returncode, err)
-        assert b"broke the agent protocol" in err and b"Traceback" not in err, err
-    finally:
-        if relay.poll() is None:
-            relay.kill()
-            relay.wait()
-        host.close()
-        os.close(done_r)
+    status, err = _relay_told(end)
+    assert status == 125, (status, err)
+    assert b"broke the agent protocol" in err and b"Traceback" not in err, err
 
 
 @pytest.mark.parametrize(
@@ -91,29 +98,4 @@ def test_a_guests_made_up_end_never_stops_the_relay(end: bytes) -> None:
 )
 def test_a_guests_real_end_is_passed_on(end: bytes, status: int) -> None:
     """The check above refuses only ends no command can have: real ones still pass."""
-    host, guest = socket.socketpair()
-    exec_r, exec_w = os.pipe()
-    done_r, done_w = os.pipe()
-    os.write(exec_w, b"0command")
-    os.close(exec_w)
-    relay = subprocess.Popen(
-        [sys.executable, "-I", "-S", RELAY, str(exec_r), str(guest.fileno()), str(done_w)],
-        pass_fds=(exec_r, guest.fileno(), done_w),
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    os.close(exec_r)
-    os.close(done_w)
-    guest.close()
-    try:
-        host.settimeout(10)
-        assert host.recv(5)[:1] == b"E"
-        host.sendall(_frame(b"X", end + b"\0"))
-        assert relay.wait(10) == status
-    finally:
-        if relay.poll() is None:
-            relay.kill()
-            relay.wait()
-        relay.stderr.close()  # type: ignore[union-attr]
-        host.close()
-        os.close(done_r)
+    assert _relay_told(end)[0] == status
