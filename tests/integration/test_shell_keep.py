@@ -350,3 +350,22 @@ def test_a_keeper_asked_to_end_stops_its_sandbox_and_audits_it(kept: World) -> N
     assert not os.path.exists(os.path.join(world.state_dir, "shells", "work.sock"))
     [record] = [r for r in world.audit_records() if r.get("kept_shell") == "work"]
     assert record["backend"] != "none" and not record["unsandboxed"]
+
+
+def test_a_kept_shell_with_an_idle_time_past_polls_limit_lives_on(kept: World) -> None:
+    """``--idle`` of 35 days (more than poll()'s ~24.8-day limit) keeps the shell; it used
+    to kill it at once (the keeper's relay thread died of an OverflowError)."""
+    world = kept
+    client = Client(world, "shell", "--keep", "work", "--idle", "3000000", *SHELL)
+    client.read_until(PROMPT)
+    client.command("sleep 4718 & echo DONE-$((100+8))", b"DONE-108\r\n")
+    sleeper = _started("4718")
+    client.type(b"\x1d")
+    assert client.wait() == 0
+    time.sleep(0.5)  # detached: the keeper's loop now waits for its idle time
+    again = Client(world, "shell", "--keep", "work")
+    assert b"attached to the kept shell work" in again.read_until(b"Ctrl-] detaches")
+    assert not gone(sleeper)
+    again.command("exit 0", b"exit")
+    assert again.wait() == 0
+    _wait_gone([sleeper])

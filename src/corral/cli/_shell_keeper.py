@@ -69,6 +69,7 @@ _MAX_PENDING_INPUT = 256 * 1024
 _SEND_TIMEOUT = 10.0  # a client that takes no output for this long is detached
 _HELLO_TIMEOUT = 5.0
 _START_TIMEOUT = 60.0
+_MAX_WAIT = 3600.0  # the longest single wait of the keeper's loop (a longer --idle loops)
 
 
 def check_name(name: str) -> str:
@@ -573,10 +574,16 @@ class Keeper:
             if client is not None and len(pending) < _MAX_PENDING_INPUT:
                 poller.register(client.fileno(), select.POLLIN)
             timeout = None
-            if client is None and not stopping:
-                timeout = max(0.0, detached_since + self.idle - time.monotonic()) * 1000
+            if client is None and not stopping:  # poll's limit is ~24 days: wake up and look again
+                left = detached_since + self.idle - time.monotonic()
+                timeout = min(max(0.0, left), _MAX_WAIT) * 1000
             events = dict(poller.poll(timeout))
-            if not events and client is None and not stopping:
+            if (
+                not events
+                and client is None
+                and not stopping
+                and time.monotonic() >= detached_since + self.idle
+            ):
                 stopping = True
                 relay.stop()  # detached too long: the sandbox ends as a timeout would
                 continue
