@@ -36,9 +36,9 @@ Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
 
 ``CORRAL_BENCH_CLUSTER_VM=0`` skips the micro-VM rows,
 ``CORRAL_BENCH_CLUSTER_N`` changes N, ``CORRAL_BENCH_CLUSTER_CPU_N`` M (0:
-no CPU row), ``CORRAL_BENCH_CLUSTER_HOLD`` the seconds each sleeps (on a small machine N set-ups may take longer than 30 s,
-so the first sandboxes end before the last start: the note gives the most
-that ran at once).
+no CPU row), ``CORRAL_BENCH_CLUSTER_HOLD`` the seconds each sleeps (on a
+small machine N set-ups may take longer than 30 s, so the first sandboxes
+end before the last start: the note gives the most that ran at once).
 """
 
 from __future__ import annotations
