@@ -173,6 +173,62 @@ def test_async_twin_and_cancellation(ray_cluster):
     assert left == []
 
 
+def test_concurrent_opens_share_placements_and_stay_separate_sandboxes(ray_cluster):
+    """Opens that queue up together are placed by one placement group and opened by one call
+    per batch (corral.cluster._placement); each is still its own sandbox with its own
+    audit record, and the batch's reservation is released with its last sandbox."""
+    from ray.util import placement_group_table
+
+    w = ray_cluster.world
+    cluster = ray_cluster.cluster
+    count = 8
+    bad = cluster.AsyncSandbox(workspace=w.workspace, settings={"resources": {"memory": "lots"}})
+
+    async def main() -> tuple[list[object], list[object], BaseException | None]:
+        sandboxes = [cluster.AsyncSandbox(workspace=w.workspace) for _ in range(count)]
+        opened = await asyncio.gather(
+            *(s.open() for s in sandboxes), bad.open(), return_exceptions=True
+        )
+        refused = opened[-1] if isinstance(opened[-1], BaseException) else None
+        outcomes = await asyncio.gather(
+            *(s.exec(["sh", "-c", "echo $CORRAL_SANDBOX_ID"]) for s in sandboxes)
+        )
+        return sandboxes, outcomes, refused
+
+    sandboxes, outcomes, refused = asyncio.run(main())
+    try:
+        assert refused is not None and "memory" in str(refused)  # its own error, alone
+        leases = {id(s._lease) for s in sandboxes}
+        assert len(leases) < count  # batched: fewer reservations than sandboxes
+        assert sorted(o.stdout.decode().strip() for o in outcomes) == sorted(
+            s.id for s in sandboxes
+        )
+        assert all(s.node in ray_cluster.workers for s in sandboxes)
+        # the biggest batch's group reserves its size in one bundle, on one node
+        biggest = max(sandboxes, key=lambda s: s._lease._left)
+        group_id = biggest._lease._group.id.hex()
+        members = [s for s in sandboxes if s._lease is biggest._lease]
+        assert len(members) > 1
+        table = placement_group_table()[group_id]
+        assert table["state"] == "CREATED" and list(table["bundles"]) == [0]
+        # k sandboxes, and the refused one when it came in the same batch (its share is back)
+        assert table["bundles"][0]["corral"] in (len(members), len(members) + 1)
+        for sbx in members[:-1]:
+            asyncio.run(sbx.aclose())
+        assert placement_group_table()[group_id]["state"] == "CREATED"  # one still holds it
+        asyncio.run(members[-1].aclose())
+        deadline = time.monotonic() + 30
+        while placement_group_table()[group_id]["state"] != "REMOVED":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        for sbx in sandboxes:
+            asyncio.run(sbx.aclose())
+    records = [json.loads(line) for _, line in _audit.iter_records(cluster.state_dir)]
+    ran = {r.get("sandbox_id") for r in records}
+    assert {s.id for s in sandboxes} <= ran  # one record per sandbox, collected by the caller
+
+
 def test_map_reports_every_item(ray_cluster, tmp_path):
     w = ray_cluster.world
     workspaces = []
