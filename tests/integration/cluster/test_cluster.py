@@ -176,19 +176,23 @@ def test_async_twin_and_cancellation(ray_cluster):
 def test_concurrent_opens_share_placements_and_stay_separate_sandboxes(ray_cluster):
     """Opens that queue up together are placed by one placement group and opened by one call
     per batch (corral.cluster._placement); each is still its own sandbox with its own
-    audit record, and the batch's reservation is released with its last sandbox."""
+    audit record, and the batch's reservation is released with its last sandbox. 60 at once
+    on nodes of 50 slots: a batch no node has room for is split, and every one opens."""
     from ray.util import placement_group_table
 
     w = ray_cluster.world
     cluster = ray_cluster.cluster
-    count = 8
+    count = 60
     bad = cluster.AsyncSandbox(workspace=w.workspace, settings={"resources": {"memory": "lots"}})
 
     async def main() -> tuple[list[object], list[object], BaseException | None]:
         sandboxes = [cluster.AsyncSandbox(workspace=w.workspace) for _ in range(count)]
-        opened = await asyncio.gather(
-            *(s.open() for s in sandboxes), bad.open(), return_exceptions=True
-        )
+        # all queued before the placing thread takes any: one batch of 61 is tried first
+        with cluster._placer._ready:
+            tasks = [asyncio.ensure_future(s.open()) for s in (*sandboxes, bad)]
+            await asyncio.sleep(0)  # each open runs up to its first await: its request is queued
+            assert len(cluster._placer._queue) == count + 1
+        opened = await asyncio.gather(*tasks, return_exceptions=True)
         refused = opened[-1] if isinstance(opened[-1], BaseException) else None
         outcomes = await asyncio.gather(
             *(s.exec(["sh", "-c", "echo $CORRAL_SANDBOX_ID"]) for s in sandboxes)
@@ -204,6 +208,7 @@ def test_concurrent_opens_share_placements_and_stay_separate_sandboxes(ray_clust
             s.id for s in sandboxes
         )
         assert all(s.node in ray_cluster.workers for s in sandboxes)
+        assert max(s._lease._left for s in sandboxes) <= 50  # split: no batch beyond a node's 50
         # the biggest batch's group reserves its size in one bundle, on one node
         biggest = max(sandboxes, key=lambda s: s._lease._left)
         group_id = biggest._lease._group.id.hex()
