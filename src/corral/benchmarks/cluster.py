@@ -285,7 +285,7 @@ def run(ctx: Context) -> list[Row]:
         held = _hold(cluster, local, meter, ctx.workspace, count, hold)
         most = held.most
         per_sandbox = (held.peak_rss - before) / most / 2**20 if most else float("nan")
-        cpu, _words = _cpu_note(held, count)
+        cpu, words = _cpu_note(held, count)
         samples = held.errors[:3]
         rows.append(
             Row(
@@ -297,7 +297,7 @@ def run(ctx: Context) -> list[Row]:
                 note=f"at most {most} at once; {len(held.errors)} errors"
                 f"{': ' + '; '.join(samples) if samples else ''}; "
                 f"{per_sandbox:.2f} MiB per idle sandbox (RSS of the agents' trees, at the peak); "
-                f"{cpu:.1f} ms CPU per sandbox",
+                f"{cpu:.1f} ms CPU per sandbox ({words})",
             )
         )
     return rows
