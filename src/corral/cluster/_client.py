@@ -118,7 +118,7 @@ class Cluster:
         import threading
 
         self._agents: dict[str, Any] = {}  # node id -> actor handle
-        self._agents_lock = threading.Lock()  # placements run in worker threads (the async twin)
+        self._agents_lock = threading.Lock()  # the placing thread and callers of nodes() share it
         self._broken: dict[str, str] = {}  # node id -> why corral does not work there
         self._closed = False
         from ._placement import Placer
