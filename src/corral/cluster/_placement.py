@@ -174,9 +174,12 @@ class Placer:
             self._ready.notify()
             thread = self._thread
         for request in waiting:
-            request.future.set_exception(
-                SessionClosed("Failed to place the sandbox: the cluster was closed")
-            )
+            try:
+                request.future.set_exception(
+                    SessionClosed("Failed to place the sandbox: the cluster was closed")
+                )
+            except InvalidStateError:
+                pass  # given up by its caller already
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=60)
 

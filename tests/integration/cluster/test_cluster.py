@@ -234,6 +234,31 @@ def test_concurrent_opens_share_placements_and_stay_separate_sandboxes(ray_clust
     assert {s.id for s in sandboxes} <= ran  # one record per sandbox, collected by the caller
 
 
+def test_an_open_cancelled_while_queued_places_nothing(ray_cluster):
+    cluster = ray_cluster.cluster
+    w = ray_cluster.world
+
+    def open_here() -> int:
+        return sum(node["sandboxes"] for node in cluster.nodes())
+
+    before = open_here()
+
+    async def main() -> None:
+        sbx = cluster.AsyncSandbox(workspace=w.workspace)
+        with cluster._placer._ready:  # the placing thread waits: the request stays queued
+            task = asyncio.ensure_future(sbx.open())
+            await asyncio.sleep(0)
+            assert len(cluster._placer._queue) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        async with cluster.AsyncSandbox(workspace=w.workspace) as after:  # the queue moves on
+            assert (await after.exec(["true"])).returncode == 0
+
+    asyncio.run(main())
+    assert open_here() == before  # the cancelled one was never opened anywhere
+
+
 def test_map_reports_every_item(ray_cluster, tmp_path):
     w = ray_cluster.world
     workspaces = []
