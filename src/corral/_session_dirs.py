@@ -17,9 +17,14 @@ def sweep_sessions(directory: str) -> None:
         names = os.listdir(directory)
     except OSError:
         return
+    alive: dict[str, bool] = {}  # one look per owner: a node agent owns hundreds of them
     for name in names:
         pid = name.split("-", 1)[0]
-        if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+        if not pid.isdigit():
+            continue
+        if pid not in alive:
+            alive[pid] = os.path.exists(f"/proc/{pid}")
+        if not alive[pid]:
             remove_tree(os.path.join(directory, name))
 
 

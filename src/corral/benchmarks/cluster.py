@@ -17,6 +17,15 @@ Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
   every process of the nodes' agents and their sandboxes at the peak, over
   the same before, divided by the sandboxes running then).
 
+* ``CPU per held sandbox (M x sleep 10)``: M sandboxes (default 200) held
+  at once, the CPU time of their whole life (open, start, hold, close)
+  across the driver, the node agents, the sandboxes and Ray's processes,
+  divided by M, with the breakdown by component in the note
+  (:mod:`corral.benchmarks._cpu`; the cluster's idle rate is taken out).
+  Wall time depends on the machine's load; CPU time much less. 1,000
+  set-ups fit in 30 s on 2 cores only at <= ~50 ms each. The ``N x sleep``
+  row gives the same figure for its N.
+
 * ``microvm run, warm pool`` / ``microvm run, cold``: one-shot
   ``cluster.run(["true"], backend="microvm", read_only=True)`` on the worker
   whose settings keep one warm VM (``integrations.cluster.warmVms = 1``,
@@ -25,10 +34,11 @@ Starts a head (no sandboxes) and two worker nodes (``ray start``), then:
   timed) until the pool has a VM ready again. Both workers are this machine.
   Needs root, qemu and the python VM image (built once, then cached).
 
-``CORRAL_BENCH_CLUSTER_N`` changes N, ``CORRAL_BENCH_CLUSTER_HOLD`` the
-seconds each sleeps (on a small machine N set-ups may take longer than 30 s,
-so the first sandboxes end before the last start: the note gives the most
-that ran at once).
+``CORRAL_BENCH_CLUSTER_VM=0`` skips the micro-VM rows,
+``CORRAL_BENCH_CLUSTER_N`` changes N, ``CORRAL_BENCH_CLUSTER_CPU_N`` M (0:
+no CPU row), ``CORRAL_BENCH_CLUSTER_HOLD`` the seconds each sleeps (on a
+small machine N set-ups may take longer than 30 s, so the first sandboxes
+end before the last start: the note gives the most that ran at once).
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ import os
 import time
 
 from . import Context, Row
+from ._cpu import CpuMeter
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -87,18 +98,41 @@ def _paired(
     )
 
 
-def _hold(
-    cluster: object, workspace: str, count: int, seconds: int
-) -> tuple[float, int, list[str], int, float]:
-    """Run *count* ``sleep SECONDS`` sandboxes at once.
+class _Held:
+    """What :func:`_hold` saw: timing, errors, the peak and the CPU it cost."""
 
-    Returns the seconds until all ran at the same time (NaN if they never
-    did), the errors, a few of their messages, the most that ran at the same
-    time, and the RSS of the agents' process trees at that moment.
+    def __init__(self) -> None:
+        self.took = float("nan")  # seconds until all ran at the same time (NaN: never)
+        self.errors: list[str] = []
+        self.most = 0  # the most that ran at the same time
+        self.peak_rss = 0  # RSS of the agents' trees at that moment
+        self.cpu: dict[str, float] = {}  # CPU seconds by component (_cpu.breakdown), idle removed
+        self.cpu_total: float | None = None  # the cpuacct group's total, idle removed
+
+
+def _hold(
+    cluster: object,
+    local: object,
+    meter: CpuMeter,
+    workspace: str,
+    count: int,
+    seconds: int,
+) -> _Held:
+    """Run *count* ``sleep SECONDS`` sandboxes at once, from the first open to the last close.
+
+    The CPU time is measured over the whole life of the sandboxes (a
+    sandbox's own time is counted once its agent reaped it); the cluster's
+    idle rate, measured just before for a few seconds, is taken out, and so
+    is the bench's own watching (its scans of ``/proc`` every second).
     """
     import asyncio
 
+    from ._cpu import breakdown, snapshot
+
     marker = f"{seconds}.{os.getpid()}"
+    held = _Held()
+    agents = {int(n["pid"]) for n in cluster.nodes()}  # type: ignore[attr-defined]
+    roots = [p.pid for p in local.nodes]  # type: ignore[attr-defined]
 
     def running() -> int:
         found = 0
@@ -113,8 +147,7 @@ def _hold(
                 continue
         return found
 
-    async def main() -> tuple[float, int, list[str], int, float]:
-        errors: list[str] = []
+    async def main() -> None:
         sandboxes = [cluster.AsyncSandbox(workspace=workspace) for _ in range(count)]  # type: ignore[attr-defined]
         start = time.monotonic()
 
@@ -123,26 +156,53 @@ def _hold(
                 async with sbx:  # type: ignore[attr-defined]
                     outcome = await sbx.exec(["sleep", marker])  # type: ignore[attr-defined]
                     if outcome.returncode != 0:
-                        errors.append(f"exit {outcome.returncode}: {outcome.stderr[-200:]!r}")
+                        held.errors.append(f"exit {outcome.returncode}: {outcome.stderr[-200:]!r}")
             except Exception as exc:
-                errors.append(f"{type(exc).__name__}: {exc}")
+                held.errors.append(f"{type(exc).__name__}: {exc}")
 
         tasks = [asyncio.create_task(one(s)) for s in sandboxes]
-        all_running: float | None = None
-        most, peak = 0, 0.0
-        agents = [int(n["pid"]) for n in cluster.nodes()]  # type: ignore[attr-defined]
         while not all(t.done() for t in tasks):
             await asyncio.sleep(1.0)
+            looking = time.thread_time()  # the bench's own watching is not the sandboxes' cost
             now = running()
-            if now > most:
-                most, peak = now, _rss_of_tree(agents)
-            if all_running is None and now >= count - len(errors):
-                all_running = time.monotonic() - start
+            if now > held.most:
+                held.most, held.peak_rss = now, _rss_of_tree(list(agents))
+            watching[0] += time.thread_time() - looking
+            if held.took != held.took and now >= count - len(held.errors):
+                held.took = time.monotonic() - start
         await asyncio.gather(*tasks)
-        took = float("nan") if all_running is None else all_running
-        return took, len(errors), errors[:3], most, peak
 
-    return asyncio.run(main())
+    watching = [0.0]  # CPU seconds of the scans above (in the driver's process)
+    idle_seconds = 3.0
+    idle_before, idle_total = snapshot(roots), meter.total()
+    time.sleep(idle_seconds)
+    idle = breakdown(idle_before, snapshot(roots), agents)
+    idle_cpu = None if idle_total is None else (meter.total() or 0.0) - idle_total
+    before, total = snapshot(roots), meter.total()
+    started = time.monotonic()
+    asyncio.run(main())
+    scale = (time.monotonic() - started) / idle_seconds
+    spent = breakdown(before, snapshot(roots), agents)
+    spent["driver"] -= watching[0]
+    held.cpu = {name: max(0.0, value - idle[name] * scale) for name, value in spent.items()}
+    if total is not None and idle_cpu is not None:
+        held.cpu_total = (meter.total() or 0.0) - total - idle_cpu * scale - watching[0]
+    return held
+
+
+def _cpu_note(held: _Held, count: int) -> tuple[float, str]:
+    """CPU ms per sandbox and the breakdown in words (ms per sandbox by component)."""
+    attributed = sum(held.cpu.values())
+    total = held.cpu_total if held.cpu_total is not None else attributed
+    parts = dict(held.cpu)
+    if held.cpu_total is not None:
+        parts["unattributed"] = max(0.0, held.cpu_total - attributed)
+    words = ", ".join(
+        f"{name} {value / count * 1000:.1f}"
+        for name, value in sorted(parts.items(), key=lambda kv: -kv[1])
+    )
+    source = "cpuacct group" if held.cpu_total is not None else "sum of the processes"
+    return total / count * 1000, f"ms per sandbox: {words} ({source}; idle rate removed)"
 
 
 def run(ctx: Context) -> list[Row]:
@@ -159,10 +219,12 @@ def run(ctx: Context) -> list[Row]:
 
     count = int(os.environ.get("CORRAL_BENCH_CLUSTER_N", "1000"))
     hold = int(os.environ.get("CORRAL_BENCH_CLUSTER_HOLD", "30"))
+    cpu_count = int(os.environ.get("CORRAL_BENCH_CLUSTER_CPU_N", "200"))
     rows: list[Row] = []
-    slots = count // 2 + 10
+    slots = max(count, cpu_count) // 2 + 10
     vm_problem, node_env = _warm_node_env(ctx)
     with (
+        CpuMeter() as meter,  # before the nodes start: they are born in its group
         LocalCluster(workers=2, slots=slots, head_slots=0, node_env=node_env) as local,
         corral.cluster.connect(
             local.address, state_dir=os.path.join(ctx.workspace, "state")
@@ -212,19 +274,35 @@ def run(ctx: Context) -> list[Row]:
             )
         )
         rows += _warm_rows(ctx, cluster, vm_problem)
+        if cpu_count:
+            small = _hold(cluster, local, meter, ctx.workspace, cpu_count, 10)
+            per, words = _cpu_note(small, cpu_count)
+            rows.append(
+                Row(
+                    f"CPU per held sandbox ({cpu_count} x sleep 10)",
+                    per,
+                    samples=1,
+                    target="<= 50 ms (1,000 set-ups well under 30 s on 2 cores)",
+                    note=f"{words}; at most {small.most} at once; {len(small.errors)} errors",
+                )
+            )
         before = _rss_of_tree([int(n["pid"]) for n in cluster.nodes()])
-        took, errors, samples, most, peak = _hold(cluster, ctx.workspace, count, hold)
-        per_sandbox = (peak - before) / most / 2**20 if most else float("nan")
+        held = _hold(cluster, local, meter, ctx.workspace, count, hold)
+        most = held.most
+        per_sandbox = (held.peak_rss - before) / most / 2**20 if most else float("nan")
+        cpu, words = _cpu_note(held, count)
+        samples = held.errors[:3]
         rows.append(
             Row(
                 f"{count} x sleep {hold}: all running after",
-                took,
+                held.took,
                 unit="s",
                 samples=1,
                 target="all held at once, no error",
-                note=f"at most {most} at once; {errors} errors"
+                note=f"at most {most} at once; {len(held.errors)} errors"
                 f"{': ' + '; '.join(samples) if samples else ''}; "
-                f"{per_sandbox:.2f} MiB per idle sandbox (RSS of the agents' trees, at the peak)",
+                f"{per_sandbox:.2f} MiB per idle sandbox (RSS of the agents' trees, at the peak); "
+                f"{cpu:.1f} ms CPU per sandbox ({words})",
             )
         )
     return rows
@@ -235,6 +313,8 @@ def _warm_node_env(ctx: Context) -> tuple[str | None, list[dict[str, str]]]:
     import json
     import shutil
 
+    if os.environ.get("CORRAL_BENCH_CLUSTER_VM") == "0":
+        return "skipped (CORRAL_BENCH_CLUSTER_VM=0)", []
     if os.geteuid() != 0 or not shutil.which("qemu-system-x86_64"):
         return "the microvm backend needs root and qemu-system-x86", []
     from ..images import build_image

@@ -167,6 +167,21 @@ class NodeAgent:
         self._vm_pool = pool
         pool.refill(vm_config)
 
+    async def open_many(self, requests: list[tuple[dict[str, Any], Any]]) -> list[Any]:
+        """Open one sandbox per ``(options, policy)`` of *requests*: each one's id, or its error.
+
+        A batch placed together arrives in one call (:mod:`corral.cluster._placement`);
+        each request is opened on its own, as by :meth:`open`, and a refused one
+        fails alone (its exception is its entry).
+        """
+        opened: list[Any] = []
+        for options, policy in requests:
+            try:
+                opened.append(await self.open(options, policy))
+            except Exception as exc:
+                opened.append(exc)
+        return opened
+
     async def open(self, options: dict[str, Any], policy: Any = None) -> str:
         """Open a sandbox with *options* (the SDK's keywords) or a complete *policy*; its id.
 
@@ -233,6 +248,11 @@ class NodeAgent:
             return await sandbox._run(request, None, Launch())
         finally:
             release()
+
+    async def close_opened(self, opened: list[Any], index: int) -> None:
+        """Close entry *index* of an :meth:`open_many` result (its caller gave up on it)."""
+        if isinstance(opened[index], str):
+            await self.close(opened[index])
 
     async def close(self, sandbox_id: str) -> None:
         """Close the sandbox (stops its commands, removes its ``/tmp``); idempotent."""

@@ -22,10 +22,12 @@ from .._exceptions import InvalidRequest, SandboxError, SessionClosed
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from concurrent.futures import Future
     from typing import Any, Self
 
     from ..pipeline._outcome import Outcome
     from ..policy import Policy
+    from ._placement import Lease, Placement
 
 __all__ = ["AsyncSandbox", "Cluster", "NoCapacity", "NodeLost", "Sandbox"]
 
@@ -116,9 +118,12 @@ class Cluster:
         import threading
 
         self._agents: dict[str, Any] = {}  # node id -> actor handle
-        self._agents_lock = threading.Lock()  # placements run in worker threads (the async twin)
+        self._agents_lock = threading.Lock()  # the placing thread and callers of nodes() share it
         self._broken: dict[str, str] = {}  # node id -> why corral does not work there
         self._closed = False
+        from ._placement import Placer
+
+        self._placer = Placer(self, timeout=PLACEMENT_TIMEOUT)
 
     # ------------------------------------------------------------ nodes
     def _corral_nodes(self) -> list[str]:
@@ -208,58 +213,27 @@ class Cluster:
         return result
 
     def place(
-        self, *, node: str | None = None, cpus: float | None = None, memory: int | None = None
-    ) -> tuple[str, Any, Any]:
-        """Reserve room for one sandbox; ``(node id, agent, placement group or None)``.
+        self,
+        options: Mapping[str, Any],
+        policy: Policy | None = None,
+        *,
+        node: str | None = None,
+        cpus: float | None = None,
+        memory: int | None = None,
+    ) -> Future[Placement]:
+        """Reserve room for one sandbox and open it there; a future of its :class:`Placement`.
 
-        With *node*, the sandbox goes to that node without a reservation (for
-        tests and debugging); otherwise Ray places a one-bundle placement
-        group asking for ``corral: 1`` and the sandbox's CPUs and memory.
+        Requests are placed in batches by one thread (:mod:`corral.cluster._placement`):
+        Ray picks the node through a placement group asking for ``corral``
+        plus the sandbox's CPUs and memory (one group and one open call per
+        batch). With *node*, the sandbox goes to that node without a
+        reservation (for tests and debugging).
 
-        Raises:
-            NoCapacity: no node had room within :data:`PLACEMENT_TIMEOUT`.
+        The future fails with ``NoCapacity`` when no node had room within
+        :data:`PLACEMENT_TIMEOUT`.
         """
         self._check_open()
-        if node is not None:
-            return node, self._agent(node), None
-        ray = _ray()
-        from ray.util.placement_group import (
-            placement_group,
-            placement_group_table,
-            remove_placement_group,
-        )
-
-        bundle: dict[str, float] = {"corral": 1}
-        if cpus:
-            bundle["CPU"] = float(cpus)
-        if memory:
-            bundle["memory"] = float(memory)
-        group = placement_group([bundle], strategy="STRICT_PACK")
-        try:
-            ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
-            raise NoCapacity(
-                f"Failed to place the sandbox: no node offered {bundle} within {PLACEMENT_TIMEOUT:g} s",
-                hint="add nodes with the 'corral' resource, or ask for less CPU and memory",
-            ) from None
-        where = placement_group_table(group)["bundles_to_node_id"][0]
-        try:
-            return where, self._agent(where), group
-        except BaseException:
-            remove_placement_group(group)
-            raise
-
-    @staticmethod
-    def release(group: Any) -> None:
-        """Release a reservation made by :meth:`place` (``None`` is ignored)."""
-        if group is not None:
-            from ray.util.placement_group import remove_placement_group
-
-            try:
-                remove_placement_group(group)
-            except Exception:  # noqa: S110 - the cluster may be gone: nothing is left to release then
-                pass
+        return self._placer.submit(dict(options), policy, node=node, cpus=cpus, memory=memory)
 
     def record(self, record: dict[str, Any]) -> None:
         """Append a node's audit record to the caller's log (a failure is reported, not raised)."""
@@ -339,6 +313,7 @@ class Cluster:
             return
         self._closed = True
         ray = _ray()
+        self._placer.close()
         for node in list(self._agents):
             self._stop_agent(node)
         if self._owns_ray:
@@ -393,26 +368,54 @@ class _Remote:
         self.id = ""
         self.node = ""
         self._agent: Any = None
-        self._group: Any = None
+        self._lease: Lease | None = None
         self._closed = False
 
-    def _placed(self, sandbox_id: str) -> None:
-        self.id = sandbox_id
+    def _submit(self) -> Future[Placement]:
+        cpus, memory = _reservation(self._options, self._policy)
+        return self._cluster.place(
+            self._options, self._policy, node=self._node_wanted, cpus=cpus, memory=memory
+        )
+
+    def _placed(self, placement: Placement) -> None:
+        """Take the placement (node, agent, lease); the open's result is still to come."""
+        self.node, self._agent, self._lease = placement.node, placement.agent, placement.lease
+
+    def _opened(self, opened: list[Any], index: int) -> None:
+        value = opened[index]
+        if isinstance(value, BaseException):
+            raise value
+        self.id = value
+
+    def _release(self) -> None:
+        """Give back this sandbox's share of its batch's reservation (once)."""
+        lease, self._lease = self._lease, None
+        if lease is not None:
+            lease.release()
+
+    @staticmethod
+    def _abandon(future: Future[Placement]) -> None:
+        """The caller stopped waiting for *future*: close what it opens, release its share."""
+
+        def done(future: Future[Placement]) -> None:
+            if future.cancelled() or future.exception() is not None:
+                return
+            placement = future.result()
+            try:
+                placement.agent.close_opened.remote(placement.opened, placement.index)
+            finally:
+                placement.lease.release()
+
+        if not future.cancel():
+            future.add_done_callback(done)
 
     def _check_open(self) -> None:
         if self._closed:
             raise SessionClosed(f"Failed to use sandbox {self.id}: it was closed")
-        if self._agent is None:
+        if self._agent is None or not self.id:
             raise SessionClosed(
                 "Failed to use the sandbox: it is not open yet", hint="use 'async with' or open()"
             )
-
-    def _place(self) -> Any:
-        cpus, memory = _reservation(self._options, self._policy)
-        self.node, self._agent, self._group = self._cluster.place(
-            node=self._node_wanted, cpus=cpus, memory=memory
-        )
-        return self._agent.open.remote(self._options, self._policy)
 
     def _settle(self, method: str, value: Any) -> Any:
         if method in ("exec", "run_code"):
@@ -432,8 +435,7 @@ class _Remote:
             return exc.cause
         if isinstance(exc, ray.exceptions.RayError):
             self._cluster.forget(self.node)
-            self._cluster.release(self._group)
-            self._group = None
+            self._release()
             self._closed = True
             return _lost(exc, self.node, action)
         return exc
@@ -465,10 +467,18 @@ class Sandbox(_Remote):
     ) -> None:
         super().__init__(policy, cluster=cluster, node=node, **options)
         ray = _ray()
+        future = self._submit()
         try:
-            self._placed(ray.get(self._place()))
+            placement = future.result()
         except BaseException as exc:
-            self._cluster.release(self._group)
+            if not future.done():  # interrupted while waiting
+                self._abandon(future)
+            raise self._failed(exc, "open the sandbox") from None
+        self._placed(placement)
+        try:
+            self._opened(ray.get(placement.opened), placement.index)
+        except BaseException as exc:
+            self._release()
             raise self._failed(exc, "open the sandbox") from None
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -526,7 +536,7 @@ class Sandbox(_Remote):
         except ray.exceptions.RayError:
             self._cluster.forget(self.node)  # the node is gone, and the sandbox with it
         finally:
-            self._cluster.release(self._group)
+            self._release()
 
     def __enter__(self) -> Self:
         return self
@@ -549,11 +559,24 @@ class AsyncSandbox(_Remote):
 
         if self._agent is not None:
             return self
+        future = self._submit()
         try:
-            ref = await asyncio.to_thread(self._place)
-            self._placed(await ref)
-        except BaseException as exc:
-            self._cluster.release(self._group)
+            placement = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self._abandon(future)
+            raise
+        except Exception as exc:
+            raise self._failed(exc, "open the sandbox") from None
+        self._placed(placement)
+        try:
+            self._opened(await placement.opened, placement.index)
+        except asyncio.CancelledError:
+            placement.agent.close_opened.remote(placement.opened, placement.index)
+            self._release()
+            self._closed = True
+            raise
+        except Exception as exc:
+            self._release()
             raise self._failed(exc, "open the sandbox") from None
         return self
 
@@ -615,7 +638,7 @@ class AsyncSandbox(_Remote):
         except ray.exceptions.RayError:
             self._cluster.forget(self.node)
         finally:
-            self._cluster.release(self._group)
+            self._release()
 
     async def __aenter__(self) -> Self:
         return await self.open()

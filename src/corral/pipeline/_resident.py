@@ -32,7 +32,10 @@ What stays per command, exactly as in a fresh sandbox:
   any differs - a secret the host created since, a masked file the host
   replaced by a rename (which detaches a mount on it in every other mount
   namespace), a new glob match - the sandbox is retired and the command runs
-  in a fresh one, planned from the host as it is now.
+  in a fresh one, planned from the host as it is now. The first command,
+  run right after the sandbox was opened (:meth:`Resident.run` called next),
+  is not looked at twice: the opening's look precedes it by as little as a
+  fresh sandbox's plan precedes its command.
 
 Not resident (a fresh sandbox as before): other backends, previews (the
 preview is held and recorded per run), the egress proxy (its log is per
@@ -217,6 +220,7 @@ class Resident:
         self._socket: _socket.socket | None = None
         # the request it was opened with and what its plan looked at (see _looked_at)
         self._looked: tuple[ExecRequest, _Looked | None] | None = None
+        self._unchecked = False  # set by open(): no command ran since that look
         self._null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the commands' stdin
 
     @classmethod
@@ -254,6 +258,7 @@ class Resident:
         resident = cls(policy, prepared, running, control, split[0])
         resident._keeper = keeper
         resident._looked = (request, looked)
+        resident._unchecked = looked is not None
         return resident
 
     # ------------------------------------------------------------ control
@@ -290,13 +295,18 @@ class Resident:
             CorralError: the request cannot be planned (as a fresh run would
                 raise), or the broker failed.
         """
+        # only the first call after open() may skip the look at the host: it follows the
+        # opening's own look right away, as a fresh sandbox's command follows its plan
+        unchecked, self._unchecked = self._unchecked, False
         if self.broken or request.tty:
             return None
         if request.stdin_mode == "inherit" and any(_isatty(fd) for fd in streams):
             return None  # a terminal: a fresh sandbox gives it the pty handling it needs
         if policy is not self._policy and policy != self._policy:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
-        if self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
+        if unchecked:
+            pass
+        elif self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
             # its mounts were decided from another host: retired once no command of it runs
             # (retiring ends the sandbox, and the async twin may run one now), fresh until then
             if self._lock.acquire(False):

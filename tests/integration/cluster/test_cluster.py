@@ -173,6 +173,92 @@ def test_async_twin_and_cancellation(ray_cluster):
     assert left == []
 
 
+def test_concurrent_opens_share_placements_and_stay_separate_sandboxes(ray_cluster):
+    """Opens that queue up together are placed by one placement group and opened by one call
+    per batch (corral.cluster._placement); each is still its own sandbox with its own
+    audit record, and the batch's reservation is released with its last sandbox. 60 at once
+    on nodes of 50 slots: a batch no node has room for is split, and every one opens."""
+    from ray.util import placement_group_table
+
+    w = ray_cluster.world
+    cluster = ray_cluster.cluster
+    count = 60
+    bad = cluster.AsyncSandbox(workspace=w.workspace, settings={"resources": {"memory": "lots"}})
+
+    async def main() -> tuple[list[object], list[object], BaseException | None]:
+        sandboxes = [cluster.AsyncSandbox(workspace=w.workspace) for _ in range(count)]
+        # all queued before the placing thread takes any: one batch of 61 is tried first
+        with cluster._placer._ready:
+            tasks = [asyncio.ensure_future(s.open()) for s in (*sandboxes, bad)]
+            await asyncio.sleep(0)  # each open runs up to its first await: its request is queued
+            assert len(cluster._placer._queue) == count + 1
+        opened = await asyncio.gather(*tasks, return_exceptions=True)
+        refused = opened[-1] if isinstance(opened[-1], BaseException) else None
+        outcomes = await asyncio.gather(
+            *(s.exec(["sh", "-c", "echo $CORRAL_SANDBOX_ID"]) for s in sandboxes)
+        )
+        return sandboxes, outcomes, refused
+
+    sandboxes, outcomes, refused = asyncio.run(main())
+    try:
+        assert refused is not None and "memory" in str(refused)  # its own error, alone
+        leases = {id(s._lease) for s in sandboxes}
+        assert len(leases) < count  # batched: fewer reservations than sandboxes
+        assert sorted(o.stdout.decode().strip() for o in outcomes) == sorted(
+            s.id for s in sandboxes
+        )
+        assert all(s.node in ray_cluster.workers for s in sandboxes)
+        assert max(s._lease._left for s in sandboxes) <= 50  # split: no batch beyond a node's 50
+        # the biggest batch's group reserves its size in one bundle, on one node
+        biggest = max(sandboxes, key=lambda s: s._lease._left)
+        group_id = biggest._lease._group.id.hex()
+        members = [s for s in sandboxes if s._lease is biggest._lease]
+        assert len(members) > 1
+        table = placement_group_table()[group_id]
+        assert table["state"] == "CREATED" and list(table["bundles"]) == [0]
+        # k sandboxes, and the refused one when it came in the same batch (its share is back)
+        assert table["bundles"][0]["corral"] in (len(members), len(members) + 1)
+        for sbx in members[:-1]:
+            asyncio.run(sbx.aclose())
+        assert placement_group_table()[group_id]["state"] == "CREATED"  # one still holds it
+        asyncio.run(members[-1].aclose())
+        deadline = time.monotonic() + 30
+        while placement_group_table()[group_id]["state"] != "REMOVED":
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        for sbx in sandboxes:
+            asyncio.run(sbx.aclose())
+    records = [json.loads(line) for _, line in _audit.iter_records(cluster.state_dir)]
+    ran = {r.get("sandbox_id") for r in records}
+    assert {s.id for s in sandboxes} <= ran  # one record per sandbox, collected by the caller
+
+
+def test_an_open_cancelled_while_queued_places_nothing(ray_cluster):
+    cluster = ray_cluster.cluster
+    w = ray_cluster.world
+
+    def open_here() -> int:
+        return sum(node["sandboxes"] for node in cluster.nodes())
+
+    before = open_here()
+
+    async def main() -> None:
+        sbx = cluster.AsyncSandbox(workspace=w.workspace)
+        with cluster._placer._ready:  # the placing thread waits: the request stays queued
+            task = asyncio.ensure_future(sbx.open())
+            await asyncio.sleep(0)
+            assert len(cluster._placer._queue) == 1
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        async with cluster.AsyncSandbox(workspace=w.workspace) as after:  # the queue moves on
+            assert (await after.exec(["true"])).returncode == 0
+
+    asyncio.run(main())
+    assert open_here() == before  # the cancelled one was never opened anywhere
+
+
 def test_map_reports_every_item(ray_cluster, tmp_path):
     w = ray_cluster.world
     workspaces = []
