@@ -298,6 +298,10 @@ class LaunchPlan(Record):
             terminal on podman/docker: the engine's ``-i -t``; on gVisor, runsc
             with ``process.terminal`` and ``--console-socket``
             :data:`CONSOLE_SOCKET`); empty: *argv* always.
+        reaper: the signal that makes the exec helper's ``--reaper`` kill
+            every process the command started and exit (0: no reaper). The
+            engine sends it instead of SIGKILLing the helper, which would
+            orphan what left the command's process group.
     """
 
     backend: str
@@ -318,6 +322,7 @@ class LaunchPlan(Record):
     files: tuple[tuple[str, bytes], ...] = ()
     credentials: tuple[str, ...] = ()
     terminal_argv: tuple[str, ...] = ()
+    reaper: int = 0
 
     def fd(self, kind: str) -> FdSpec | None:
         """The first fd of *kind*, or ``None``."""

@@ -58,6 +58,7 @@ Not guaranteed (no policy key asks for these; ask for ``isolation:
 from __future__ import annotations
 
 import os
+import signal
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
@@ -102,6 +103,8 @@ if TYPE_CHECKING:
 __all__ = ["DEVICE_RULES", "HIDDEN_BY_DEFAULT", "LandlockBackend", "private_tmp"]
 
 FD_STATUS, FD_LANDLOCK, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_WAIT = 3, 4, 5, 6, 7, 8
+#: The signal that makes the exec helper (``--reaper``) kill the command's whole tree.
+REAP_SIGNAL = int(signal.SIGRTMIN)
 
 #: Host directories whose contents stay unreadable (the private-/tmp
 #: substitute): (path, reason).
@@ -339,8 +342,17 @@ class LandlockBackend(Backend):
         if net.mode == "none":
             deny_rules = (*deny_rules, *INET_SOCKET_RULES)
 
-        # --- limits
+        # --- limits, and the end of every process the command started
         cgroup = cgroup_limits(res, facts, degrade)
+        if cgroup is None and abi < 6:
+            degrade.cannot(
+                "isolation",
+                f"without a cgroup, only the exec helper ends what the command started, and with "
+                f"Landlock ABI {abi} (< 6, Linux 6.12) the command could kill it and leave "
+                "detached (setsid) processes running after the run",
+                fix="set a resources.memory or resources.pids limit (a cgroup), or use "
+                "--backend bubblewrap",
+            )
 
         fds = [
             FdSpec(number=FD_STATUS, kind="status"),
@@ -367,6 +379,8 @@ class LandlockBackend(Backend):
             "--chdir",
             cwd,
             "--drop-caps",
+            "--reaper",
+            str(REAP_SIGNAL),
             "--landlock-fd",
             str(FD_LANDLOCK),
             "--seccomp-fd",
@@ -400,6 +414,7 @@ class LandlockBackend(Backend):
             output_limit=res.output,
             degraded=degrade.recorded,
             display_argv=redact(request.argv),
+            reaper=REAP_SIGNAL,
         )
 
     def launch(

@@ -13,6 +13,9 @@
  *   3b. drop every capability: bounding set, ambient,
  *       effective/permitted/inheritable                 (when asked)
  *   4. PR_SET_NO_NEW_PRIVS                              (always)
+ *   4b. with --reaper SIG: fork; this process stays outside the command's
+ *       Landlock domain as its parent and child subreaper, and kills every
+ *       process the command started when it ends (see run_as_reaper)
  *   5. Landlock ruleset                                 (when asked)
  *   6. seccomp deny filter(s)                           (when asked)
  *   7. seccomp user-notification filter, whose listener fd is sent to corral's
@@ -35,7 +38,7 @@
  *   E<step>\t<errno>\t<text> setup failed at <step>; the command did not run
  *   X<errno>\t<program>    execvp failed (the command was not found or not
  *                          executable); the helper exits 127 or 126
- *   S<signal>              (--init only) the command was killed by <signal>
+ *   S<signal>              (--init, --reaper) the command was killed by <signal>
  * A successful exec closes the fd with no further record.
  *
  * A second mode, ``corral-exec --mount-overlay``, runs *before* bubblewrap for
@@ -104,6 +107,7 @@ static int status_fd = -1;
 static int want_init = 0;       /* --init: stay pid 1, the command is our child */
 static int want_ctty_global = 0; /* --ctty, for the init's child */
 static int serve_fd = -1;       /* --serve: a resident session's control socket */
+static int reap_signal = 0;     /* --reaper SIG: stay the command's parent; SIG kills the tree */
 
 static void usage(void);
 
@@ -910,6 +914,170 @@ static void run_as_init(void) {
 }
 
 /*
+ * --reaper SIG: no pid namespace (the landlock backend), yet nothing the
+ * command started may outlive it, however it detached (setsid, double fork).
+ *
+ * Called after no_new_privs and before Landlock: this process forks and stays
+ * the command's parent, OUTSIDE the command's Landlock domain, so with
+ * Landlock's signal scope (ABI >= 6) the command cannot signal it, and
+ * Landlock's ptrace rule (any ABI: no ptrace-style access from a domain to a
+ * process outside it), the seccomp filter's ptrace denial and PR_SET_DUMPABLE 0
+ * keep it from being traced or having its memory opened. It marks itself
+ * PR_SET_CHILD_SUBREAPER, so every process the command orphans re-parents to
+ * it instead of to the host's init. It keeps only the status fd, takes every
+ * signal through sigwaitinfo (corral's forwarded signals reach the command's
+ * process group directly; the helper ignores them) and ends the tree:
+ *   - when the command (its child) ends, or
+ *   - on SIG: corral's "stop everything" (timeout, cancel, --stop) and the
+ *     helper's parent-death signal (corral gone), set by --die-with-parent;
+ * by SIGKILLing every child listed in /proc/self/task/TID/children and reaping,
+ * again and again until waitpid() says there is no child left. A descendant
+ * of a killed process re-parents to this subreaper before its parent can be
+ * reaped, and a fork racing with SIGKILL either fails or yields a child that
+ * the next pass kills, so "no child left" means "no descendant left". It then
+ * exits as the command did (an "S<signal>" record and 128 + signal when killed).
+ * The command's own process gets SIGKILL as parent-death signal, should this
+ * process ever go first.
+ */
+static void sigkill_children(void) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096];
+        char tail[16];
+        size_t ntail = 0;
+        ssize_t n;
+        while ((n = read(fd, buf, sizeof buf)) > 0 || (n < 0 && errno == EINTR)) {
+            for (ssize_t k = 0; k < n; k++) {
+                if (buf[k] >= '0' && buf[k] <= '9') {
+                    if (ntail < sizeof tail - 1)
+                        tail[ntail++] = buf[k];
+                    continue;
+                }
+                if (ntail > 0) {
+                    tail[ntail] = '\0';
+                    kill((pid_t)atol(tail), SIGKILL);
+                    ntail = 0;
+                }
+            }
+        }
+        if (ntail > 0) {
+            tail[ntail] = '\0';
+            kill((pid_t)atol(tail), SIGKILL);
+        }
+        close(fd);
+        return;
+    }
+    /* no CONFIG_PROC_CHILDREN: find the children in /proc/PID/stat */
+    DIR *dir = opendir("/proc");
+    if (dir == NULL)
+        return;
+    pid_t self = getpid();
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        if (entry->d_name[0] < '1' || entry->d_name[0] > '9')
+            continue;
+        char stat_path[300], stat[512];
+        snprintf(stat_path, sizeof stat_path, "/proc/%s/stat", entry->d_name);
+        int sfd = open(stat_path, O_RDONLY | O_CLOEXEC);
+        if (sfd < 0)
+            continue;
+        ssize_t n = read(sfd, stat, sizeof stat - 1);
+        close(sfd);
+        if (n <= 0)
+            continue;
+        stat[n] = '\0';
+        char *end = strrchr(stat, ')'); /* the name may hold spaces and parens */
+        int ppid;
+        char state;
+        if (end != NULL && sscanf(end + 1, " %c %d", &state, &ppid) == 2 && ppid == (int)self)
+            kill((pid_t)atol(entry->d_name), SIGKILL);
+    }
+    closedir(dir);
+}
+
+static void run_as_reaper(void) {
+    sigset_t all, old;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = note_signal; /* SIGCHLD must not be discarded as "ignored" */
+    sigaction(SIGCHLD, &sa, NULL);
+    sigaction(reap_signal, &sa, NULL); /* taken by sigwaitinfo, even if inherited as ignored */
+    sigfillset(&all);
+    if (sigprocmask(SIG_BLOCK, &all, &old) < 0)
+        fail("reaper", errno, "sigprocmask: %s", strerror(errno));
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0)
+        fail("reaper", errno, "PR_SET_CHILD_SUBREAPER: %s", strerror(errno));
+    pid_t self = getpid();
+    pid_t child = fork();
+    if (child < 0)
+        fail("reaper", errno, "fork: %s", strerror(errno));
+    if (child == 0) {
+        sa.sa_handler = SIG_DFL;
+        sigaction(SIGCHLD, &sa, NULL);
+        sigprocmask(SIG_SETMASK, &old, NULL);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0 || getppid() != self)
+            fail("reaper", errno, "the helper went away before the command started");
+        return; /* the caller applies Landlock and seccomp and execs the command */
+    }
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) {
+        kill(child, SIGKILL);
+        fail("reaper", errno, "PR_SET_DUMPABLE: %s", strerror(errno));
+    }
+    /* hold nothing of the command's: stdio, the pty, kept fds, pipes */
+    for (int fd = 0; fd < 3; fd++)
+        close(fd);
+    if (status_fd >= 0 && status_fd != 3) {
+        if (dup2(status_fd, 3) < 0) {
+            kill(child, SIGKILL);
+            _exit(125);
+        }
+        status_fd = 3;
+    }
+    syscall(__NR_close_range, status_fd >= 0 ? 4U : 3U, ~0U, 0U);
+    int command_status = 0, ended = 0;
+    for (;;) {
+        int sig = sigwaitinfo(&all, NULL);
+        if (sig == SIGCHLD) {
+            int wstatus;
+            pid_t pid;
+            while ((pid = waitpid(-1, &wstatus, WNOHANG)) > 0)
+                if (pid == child) {
+                    command_status = wstatus;
+                    ended = 1;
+                }
+            if (!ended)
+                continue; /* an orphan the command left behind */
+        } else if (sig != reap_signal) {
+            continue; /* sent to the group: the command got it as well */
+        }
+        break;
+    }
+    for (;;) {
+        sigkill_children();
+        int wstatus;
+        pid_t pid = waitpid(-1, &wstatus, 0);
+        if (pid < 0) {
+            if (errno == EINTR)
+                continue;
+            break; /* ECHILD: no child, so no descendant, is left */
+        }
+        if (pid == child && !ended) {
+            command_status = wstatus;
+            ended = 1;
+        }
+    }
+    if (WIFSIGNALED(command_status)) {
+        char line[16];
+        int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(command_status));
+        status_write(line, (size_t)n);
+        _exit(128 + WTERMSIG(command_status));
+    }
+    _exit(WEXITSTATUS(command_status));
+}
+
+/*
  * --init --serve FD: the pid 1 of a resident session (corral.pipeline._resident).
  *
  * Every filter is installed already; this process spawns each command corral
@@ -1215,7 +1383,8 @@ static int hold_main(void) {
 static void usage(void) {
     fputs("usage: corral-exec [--status-fd N] [--seccomp-fd N | --seccomp-file PATH]... [--notify-fd N --notify-sock N]\n"
           "                   [--landlock-fd N] [--rlimit NAME=SOFT:HARD]... [--keep-fd N]... [--wait-fd N]\n"
-          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--die-with-parent PPID]\n"
+          "                   [--chdir DIR] [--setsid] [--ctty] [--drop-caps] [--init] [--reaper SIG]\n"
+          "                   [--die-with-parent PPID]\n"
           "                   -- COMMAND [ARG...]\n",
           stderr);
     _exit(125);
@@ -1297,6 +1466,11 @@ int main(int argc, char **argv) {
             want_drop_caps = 1;
         } else if (strcmp(a, "--init") == 0) {
             want_init = 1;
+        } else if (strcmp(a, "--reaper") == 0) {
+            reap_signal = (int)parse_long(argv[++i], a);
+            if (reap_signal < 1 || reap_signal > SIGRTMAX || reap_signal == SIGKILL ||
+                reap_signal == SIGSTOP || reap_signal == SIGCHLD)
+                fail("parse-arguments", EINVAL, "bad --reaper signal %d", reap_signal);
         } else if (strcmp(a, "--serve") == 0) {
             serve_fd = (int)parse_long(argv[++i], a);
         } else if (strcmp(a, "--die-with-parent") == 0) {
@@ -1324,6 +1498,8 @@ int main(int argc, char **argv) {
         init_take_signals();
     if (serve_fd >= 0 && !want_init)
         fail("parse-arguments", EINVAL, "--serve needs --init");
+    if (reap_signal && want_init)
+        fail("parse-arguments", EINVAL, "--reaper and --init exclude each other");
     if ((notify_fd < 0) != (notify_sock < 0))
         fail("parse-arguments", EINVAL, "--notify-fd and --notify-sock go together");
 
@@ -1357,7 +1533,8 @@ int main(int argc, char **argv) {
          * parent that already died is noticed below. */
         if (parent_pid == 0)
             parent_pid = (long)getppid();
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0)
+        /* a reaper takes its signal to end the command's tree first */
+        if (prctl(PR_SET_PDEATHSIG, reap_signal ? reap_signal : SIGKILL, 0, 0, 0) < 0)
             fail("set-parent-death-signal", errno, "%s", strerror(errno));
         /* The parent may have died before the prctl took effect. */
         if (getppid() != (pid_t)parent_pid)
@@ -1379,6 +1556,10 @@ int main(int argc, char **argv) {
      * and it makes set-user-ID binaries inert for the rest of the tree. */
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
         fail("set-no-new-privs", errno, "%s", strerror(errno));
+
+    /* 4b. the reaper stays outside the command's Landlock domain and seccomp filters */
+    if (reap_signal)
+        run_as_reaper();
 
     /* 5. Landlock */
     if (landlock_fd >= 0)

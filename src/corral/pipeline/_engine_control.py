@@ -198,6 +198,18 @@ class _Control(_State):
         self._kill_at = time.monotonic() + self.plan.kill_grace
 
     def _kill_everything(self) -> None:
+        if self.plan.reaper and self.sandbox_pid <= 0 and self.pid > 0:
+            # The exec helper is the command's parent and subreaper: it kills every
+            # process the command started, also those that left its process group
+            # (setsid), and then exits. A SIGKILL would orphan them instead.
+            for signum in (self.plan.reaper, 18):  # SIGCONT: it may be stopped (Ctrl-Z)
+                try:
+                    os.kill(self.pid, signum)
+                except ProcessLookupError:
+                    pass
+            if self._cgroup is not None:
+                self._cgroup.kill_all()
+            return
         if self.sandbox_pid <= 0 and self.pid > 0 and self.plan.fd("info") is not None:
             # Set-up not finished: bubblewrap may have cloned the sandbox's first process
             # without telling us yet, and that process waits for bubblewrap's go-ahead
