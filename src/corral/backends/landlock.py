@@ -22,6 +22,13 @@ Guarantees (with the default policy):
     keyrings, bpf, io_uring ...) plus chattr-style ioctls and TIOCSTI;
   * memory, pids and CPU through a cgroup; CPU time, wall clock and output
     as with every backend; the tree is stopped through the cgroup's freezer.
+  * no process the command started outlives the run (its end, timeout,
+    cancel, a kept shell's ``--stop``, corral's death), however it detached,
+    with or without a cgroup: the exec helper stays its parent outside its
+    Landlock domain as a child subreaper and kills the whole tree
+    (``--reaper``; docs/threat-model.md). Without a cgroup this needs Landlock
+    ABI >= 6 (signal scope, or the command could kill the helper): refused
+    there (exit 125; ``--allow-degraded isolation`` records it).
 
 Refused for a root caller (exit 125; ``--allow-degraded isolation`` accepts it):
   * without a user namespace the command would hold the host's uid 0 - no
@@ -44,10 +51,6 @@ Not guaranteed (no policy key asks for these; ask for ``isolation:
   * listing an ancestor of a hidden path (``ls ~``) fails; entries created in
     such an ancestor after the start are unreadable;
   * SysV IPC and the network are the host's when ``network.mode = "open"``;
-  * without a cgroup (no memory/pids limit, or one degraded) the end of the
-    run, its timeout and a kept shell's ``--stop`` reach the command's
-    process group only: a ``setsid``'d child lives on
-    (``test_landlock_without_a_cgroup_leaves_no_process_behind``, xfail);
   * the user's other terminals: ``/dev/pts`` is granted whole (for the ptys
     the command creates), so every pty of the caller's uid opens for reading
     and writing (keys typed there, text shown there);
