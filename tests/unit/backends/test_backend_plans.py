@@ -60,6 +60,29 @@ def test_landlock_plan_applies_everything_in_the_helper() -> None:
     assert b"/home/me/.ssh\0" not in spec.data
 
 
+def test_landlock_keeps_the_helper_as_reaper_and_refuses_it_unscoped_without_a_cgroup() -> None:
+    """The helper ends the whole tree (--reaper); with Landlock ABI < 6 the command could
+    kill it, so a run that has no cgroup either is refused (or degraded, recorded)."""
+    from corral.backends.landlock import REAP_SIGNAL
+
+    backend = get_backend("landlock")
+    policy = _policy(isolation="process")
+    plan = backend.plan(_request(), policy, _facts(listings=()))
+    argv = list(plan.argv)
+    assert argv[argv.index("--reaper") + 1] == str(REAP_SIGNAL) and plan.reaper == REAP_SIGNAL
+    old = _facts(listings=()).replace(landlock_abi=5)
+    assert plan.cgroup is not None and backend.plan(_request(), policy, old).degraded == ()
+    no_cgroup = policy.replace(
+        resources=policy.resources.replace(memory=None, pids=None, cpus=None)
+    )
+    assert backend.plan(_request(), no_cgroup, _facts(listings=())).degraded == ()
+    with pytest.raises(EnforcementUnavailable, match="could kill it") as info:
+        backend.plan(_request(), no_cgroup, old)
+    assert info.value.rule == "isolation"
+    allowed = no_cgroup.replace(allow_degraded=frozenset({"isolation"}))
+    assert backend.plan(_request(), allowed, old).degraded == ("isolation",)
+
+
 def test_landlock_refuses_a_host_allowlist() -> None:
     policy = _policy(isolation="process")
     policy = policy.replace(network=policy.network.replace(mode="allowlist", allow=("pypi.org",)))
