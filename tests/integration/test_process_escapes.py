@@ -284,7 +284,8 @@ def test_landlock_keeps_host_processes_unwritable(world: World) -> None:
 def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: str) -> None:
     """No pid namespace and no cgroup there: what the command started - also a
     ``setsid``'d double fork out of its process group - ends with the run all the
-    same (the exec helper's --reaper), at the timeout and when the command exits."""
+    same (the exec helper's --reaper), at the timeout and when the command exits; the
+    command cannot kill or stop that helper (Landlock's signal scope)."""
     import signal
     import time
 
@@ -293,6 +294,7 @@ def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: s
     tail = "sleep 60" if end == "timeout" else "exit 3"
     result = world.run(
         f"(setsid sleep {word} &); (setsid sh -c {_quote(writer)} writer-{word} &); "
+        "for s in KILL STOP; do kill -$s $PPID 2>/dev/null || echo denied; done; "
         f"until [ -s beat ]; do sleep 0.05; done; {tail}",
         *_LANDLOCK,
         *_LANDLOCK_AS_ROOT,
@@ -304,6 +306,10 @@ def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: s
         "3",
     )
     assert result.returncode == (124 if end == "timeout" else 3), result.stderr
+    assert result.stdout.split() == [
+        b"denied",
+        b"denied",
+    ]  # the helper, its parent, is out of reach
     left = []
     for pid in os.listdir("/proc"):
         try:
