@@ -259,6 +259,32 @@ def test_stop_refusal_and_a_dead_keeper_are_fail_closed(kept: World) -> None:
     assert not _host_file_holds("/tmp/planted", "planted\n")
 
 
+def test_a_landlock_kept_shell_leaves_no_detached_process_behind(kept: World) -> None:
+    """No pid namespace and no cgroup: a ``setsid``'d child of the shell ends with the
+    sandbox all the same, when the keeper is killed outright (the exec helper's
+    parent-death signal) and at ``--stop``."""
+    world = kept
+    landlock = ["--isolation", "process", "--backend", "landlock", "--memory", "none"]
+    landlock += [
+        "--pids",
+        "none",
+        *(["--allow-degraded", "isolation"] if os.geteuid() == 0 else []),
+    ]
+    sleepers = []
+    for word, end in (("4716", "keeper killed"), ("4717", "--stop")):
+        client = Client(world, "shell", "--keep", "other", *landlock, *SHELL)
+        client.read_until(PROMPT)
+        client.command(f"(setsid sleep {word} &); echo DONE-{word}$((1))", f"DONE-{word}1".encode())
+        sleepers.append(_started(word))
+        if end == "--stop":
+            assert world.corral("shell", "--stop", "other").returncode == 0
+        else:
+            [keeper] = _keepers()
+            os.kill(keeper, signal.SIGKILL)
+        client.wait()
+        _wait_gone(sleepers)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
