@@ -17,6 +17,10 @@ import pytest
 
 from tests.conftest import PROBE_PYTHON, World, is_root, needs_bwrap
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+
 pytestmark = [needs_bwrap, pytest.mark.backend("bubblewrap")]
 
 #: Tests of what a *root* caller's command can do (the unprivileged pass skips them).
@@ -139,6 +143,42 @@ def test_exit_status_and_signal_pass_through_the_init(world: World) -> None:
     assert killed.returncode == 143, killed.stderr
     orphans = world.run("(sleep 0.2; echo orphan) & exit 0")
     assert orphans.returncode == 0
+
+
+def test_exit_status_and_signal_pass_through_the_landlock_reaper(world: World) -> None:
+    """The exec helper stays the command's parent there (--reaper) and reports its fate."""
+    assert world.run("exit 7", *_LANDLOCK, *_LANDLOCK_AS_ROOT).returncode == 7
+    killed = world.run("kill -TERM $$", *_LANDLOCK, *_LANDLOCK_AS_ROOT)
+    assert killed.returncode == 143, killed.stderr
+
+
+def test_a_terminal_hangup_reaches_the_command_under_the_landlock_reaper(tmp_path: Path) -> None:
+    """The helper leads the session: the kernel's SIGHUP at a hang-up goes to it alone,
+    and it passes it on to the command (a shell exits as it would without corral)."""
+    import pty
+
+    from corral.backends import helper_path
+    from corral.backends.landlock import REAP_SIGNAL
+
+    helper = helper_path()
+    assert helper is not None
+    mark = str(tmp_path / "hup")
+    script = f"trap 'echo HUP > {mark}; exit 5' HUP; echo READY; sleep 20 & wait"
+    argv = [helper, "--ctty", "--reaper", str(REAP_SIGNAL), "--", "sh", "-c", script]
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execv(helper, argv)
+        finally:
+            os._exit(127)
+    seen = b""
+    while b"READY" not in seen:  # the shell has set its trap
+        chunk = os.read(fd, 100)
+        assert chunk, seen
+        seen += chunk
+    os.close(fd)  # the terminal hangs up
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 5 and os.path.exists(mark)
 
 
 # ------------------------------------------------------------- kernel knobs

@@ -926,7 +926,9 @@ static void run_as_init(void) {
  * PR_SET_CHILD_SUBREAPER, so every process the command orphans re-parents to
  * it instead of to the host's init. It keeps only the status fd, takes every
  * signal through sigwaitinfo (corral's forwarded signals reach the command's
- * process group directly; the helper ignores them) and ends the tree:
+ * process group directly; the helper ignores them, except a hang-up of the
+ * controlling terminal, which the kernel sends the session leader - this
+ * process - alone: passed on to the command) and ends the tree:
  *   - when the command (its child) ends, or
  *   - on SIG: corral's "stop everything" (timeout, cancel, --stop) and the
  *     helper's parent-death signal (corral gone), set by --die-with-parent;
@@ -1038,7 +1040,15 @@ static void run_as_reaper(void) {
     syscall(__NR_close_range, status_fd >= 0 ? 4U : 3U, ~0U, 0U);
     int command_status = 0, ended = 0;
     for (;;) {
-        int sig = sigwaitinfo(&all, NULL);
+        siginfo_t info;
+        int sig = sigwaitinfo(&all, &info);
+        if (sig == SIGHUP && info.si_code == SI_KERNEL) {
+            /* a hang-up of the controlling terminal signals the session leader
+             * only, which is this process now: the command (a shell) gets it */
+            kill(child, SIGHUP);
+            kill(child, SIGCONT);
+            continue;
+        }
         if (sig == SIGCHLD) {
             int wstatus;
             pid_t pid;
