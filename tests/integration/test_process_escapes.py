@@ -325,7 +325,7 @@ def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: s
     """No pid namespace and no cgroup there: what the command started - also a
     ``setsid``'d double fork out of its process group - ends with the run all the
     same (the exec helper's --reaper), at the timeout and when the command exits; the
-    command cannot kill or stop that helper (Landlock's signal scope)."""
+    command cannot kill, stop or read that helper (Landlock's signal scope and ptrace rule)."""
     import signal
     import time
 
@@ -335,6 +335,7 @@ def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: s
     result = world.run(
         f"(setsid sleep {word} &); (setsid sh -c {_quote(writer)} writer-{word} &); "
         "for s in KILL STOP; do kill -$s $PPID 2>/dev/null || echo denied; done; "
+        "head -c1 /proc/$PPID/mem >/dev/null 2>&1 || echo denied; "
         f"until [ -s beat ]; do sleep 0.05; done; {tail}",
         *_LANDLOCK,
         *_LANDLOCK_AS_ROOT,
@@ -346,10 +347,8 @@ def test_landlock_without_a_cgroup_leaves_no_process_behind(world: World, end: s
         "3",
     )
     assert result.returncode == (124 if end == "timeout" else 3), result.stderr
-    assert result.stdout.split() == [
-        b"denied",
-        b"denied",
-    ]  # the helper, its parent, is out of reach
+    # the helper, the command's parent, can be neither killed, stopped nor read
+    assert result.stdout.split() == [b"denied"] * 3
     left = []
     for pid in os.listdir("/proc"):
         try:
