@@ -187,17 +187,19 @@ def dump(argv: list[str], out: str, nbytes: int, inodes: int) -> tuple[int, str]
     assert proc.stderr is not None
     err = proc.stderr.fileno()
     kept = bytearray()
-    full = False
+    full, reading = False, True
     while True:
-        ready, _w, _x = select.select([err], [], [], POLL)
+        # wake at least every POLL seconds, sooner when the dump writes to stderr
+        ready, _w, _x = select.select([err] if reading else [], [], [], POLL)
         if ready:
             data = os.read(err, CHUNK)
-            if not data:
-                break
             kept += data[: max(0, STDERR_KEPT - len(kept))]
+            reading = bool(data)
         if _full(out):
             full = True
             proc.send_signal(signal.SIGKILL)
+            break
+        if not reading and proc.poll() is not None:
             break
     proc.stderr.close()
     status = proc.wait()
