@@ -30,7 +30,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent")
+PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent", "corral-vm-relay")
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 

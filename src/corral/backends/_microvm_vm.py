@@ -57,6 +57,10 @@ __all__ = [
     "virtiofsd_argv",
 ]
 
+#: The largest frame the agent ever sends (its ``MAX_FRAME``; output comes in 64 KiB
+#: chunks; ``corral-vm-relay`` has the same bound). The guest's root can take the agent's
+#: port (``pidfd_getfd``) and send anything: a longer announced length is refused.
+MAX_FRAME = 1 << 20
 #: The virtiofs tag of the workspace share.
 SHARE_TAG = "corral-ws"
 #: Where virtiofsd's private tmpfs is mounted in its own mount namespace (any
@@ -71,6 +75,18 @@ HOST_TASKS = 256
 #: Where the guest reaches corral's egress proxy: qemu forwards each connection
 #: to this address (``guestfwd``) to the run's proxy socket on the host.
 GUEST_PROXY = ("10.0.2.100", 3128)
+#: Guest kernel arguments under TCG only (never KVM), each with its reason; the
+#: trade-off is argued in docs/threat-model.md ("micro-VM guests under TCG").
+TCG_KERNEL_ARGS: tuple[tuple[str, str], ...] = (
+    (
+        "norandmaps",
+        "no address-space randomisation of the guest's processes: qemu's TCG keeps its "
+        "translated code by virtual address, so a library mapped at a new address in every "
+        "process is translated again for every command (a dynamically linked `true` took "
+        "~40 ms in the guest instead of ~10 ms); everything in the guest is the command's own "
+        "(KASLR, the guest kernel's, stays on)",
+    ),
+)
 
 
 class BootFailed(Exception):
@@ -181,6 +197,8 @@ def qemu_argv(
     cmdline = "console=ttyS0 panic=-1 reboot=t" + (
         " quiet" if not os.environ.get("CORRAL_VM_DEBUG") else ""
     )
+    if config.accel == "tcg":
+        cmdline += "".join(f" {word}" for word, _why in TCG_KERNEL_ARGS)
     if config.tsc_khz:
         cmdline += f" tsc_early_khz={config.tsc_khz} tsc=reliable"
     argv = [
@@ -577,8 +595,6 @@ class Channel:
             BootFailed: the VM went away, the deadline passed, or a frame
                 announces more than the agent ever sends (``MAX_FRAME``).
         """
-        from ._microvm_run import MAX_FRAME
-
         while True:
             if len(self._buf) >= 5:
                 (length,) = struct.unpack(">I", self._buf[1:5])
