@@ -136,6 +136,21 @@ def test_per_exec_timeout_kills_only_that_command(session: Any) -> None:
     assert session._vm_session.boots == boots  # the same VM goes on
 
 
+def test_stdin_output_and_the_commands_end_pass_the_relay(session: Any) -> None:
+    """corral-vm-relay: 2 MiB of stdin through `cat` while its output comes back (neither
+    side waits for the other), an exit status, a death by signal, a program not found."""
+    data = bytes(range(256)) * 8192
+    echoed = session.exec(["cat"], stdin=data, timeout=120)
+    assert (echoed.returncode, echoed.timed_out) == (0, False), echoed.stderr
+    assert echoed.stdout == data
+    status = session.exec("echo out; echo err >&2; exit 7")
+    assert (status.returncode, status.stdout, status.stderr) == (7, b"out\n", b"err\n")
+    killed = session.exec("kill -USR1 $$")
+    assert killed.signal == signal.SIGUSR1
+    missing = session.exec(["no-such-program-here"])
+    assert missing.returncode == 127 and b"no-such-program-here" in missing.stderr
+
+
 def test_a_relay_killed_mid_command_leaves_nothing_for_the_next(session: Any) -> None:
     """The host side of one command dies while the guest runs it: the session stops the
     guest command and drains its frames, and the next command gets only its own result."""
