@@ -45,8 +45,9 @@ def _qemu_processes() -> list[str]:
     return found
 
 
-def _run_dirs() -> list[str]:
-    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")]
+def _run_dirs(pid: int) -> list[str]:
+    """The run directories of process *pid*'s VMs (others' VMs may boot on this host)."""
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"corral-vm-{pid}-")]
 
 
 @pytest.fixture
@@ -185,7 +186,7 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     line = proc.stdout.readline()
     assert line == b"started\n", proc.stderr.read() if proc.stderr else b""
     assert _qemu_processes()
-    assert _run_dirs() == []  # removed once the agent was ready
+    assert _run_dirs(proc.pid) == []  # removed once the agent was ready
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
@@ -196,7 +197,7 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
         time.sleep(0.05)
     assert _qemu_processes() == []
     assert _in_directory(w.workspace) == []  # nothing of the run (relay, daemons) is left
-    assert _run_dirs() == []
+    assert _run_dirs(proc.pid) == []
 
 
 def _in_directory(path: str) -> list[str]:
@@ -439,4 +440,4 @@ def test_allowlist_reaches_only_the_proxy_with_the_attempt_log(vm_world: World) 
     assert decisions == {("example.test", "allow"), ("evil.test", "deny")}
     assert [(v.kind, v.target) for v in outcome.violations] == [("network", f"evil.test:{port}")]
     # the proxy's socket and the VM's run directory (named after this process) are gone
-    assert [n for n in _run_dirs() if n.startswith(f"corral-vm-{os.getpid()}-")] == []
+    assert _run_dirs(os.getpid()) == []

@@ -40,7 +40,7 @@ from .._frozen import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import IO
+    from typing import IO, Any
 
     from ..pipeline._cgroups import Cgroup
 
@@ -371,6 +371,9 @@ class GuestVM:
         self.qemu: subprocess.Popen[bytes] | None = None
         self.virtiofsd: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
+        #: set by :meth:`close`; a boot under way starts no process after it (see _spawn)
+        self._closed = False
+        self._spawn_lock = threading.Lock()
         self.channel: Channel | None = None
         self._drainer: threading.Thread | None = None
         self._console = bytearray()
@@ -402,27 +405,23 @@ class GuestVM:
             if self.background:  # the pool's boot ahead: lowest CPU priority until ready
                 preexec = _niced(preexec)
             if fs_socket is not None:
-                fs = subprocess.Popen(
+                fs = self._spawn(
                     virtiofsd_argv(self.config, fs_socket),
-                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     env=env,
                     preexec_fn=preexec,
                 )
-                self._procs.append(fs)
                 self.virtiofsd = fs
                 self._wait_for(fs_socket, fs, "virtiofsd")
-            qemu = subprocess.Popen(
+            qemu = self._spawn(
                 qemu_argv(self.config, agent_socket, fs_socket, self.egress_socket or None),
-                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=preexec,
             )
             self.qemu = qemu
-            self._procs.append(qemu)
             self._drainer = threading.Thread(
                 target=self._drain_console, args=(qemu.stdout,), daemon=True
             )
@@ -450,6 +449,17 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        """Start one of the VM's host processes, unless :meth:`close` came first (then
+        BootFailed): a VM closed while it boots (an SDK session closed early) starts
+        nothing more, and whatever it started is killed by that close."""
+        with self._spawn_lock:
+            if self._closed:
+                raise BootFailed("the VM was closed while it booted")
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **options)
+            self._procs.append(proc)
+            return proc
 
     def foreground(self) -> None:
         """Back to normal CPU priority (every thread of qemu and virtiofsd), if niced."""
@@ -540,7 +550,10 @@ class GuestVM:
         there is nothing to shut down cleanly, and killing takes milliseconds
         where a guest power-off under TCG takes seconds.
         """
-        for proc in reversed(self._procs):
+        with self._spawn_lock:
+            self._closed = True
+            procs = list(self._procs)
+        for proc in reversed(procs):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()

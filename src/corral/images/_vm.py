@@ -98,6 +98,12 @@ mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
+if grep -qx 0x001a /newroot/sys/bus/virtio/devices/*/device 2>/dev/null; then
+  # the workspace share (virtio-fs), mounted now rather than on the run's path; the
+  # agent binds the run's view from it (its "ws") once the host has mounted that
+  mkdir -p -m 700 /newroot/.corral/share
+  mount -t virtiofs -o nosuid,nodev corral-ws /newroot/.corral/share || echo "corral-init: no share"
+fi
 exec switch_root /newroot /.corral/agent "/dev/$port"
 """
 
