@@ -200,6 +200,28 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     assert _run_dirs(proc.pid) == []
 
 
+def test_ctrl_c_reaches_the_guest_command_through_the_relay(vm_world: World) -> None:
+    """SIGINT to `corral run` goes to the command's process group in the guest
+    (corral-vm-relay's 'S' frame): its trap runs and its exit status comes back."""
+    w = vm_world
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "run", "--backend", "microvm", "--read-only", "--",
+         "sh", "-c", 'trap "echo got-int; exit 3" INT; echo ready; while :; do sleep 0.1; done'],
+        cwd=w.workspace, env=w.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+        assert line == b"ready\n", proc.stderr.read() if proc.stderr else b""
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, rest) == (3, b"got-int\n"), err
+
+
 def _in_directory(path: str) -> list[str]:
     """Processes (zombies included) whose working directory is *path*."""
     found = []
