@@ -6,9 +6,11 @@ they skip with the reason when this machine cannot run them.
 
 from __future__ import annotations
 
+import http.server
 import os
 import shutil
 import sys
+import threading
 
 import pytest
 
@@ -93,3 +95,39 @@ def processes_with(marker: str) -> list[int]:
         if marker.encode() in cmdline and int(name) != os.getpid():
             found.append(int(name))
     return found
+
+
+class AnsweringHTTP:
+    """A plain HTTP server on 127.0.0.1 that answers every GET with *body*.
+
+    ``port`` is where it listens and ``paths`` the request paths it has served,
+    so a test can check that nothing but the allowed requests reached the host.
+    :meth:`close` shuts it down.
+    """
+
+    def __init__(self, body: bytes) -> None:
+        paths: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.paths = paths
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import SECRET_ENV_VALUE, World
-from tests.integration.conftest import needs_microvm
+from tests.integration.conftest import AnsweringHTTP, needs_microvm
 
 pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
@@ -405,31 +405,13 @@ print(json.dumps(r))
 def test_allowlist_reaches_only_the_proxy_with_the_attempt_log(vm_world: World) -> None:
     """network.mode=allowlist: the guest's one NIC reaches corral's proxy and nothing else;
     an allowed host answers through it, a not-allowed one is refused and is a violation."""
-    import http.server
-
     from corral.pipeline._request import ExecRequest
     from corral.pipeline._runner import launch, prepare
     from corral.policy import load_settings
 
     w = vm_world
-    paths: list[str] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            paths.append(self.path)
-            body = b"through the proxy"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+    server = AnsweringHTTP(b"through the proxy")
+    port, paths = server.port, server.paths
     hosts = w.write(os.path.join(w.root, "hosts"), "127.0.0.1 example.test evil.test\n")
     environ = {**w.environ, "CORRAL_EGRESS_HOSTS": hosts}
     w.write(w.ws("net_probe.py"), NET_PROBE)
@@ -448,8 +430,7 @@ def test_allowlist_reaches_only_the_proxy_with_the_attempt_log(vm_world: World) 
         request = ExecRequest.from_argv(["python3", "net_probe.py", str(port)], cwd=w.workspace)
         outcome = launch(prepare(request, policy, environ=environ), request)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     assert outcome.returncode == 0, outcome.text("stderr")
     r = json.loads(outcome.text("stdout").strip().splitlines()[-1])
     assert r["proxy"] == "10.0.2.100:3128"

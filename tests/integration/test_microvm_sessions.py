@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import TEST_ROOT, World, unreadable_for
-from tests.integration.conftest import needs_microvm
+from tests.integration.conftest import AnsweringHTTP, needs_microvm
 
 pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
@@ -290,26 +290,12 @@ def test_allowlist_session_each_command_has_its_own_proxy_and_attempt_log(
 ) -> None:
     """network=allowlist in a kept VM: every command reaches only its own run's proxy, and
     its attempts and violations are its own; the VM's run directory goes with it."""
-    import http.server
-
     from corral import Sandbox
 
     w = world_vm
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = b"through the proxy"
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = AnsweringHTTP(b"through the proxy")
+    port = server.port
     hosts = w.write(os.path.join(w.root, "hosts"), "127.0.0.1 example.test evil.test\n")
     fetch = (
         "import sys, urllib.request\n"
@@ -333,8 +319,7 @@ def test_allowlist_session_each_command_has_its_own_proxy_and_attempt_log(
             again = sandbox.exec(["python3", "-c", fetch, "example.test"])
             assert sandbox._vm_session.boots == 1
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
     assert allowed.text("stdout") == again.text("stdout") == "b'through the proxy'\n"
     assert "403" in denied.text("stdout")
     assert {(a.host, a.decision) for a in allowed.network} == {("example.test", "allow")}

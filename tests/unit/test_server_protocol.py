@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import _socket
 import os
+import socket
 
 import pytest
 
@@ -164,3 +165,55 @@ def test_clients_start_no_server_while_the_last_start_failed_for_a_while(tmp_pat
     mark_busy(directory, None)  # a server started: cleared
     assert not os.path.exists(os.path.join(directory, BUSY))
     assert _may_start_server(state, {})
+
+
+def _fds_on(directory: str) -> list[str]:
+    """This process's descriptors of *directory* (or of anything below it)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith(directory):
+            found.append(target)
+    return found
+
+
+@pytest.mark.parametrize("depth", [40, 200])
+def test_bind_and_connect_reach_a_socket_at_any_path_length(tmp_path: object, depth: int) -> None:
+    from corral.server._wire import SUN_PATH_MAX, bind_unix, connect_unix
+
+    directory = os.path.join(str(tmp_path), "d" * max(1, depth - len(str(tmp_path)) - 14))
+    os.makedirs(directory)
+    path = os.path.join(directory, "server.sock")
+    assert (len(path) > SUN_PATH_MAX) == (depth == 200)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        bind_unix(listener, path)
+        listener.listen(1)
+        assert os.listdir(directory) == ["server.sock"]  # the socket is at the long path itself
+        connect_unix(client, path)
+        conn, _ = listener.accept()
+        client.sendall(b"ping")
+        assert conn.recv(4) == b"ping"
+        conn.close()
+        assert _fds_on(str(tmp_path)) == []  # the alias's descriptor is closed again
+    finally:
+        listener.close()
+        client.close()
+
+
+def test_connect_to_a_long_path_whose_directory_is_missing_is_file_not_found(
+    tmp_path: object,
+) -> None:
+    from corral.server._wire import connect_unix
+
+    path = os.path.join(str(tmp_path), "x" * 150, "server", "server.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with pytest.raises(FileNotFoundError):
+            connect_unix(sock, path)
+    finally:
+        sock.close()

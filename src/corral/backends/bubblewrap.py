@@ -131,7 +131,27 @@ PRIVATE_TMP = ("/tmp", "/var/tmp")
 SOCKET_DIRS = ("/run", "/var/run")
 
 
-def host_unix_listeners(*, as_other: bool) -> tuple[tuple[str, tuple[str, ...]], ...]:
+def corral_sockets(state: str) -> tuple[str, ...]:
+    """corral's own sockets in state directory *state*: the server's and the kept shells'.
+
+    ``/proc/net/unix`` names them by an alias (``/proc/self/fd/N/...``) when
+    the state directory is too deep for ``sun_path`` (``_wire.bind_unix``):
+    :func:`host_unix_listeners` is told their real paths.
+    """
+    found = [os.path.join(state, "server", "server.sock")]
+    shells = os.path.join(state, "shells")
+    try:
+        found += [
+            os.path.join(shells, n) for n in sorted(os.listdir(shells)) if n.endswith(".sock")
+        ]
+    except OSError:
+        pass
+    return tuple(found)
+
+
+def host_unix_listeners(
+    *, as_other: bool, also: tuple[str, ...] = ()
+) -> tuple[tuple[str, tuple[str, ...]], ...]:
     """The socket files of the pathname unix sockets bound in this network namespace.
 
     From ``/proc/net/unix``: every socket a process of the host's network
@@ -142,7 +162,8 @@ def host_unix_listeners(*, as_other: bool) -> tuple[tuple[str, tuple[str, ...]],
     they do not exist. With *as_other* (a root caller's sandbox runs as an
     unrelated uid) the closed directories are the ancestors that others
     cannot search: the plan covers such a socket only where the sandbox owns
-    them (idmapped), as bubblewrap could not mount over it otherwise.
+    them (idmapped), as bubblewrap could not mount over it otherwise. *also*
+    adds paths the table cannot name (:func:`corral_sockets`).
     """
     import stat
 
@@ -152,8 +173,10 @@ def host_unix_listeners(*, as_other: bool) -> tuple[tuple[str, tuple[str, ...]],
     except OSError:
         return ()
     paths = {parts[7] for parts in (line.split(None, 7) for line in lines) if len(parts) == 8}
+    paths.update(also)
     found: dict[str, tuple[str, ...]] = {}
-    for path in sorted(p for p in paths if p.startswith("/")):
+    # an alias through another process's /proc/self/fd means nothing here (see *also*)
+    for path in sorted(p for p in paths if p.startswith("/") and not p.startswith("/proc/")):
         # the canonical path: bubblewrap mounts below its new root, where an absolute
         # symlink such as /var/run -> /run would not resolve
         real = os.path.realpath(path)
@@ -273,10 +296,13 @@ class BubblewrapBackend(Backend):
             return {}
         from .. import _state
 
+        state = os.path.realpath(_state.state_dir(environ))
         return {
             # its server would take the broker's connect() for its own client's
-            "corral_state": os.path.realpath(_state.state_dir(environ)),
-            "unix_listeners": host_unix_listeners(as_other=os.getuid() == 0),
+            "corral_state": state,
+            "unix_listeners": host_unix_listeners(
+                as_other=os.getuid() == 0, also=corral_sockets(state)
+            ),
             "unix_named": tuple(
                 (p, os.path.realpath(p)) for p in policy.network.allow_unix_sockets
             ),

@@ -217,13 +217,21 @@ def _through_server(
     """The exit status from the server, or why the command must run here."""
     import _socket
 
-    from ..server._wire import PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+    from ..server._wire import (
+        PROTOCOL,
+        FrameReader,
+        WireError,
+        code_stamp,
+        connect_unix,
+        encode,
+        socket_path,
+    )
 
     path = socket_path(state)
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         try:
-            sock.connect(path)
+            connect_unix(sock, path)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             return _NO_SERVER
         except OSError:

@@ -968,27 +968,61 @@ struct link {
     struct reader reader;
 };
 
+/* connect() to the socket at path (NUL-terminated, len bytes); 0 or -1 with errno.
+ * A path too long for sun_path goes through /proc/self/fd/N/NAME, N an O_PATH
+ * descriptor of its directory, as _wire.connect_unix does. */
+static int connect_path(int sock, const char *path, size_t len) {
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    int dirfd = -1;
+    if (len < sizeof addr.sun_path) {
+        memcpy(addr.sun_path, path, len);
+    } else {
+        const char *slash = strrchr(path, '/');
+        if (!slash) {
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        char *directory = strndup(path, slash == path ? 1 : (size_t)(slash - path));
+        if (!directory)
+            return -1;
+        dirfd = open(directory, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        free(directory);
+        if (dirfd < 0)
+            return -1;
+        int n = snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/%s", dirfd,
+                         slash + 1);
+        if (n < 0 || (size_t)n >= sizeof addr.sun_path) {
+            close(dirfd);
+            errno = ENAMETOOLONG;
+            return -1;
+        }
+        len = (size_t)n;
+    }
+    socklen_t alen = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + len);
+    int rc;
+    while ((rc = connect(sock, (struct sockaddr *)&addr, alen)) < 0 && errno == EINTR)
+        ;
+    if (dirfd >= 0) {
+        int saved = errno;
+        close(dirfd);
+        errno = saved;
+    }
+    return rc;
+}
+
 /* Connect; R_NONE when connected. *foreign: the socket is another uid's (the
  * Python CLI then warns about it itself). Errors are classified like the
  * Python client's. */
 static enum result connect_server(struct link *l, int *foreign) {
     *foreign = 0;
-    struct sockaddr_un addr;
-    memset(&addr, 0, sizeof addr);
-    addr.sun_family = AF_UNIX;
-    if (l->path.len > sizeof addr.sun_path)
-        return R_REFUSED; /* Python: OSError("AF_UNIX path too long") */
-    memcpy(addr.sun_path, l->path.data, l->path.len);
     l->sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (l->sock < 0)
         return R_REFUSED;
-    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + l->path.len);
-    while (connect(l->sock, (struct sockaddr *)&addr, len) < 0) {
-        if (errno == EINTR)
-            continue;
+    if (connect_path(l->sock, (const char *)l->path.data, l->path.len) < 0)
         return errno == ENOENT || errno == ECONNREFUSED || errno == ENOTDIR ? R_NO_SERVER
                                                                             : R_REFUSED;
-    }
     struct ucred cred;
     socklen_t clen = sizeof cred;
     if (getsockopt(l->sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0)

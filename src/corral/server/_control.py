@@ -8,7 +8,7 @@ import sys
 
 from .._exceptions import ServerError
 from ._peers import _SO_PEERCRED
-from ._wire import FrameReader, encode, socket_path
+from ._wire import FrameReader, connect_unix, encode, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def _ask(state_dir: str, message: dict[str, Any], timeout: float = 10.0) -> dict
     try:
         sock.settimeout(timeout)
         try:
-            sock.connect(path)
+            connect_unix(sock, path)
         except (FileNotFoundError, ConnectionRefusedError, NotADirectoryError):
             return None
         cred = sock.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)

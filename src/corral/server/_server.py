@@ -70,7 +70,16 @@ from ._requests import (
     _tell,
 )
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
-from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, code_stamp, encode, socket_path
+from ._wire import (
+    MAX_FRAME,
+    PROTOCOL,
+    FrameReader,
+    WireError,
+    bind_unix,
+    code_stamp,
+    encode,
+    socket_path,
+)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -254,7 +263,7 @@ class Server:
         listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         previous = os.umask(0o177)  # single-threaded here; the socket is born 0600
         try:
-            listener.bind(self.path)
+            bind_unix(listener, self.path)
         except OSError as exc:
             listener.close()
             self._release_lock()

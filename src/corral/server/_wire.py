@@ -49,7 +49,9 @@ __all__ = [
     "PROTOCOL",
     "FrameReader",
     "WireError",
+    "bind_unix",
     "code_stamp",
+    "connect_unix",
     "encode",
     "socket_path",
 ]
@@ -66,6 +68,50 @@ class WireError(ValueError):
 def socket_path(state_dir: str) -> str:
     """The server's socket for the user whose state directory is *state_dir*."""
     return os.path.join(state_dir, "server", "server.sock")
+
+
+#: the longest path a ``sockaddr_un`` holds with its terminating NUL (``sun_path`` is 108 bytes)
+SUN_PATH_MAX = 107
+
+
+def _through_directory(sock: Any, path: str, call: str) -> None:
+    """``sock.<call>(path)``; a *path* too long for ``sun_path`` goes through a short alias.
+
+    The alias is ``/proc/self/fd/N/NAME``, N an ``O_PATH`` descriptor of the
+    socket's directory (opened for this call, closed after it): the kernel
+    resolves it to the same directory entry, so the socket file, its owner and
+    mode, and the peer checks are those of *path* itself. A missing directory
+    raises :class:`FileNotFoundError` (or :class:`NotADirectoryError`), as
+    the direct call would.
+    """
+    if len(os.fsencode(path)) <= SUN_PATH_MAX:
+        getattr(sock, call)(path)
+        return
+    directory, name = os.path.split(path)
+    fd = os.open(directory or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        alias = f"/proc/self/fd/{fd}/{name}"
+        if len(os.fsencode(alias)) > SUN_PATH_MAX:
+            raise OSError(36, f"socket name too long: {name!r}")  # ENAMETOOLONG
+        getattr(sock, call)(alias)
+    finally:
+        os.close(fd)
+
+
+def connect_unix(sock: Any, path: str) -> None:
+    """Connect the ``AF_UNIX`` socket *sock* to *path*, however long (see :func:`bind_unix`)."""
+    _through_directory(sock, path, "connect")
+
+
+def bind_unix(sock: Any, path: str) -> None:
+    """Bind the ``AF_UNIX`` socket *sock* to *path*, however long.
+
+    A path longer than :data:`SUN_PATH_MAX` bytes (a deep state directory) is
+    bound through ``/proc/self/fd/N/NAME`` with N a descriptor of its
+    directory; the socket file is created at *path* all the same. Needs
+    ``/proc`` for such paths only.
+    """
+    _through_directory(sock, path, "bind")
 
 
 def code_stamp() -> str:
