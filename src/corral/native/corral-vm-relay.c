@@ -23,9 +23,11 @@
  *     command's signal; 'F' (the command could not start): the agent's error on stderr,
  *     exit 127 (exec failed) or 126.
  *
- * On DONE_FD it writes 's' once the agent has the command and 'x' once the agent said the
- * command ended ('X' or 'F'): a session's kept VM whose relay ended between the two still
- * has a command to stop and frames to drain before the next (corral.pipeline._vm_session).
+ * On DONE_FD it writes 's' just before the command goes to the agent and 'x' once the agent
+ * said the command ended ('X' or 'F'): a session's kept VM whose relay ended between the two
+ * may still run a command to stop and have frames to drain before the next
+ * (corral.pipeline._vm_session; an agent that never got the command answers no 'K', and
+ * that VM is replaced).
  *
  * The agent is not a trust boundary (the guest's root can take its port and send anything):
  * a frame announcing more than the agent ever sends (MAX_FRAME, the agent's own bound) is
@@ -271,11 +273,14 @@ int main(int argc, char **argv) {
     free(command);
     if (!pump)
         queue_frame('i', NULL, 0);
+    /* 's' before the first byte of 'E' goes out: killed in between, the session must still
+     * settle the agent (it may have the command) before its next one. The other order let
+     * a relay killed right after sending leave a running command to the next. */
+    write_all(done, (const unsigned char *)"s", 1);
     if (flush_some(agent) < 0) {
         fputs("corral: the micro-VM went away\n", stderr);
         return 125;
     }
-    write_all(done, (const unsigned char *)"s", 1);
 
     size_t in_cap = 1 << 17, in_len = 0;
     unsigned char *in = malloc(in_cap);

@@ -290,3 +290,37 @@ def test_the_host_side_refuses_a_frame_longer_than_the_agent_sends() -> None:
         assert guest.recv(64) == b"E\0\0\0\7payloadi\0\0\0\0"  # the command, no stdin
         assert os.read(done_r, 8) == b"s"  # taken; never reported ended
         os.close(done_r)
+
+
+def test_the_relay_reports_the_command_before_it_sends_it() -> None:
+    """'s' goes on the done fd before the first byte of 'E' goes to the agent: a relay
+    killed right after sending must not look, to its session, as if the agent never got
+    the command (the session would run the next one into a busy agent)."""
+    import os
+    import socket
+    import subprocess
+
+    from corral.backends.microvm import relay_path
+
+    relay = relay_path()
+    if relay is None:
+        pytest.skip("corral-vm-relay is not built (make native)")
+    ours, guest = socket.socketpair()
+    guest.close()  # the send of 'E' fails: the VM went away
+    command_r, command_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(command_w, b"0payload")
+    os.close(command_w)
+    with ours:
+        result = subprocess.run(
+            [relay, str(command_r), str(ours.fileno()), str(done_w)],
+            pass_fds=(command_r, ours.fileno(), done_w),
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    os.close(command_r)
+    os.close(done_w)
+    assert (result.returncode, result.stderr) == (125, b"corral: the micro-VM went away\n")
+    assert os.read(done_r, 8) == b"s"
+    os.close(done_r)
