@@ -25,8 +25,8 @@ Guarantees (with the default policy):
     on the host, and the proxy variables point there: the same allowlist,
     attempt log and violations as on bubblewrap. The proxy does not terminate
     TLS here (request rules and masked credentials are refused), and
-    ``localhost:PORT`` entries are reached through the proxy, not at the
-    guest's own 127.0.0.1 (the guest's loopback is its own);
+    ``localhost:PORT`` entries do not reach the host's services (the guest's
+    loopback is its own, and the proxy refuses loopback destinations);
   * the host environment passes only through the policy's ``env`` allowlist,
     as on every backend; credentials are refused (secrets never enter the guest);
   * memory is the VM's size (guest RAM = the limit plus
