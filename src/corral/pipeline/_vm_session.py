@@ -192,8 +192,9 @@ class VmSession:
     ) -> None:
         """Begin :meth:`open` on a thread of its own and return at once (the SDK calls it
         at construction). The first command waits for that boot, then runs in its VM; if
-        the boot fails, that command raises the error (once). A :meth:`close` meanwhile
-        stops the boot: nothing of it is left."""
+        the boot fails, that command raises the error (once; a refusal is raised by every
+        command's own plan). A :meth:`close` meanwhile stops the boot: nothing of it is
+        left."""
 
         def boot() -> None:
             with self._lock:  # a first command waits here for this boot
@@ -201,9 +202,13 @@ class VmSession:
                     return
                 try:
                     found = self._prepare(request, policy, preview)
-                    if found is not None:
-                        self._start(found[1])
-                        self._policy = policy
+                except BaseException:
+                    return  # a refusal (not root, no VM image): each command's plan raises it
+                if found is None:
+                    return
+                try:
+                    self._start(found[1])
+                    self._policy = policy
                 except BaseException as exc:  # reported by the command that would boot
                     if not self._closed:
                         self._failure = exc
