@@ -46,6 +46,8 @@ TOOL_PACKAGES = {
     "dockerd": "docker.io",
     "mmdebstrap": "mmdebstrap",
     "qemu-system-x86_64": "qemu-system-x86",
+    "busybox": "busybox-static",
+    "lz4": "lz4",  # Debian 12's kernels are lz4-compressed: the image build's vmlinux
     "fuse-overlayfs": "fuse-overlayfs",
     "chromium": "chromium",  # tests/integration/ui drive it through Playwright
     # npm packages (installed globally with the apt package npm)

@@ -49,6 +49,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
     "boxlite": ("corral.backends.boxlite", "BoxliteBackend"),
     "bubblewrap": ("corral.backends.bubblewrap", "BubblewrapBackend"),
     "docker": ("corral.backends.docker", "DockerBackend"),
+    "firecracker": ("corral.backends.firecracker", "FirecrackerBackend"),
     "gvisor": ("corral.backends.gvisor", "GvisorBackend"),
     "landlock": ("corral.backends.landlock", "LandlockBackend"),
     "microvm": ("corral.backends.microvm", "MicrovmBackend"),
@@ -69,21 +70,19 @@ BACKEND_TRAITS: dict[str, tuple[str, float, bool]] = {
     "gvisor": ("kernel", 250.0, False),
     "microvm": ("vm", 2000.0, False),
     "boxlite": ("vm", 500.0, True),  # used when named: never run on the CI machines (no KVM)
+    "firecracker": ("vm", 300.0, True),  # likewise
     "none": ("none", 1.0, True),
 }
 
 #: Backends of DESIGN §3 that are not registered, and why (``corral doctor``;
 #: :func:`unregistered` adds what this host lacks for them).
-UNREGISTERED: dict[str, str] = {
-    "firecracker": "not implemented in this build (a second engine of microvm); needs KVM",
-}
+UNREGISTERED: dict[str, str] = {}
 
 
 def unregistered(environ: dict[str, str]) -> dict[str, str]:
-    """:data:`UNREGISTERED` with the precise reasons for this host (binaries, KVM)."""
-    from .microvm import engine_problems
-
-    return {**UNREGISTERED, **engine_problems(environ)}
+    """:data:`UNREGISTERED` (with the precise reasons for this host, where a backend
+    depends on one)."""
+    return dict(UNREGISTERED)
 
 
 _instances: dict[str, Backend] = {}

@@ -75,11 +75,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ..images._vm import VmImage
     from ..pipeline._cgroups import Cgroup, CgroupLayout
     from ..pipeline._engine import Running
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
+    from ._firecracker_vm import FirecrackerVM
     from ._microvm_pool import VmPool
     from ._microvm_vm import GuestVM, ShareSpec, VmConfig
     from ._plan import EgressSpec, HostFacts, PreviewSpec
@@ -256,35 +258,6 @@ def cached_kvm_problem(environ: dict[str, str]) -> tuple[str | None, bool]:
     return (str(known) if known else None), True
 
 
-def engine_problems(environ: dict[str, str]) -> dict[str, str]:
-    """Why Firecracker (a second engine, not implemented in this build) cannot run here.
-
-    The reason says what this host lacks besides, so ``corral doctor`` is
-    precise: the ``firecracker`` binary (not packaged by Debian 12) and KVM
-    that boots standard guests (the cached probe of :func:`kvm_problem`;
-    Firecracker has no TCG fallback).
-    """
-    import shutil
-
-    kvm = "unknown (no KVM probe yet: run a microvm command once)"
-    if not os.path.exists("/dev/kvm"):
-        kvm = "/dev/kvm does not exist"
-    else:
-        known, probed = cached_kvm_problem(environ)
-        if probed:
-            kvm = known or "works"
-    firecracker = shutil.which("firecracker", path=environ.get("PATH"))
-    return {
-        "firecracker": "not implemented in this build (a second engine of microvm); "
-        + (
-            "firecracker binary found"
-            if firecracker
-            else "no firecracker binary (not in Debian 12)"
-        )
-        + f"; KVM: {kvm}",
-    }
-
-
 def view_setup(
     *,
     workspace: str,
@@ -292,6 +265,7 @@ def view_setup(
     read_only: bool,
     masks: list[tuple[str, str]],
     read_only_paths: list[str],
+    chain: bool = False,
 ) -> tuple[str, ...]:
     """The argv that mounts a run's workspace view in virtiofsd's namespace (pure).
 
@@ -305,7 +279,10 @@ def view_setup(
       or ``/dev/null``), each of *read_only_paths* bound read-only.
 
     The guest can only ever reach what virtiofsd serves, and the kernel
-    enforces these mounts for virtiofsd as for any process.
+    enforces these mounts for virtiofsd as for any process. With *chain*, the
+    script execs the arguments appended after the returned argv once the view
+    is mounted (the Firecracker engine builds its workspace image from the
+    view and writes the guest's changes back into it: ``_firecracker_disk``).
     """
     from ._microvm_vm import VIEW_ROOT
 
@@ -336,6 +313,8 @@ def view_setup(
         target = f'"$v"/{arg(path[len(workspace) + 1 :])}'
         lines.append(f"mount --bind {target} {target}")
         lines.append(f"mount -o remount,bind,ro {target}")
+    if chain:
+        lines.append(f'shift {len(words)}\nexec "$@"')
     return ("/bin/sh", "-c", "\n".join(lines), "corral-view", *words)
 
 
@@ -351,22 +330,10 @@ class MicrovmBackend(Backend):
     def inspect(
         self, request: ExecRequest, policy: Policy, environ: dict[str, str]
     ) -> dict[str, object]:
-        from ..images import find_built
-        from ..images._vm import find_vm_image
         from ._container import find_program
 
         qemu, virtiofsd = find_qemu(environ)
-        name = DEFAULT_IMAGE
-        image_problem = None
-        if policy.image is not None:
-            if not policy.image.startswith("corral:"):
-                image_problem = (
-                    f"the microvm backend boots images built by corral (corral:NAME), "
-                    f"not {policy.image!r}"
-                )
-            name = policy.image[len("corral:") :]
-        built = find_built(name, environ)
-        vm = find_vm_image(built) if built is not None else None
+        name, image_problem, vm = self.vm_image(policy, environ)
         kvm = (
             kvm_problem(qemu, vm.kernel, environ)
             if qemu and vm and os.path.exists("/dev/kvm")
@@ -387,6 +354,27 @@ class MicrovmBackend(Backend):
             "relay": relay_path(),
             "socat": find_program("socat", environ),
         }
+
+    def vm_image(
+        self, policy: Policy, environ: dict[str, str]
+    ) -> tuple[str, str | None, VmImage | None]:
+        """``(name, problem, artifacts)`` of the VM image *policy* names (``corral:NAME``,
+        default :data:`DEFAULT_IMAGE`): *problem* when it names another kind of image,
+        *artifacts* None when no VM image of it is built."""
+        from ..images import find_built
+        from ..images._vm import find_vm_image
+
+        name = DEFAULT_IMAGE
+        problem = None
+        if policy.image is not None:
+            if not policy.image.startswith("corral:"):
+                problem = (
+                    f"the {self.name} backend boots images built by corral (corral:NAME), "
+                    f"not {policy.image!r}"
+                )
+            name = policy.image[len("corral:") :]
+        built = find_built(name, environ)
+        return name, problem, find_vm_image(built) if built is not None else None
 
     def problem(self, facts: HostFacts) -> str | None:
         if facts.detail("qemu") is None:
@@ -516,7 +504,14 @@ class MicrovmBackend(Backend):
                 "tsc_khz": facts.detail("tsc_khz"),
                 "net": str(facts.detail("socat")) if egress is not None else "",
             },
-            "share": {"setup": list(setup), "guest_path": workspace, "read_only": fs.read_only},
+            "share": {
+                "setup": list(setup),
+                "guest_path": workspace,
+                "read_only": fs.read_only,
+                # what the view is made of (the firecracker engine mounts it again)
+                "masks": [list(m) for m in masks],
+                "read_only_paths": read_only_paths,
+            },
             "exec": {
                 "argv": list(request.argv),
                 "env": [list(kv) for kv in env],
@@ -629,7 +624,7 @@ class MicrovmBackend(Backend):
 
     def run_in(
         self,
-        vm: GuestVM,
+        vm: GuestVM | FirecrackerVM,
         plan: LaunchPlan,
         request: ExecRequest,
         *,

@@ -33,6 +33,7 @@ SUITES: dict[str, str] = {
     "broker": "corral.benchmarks.broker",
     "ui": "corral.benchmarks.ui",
     "cluster": "corral.benchmarks.cluster",
+    "firecracker": "corral.benchmarks.firecracker",
 }
 
 

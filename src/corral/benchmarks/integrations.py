@@ -8,7 +8,10 @@ Rows (medians, all measured in this run):
 * ``hook decision``: process start of ``corral hook claude-code`` to its JSON
   on stdout, for a Bash call (rewrite) and a Write call (path check); and of
   ``corral-client hook claude-code`` (the compiled client, answered by a warm
-  server);
+  server), measured interleaved with a **no-op hook** (:data:`NOOP_HOOK`: ``sh``
+  reading its input with builtins and printing ``{}``, started the same way
+  with the same input), so the decision's own cost shows both in absolute
+  terms and over what any hook costs Claude Code;
 * ``hook + rewritten command``: what a Bash tool call costs in Claude Code with
   corral: the hook, then ``bash -c <rewritten>`` running ``true`` - in-process
   (``CORRAL_SERVER=off``) and through a warm corral server of the suite's own
@@ -32,11 +35,18 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
+import time
+from collections.abc import Callable, Sequence
 
 from . import Context, Row, ratio
 
-__all__ = ["run"]
+__all__ = ["NOOP_HOOK", "run"]
+
+#: A hook that decides nothing: it reads its whole input (builtins only) and prints ``{}``.
+#: The floor of any hook, started like corral's (``hook claude-code`` become ``$0 $1``).
+NOOP_HOOK = ("sh", "-c", 'while IFS= read -r _; do :; done; echo "{}"')
 
 
 def _payload(ctx: Context, tool: str, tool_input: dict[str, object]) -> bytes:
@@ -156,8 +166,13 @@ def run(ctx: Context) -> list[Row]:
         served = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=server.env)
         python_total = _end_to_end_ms(ctx, bash_call, server.env, rewritten=python_rewrite)
         served_total = _end_to_end_ms(ctx, bash_call, server.env)
+        noop_hook = list(NOOP_HOOK)
+        hooks = [lambda: _hook(ctx, bash_call, server.env, noop_hook)]
         if fast is not None:
-            fast_decision = ctx.median_ms(lambda: _hook(ctx, bash_call, server.env, [fast]))
+            hooks.append(lambda: _hook(ctx, bash_call, server.env, [fast]))
+        noop, *fast_decisions = _interleaved_ms(ctx, hooks)
+        if fast is not None:
+            fast_decision = fast_decisions[0]
             fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
             fresh_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast], keep=False)
             _check_kept(ctx, server.env, [fast])
@@ -204,15 +219,25 @@ def run(ctx: Context) -> list[Row]:
             + (" (the rewrite starts corral-client)" if fast else " (corral-client not built)"),
         )
     )
+    rows.append(
+        Row(
+            "no-op hook (sh reads the input, prints {})",
+            noop,
+            samples=ctx.runs,
+            note="what any hook costs; interleaved with the corral-client decision",
+        )
+    )
     if fast is not None:
         rows.append(
             Row(
                 "hook decision, Bash, corral-client (warm server)",
                 fast_decision,
                 samples=ctx.runs,
-                baseline="python -c pass",
-                note=f"{ratio(fast_decision, python)}; {ratio(fast_decision, decision)} of "
-                "the Python hook's",
+                baseline="no-op hook",
+                target="<= 1 ms",
+                note=f"{ratio(fast_decision, noop)} of the no-op hook, "
+                f"+{fast_decision - noop:.2f} ms over it (interleaved); "
+                f"{ratio(fast_decision, decision)} of the Python hook's",
             )
         )
         rows.append(
@@ -256,6 +281,20 @@ def run(ctx: Context) -> list[Row]:
         )
     rows += _sdk_rows(ctx, raw)
     return rows
+
+
+def _interleaved_ms(ctx: Context, fns: Sequence[Callable[[], object]]) -> list[float]:
+    """Median wall time (ms) of each of *fns*, measured in rounds that run each once."""
+    for _ in range(2):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(ctx.runs):
+        for fn, samples in zip(fns, times, strict=True):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1000)
+    return [statistics.median(samples) for samples in times]
 
 
 def _end_to_end_ms(

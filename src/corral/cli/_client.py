@@ -294,10 +294,30 @@ def _through_server(
                     return _STALE if message.get("stale") else _REFUSED
                 status = message.get("exit")
                 if isinstance(status, int):
+                    _write_report(message.get("report"), sock.fileno())
                     return status
     finally:
         link.clear()
         sock.close()
+
+
+def _write_report(report: object, own: int) -> None:
+    """Write what the server's exit frame says the run hands ``--report-fd`` to that fd.
+
+    Only a descriptor of 3 or more that is not this client's socket *own*;
+    best effort (a closed descriptor reports nothing).
+    """
+    if not isinstance(report, dict):
+        return
+    fd, text = report.get("fd"), report.get("text")
+    if not isinstance(fd, int) or isinstance(fd, bool) or fd < 3 or fd == own:
+        return
+    if not isinstance(text, str):
+        return
+    try:
+        os.write(fd, os.fsencode(text))
+    except OSError:
+        pass
 
 
 def _send_signal(sock: object, signum: int) -> None:

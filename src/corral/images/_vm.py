@@ -12,6 +12,9 @@ alone:
   guest needs (virtio over MMIO, the console port, the block device,
   virtiofs, overlayfs), the init script :data:`INIT` and corral's guest agent
   (``corral-vm-agent``, static C);
+* ``vmlinux``: the same kernel uncompressed (an ELF file, extracted from
+  the bzImage by :func:`corral.images._vmlinux.extract_vmlinux`), which the
+  Firecracker engine boots;
 * ``rootfs.ext4``: the image's rootfs as an ext4 file system
   (``mkfs.ext4 -d``), which qemu attaches read-only; the guest puts a tmpfs
   overlay on top, so every VM starts from the same pristine root.
@@ -40,10 +43,19 @@ if TYPE_CHECKING:
 
     from ._build import BuiltImage
 
-__all__ = ["INIT", "MODULES", "VmImage", "build_vm_image", "find_vm_image", "kernel_package"]
+__all__ = [
+    "AGENT_VSOCK_PORT",
+    "INIT",
+    "MODULES",
+    "VSOCK_MODULES",
+    "VmImage",
+    "build_vm_image",
+    "find_vm_image",
+    "kernel_package",
+]
 
 #: Bumped when the procedure changes what it produces (part of the key).
-VM_BUILDER_VERSION = 3
+VM_BUILDER_VERSION = 4
 
 #: Kernel modules loaded by the guest's init, in load order (paths below
 #: ``lib/modules/<release>/kernel``). virtio_ring must precede virtio.
@@ -60,6 +72,16 @@ MODULES: tuple[str, ...] = (
     "drivers/net/net_failover",
     "drivers/net/virtio_net",
 )
+
+#: Kernel modules the guest's init loads only for the Firecracker engine (kernel command
+#: line ``corral.agent=vsock``): the agent talks to the host over virtio-vsock there.
+VSOCK_MODULES: tuple[str, ...] = (
+    "net/vmw_vsock/vsock",
+    "net/vmw_vsock/vmw_vsock_virtio_transport_common",
+    "net/vmw_vsock/vmw_vsock_virtio_transport",
+)
+#: The vsock port the guest agent connects to on the host (CID 2) under Firecracker.
+AGENT_VSOCK_PORT = 1024
 
 #: The guest's /init (busybox sh): the read-only root disk under a tmpfs
 #: overlay, then the agent as pid 1 on the virtio-serial port "corral.agent".
@@ -78,15 +100,32 @@ mount -t overlay overlay -o lowerdir=/ro,upperdir=/rw/upper,workdir=/rw/work /ne
 mkdir -p /newroot/.corral /newroot/dev /newroot/proc /newroot/sys /newroot/tmp
 cp /agent /newroot/.corral/agent
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /newroot/tmp
-port=
-n=0
-while [ -z "$port" ] && [ $n -lt 500 ]; do
-  for p in /sys/class/virtio-ports/*; do
-    [ "$(cat "$p/name" 2>/dev/null)" = corral.agent ] && port=${p##*/}
-  done
-  [ -z "$port" ] && { sleep 0.01; n=$((n+1)); }
-done
-[ -n "$port" ] || { echo "corral-init: no agent port"; poweroff -f; }
+agent=
+case " $(cat /proc/cmdline) " in
+*" corral.agent=vsock "*)
+  # Firecracker: the agent connects to the host over vsock; the workspace is the
+  # second disk (an ext4 image of the run's view), which the agent's 'M' binds
+  for m in $(cat /modules-vsock); do insmod "/lib/modules/$m.ko" || echo "corral-init: insmod $m failed"; done
+  agent=vsock:2:@AGENT_VSOCK_PORT@
+  for ws in ro rw; do
+    case " $(cat /proc/cmdline) " in *" corral.ws=$ws "*)
+      n=0; while [ ! -b /dev/vdb ] && [ $n -lt 500 ]; do sleep 0.01; n=$((n+1)); done
+      mkdir -p /newroot/.corral/share/ws
+      mount -t ext4 -o "$ws,nosuid,nodev" /dev/vdb /newroot/.corral/share/ws ||
+        { echo "corral-init: no workspace disk"; poweroff -f; }
+      echo "corral-init: workspace disk mounted $ws; agent on $agent"
+    esac
+  done ;;
+*)
+  n=0
+  while [ -z "$agent" ] && [ $n -lt 500 ]; do
+    for p in /sys/class/virtio-ports/*; do
+      [ "$(cat "$p/name" 2>/dev/null)" = corral.agent ] && agent=/dev/${p##*/}
+    done
+    [ -z "$agent" ] && { sleep 0.01; n=$((n+1)); }
+  done ;;
+esac
+[ -n "$agent" ] || { echo "corral-init: no agent port"; poweroff -f; }
 ip link set lo up
 if grep -qx 0x0001 /sys/bus/virtio/devices/*/device 2>/dev/null; then
   # a NIC (network.mode allowlist): qemu's restricted user network, no route
@@ -104,8 +143,8 @@ if grep -qx 0x001a /newroot/sys/bus/virtio/devices/*/device 2>/dev/null; then
   mkdir -p -m 700 /newroot/.corral/share
   mount -t virtiofs -o nosuid,nodev corral-ws /newroot/.corral/share || echo "corral-init: no share"
 fi
-exec switch_root /newroot /.corral/agent "/dev/$port"
-"""
+exec switch_root /newroot /.corral/agent "$agent"
+""".replace("@AGENT_VSOCK_PORT@", str(AGENT_VSOCK_PORT))
 
 
 class VmImage(Record):
@@ -115,6 +154,7 @@ class VmImage(Record):
         name: the image name.
         directory: ``<image dir>/vm-KEY``.
         kernel, initrd, disk: the three files qemu boots.
+        vmlinux: the uncompressed kernel (ELF) Firecracker boots instead of *kernel*.
         release: the guest kernel's release (``uname -r`` inside).
         key: 16 hex digits of the inputs' digest.
         agent: the sha256 of the guest agent in the initramfs.
@@ -130,6 +170,7 @@ class VmImage(Record):
     key: str
     agent: str = ""
     builder: int = 0
+    vmlinux: str = ""
 
 
 def agent_path() -> str | None:
@@ -276,7 +317,7 @@ def build_vm_image(
         "kernel": f"{package}={version}",
         "agent": _digest(agent),
         "init": hashlib.sha256(INIT.encode()).hexdigest(),
-        "modules": list(MODULES),
+        "modules": [*MODULES, *VSOCK_MODULES],
         "builder": VM_BUILDER_VERSION,
     }
     key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
@@ -331,6 +372,16 @@ def _build(
         vmlinuz = next(f for f in sorted(os.listdir(boot)) if f.startswith("vmlinuz-"))
         release = vmlinuz[len("vmlinuz-") :]
         shutil.copy(os.path.join(boot, vmlinuz), os.path.join(scratch, "vmlinuz"))
+        stage("extracting the uncompressed kernel (vmlinux, for Firecracker)")
+        from ._vmlinux import VmlinuxError, extract_vmlinux
+
+        vmlinux = os.path.join(directory, "vmlinux")
+        try:
+            extract_vmlinux(os.path.join(scratch, "vmlinuz"), os.path.join(scratch, "vmlinux"))
+        except (VmlinuxError, OSError) as exc:
+            # qemu boots the bzImage itself: only the firecracker backend needs this one
+            stage(f"no vmlinux, so no firecracker backend for this image: {exc}")
+            vmlinux = ""
 
         stage("writing the initramfs (busybox, modules, init, agent)")
         root = os.path.join(scratch, "initramfs")
@@ -344,13 +395,14 @@ def _build(
             if applet != "busybox":
                 os.symlink("busybox", os.path.join(root, "bin", applet))
         modules = os.path.join(unpacked, "lib", "modules", release, "kernel")
-        names = []
-        for module in MODULES:
+        names: list[str] = []
+        vsock_names: list[str] = []
+        for module in (*MODULES, *VSOCK_MODULES):
             name = os.path.basename(module)
             source = os.path.join(modules, module + ".ko")
             if os.path.isfile(source):
                 shutil.copy(source, os.path.join(root, "lib", "modules", name + ".ko"))
-                names.append(name)
+                (vsock_names if module in VSOCK_MODULES else names).append(name)
             elif not os.path.isfile(source + ".xz"):
                 continue  # built into this kernel
             else:
@@ -359,6 +411,8 @@ def _build(
                 )
         with open(os.path.join(root, "modules"), "w", encoding="utf-8") as f:
             f.write("\n".join(names) + "\n")
+        with open(os.path.join(root, "modules-vsock"), "w", encoding="utf-8") as f:
+            f.write("\n".join(vsock_names) + "\n")
         with open(os.path.join(root, "init"), "w", encoding="utf-8") as f:
             f.write(INIT)
         os.chmod(os.path.join(root, "init"), 0o755)  # noqa: S103 - the guest's init program
@@ -417,6 +471,7 @@ def _build(
             "name": image.name,
             "directory": directory,
             "kernel": os.path.join(directory, "vmlinuz"),
+            "vmlinux": vmlinux,
             "initrd": os.path.join(directory, "initramfs.cpio"),
             "disk": os.path.join(directory, "rootfs.ext4"),
             "release": release,

@@ -16,7 +16,7 @@ Decisions (:func:`decide`):
   (:mod:`._permissions`; Claude Code would apply them only to the rewritten
   one): ``deny``, or ``ask`` with the rewritten command. Otherwise ``allow``
   with ``updatedInput`` = the whole original ``tool_input`` whose ``command``
-  becomes ``/abs/corral-client run --agent-session ID --keep --report-dir TMP --shell bash -c ...``
+  becomes ``/abs/corral-client run --agent-session ID --keep --report-fd 3 --shell bash -c ...``
   (the compiled fast client when it is usable, else the Python CLI). The
   original travels in a quoted heredoc (:func:`rewrite_command`), so quotes,
   newlines, heredocs, ``$()`` and any unicode reach ``bash -c`` unchanged,
@@ -193,11 +193,11 @@ def rewrite_command(
     With *workspace* (an absolute, symlink-free path) a ``cd`` carries to the
     next call as it does without corral (:func:`_cwd_carrying`): the sandboxed
     bash ``eval``\ s the original (as Claude Code's own shell does) and, when it
-    exits 0, writes ``pwd -P`` into a fresh ``mktemp -d`` directory made
-    writable for this run only; afterwards the outer shell ``cd``\ s there if
-    and only if that names, after resolving links, a directory at or under
-    *workspace* (the claim is untrusted: one line, no newline, a regular file
-    of at most 4 KiB). The exit status is the command's, exactly.
+    exits 0, writes ``pwd -P`` into a report directory corral made writable for
+    this run only (or the kept sandbox's own); corral checks that untrusted claim
+    (one line, a regular file of at most 4 KiB, after resolving links a
+    directory at or under *workspace*) and hands it to the outer shell on
+    descriptor 3, which ``cd``\ s there. The exit status is the command's, exactly.
 
     Raises:
         HookError: *command* contains a NUL byte (no shell could run it).
@@ -300,48 +300,53 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
 
     The inner script (the heredoc's text, given to ``bash -c``) is the original
     in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
-    equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$D/cwd`` on exit status
-    0 (a failed report - a policy that denies writes to ``$D`` - changes no
-    status and prints nothing of the shell's) - ``$D`` is spliced in by the outer shell as ``'/tmp/tmp.XXXXXXXXXX'``
-    (``mktemp`` names have no quote). The outer shell checks the claim and
-    removes ``$D`` (``rm -rf`` follows no link the sandbox planted there). That
-    host part is itself read from a third heredoc and ``eval``'d, so the only
-    commands Claude Code's own rule matching sees are ``read`` and ``eval``
-    (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
+    equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$__corral_d/cwd`` on
+    exit status 0 (a failed report - a policy that denies writes to the report
+    directory - changes no status and prints nothing of the shell's).
 
-    The run is ``--keep``: in the corral server it runs in the agent session's
-    kept sandbox (:mod:`corral.server._kept`), whose script writes its report
-    into the kept sandbox's private state directory instead (the server copies
-    it to ``$D/cwd``; ``$D`` is then no part of the policy, so every call of
-    the session has the same one) and carries exported variables from call to
-    call there (:data:`_KEPT_PROLOGUE`). In a fresh sandbox (no server, or a
-    run that cannot be kept) ``--report-dir`` makes ``$D`` writable and the
-    report lands there directly, as before; exports do not carry.
+    corral, not the host shell, handles the report (``--report-fd 3``,
+    :mod:`corral.server._cwd_report`): in a fresh sandbox (no server, or a run that
+    cannot be kept) it makes a private report directory under the caller's
+    ``$TMPDIR``, writable by this run only, and names it in ``$CORRAL_REPORT_DIR``; the
+    agent session's kept sandbox in the corral server (:mod:`corral.server._kept`)
+    has its own private report directory instead and carries exported variables
+    from call to call there (:data:`_KEPT_PROLOGUE`). Afterwards corral reads the
+    report (no link followed, a regular file of at most 4 KiB, one line), removes
+    the fresh directory, and - only on exit status 0 - writes the directory it
+    names, with every link resolved on the host, to descriptor 3 if that is the
+    workspace or a directory under it. The host shell reads descriptor 3 with
+    ``$(exec corral ...)`` (one fork, which becomes corral; the command's own
+    stdout is moved to descriptor 4 and back) and runs ``cd`` to it only when the
+    exit status is 0, the line has no newline and no ``..`` component, and it is
+    *workspace* or under it (a second check of what corral checked). The exit status is the command's,
+    exactly, given back by a shell function (``return``; no subshell). Besides
+    corral itself, the host half runs no program: no ``mktemp``, ``head``, ``rm``.
+
+    That host part is itself read from a third heredoc and ``eval``'d, so the
+    only commands Claude Code's own rule matching sees are ``read`` and ``eval``
+    (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
     """
     report = "cwd"
     script = (
         f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
+        "__corral_d=${CORRAL_REPORT_DIR-}; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
-        f'{{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
+        f'[ -z "$__corral_d" ] || {{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
     )
+    ws = quote(workspace)
     host = (
-        "__corral_d=$(mktemp -d) || exit 125\n"
-        f'{prefix} --keep --report-dir "$__corral_d" --shell {SHELL} '
-        f"-c \"__corral_d='$__corral_d'\n${{{VARIABLE}%?}}\"\n"
+        f"{{ __corral_w=$(exec {prefix} --keep --report-fd 3 --shell {SHELL} "
+        f'-c "${{{VARIABLE}%?}}" 3>&1 >&4 4>&-); }} 4>&1\n'
         "__corral_s=$?\n"
-        f'if [ "$__corral_s" = 0 ] && [ -f "$__corral_d/{report}" ] '
-        f'&& [ ! -L "$__corral_d/{report}" ]; then\n'
-        f'  __corral_w=$(head -c 4097 -- "$__corral_d/{report}")\n'
+        'if [ "$__corral_s" = 0 ]; then\n'
         "  case $__corral_w in\n"
-        "    *$'\\n'*) ;;\n"
-        '    /*) __corral_w=$(cd -P -- "$__corral_w" 2>/dev/null && pwd -P) &&\n'
-        f"        case $__corral_w in {quote(workspace)}|{quote(workspace)}/*) "
-        'cd -- "$__corral_w" ;; esac ;;\n'
+        "    *$'\\n'*|*/..|*/../*) ;;\n"
+        f'    {ws}|{ws}/*) cd -- "$__corral_w" 2>/dev/null ;;\n'
         "  esac\n"
         "fi\n"
-        'rm -rf -- "$__corral_d"\n'
-        "(exit $__corral_s)"
+        '__corral_r() { return "$1"; }\n'
+        '__corral_r "$__corral_s"'
     )
     # the host part travels in a heredoc too, so Claude Code's own rule matching sees only
     # read and eval (a user's Bash(rm:*) deny rule must not match every sandboxed command)

@@ -1200,6 +1200,28 @@ static void server_lost(struct link *l) {
 /* Python's os._exit(status & 0xFF if status >= 0 else 1) for an int (or bool). */
 static int exit_status(const struct jval *v) { return v->negative ? 1 : (int)v->low_byte; }
 
+/* `corral run --report-fd FD`: the exit frame's {"report": {"fd": FD, "text": LINE}} is
+ * written to our fd FD - 3 or more and none of our own (the socket, the signal pipe) -
+ * best effort: a closed descriptor reports nothing (corral/server/_wire.py). */
+static void write_report(const struct link *l, const struct jval *report) {
+    if (!report || report->type != J_OBJ)
+        return;
+    struct members rm;
+    const struct jval *fd, *text;
+    struct buf line = {.limit = MAX_FRAME};
+    if (object_members(report, &rm) == 0 && (fd = member(&rm, "fd")) && fd->type == J_NUM &&
+        fd->is_int && !fd->negative && fd->end - fd->start <= 7 && (text = member(&rm, "text")) &&
+        text->type == J_STR && decode_string(text, &line) == 0) {
+        int n = 0;
+        for (const unsigned char *p = fd->start; p < fd->end; p++)
+            n = n * 10 + (*p - '0');
+        if (n >= 3 && n != l->sock && n != signal_pipe[0] && n != signal_pipe[1])
+            (void)write_fully(n, line.data, line.len);
+    }
+    members_free(&rm);
+    free(line.data);
+}
+
 static void run_mode(char **argv, const char *coerced, struct link *l) __attribute__((noreturn));
 static void run_mode(char **argv, const char *coerced, struct link *l) {
     int foreign;
@@ -1249,6 +1271,8 @@ static void run_mode(char **argv, const char *coerced, struct link *l) {
             int is_stale = stale && stale->truthy;
             int has_status = status && status->is_int;
             int code = has_status ? exit_status(status) : 0;
+            if (accepted && has_status)
+                write_report(l, member(&ms, "report"));
             members_free(&ms);
             drop_frame(&l->reader, len);
             if (!accepted) {

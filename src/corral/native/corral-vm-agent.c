@@ -2,11 +2,15 @@
  * corral-vm-agent: pid 1 of a corral micro-VM guest (backend "microvm").
  *
  *   corral-vm-agent DEVICE
+ *   corral-vm-agent vsock:CID:PORT
  *
- * The guest's init script (corral/backends/_microvm_image.py) mounts the
- * read-only root with a writable overlay and the workspace, then execs this
- * program as pid 1 with DEVICE, the virtio-serial port the host talks on.
- * Nothing else in the guest listens to the host.
+ * The guest's init script (corral/images/_vm.py, INIT) mounts the read-only
+ * root with a writable overlay, then execs this program as pid 1 with the
+ * transport the kernel command line selected: DEVICE, the virtio-serial
+ * port the host talks on (qemu), or vsock:CID:PORT, a virtio-vsock stream
+ * this program connects to (Firecracker: CID 2, the host, which relays the
+ * connection to its unix socket <uds_path>_PORT). Nothing else in the guest
+ * listens to the host.
  *
  * Protocol: frames of  type (1 byte) | length (4 bytes, big endian) | payload.
  *
@@ -49,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/reboot.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -59,6 +64,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <linux/sched.h>
+#include <linux/vm_sockets.h>
 
 #define CGROUP "/sys/fs/cgroup/corral-cmd"
 #define MAX_FRAME (1u << 20)
@@ -445,9 +451,44 @@ static void mount_share(char *data, uint32_t len) {
     send_frame('m', msg, (uint32_t)(n > 0 ? n : 0));
 }
 
+/* The channel to the host: "vsock:CID:PORT" connects (retrying while the transport
+ * or the host's listener comes up, for 10 s at most); anything else is a device path
+ * opened read-write. */
+static int open_channel(const char *spec) {
+    unsigned cid, port;
+    char end;
+    if (strncmp(spec, "vsock:", 6) != 0)
+        return open(spec, O_RDWR | O_CLOEXEC);
+    if (sscanf(spec + 6, "%u:%u%c", &cid, &port, &end) != 2) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct sockaddr_vm addr = {.svm_family = AF_VSOCK, .svm_cid = cid, .svm_port = port};
+    struct timespec now, until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += 10;
+    for (;;) {
+        int fd = socket(AF_VSOCK, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -1;
+        if (connect(fd, (struct sockaddr *)&addr, sizeof addr) == 0)
+            return fd;
+        int saved = errno;
+        close(fd);
+        errno = saved;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec > until.tv_sec || (now.tv_sec == until.tv_sec && now.tv_nsec >= until.tv_nsec) ||
+            (errno != ECONNREFUSED && errno != ECONNRESET && errno != ENODEV &&
+                              errno != ETIMEDOUT && errno != EINTR))
+            return -1;
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc != 2) {
-        dprintf(2, "usage: corral-vm-agent DEVICE\n");
+        dprintf(2, "usage: corral-vm-agent DEVICE|vsock:CID:PORT\n");
         return 2;
     }
     sigset_t mask;
@@ -457,7 +498,7 @@ int main(int argc, char **argv) {
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (sfd < 0)
         die("signalfd");
-    chan = open(argv[1], O_RDWR | O_CLOEXEC);
+    chan = open_channel(argv[1]);
     if (chan < 0)
         die(argv[1]);
     write_file("/sys/fs/cgroup/cgroup.subtree_control", "+pids +memory");

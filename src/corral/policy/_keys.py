@@ -121,6 +121,7 @@ BACKEND_ISOLATION: dict[str, str] = {
     "docker": "namespace",
     "microvm": "vm",
     "boxlite": "vm",
+    "firecracker": "vm",
     "seatbelt": "process",
     "none": "none",
 }

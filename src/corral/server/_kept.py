@@ -37,6 +37,8 @@ import _thread
 import os
 import time
 
+from ._cwd_report import read_report
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -63,8 +65,6 @@ DEFAULT_LIMIT = 8
 STATE_INSIDE = "/tmp/.corral-shell"
 #: the variable that names :data:`STATE_INSIDE` to a kept run ("" in every fresh run)
 STATE_VARIABLE = "CORRAL_SESSION_STATE"
-#: the largest working-directory report read back (a path, one line)
-_MAX_REPORT = 4096
 
 
 class _Kept:
@@ -263,8 +263,8 @@ class KeptSessions:
         """The working directory the command wrote to ``STATE_INSIDE/cwd``, if any; removed.
 
         Untrusted bytes from the sandbox: read without following links, at
-        most :data:`_MAX_REPORT` + 1 bytes of a regular file; the rewritten
-        command checks the path itself before it moves anything. Whatever
+        most 4 KiB + 1 bytes of a regular file (:func:`corral.server._cwd_report.read_report`);
+        ``corral run`` checks the path (:func:`~corral.server._cwd_report.checked_directory`). Whatever
         the command left under that name (a link, a directory) is removed, so
         the next command's report is its own. No process of the sandbox runs
         now (the init swept them all before it reported the end).
@@ -280,16 +280,8 @@ class KeptSessions:
             except OSError:
                 pass
             return None
-        data = None
         try:
-            fd = os.open("cwd", flags | os.O_NONBLOCK, dir_fd=dir_fd)
-            try:
-                if (os.fstat(fd).st_mode & 0o170000) == 0o100000:
-                    data = os.read(fd, _MAX_REPORT + 1)
-            finally:
-                os.close(fd)
-        except OSError:
-            pass
+            return read_report(dir_fd)
         finally:
             try:
                 os.unlink("cwd", dir_fd=dir_fd)
@@ -298,7 +290,6 @@ class KeptSessions:
             except OSError:
                 pass
             os.close(dir_fd)
-        return data
 
     # ------------------------------------------------------------ release
     def _start_reaper(self) -> None:

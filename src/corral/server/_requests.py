@@ -12,7 +12,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["MAX_HOOK_INPUT", "HookRequest", "RunRequest"]
+__all__ = ["MAX_HOOK_INPUT", "HookRequest", "RunRequest", "report_member"]
 
 #: the largest hook input a hook request may carry (``corral hook``'s own limit)
 MAX_HOOK_INPUT = 16 << 20
@@ -28,9 +28,11 @@ class RunRequest:
         environ: the client's whole environment.
         stdio: the client's fds 0, 1, 2 as received (close-on-exec, owned by the server).
         pid: the client's pid.
+        reports: what the run hands the client's ``--report-fd`` (descriptor, line); the
+            server sends it with the exit status (:mod:`corral.server._wire`).
     """
 
-    __slots__ = ("argv", "cwd", "environ", "pid", "stdio")
+    __slots__ = ("argv", "cwd", "environ", "pid", "reports", "stdio")
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class RunRequest:
         self.environ = environ
         self.stdio = stdio
         self.pid = pid
+        self.reports: list[tuple[int, str]] = []
 
 
 class HookRequest:
@@ -69,6 +72,17 @@ class HookRequest:
         self.cwd = cwd
         self.environ = environ
         self.pid = pid
+
+
+def report_member(request: RunRequest) -> dict[str, Any]:
+    """The exit frame's ``"report"`` member: the last line the run handed ``--report-fd``.
+
+    ``{"report": {"fd": FD, "text": LINE}}``, or ``{}`` when it handed none.
+    """
+    if not request.reports:
+        return {}
+    fd, line = request.reports[-1]
+    return {"report": {"fd": fd, "text": line}}
 
 
 def _tell(fd: int, text: str) -> None:

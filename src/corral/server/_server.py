@@ -12,7 +12,8 @@ the same way (a :class:`HookRequest`: the hook's input, cwd, environment;
 the answer's stdout, stderr and exit status).
 
 **Who may use it** (the server runs commands with caller-chosen options: a
-sandboxed process that reached it would escape). The socket lives in
+sandboxed process that reached it would escape; the checks and answers are
+:mod:`._connections`'s, this module keeps the lifecycle). The socket lives in
 corral's state directory (``server/``: mode 0700, socket 0600), a default
 secret path hidden in every sandbox. On top of that, every connection is
 checked (:func:`check_peer`), all of these must hold or the connection is
@@ -55,31 +56,12 @@ import os
 import time
 
 from .._exceptions import ServerError
-from ..pipeline._runner import SignalRelay
 from ._codewatch import POLL_INTERVAL, CodeWatch
+from ._connections import Connections
 from ._fastclient import client_stamp
-from ._peers import _SO_PEERPIDFD, PeerRefused, check_peer, process_context
-from ._requests import (
-    _MSG_CMSG_CLOEXEC,
-    HookRequest,
-    RunRequest,
-    _fds_of,
-    _hook_request,
-    _receive_request,
-    _run_request,
-    _tell,
-)
+from ._peers import _SO_PEERPIDFD
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
-from ._wire import (
-    MAX_FRAME,
-    PROTOCOL,
-    FrameReader,
-    WireError,
-    bind_unix,
-    code_stamp,
-    encode,
-    socket_path,
-)
+from ._wire import bind_unix, code_stamp, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -88,6 +70,8 @@ if TYPE_CHECKING:
 
     from ..backends._microvm_pool import VmPool
     from ..pipeline._launchers import LauncherPool
+    from ..pipeline._runner import SignalRelay
+    from ._requests import HookRequest, RunRequest
 
 __all__ = ["DEFAULT_IDLE", "Server"]
 
@@ -95,23 +79,10 @@ DEFAULT_IDLE = 300.0
 #: seconds without a client after which the launcher pool is released (parked
 #: launcher threads and their cgroups); the next client starts it again
 DEFAULT_POOL_IDLE = 30.0
-_REQUEST_TIMEOUT = 30.0
-# what corral run forwards: HUP, INT, QUIT, TERM, WINCH, and CONT, TSTP (Ctrl-Z, fg)
-_FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
 _LOG_LIMIT = 1 << 20
 
 
 # ---------------------------------------------------------------- the server
-class _Session:
-    __slots__ = ("conn", "done", "pid", "relay")
-
-    def __init__(self, conn: _socket.socket, pid: int) -> None:
-        self.conn = conn
-        self.pid = pid
-        self.relay = SignalRelay()
-        self.done = False
-
-
 class Server:
     """One user's corral server, bound to one state directory.
 
@@ -163,23 +134,20 @@ class Server:
         self._want_pool = launchers
         self.pool_idle = pool_idle
         self._pool_released = False  # released while idle: the next client starts it again
-        self._lock = _thread.allocate_lock()
-        self._sessions: set[_Session] = set()
+        self.lock = _thread.allocate_lock()
         self._threads = 0
-        self._served = 0
-        self._hooks = 0
-        self._refused = 0
         self._last_activity = time.monotonic()
         self._listener: _socket.socket | None = None
-        self._lock_fd = -1
-        self._retired = False
-        self._stopping = False
+        self.lock_fd = -1
+        self.retired = False
+        self.stopping = False
         self._signalled = 0
         self._log_lock = _thread.allocate_lock()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._log: TextIO | None = None
-        self._watch: CodeWatch | None = None
-        self._own = process_context()
+        self.watch: CodeWatch | None = None
+        #: serves each accepted connection (._connections); its counts are --status's
+        self.connections = Connections(self)
         self._socket_ino = 0
         self._slot: tuple[_socket.socket, int] | None = None
 
@@ -213,14 +181,14 @@ class Server:
         self._open_log()
         import fcntl
 
-        self._lock_fd = os.open(
+        self.lock_fd = os.open(
             os.path.join(self.directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
         )
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(self._lock_fd)
-            self._lock_fd = -1
+            os.close(self.lock_fd)
+            self.lock_fd = -1
             raise ServerError(
                 f"Failed to start: a corral server already serves {self.state_dir}"
             ) from None
@@ -238,7 +206,7 @@ class Server:
             mark_busy(self.directory, exc.message)
             raise
         try:
-            self._watch = CodeWatch(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            self.watch = CodeWatch(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         except OSError as exc:
             self._release_lock()
             mark_busy(self.directory, f"cannot watch corral's code: {exc}")
@@ -249,8 +217,8 @@ class Server:
             f"listening on {self.path} (pid {os.getpid()}, idle {self.idle:g}s, code {self.stamp}, "
             f"server slot {self._slot[1]} of {MAX_SERVERS})"
         )
-        if self._watch.fallback:
-            self.log(self._watch.fallback)
+        if self.watch.fallback:
+            self.log(self.watch.fallback)
         if self._want_pool:
             self._start_pool()
         self._warm_up()
@@ -303,6 +271,18 @@ class Server:
             self.log(f"launcher pool: {problem}")
         self._pool_released = True
         self.log(f"idle for {self.pool_idle:g}s: launcher pool released")
+
+    def pool_for_a_run(self) -> LauncherPool | None:
+        """The launcher pool for a run, started again if it was released while idle.
+
+        A status request does not restart it; the serve loop releases it only
+        while no connection is active.
+        """
+        with self.lock:
+            if self._pool_released:
+                self._pool_released = False
+                self._start_pool()
+            return self.pool
 
     def _warm_up(self) -> None:
         """Import what the first run would, so that it is as fast as the next."""
@@ -365,20 +345,20 @@ class Server:
         poller = select.poll()
         poller.register(self._listener.fileno(), select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
-        assert self._watch is not None
-        watch = self._watch
+        assert self.watch is not None
+        watch = self.watch
         if watch.fd is not None:
             poller.register(watch.fd, select.POLLIN)
         next_check = time.monotonic() + POLL_INTERVAL  # stat checks, without inotify
         listening = True
         try:
             while True:
-                if self._signalled and not self._stopping:
+                if self._signalled and not self.stopping:
                     self.log(f"signal {self._signalled}: stopping")
                     self.stop()
-                with self._lock:
+                with self.lock:
                     active = self._threads
-                    retired = self._retired
+                    retired = self.retired
                 if retired and listening:
                     # retired by any thread: stop polling the listener, then close it
                     # (connections still in its backlog are reset: those clients run
@@ -386,17 +366,17 @@ class Server:
                     listening = False
                     poller.unregister(self._listener.fileno())
                     self._listener.close()
-                if self._stopping:
+                if self.stopping:
                     break
-                if self._retired and active == 0:
+                if self.retired and active == 0:
                     break
                 now = time.monotonic()
                 timeout = None
-                if not self._retired and active == 0:
+                if not self.retired and active == 0:
                     left = self._last_activity + self.idle - now
                     if left <= 0:
                         self.log(f"idle for {self.idle:g}s: exiting")
-                        self._retire()
+                        self.retire()
                         break
                     timeout = left * 1000
                     if self.pool is not None:
@@ -405,13 +385,13 @@ class Server:
                             self._release_pool()
                         else:
                             timeout = min(timeout, pool_left * 1000)
-                if watch.fd is None and not self._retired:
+                if watch.fd is None and not self.retired:
                     if now >= next_check:
                         next_check = now + POLL_INTERVAL
                         changed = watch.poll()
                         if changed:
                             self.log(f"corral's code changed on disk ({changed}): retiring")
-                            self._retire()
+                            self.retire()
                             continue
                     wait = (next_check - now) * 1000
                     timeout = wait if timeout is None else min(timeout, wait)
@@ -428,7 +408,7 @@ class Server:
                         if changed:
                             poller.unregister(watch.fd)
                             self.log(f"corral's code changed on disk ({changed}): retiring")
-                            self._retire()
+                            self.retire()
         finally:
             if listening:
                 self._listener.close()
@@ -438,15 +418,15 @@ class Server:
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # A signal handler runs between any two bytecodes of the main thread, maybe
-        # while it holds self._lock: only set a flag and wake the loop.
+        # while it holds self.lock: only set a flag and wake the loop.
         self._signalled = signum
         self._wake()
 
     def stop(self) -> None:
         """Stop: give up the socket, stop running commands (TERM, grace, KILL), exit."""
-        self._stopping = True
-        with self._lock:
-            sessions = list(self._sessions)
+        self.stopping = True
+        with self.lock:
+            sessions = list(self.connections.sessions)
         for session in sessions:
             session.relay.stop()
         self._wake()
@@ -457,15 +437,15 @@ class Server:
         except BlockingIOError:
             pass
 
-    def _retire(self) -> None:
+    def retire(self) -> None:
         """Give up the socket path (a new server may take it) and accept nobody else.
 
         The main loop closes the listener when it notices.
         """
-        with self._lock:
-            if self._retired:
+        with self.lock:
+            if self.retired:
                 return
-            self._retired = True
+            self.retired = True
             try:
                 if os.lstat(self.path).st_ino == self._socket_ino:
                     os.unlink(self.path)  # ours: we still hold the lock
@@ -475,15 +455,15 @@ class Server:
         self._wake()
 
     def _release_lock(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # releases the flock
-            self._lock_fd = -1
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)  # releases the flock
+            self.lock_fd = -1
 
     def _shutdown(self) -> None:
-        self._retire()
+        self.retire()
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
-            with self._lock:
+            with self.lock:
                 if self._threads == 0:
                     break
             time.sleep(0.02)
@@ -496,11 +476,11 @@ class Server:
 
             set_pool(None)
             self.vm_pool.close()
-        if self._watch is not None:
-            self._watch.close()
+        if self.watch is not None:
+            self.watch.close()
         if self._slot is not None:
             self._slot[0].close()
-        self.log(f"exiting: served {self._served}, refused {self._refused}")
+        self.log(f"exiting: served {self.connections.served}, refused {self.connections.refused}")
         with self._log_lock:
             if self._log is not None:
                 self._log.close()
@@ -509,7 +489,7 @@ class Server:
     # ------------------------------------------------------------ connections
     def _accept(self) -> None:
         assert self._listener is not None
-        while not self._retired:
+        while not self.retired:
             try:
                 fd, _addr = self._listener._accept()  # type: ignore[attr-defined]
             except (BlockingIOError, InterruptedError):
@@ -521,269 +501,40 @@ class Server:
                 raise
             conn = _socket.socket(fileno=fd)
             os.set_inheritable(fd, False)
-            with self._lock:
+            with self.lock:
                 self._threads += 1
                 self._last_activity = time.monotonic()
             _thread.start_new_thread(self._serve_connection, (conn,))
 
     def _serve_connection(self, conn: _socket.socket) -> None:
         try:
-            self._serve_checked(conn)
+            self.connections.serve(conn)
         except BaseException as exc:
             import traceback
 
             self.log("error serving a client:\n" + "".join(traceback.format_exception(exc)))
         finally:
             conn.close()
-            with self._lock:
+            with self.lock:
                 self._threads -= 1
                 self._last_activity = time.monotonic()
             self._wake()
 
-    def _refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
-        """Answer with a refusal, then drain what the peer still sends until it hangs up.
-
-        Closing a unix socket with unread data resets the connection, and the
-        client would never read the answer. The drain keeps nothing (fds that
-        arrive are closed at once) and ends after 2 s or 16 MiB.
-        """
-        with self._lock:
-            self._refused += 1
-        try:
-            conn.sendall(encode({"refused": reason, "stale": stale}))
-            conn.shutdown(_socket.SHUT_WR)
-            conn.settimeout(2.0)
-            received = 0
-            while received < MAX_FRAME:
-                data, ancdata, _flags, _addr = conn.recvmsg(
-                    65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
-                )
-                for fd in _fds_of(ancdata):
-                    os.close(fd)
-                if not data:
-                    break
-                received += len(data)
-        except OSError:
-            pass
-
-    def _serve_checked(self, conn: _socket.socket) -> None:
-        conn.setblocking(True)
-        try:
-            pid, pidfd = check_peer(conn, self._own)
-        except PeerRefused as exc:
-            if exc.security:
-                self.log(f"refused a peer: {exc.reason}")
-            else:
-                self.log(f"refused a client: {exc.reason}")
-            self._refuse(conn, exc.reason)  # nothing of its request is read or kept
-            return
-        os.close(pidfd)
-        conn.settimeout(_REQUEST_TIMEOUT)
-        try:
-            message, fds = _receive_request(conn)
-        except (OSError, WireError, ValueError) as exc:
-            self.log(f"bad request from pid {pid}: {exc}")
-            self._refuse(conn, f"bad request: {exc}")
-            return
-        try:
-            self._dispatch(conn, pid, message, fds)
-        finally:
-            for fd in fds:
-                os.close(fd)
-
-    def _dispatch(
-        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
-    ) -> None:
-        op = message.get("op")
-        if op == "status":
-            conn.sendall(encode({"status": self.statistics()}))
-            return
-        if op == "stop":
-            self.log(f"stop requested by pid {pid}")
-            conn.sendall(encode({"stopping": True, "pid": os.getpid()}))
-            self.stop()
-            return
-        if op == "hook":
-            self._answer_hook(conn, pid, message, fds)
-            return
-        if op != "run":
-            self._refuse(conn, f"unknown request {op!r}")
-            return
-        request = _run_request(message, fds, pid)
-        if self._turned_away(conn, pid, message, request):
-            return
-        assert not isinstance(request, str)
-        with self._lock:
-            if self._retired or self._stopping:
-                accepting = False
-            else:
-                accepting = True
-                session = _Session(conn, pid)
-                self._sessions.add(session)
-                self._served += 1
-        if not accepting:
-            self._refuse(conn, "the server is shutting down", stale=True)
-            return
-        try:
-            conn.settimeout(None)
-            conn.sendall(encode({"accepted": True}))
-            _thread.start_new_thread(self._watch_client, (session,))
-            status = self._run(request, session)
-            session.done = True
-            try:
-                conn.sendall(encode({"exit": status}))
-            except OSError:
-                pass  # the client is gone; the run was stopped and audited
-        finally:
-            session.done = True
-            try:
-                conn.shutdown(_socket.SHUT_RDWR)  # wakes the watcher thread
-            except OSError:
-                pass
-            with self._lock:
-                self._sessions.discard(session)
-
-    def _turned_away(
-        self, conn: _socket.socket, pid: int, message: dict[str, Any], request: object
-    ) -> bool:
-        """Refuse a request that failed validation (*request* is then the problem) or
-        comes from a client running other code; True if refused."""
-        if isinstance(request, str):
-            self.log(f"bad request from pid {pid}: {request}")
-            self._refuse(conn, f"bad request: {request}")
-            return True
-        return self._refused_as_stale(conn, pid, message)
-
-    def _refused_as_stale(self, conn: _socket.socket, pid: int, message: dict[str, Any]) -> bool:
-        """Refuse (and retire) when the client runs other code than this server; True if so.
-
-        A client's code stamp must be this server's own (the Python client)
-        or this installation's compiled client (``"c1:"`` + the real path of
-        its ``_bin/corral-client``), with this protocol.
-        """
-        changed = self._watch.poll() if self._watch is not None else ""
-        code = message.get("code")
-        current = code in (self.stamp, self.client_stamp) and message.get("protocol") == PROTOCOL
-        if current and not changed:
-            return False
-        why = f"code changed on disk ({changed})" if changed else "another corral code stamp"
-        self.log(f"refused pid {pid}: {why}; retiring")
-        self._refuse(conn, f"the server runs older code ({why})", stale=True)
-        self._retire()
-        return True
-
-    def _answer_hook(
-        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
-    ) -> None:
-        """Answer a hook request: ``{"hook": {"stdout", "stderr", "exit"}}``.
-
-        The hook has no side effects, so every problem - a bad request, an
-        answer too large for a frame, an error in the handler - is a refusal:
-        the client then decides in its own process.
-        """
-        request = _hook_request(message, fds, pid)
-        if self._turned_away(conn, pid, message, request):
-            return
-        assert not isinstance(request, str)
-        with self._lock:
-            shutting_down = self._retired or self._stopping
-            if not shutting_down:
-                self._hooks += 1
-        if shutting_down:
-            self._refuse(conn, "the server is shutting down", stale=True)
-            return
-        if self.hook_handler is None:
-            self._refuse(conn, "this server does not answer hooks")
-            return
-        try:
-            out, err, status = self.hook_handler(request)
-            frame = encode(
-                {
-                    "hook": {
-                        "stdout": out.decode("utf-8", "surrogateescape"),
-                        "stderr": err.decode("utf-8", "surrogateescape"),
-                        "exit": status,
-                    }
-                }
-            )
-        except WireError as exc:
-            self._refuse(conn, f"the answer does not fit a frame: {exc}")
-            return
-        except Exception as exc:
-            import traceback
-
-            self.log("internal error in a hook:\n" + "".join(traceback.format_exception(exc)))
-            self._refuse(conn, f"internal error in the corral server: {type(exc).__name__}")
-            return
-        conn.sendall(frame)
-
-    def _run(self, request: RunRequest, session: _Session) -> int:
-        with self._lock:
-            # released while idle: a run starts it again (a status request does not);
-            # the serve loop releases it only while no connection is active
-            if self._pool_released:
-                self._pool_released = False
-                self._start_pool()
-        try:
-            status = self.handler(request, session.relay, self.pool)
-        except BaseException as exc:
-            import traceback
-
-            self.log("internal error:\n" + "".join(traceback.format_exception(exc)))
-            _tell(
-                request.stdio[2],
-                f"corral: internal error in the corral server: {type(exc).__name__}: {exc}\n"
-                f"corral: hint: see {os.path.join(self.directory, 'server.log')}; "
-                "CORRAL_SERVER=off runs corral without the server\n",
-            )
-            return 125
-        if self._stopping and session.relay.stopped:
-            _tell(request.stdio[2], "corral: the corral server was stopped; so was the command\n")
-        return status
-
-    def _watch_client(self, session: _Session) -> None:
-        """Forward the client's signals; its disconnect kills the sandbox."""
-        reader = FrameReader()
-        try:
-            while True:
-                try:
-                    data = session.conn.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:
-                    if not session.done:
-                        self.log(f"client {session.pid} went away: killing its command")
-                        session.relay.kill()
-                    return
-                try:
-                    messages = reader.feed(data)
-                except WireError as exc:
-                    self.log(f"client {session.pid}: {exc}: killing its command")
-                    session.relay.kill()
-                    return
-                for message in messages:
-                    signum = message.get("signal")
-                    if isinstance(signum, int) and signum in _FORWARDED:
-                        session.relay.deliver(signum)
-        except BaseException as exc:
-            self.log(f"watching client {session.pid}: {exc!r}")
-            session.relay.kill()
-
     def statistics(self) -> dict[str, Any]:
         """What ``corral server --status`` prints."""
-        with self._lock:
-            active = len(self._sessions)
+        with self.lock:
+            active = len(self.connections.sessions)
         return {
             "pid": os.getpid(),
             "state_dir": self.state_dir,
             "started": self.started,
             "code": self.stamp,
             "idle_timeout": self.idle,
-            "served": self._served,
-            "hooks": self._hooks,
-            "refused": self._refused,
+            "served": self.connections.served,
+            "hooks": self.connections.hooks,
+            "refused": self.connections.refused,
             "running": active,
-            "retiring": self._retired,
+            "retiring": self.retired,
             "launchers": self.pool.statistics() if self.pool is not None else None,
             "vm_pool": self.vm_pool.statistics() if self.vm_pool is not None else None,
         }

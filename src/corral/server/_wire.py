@@ -14,6 +14,9 @@ big-endian length, then that many bytes of JSON (one object)::
                   or   {"refused": REASON, "stale": BOOL}       then the server closes
     client -> server   {"signal": N}                            any number, any time
     server -> client   {"exit": STATUS}                         then the server closes
+                  or   {"exit": STATUS, "report": {"fd": FD, "text": LINE}}
+                       (``corral run --report-fd FD``: the client writes LINE to its fd FD,
+                       FD >= 3 and none of the client's own)
 
     client -> server   {"op": "hook", "protocol": 1, "code": STAMP, "integration": "claude-code",
                         "stdin": "...", "cwd": "...", "env": {...}, "pid": N}     (no fds)

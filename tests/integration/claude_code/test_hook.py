@@ -156,8 +156,8 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
         "IFS= read -r -d '' __corral_c <<'CORRAL_INNER_END' ||:\nls -la\nCORRAL_INNER_END\n"
     )
     assert (
-        f"\n{hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
-        '--keep --report-dir "$__corral_d" --shell bash -c'
+        f"$(exec {hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
+        "--keep --report-fd 3 --shell bash -c"
     ) in updated["command"]
 
 
@@ -249,7 +249,7 @@ def test_rewrite_passes_any_command_to_corral_exactly(command: str, session: str
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]
     assert words[:3] + words[6:9] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
-    assert words[3:5] == ["--keep", "--report-dir"] and len(words) == 10
+    assert words[3:5] == ["--keep", "--report-fd"] and len(words) == 10
     # the sandboxed script hands the original to eval exactly (eval shadowed to print it)
     script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[9]
     inner = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, check=False)
@@ -277,6 +277,37 @@ def test_rewritten_command_runs_exactly_the_original_in_the_sandbox(
     sandboxed = bash(world, rewritten(world, command))
     assert sandboxed.stdout == original.stdout == text.encode()
     assert sandboxed.returncode == original.returncode == 0
+
+
+def test_a_cd_carries_and_the_host_half_runs_no_program_but_corral(world: World, via: str) -> None:
+    """A fresh sandbox's ``cd`` carries (in corral's own process, and served by the corral
+    server to the fast client), and the outer shell forks once - into corral: no ``mktemp``,
+    ``head``, ``rm``, no subshell."""
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed")
+    os.makedirs(os.path.join(world.workspace, "sub"))
+    trace = os.path.join(world.root, "trace")
+    new = rewritten(world, "cd sub && echo in")
+    events = "trace=execve,clone,clone3,fork,vfork"
+    result = subprocess.run(
+        ["strace", "-f", "-qq", "-e", events, "-o", trace, "bash", "-c", new + '\necho "$? $PWD"'],
+        capture_output=True,
+        env=world.environ,
+        cwd=world.workspace,
+        timeout=60,
+        check=False,
+    )
+    workspace = os.path.realpath(world.workspace)
+    assert result.stdout.decode() == f"in\n0 {workspace}/sub\n", result.stderr
+    with open(trace) as f:
+        lines = f.read().splitlines()
+    shell = lines[0].split()[0]
+    forks = [line for line in lines if line.split()[0] == shell and " = " in line][1:]
+    assert len(forks) == 1 and "clone" in forks[0], forks  # the one fork: $(exec corral ...)
+    child = forks[0].rsplit("= ", 1)[1]
+    execs = [line for line in lines if line.split()[0] == child and "execve(" in line]
+    assert execs[0].split('"')[1] == hook_corral(), execs
+    assert not [line for line in lines if any(f'/{p}"' in line for p in ("mktemp", "head", "rm"))]
 
 
 def test_a_policy_denying_the_cwd_report_changes_no_status(world: World) -> None:
@@ -627,7 +658,7 @@ def test_rules_are_read_from_every_layer(world: World, via: str, where: str) -> 
     asked = decision(world, via, "Bash", {"command": "make install"})
     assert asked is not None and asked["permissionDecision"] == "ask"
     # what the user approves still runs in the sandbox
-    assert f"\n{hook_corral()} run " in asked["updatedInput"]["command"]
+    assert f"$(exec {hook_corral()} run " in asked["updatedInput"]["command"]
     other = decision(world, via, "Bash", {"command": "gitpush; makefile"})
     assert other is not None and other["permissionDecision"] == "allow"
 

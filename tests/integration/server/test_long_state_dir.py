@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from corral.backends.bubblewrap import corral_sockets, host_unix_listeners
+from corral.backends._unix_covers import corral_sockets, host_unix_listeners
 from tests.conftest import World, fast_client_path, needs_bwrap
 from tests.integration.server.conftest import gone, wait_for
 

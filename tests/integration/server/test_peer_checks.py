@@ -353,7 +353,7 @@ def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
     assert (
         f"\necho pwned > {served.victim}\nCORRAL_INNER_END\n" in decision["updatedInput"]["command"]
     )
-    assert " run --agent-session s --keep --report-dir " in decision["updatedInput"]["command"]
+    assert " run --agent-session s --keep --report-fd 3 " in decision["updatedInput"]["command"]
     assert World.read(served.victim) == "original\n"
     after = status(served)
     assert after is not None

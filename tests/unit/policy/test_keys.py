@@ -20,6 +20,7 @@ def test_lists_every_backend_of_the_design() -> None:
         "docker",
         "microvm",
         "boxlite",
+        "firecracker",
         "seatbelt",
         "none",
     }

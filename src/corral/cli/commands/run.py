@@ -45,7 +45,7 @@ __all__ = [
 
 SUMMARY = "Run COMMAND in the sandbox. The exit status is the command's own (124: timed out, 125: corral refused)."
 
-EXTRA = {"--keep": "flag", "--report-dir": "value"}
+EXTRA = {"--keep": "flag", "--report-fd": "value"}
 EXTRA_HELP = (
     (
         "--keep",
@@ -53,9 +53,10 @@ EXTRA_HELP = (
         "a fresh one when it cannot)",
     ),
     (
-        "--report-dir DIR",
-        "a directory the command may write its shell's final directory to (DIR/cwd); "
-        "corral copies a kept sandbox's report there",
+        "--report-fd FD",
+        "when the command exits 0, write the directory it reported ($CORRAL_REPORT_DIR/cwd, "
+        "or a kept sandbox's report) to descriptor FD (3 or more) as one line, if it is a "
+        "directory at or under the workspace",
     ),
 )
 _MAX_VIOLATION_LINES = 20
@@ -71,14 +72,20 @@ class Caller:
         caller.error("something failed", "how to fix it")        # -> its stderr
     """
 
-    __slots__ = ("cwd", "environ", "stderr", "stdin", "stdout")
+    __slots__ = ("cwd", "environ", "reports", "stderr", "stdin", "stdout")
 
     def __init__(
-        self, *, cwd: str, environ: Mapping[str, str], stdio: tuple[int, int, int]
+        self,
+        *,
+        cwd: str,
+        environ: Mapping[str, str],
+        stdio: tuple[int, int, int],
+        reports: list[tuple[int, str]] | None = None,
     ) -> None:
         self.cwd = cwd
         self.environ = environ
         self.stdin, self.stdout, self.stderr = stdio
+        self.reports = reports
 
     @classmethod
     def here(cls) -> Caller:
@@ -101,6 +108,20 @@ class Caller:
     def error(self, message: str, hint: str | None = None) -> None:
         """``corral: message`` (and ``corral: hint: ...``) on the caller's stderr."""
         _write_fd(self.stderr, f"corral: {message}\n" + (f"corral: hint: {hint}\n" if hint else ""))
+
+    def hand_report(self, fd: int, line: str) -> None:
+        """Write *line* to the caller's descriptor *fd* (``--report-fd``), best effort.
+
+        With :attr:`reports` (a server's client) it is kept there instead: the
+        server sends it with the exit status and the client writes it.
+        """
+        if self.reports is not None:
+            self.reports.append((fd, line))
+            return
+        try:
+            os.write(fd, os.fsencode(line))
+        except OSError:
+            pass  # nothing reported: the caller's directory stays
 
 
 def main(args: list[str], *, pending: tuple[int, ...] = ()) -> int:
@@ -163,51 +184,107 @@ def run(
         return 0
     try:
         opts = parse_run_options(args, extra=EXTRA)
-        keep, report_dir = _keep_options(opts)
+        keep, report_fd = _keep_options(opts)
+        if report_fd is not None and caller.reports is None:
+            _not_inherited(report_fd)  # only this process writes it: no sandbox, no server
         resolved = resolve(opts, caller.environ, caller=caller)
         if keep and kept is not None:
-            status = _run_kept(opts, resolved, caller, relay, kept, report_dir)
+            status = _run_kept(opts, resolved, caller, relay, kept, report_fd)
             if status is not None:
                 return status
-        if report_dir is not None:
-            # a fresh sandbox: the command writes its report there itself
-            opts.flags.setdefault("filesystem", {}).setdefault("allowWrite", []).append(report_dir)
-            quiet = Caller(cwd=caller.cwd, environ=caller.environ, stdio=(-1, -1, -1))
-            resolved = resolve(opts, caller.environ, caller=quiet)  # warned once already
-        if _writes_through_preview(resolved.policy) and not resolved.policy.filesystem.read_only:
-            return _run_in_new_preview(opts, resolved, caller, relay)
-        return execute_options(
-            opts,
-            resolved=resolved,
-            caller=caller,
-            relay=relay,
-            launchers=launchers,
-            prestage=prestage,
-        )
+        if report_fd is not None:
+            return _run_reporting(opts, caller, relay, report_fd, launchers, prestage)
+        return _run_fresh(opts, resolved, caller, relay, launchers, prestage)
     except CorralError as exc:
         caller.error(exc.message, exc.hint)
         return EXIT_USAGE
 
 
-def _keep_options(opts: RunOptions) -> tuple[bool, str | None]:
-    """``--keep`` and ``--report-dir`` (absolute); a kept run's shell-state variable is "" unless kept.
+def _run_fresh(
+    opts: RunOptions,
+    resolved: ResolvedSettings,
+    caller: Caller,
+    relay: SignalRelay,
+    launchers: LauncherPool | None,
+    prestage: bool,
+) -> int:
+    if _writes_through_preview(resolved.policy) and not resolved.policy.filesystem.read_only:
+        return _run_in_new_preview(opts, resolved, caller, relay)
+    return execute_options(
+        opts,
+        resolved=resolved,
+        caller=caller,
+        relay=relay,
+        launchers=launchers,
+        prestage=prestage,
+    )
+
+
+def _run_reporting(
+    opts: RunOptions,
+    caller: Caller,
+    relay: SignalRelay,
+    report_fd: int,
+    launchers: LauncherPool | None,
+    prestage: bool,
+) -> int:
+    """A fresh run with ``--report-fd``: corral makes the report directory, the command may
+    write ``$CORRAL_REPORT_DIR/cwd`` there (``--allow-write``), corral takes the report,
+    removes the directory and hands the checked directory to the caller."""
+    from ...server._cwd_report import REPORT_VARIABLE, make_report_dir, take_report
+
+    try:
+        directory = make_report_dir(caller.environ)
+    except OSError as exc:
+        caller.error(f"warning: no directory for the command's cwd report: {exc}")
+        directory = None
+    if directory is not None:
+        opts.flags.setdefault("filesystem", {}).setdefault("allowWrite", []).append(directory)
+        opts.flags.setdefault("env", {}).setdefault("set", {})[REPORT_VARIABLE] = directory
+    try:
+        quiet = Caller(cwd=caller.cwd, environ=caller.environ, stdio=(-1, -1, -1))
+        resolved = resolve(opts, caller.environ, caller=quiet)  # warned once already
+        status = _run_fresh(opts, resolved, caller, relay, launchers, prestage)
+    finally:
+        report = take_report(directory) if directory is not None else None
+    if status == 0:
+        _hand_report(caller, report_fd, report, resolved.workspace)
+    return status
+
+
+def _not_inherited(fd: int) -> None:
+    try:
+        os.set_inheritable(fd, False)
+    except OSError:
+        pass  # not open: nothing is reported
+
+
+def _keep_options(opts: RunOptions) -> tuple[bool, int | None]:
+    """``--keep`` and ``--report-fd`` (3 or more); a kept run's shell-state variable is "" unless kept.
 
     Raises:
-        UsageError: ``--keep`` without ``--agent-session``, or a relative ``--report-dir``.
+        UsageError: ``--keep`` without ``--agent-session``, or a ``--report-fd`` that is not
+            a descriptor number of 3 or more.
     """
     from ..._exceptions import UsageError
     from ...server._kept import STATE_VARIABLE
 
     keep = bool(opts.extra.get("--keep"))
-    report_dir = opts.extra.get("--report-dir")
+    given = opts.extra.get("--report-fd")
     if keep and not opts.agent_session:
         raise UsageError("--keep needs --agent-session ID (the session whose sandbox is kept)")
-    if report_dir is not None and not report_dir.startswith("/"):
-        raise UsageError(f"--report-dir {report_dir!r}: expected an absolute path")
+    report_fd = None
+    if given is not None:
+        if not (given.isascii() and given.isdigit() and 3 <= int(given) < 1 << 20):
+            raise UsageError(
+                f"--report-fd {given!r}: expected a descriptor number of 3 or more "
+                "(0, 1 and 2 are the command's)"
+            )
+        report_fd = int(given)
     if keep:
         # set in every run: only a kept sandbox's command gets a value (_run_kept)
         opts.flags.setdefault("env", {}).setdefault("set", {})[STATE_VARIABLE] = ""
-    return keep, report_dir
+    return keep, report_fd
 
 
 def _run_kept(
@@ -216,7 +293,7 @@ def _run_kept(
     caller: Caller,
     relay: SignalRelay,
     kept: KeptSessions,
-    report_dir: str | None,
+    report_fd: int | None,
 ) -> int | None:
     """Run in the agent session's kept sandbox; ``None``: run it in a fresh one instead.
 
@@ -250,35 +327,28 @@ def _run_kept(
         caller.error(problem)
     if opts.json_out:
         _write_json(caller, opts.json_out, outcome)
-    if report_dir is not None and cwd_report is not None:
-        _hand_report(report_dir, cwd_report)
+    if report_fd is not None and outcome.returncode == 0:
+        _hand_report(caller, report_fd, cwd_report, resolved.workspace)
     return outcome.returncode
 
 
-def _hand_report(directory: str, data: bytes) -> None:
-    """Write the kept sandbox's (untrusted) directory report to ``DIRECTORY/cwd`` for the caller."""
-    try:
-        fd = os.open(
-            os.path.join(directory, "cwd"),
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
-    except OSError:
-        return  # the caller looks for the file; without it nothing moves
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+def _hand_report(caller: Caller, fd: int, report: bytes | None, workspace: str) -> None:
+    """The (untrusted) *report*, if it names a directory at or under *workspace*, to *fd*."""
+    from ...server._cwd_report import checked_directory
+
+    directory = checked_directory(report, workspace)
+    if directory is not None:
+        caller.hand_report(fd, directory + "\n")
 
 
 def _writes_through_preview(policy: Policy) -> bool:
     """Whether the policy's backend writes the workspace only through a preview
-    (``boxlite``, or ``microvm``: named, or the only one ``auto`` picks for
+    (``boxlite``, ``firecracker``, or ``microvm``: named, or the only one ``auto`` picks for
     ``isolation: "vm"``)."""
     name = policy.backend
     if name == "auto" and policy.isolation == "vm":
         name = "microvm"
-    if name not in ("microvm", "boxlite"):  # no backend import on the hot path
+    if name not in ("microvm", "boxlite", "firecracker"):  # no backend import on the hot path
         return False
     from ...backends import get_backend
 

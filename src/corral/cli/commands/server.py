@@ -47,7 +47,9 @@ def handle_run(
     """
     from .run import Caller, run
 
-    caller = Caller(cwd=request.cwd, environ=request.environ, stdio=request.stdio)
+    caller = Caller(
+        cwd=request.cwd, environ=request.environ, stdio=request.stdio, reports=request.reports
+    )
     return run(request.argv, caller, relay, launchers=launchers, prestage=False, kept=kept)
 
 

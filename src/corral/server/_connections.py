@@ -1,0 +1,312 @@
+"""The corral server's connections: who may talk to it, and what it answers.
+
+One :class:`Connections` belongs to one :class:`~._server.Server`, which
+accepts each connection on a thread of its own and hands it to
+:meth:`Connections.serve`: the peer checks (:func:`~._peers.check_peer`; a
+peer that fails them is refused and nothing of its request is read), the
+request (bounded, with its descriptors), and the answer - ``status``,
+``stop``, a Claude Code ``hook`` decision, or a ``run``, whose client is
+watched for signals and for going away (which kills its command). A request
+from a client running other code than the server's retires the server.
+
+The server's own lifecycle (the socket path, the serve loop, idleness,
+retiring, the pools) stays in :mod:`._server`; state both sides touch is
+guarded by the server's ``lock``.
+"""
+
+from __future__ import annotations
+
+import _socket
+import _thread
+import os
+
+from ..pipeline._runner import SignalRelay
+from ._peers import PeerRefused, check_peer, process_context
+from ._requests import (
+    _MSG_CMSG_CLOEXEC,
+    RunRequest,
+    _fds_of,
+    _hook_request,
+    _receive_request,
+    _run_request,
+    _tell,
+    report_member,
+)
+from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, encode
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    from ._server import Server
+
+__all__ = ["Connections", "Session"]
+
+_REQUEST_TIMEOUT = 30.0
+# what corral run forwards: HUP, INT, QUIT, TERM, WINCH, and CONT, TSTP (Ctrl-Z, fg)
+_FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
+
+
+class Session:
+    """One run being served: its connection, client pid and signal relay."""
+
+    __slots__ = ("conn", "done", "pid", "relay")
+
+    def __init__(self, conn: _socket.socket, pid: int) -> None:
+        self.conn = conn
+        self.pid = pid
+        self.relay = SignalRelay()
+        self.done = False
+
+
+class Connections:
+    """Serves the connections of one server (see the module docstring).
+
+    Attributes:
+        server: the server whose lock, lifecycle and handlers are used.
+        sessions: the runs being served (``server.lock``).
+        served, hooks, refused: counts for ``corral server --status``.
+        own: the server's process context, which every peer must match.
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.sessions: set[Session] = set()
+        self.served = 0
+        self.hooks = 0
+        self.refused = 0
+        self.own = process_context()
+
+    def refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
+        """Answer with a refusal, then drain what the peer still sends until it hangs up.
+
+        Closing a unix socket with unread data resets the connection, and the
+        client would never read the answer. The drain keeps nothing (fds that
+        arrive are closed at once) and ends after 2 s or 16 MiB.
+        """
+        with self.server.lock:
+            self.refused += 1
+        try:
+            conn.sendall(encode({"refused": reason, "stale": stale}))
+            conn.shutdown(_socket.SHUT_WR)
+            conn.settimeout(2.0)
+            received = 0
+            while received < MAX_FRAME:
+                data, ancdata, _flags, _addr = conn.recvmsg(
+                    65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
+                )
+                for fd in _fds_of(ancdata):
+                    os.close(fd)
+                if not data:
+                    break
+                received += len(data)
+        except OSError:
+            pass
+
+    def serve(self, conn: _socket.socket) -> None:
+        """Check the peer, read its request and answer it; every failure is a refusal.
+
+        The caller (the server's connection thread) closes *conn*; the
+        descriptors that arrived with the request are closed here.
+        """
+        conn.setblocking(True)
+        try:
+            pid, pidfd = check_peer(conn, self.own)
+        except PeerRefused as exc:
+            if exc.security:
+                self.server.log(f"refused a peer: {exc.reason}")
+            else:
+                self.server.log(f"refused a client: {exc.reason}")
+            self.refuse(conn, exc.reason)  # nothing of its request is read or kept
+            return
+        os.close(pidfd)
+        conn.settimeout(_REQUEST_TIMEOUT)
+        try:
+            message, fds = _receive_request(conn)
+        except (OSError, WireError, ValueError) as exc:
+            self.server.log(f"bad request from pid {pid}: {exc}")
+            self.refuse(conn, f"bad request: {exc}")
+            return
+        try:
+            self._dispatch(conn, pid, message, fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _dispatch(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        op = message.get("op")
+        if op == "status":
+            conn.sendall(encode({"status": self.server.statistics()}))
+            return
+        if op == "stop":
+            self.server.log(f"stop requested by pid {pid}")
+            conn.sendall(encode({"stopping": True, "pid": os.getpid()}))
+            self.server.stop()
+            return
+        if op == "hook":
+            self._answer_hook(conn, pid, message, fds)
+            return
+        if op != "run":
+            self.refuse(conn, f"unknown request {op!r}")
+            return
+        request = _run_request(message, fds, pid)
+        if self._turned_away(conn, pid, message, request):
+            return
+        assert not isinstance(request, str)
+        with self.server.lock:
+            if self.server.retired or self.server.stopping:
+                accepting = False
+            else:
+                accepting = True
+                session = Session(conn, pid)
+                self.sessions.add(session)
+                self.served += 1
+        if not accepting:
+            self.refuse(conn, "the server is shutting down", stale=True)
+            return
+        try:
+            conn.settimeout(None)
+            conn.sendall(encode({"accepted": True}))
+            _thread.start_new_thread(self._watch_client, (session,))
+            status = self._run(request, session)
+            session.done = True
+            try:
+                conn.sendall(encode({"exit": status, **report_member(request)}))
+            except OSError:
+                pass  # the client is gone; the run was stopped and audited
+        finally:
+            session.done = True
+            try:
+                conn.shutdown(_socket.SHUT_RDWR)  # wakes the watcher thread
+            except OSError:
+                pass
+            with self.server.lock:
+                self.sessions.discard(session)
+
+    def _turned_away(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], request: object
+    ) -> bool:
+        """Refuse a request that failed validation (*request* is then the problem) or
+        comes from a client running other code; True if refused."""
+        if isinstance(request, str):
+            self.server.log(f"bad request from pid {pid}: {request}")
+            self.refuse(conn, f"bad request: {request}")
+            return True
+        return self._refused_as_stale(conn, pid, message)
+
+    def _refused_as_stale(self, conn: _socket.socket, pid: int, message: dict[str, Any]) -> bool:
+        """Refuse (and retire) when the client runs other code than this server; True if so.
+
+        A client's code stamp must be this server's own (the Python client)
+        or this installation's compiled client (``"c1:"`` + the real path of
+        its ``_bin/corral-client``), with this protocol.
+        """
+        changed = self.server.watch.poll() if self.server.watch is not None else ""
+        code = message.get("code")
+        current = (
+            code in (self.server.stamp, self.server.client_stamp)
+            and message.get("protocol") == PROTOCOL
+        )
+        if current and not changed:
+            return False
+        why = f"code changed on disk ({changed})" if changed else "another corral code stamp"
+        self.server.log(f"refused pid {pid}: {why}; retiring")
+        self.refuse(conn, f"the server runs older code ({why})", stale=True)
+        self.server.retire()
+        return True
+
+    def _answer_hook(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        """Answer a hook request: ``{"hook": {"stdout", "stderr", "exit"}}``.
+
+        The hook has no side effects, so every problem - a bad request, an
+        answer too large for a frame, an error in the handler - is a refusal:
+        the client then decides in its own process.
+        """
+        request = _hook_request(message, fds, pid)
+        if self._turned_away(conn, pid, message, request):
+            return
+        assert not isinstance(request, str)
+        with self.server.lock:
+            shutting_down = self.server.retired or self.server.stopping
+            if not shutting_down:
+                self.hooks += 1
+        if shutting_down:
+            self.refuse(conn, "the server is shutting down", stale=True)
+            return
+        if self.server.hook_handler is None:
+            self.refuse(conn, "this server does not answer hooks")
+            return
+        try:
+            out, err, status = self.server.hook_handler(request)
+            frame = encode(
+                {
+                    "hook": {
+                        "stdout": out.decode("utf-8", "surrogateescape"),
+                        "stderr": err.decode("utf-8", "surrogateescape"),
+                        "exit": status,
+                    }
+                }
+            )
+        except WireError as exc:
+            self.refuse(conn, f"the answer does not fit a frame: {exc}")
+            return
+        except Exception as exc:
+            import traceback
+
+            self.server.log(
+                "internal error in a hook:\n" + "".join(traceback.format_exception(exc))
+            )
+            self.refuse(conn, f"internal error in the corral server: {type(exc).__name__}")
+            return
+        conn.sendall(frame)
+
+    def _run(self, request: RunRequest, session: Session) -> int:
+        pool = self.server.pool_for_a_run()
+        try:
+            status = self.server.handler(request, session.relay, pool)
+        except BaseException as exc:
+            import traceback
+
+            self.server.log("internal error:\n" + "".join(traceback.format_exception(exc)))
+            _tell(
+                request.stdio[2],
+                f"corral: internal error in the corral server: {type(exc).__name__}: {exc}\n"
+                f"corral: hint: see {os.path.join(self.server.directory, 'server.log')}; "
+                "CORRAL_SERVER=off runs corral without the server\n",
+            )
+            return 125
+        if self.server.stopping and session.relay.stopped:
+            _tell(request.stdio[2], "corral: the corral server was stopped; so was the command\n")
+        return status
+
+    def _watch_client(self, session: Session) -> None:
+        """Forward the client's signals; its disconnect kills the sandbox."""
+        reader = FrameReader()
+        try:
+            while True:
+                try:
+                    data = session.conn.recv(4096)
+                except OSError:
+                    data = b""
+                if not data:
+                    if not session.done:
+                        self.server.log(f"client {session.pid} went away: killing its command")
+                        session.relay.kill()
+                    return
+                try:
+                    messages = reader.feed(data)
+                except WireError as exc:
+                    self.server.log(f"client {session.pid}: {exc}: killing its command")
+                    session.relay.kill()
+                    return
+                for message in messages:
+                    signum = message.get("signal")
+                    if isinstance(signum, int) and signum in _FORWARDED:
+                        session.relay.deliver(signum)
+        except BaseException as exc:
+            self.server.log(f"watching client {session.pid}: {exc!r}")
+            session.relay.kill()
