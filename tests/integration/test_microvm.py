@@ -28,7 +28,9 @@ from tests.integration.conftest import AnsweringHTTP, needs_microvm
 pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
 
-def _qemu_processes() -> list[str]:
+def _qemu_processes(root: str) -> list[str]:
+    """Live qemu and virtiofsd processes of this test's VMs: started by this process, or
+    by a corral working under *root* (the world's; other engineers' VMs run on this host)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -37,10 +39,12 @@ def _qemu_processes() -> list[str]:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
+                fields = f.read().rsplit(")", 1)[1].split()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if state != "Z" and ("corral-ws" in cmdline or "corral.agent" in cmdline):
+        ours = int(fields[1]) == os.getpid() or cwd == root or cwd.startswith(root + "/")
+        if ours and fields[0] != "Z" and ("corral-ws" in cmdline or "corral.agent" in cmdline):
             found.append(f"{pid}: {cmdline[:120]}")
     return found
 
@@ -55,9 +59,9 @@ def vm_world(world: World, vm_cache: str) -> Iterator[World]:
     world.environ["XDG_CACHE_HOME"] = vm_cache
     yield world
     deadline = time.monotonic() + 10
-    while _qemu_processes() and time.monotonic() < deadline:
+    while _qemu_processes(world.root) and time.monotonic() < deadline:
         time.sleep(0.1)  # a VM powering off after its last frame
-    assert not _qemu_processes(), "qemu or virtiofsd outlived the test"
+    assert not _qemu_processes(world.root), "qemu or virtiofsd outlived the test"
 
 
 PROBE = r"""
@@ -185,7 +189,7 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line == b"started\n", proc.stderr.read() if proc.stderr else b""
-    assert _qemu_processes()
+    assert _qemu_processes(w.root)
     assert _run_dirs(proc.pid) == []  # removed once the agent was ready
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -193,9 +197,9 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     if proc.stderr is not None:
         proc.stderr.close()
     deadline = time.monotonic() + 10
-    while (_qemu_processes() or _in_directory(w.workspace)) and time.monotonic() < deadline:
+    while (_qemu_processes(w.root) or _in_directory(w.workspace)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _qemu_processes() == []
+    assert _qemu_processes(w.root) == []
     assert _in_directory(w.workspace) == []  # nothing of the run (relay, daemons) is left
     assert _run_dirs(proc.pid) == []
 
@@ -374,9 +378,9 @@ def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
         set_pool(previous)
         pool.close()
     deadline = time.monotonic() + 10  # handed-out VMs are destroyed in the background
-    while _qemu_processes() and time.monotonic() < deadline:
+    while _qemu_processes(w.root) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _qemu_processes() == []
+    assert _qemu_processes(w.root) == []
 
 
 NET_PROBE = r"""

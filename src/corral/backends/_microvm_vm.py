@@ -422,10 +422,9 @@ class GuestVM:
                 preexec_fn=preexec,
             )
             self.qemu = qemu
-            self._drainer = threading.Thread(
-                target=self._drain_console, args=(qemu.stdout,), daemon=True
-            )
-            self._drainer.start()
+            drainer = threading.Thread(target=self._drain_console, args=(qemu.stdout,), daemon=True)
+            drainer.start()
+            self._drainer = drainer  # started: a close() from another thread may join it
             self._wait_for(agent_socket, qemu, "qemu")
             self.channel = Channel(self._connect(agent_socket, qemu), self.console)
             deadline = time.monotonic() + self.config.boot_timeout
@@ -525,7 +524,10 @@ class GuestVM:
 
     def _drain_console(self, stream: IO[bytes]) -> None:
         while True:
-            chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            try:
+                chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            except (ValueError, OSError):
+                return  # closed by a close() that did not see this thread yet
             if not chunk:
                 return
             self._console += chunk

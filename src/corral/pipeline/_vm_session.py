@@ -190,8 +190,8 @@ class VmSession:
     def start_background(
         self, request: ExecRequest, policy: Policy, *, preview: Preview | None = None
     ) -> None:
-        """Begin :meth:`open` on a thread of its own and return at once (the SDK calls it
-        at construction). The first command waits for that boot, then runs in its VM; if
+        """Boot the session's VM as :meth:`open` does, but on a thread of its own, and
+        return at once (the SDK calls it at construction). The first command waits for that boot, then runs in its VM; if
         the boot fails, that command raises the error (once; a refusal is raised by every
         command's own plan). A :meth:`close` meanwhile stops the boot: nothing of it is
         left."""
