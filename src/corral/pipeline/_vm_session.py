@@ -191,10 +191,10 @@ class VmSession:
         self, request: ExecRequest, policy: Policy, *, preview: Preview | None = None
     ) -> None:
         """Boot the session's VM as :meth:`open` does, but on a thread of its own, and
-        return at once (the SDK calls it at construction). The first command waits for that boot, then runs in its VM; if
-        the boot fails, that command raises the error (once; a refusal is raised by every
-        command's own plan). A :meth:`close` meanwhile stops the boot: nothing of it is
-        left."""
+        return at once (the SDK calls it at construction). The first command waits for
+        that boot, then runs in its VM; if the boot fails, that command raises the error
+        (once; a refusal is raised by every command's own plan). A :meth:`close`
+        meanwhile stops the boot: nothing of it is left."""
 
         def boot() -> None:
             with self._lock:  # a first command waits here for this boot
