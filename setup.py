@@ -12,6 +12,9 @@ statically when the C library allows it:
   start-up; see docs/design.md ("The fast client").
 * the guest agent (src/corral/native/corral-vm-agent.c) is pid 1 of the
   ``microvm`` backend's guests; see docs/backends/microvm.md.
+* the micro-VM relay (src/corral/native/corral-vm-relay.c) is the host side of
+  one command in such a guest, under corral's engine; on every command's path,
+  so without an interpreter's start-up.
 
 Set CORRAL_SKIP_NATIVE=1 to build without them (corral then reports the
 sandboxing backends that need the helper as unavailable, with the reason, and
