@@ -189,27 +189,65 @@ static int usage(void) {
 }
 
 /* The command ended with *payload* ("exit N" or "signal N"): end the same way. */
+/* A number of 1-3 decimal digits and nothing else, or -1. */
+static int small_number(const char *text) {
+    size_t n = strlen(text);
+    if (n < 1 || n > 3)
+        return -1;
+    int value = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (text[i] < '0' || text[i] > '9')
+            return -1;
+        value = value * 10 + (text[i] - '0');
+    }
+    return value;
+}
+
+/* Whether signal *sig* ends a process by default (Term or Core): the only signals a
+ * command can have died of. A stop signal (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) sent to
+ * the relay itself would hang the host's run; SIGCHLD, SIGCONT, SIGURG, SIGWINCH are
+ * ignored by default and end nothing. */
+static int ending_signal(int sig) {
+    if (sig < 1 || sig > 64)
+        return 0;
+    switch (sig) {
+    case SIGCHLD: case SIGCONT: case SIGSTOP: case SIGTSTP:
+    case SIGTTIN: case SIGTTOU: case SIGURG: case SIGWINCH:
+        return 0;
+    default:
+        return 1;
+    }
+}
+
+/* End the way the guest's command ended ('X' payload "exit N" or "signal N"). The guest
+ * is not trusted: an end no command can have (a stop signal, an exit past 255, anything
+ * but digits) is a protocol error, exit 125, never a stopped or odd relay. */
 static int end_like(const unsigned char *payload, uint32_t len) {
     char how[64];
     size_t n = strnlen((const char *)payload, len < sizeof how - 1 ? len : sizeof how - 1);
     memcpy(how, payload, n);
     how[n] = 0;
     if (strncmp(how, "signal ", 7) == 0) {
-        int sig = atoi(how + 7);
-        if (sig > 0 && sig < 65) {
-            if (sig != SIGKILL && sig != SIGSTOP)
+        int sig = small_number(how + 7);
+        if (ending_signal(sig)) {
+            if (sig != SIGKILL)
                 signal(sig, SIG_DFL);
             sigset_t one;
             sigemptyset(&one);
             sigaddset(&one, sig);
             sigprocmask(SIG_UNBLOCK, &one, NULL);
             kill(getpid(), sig);
+            return 128 + sig;
         }
-        return 128 + sig;
+    } else if (strncmp(how, "exit ", 5) == 0) {
+        int status = small_number(how + 5);
+        if (status >= 0 && status <= 255)
+            return status;
     }
-    if (strncmp(how, "exit ", 5) == 0)
-        return atoi(how + 5) & 0xff;
-    fprintf(stderr, "corral: the micro-VM broke the agent protocol: an end of %s\n", how);
+    for (size_t i = 0; i < n; i++) /* the message below prints only what is printable */
+        if (how[i] < 0x20 || how[i] > 0x7e)
+            how[i] = '?';
+    fprintf(stderr, "corral: the micro-VM broke the agent protocol: an end of '%s'\n", how);
     return 125;
 }
 
