@@ -350,7 +350,7 @@ class LandlockBackend(Backend):
         if cgroup is None and abi < 6:
             degrade.cannot(
                 "isolation",
-                f"without a cgroup, only the exec helper ends what the command started, and with "
+                "without a cgroup, only the exec helper ends what the command started, and with "
                 f"Landlock ABI {abi} (< 6, Linux 6.12) the command could kill it and leave "
                 "detached (setsid) processes running after the run",
                 fix="set a resources.memory or resources.pids limit (a cgroup), or use "
