@@ -60,9 +60,10 @@ Not guaranteed (no policy key asks for these; ask for ``isolation:
     (``test_landlock_without_a_cgroup_leaves_no_process_behind``, xfail);
   * a pty's ``/dev/pts`` entry does not open by path, even for a pty the
     command created or the terminal it was given: Tcl Expect's ``spawn`` and
-    other code that opens ``ptsname()`` (rather than ``openpty()``), or that
-    reopens ``ttyname(0)``, gets EACCES, and ``ls /dev/pts`` fails (see the
-    terminals guarantee above);
+    other code that opens ``ptsname()`` (rather than using ``openpty()``),
+    or that reopens ``ttyname(0)``, gets EACCES (see the terminals guarantee
+    above); ``ls /dev/pts`` and ``ls /dev`` fail (``/dev`` is an ancestor of
+    a hidden path, like ``/``);
   * protection from kernel exploits.
 """
 
