@@ -11,7 +11,7 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -e '.[dev]'
 
-native: src/corral/_bin/corral-exec src/corral/_bin/corral-client src/corral/_bin/corral-vm-agent  ## build the native programs in place (editable installs)
+native: src/corral/_bin/corral-exec src/corral/_bin/corral-client src/corral/_bin/corral-vm-agent src/corral/_bin/corral-vm-relay  ## build the native programs in place (editable installs)
 src/corral/_bin/%: src/corral/native/%.c
 	mkdir -p src/corral/_bin
 	$(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -static -o $@ $< \

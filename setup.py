@@ -12,6 +12,9 @@ statically when the C library allows it:
   start-up; see docs/design.md ("The fast client").
 * the guest agent (src/corral/native/corral-vm-agent.c) is pid 1 of the
   ``microvm`` backend's guests; see docs/backends/microvm.md.
+* the micro-VM relay (src/corral/native/corral-vm-relay.c) is the host side of
+  one command in such a guest, under corral's engine; on every command's path,
+  so without an interpreter's start-up.
 
 Set CORRAL_SKIP_NATIVE=1 to build without them (corral then reports the
 sandboxing backends that need the helper as unavailable, with the reason, and
@@ -30,7 +33,7 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent")
+PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent", "corral-vm-relay")
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 

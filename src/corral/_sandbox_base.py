@@ -176,6 +176,7 @@ class BaseSandbox(FileRequests, VmSessions):
             except BaseException:
                 _remove_tree(self._tmp_dir)
                 raise
+        self._boot_vm_ahead()  # isolation "vm": the kept VM boots from now (_sandbox_vm.py)
 
     # ------------------------------------------------------------ properties
     @property

@@ -2,7 +2,8 @@
 
 A session whose policy asks for ``isolation: "vm"`` (or ``backend:
 "microvm"``) keeps one VM (:class:`corral.pipeline._vm_session.VmSession`)
-and runs every command, ``run_code`` and file call in it; the VM is destroyed
+and runs every command, ``run_code`` and file call in it; its boot starts when
+the session is made (in the background), and the VM is destroyed
 when the session closes (or is dropped, or its process dies). Commands the
 kept VM cannot run as planned (another policy from ``rules``, a background
 ``spawn``, a terminal) run in a fresh VM as before. Where the VM cannot run
@@ -99,6 +100,18 @@ class VmSessions:
                 # a session dropped without close(): its VM ends with the object
                 weakref.finalize(self, session.close)
             return session
+
+    def _boot_vm_ahead(self) -> None:
+        """Start booting the session's VM in the background when its policy asks for one
+        (at construction): the first command then waits only for what is left of the
+        boot. A refusal or a failed boot is raised by that command; ``close()`` before
+        the boot finished stops it and leaves nothing."""
+        from .pipeline._vm_session import wants_vm
+
+        if self._closed or not wants_vm(self._policy):
+            return
+        request = self._request(["true"])
+        self._session_vm().start_background(request, self._policy, preview=self._preview)
 
     def _start_vm(self) -> bool:
         """Boot the session's VM now (blocking) when its policy asks for one.

@@ -25,6 +25,7 @@ import pytest
 
 from corral._exceptions import BackendUnavailable
 from corral.backends import HostFacts, get_backend, helper_path
+from corral.backends.microvm import relay_path
 from corral.pipeline._request import ExecRequest
 from corral.policy import Policy
 from corral.preview import Preview
@@ -112,7 +113,7 @@ def _facts(firecracker: str, workspace: str) -> HostFacts:
         "vm_initrd": "/nonexistent/initramfs.cpio",
         "vm_disk": "/nonexistent/rootfs.ext4",
         "kvm_problem": None,
-        "python": sys.executable,
+        "relay": relay_path(),
         "mkfs": shutil.which("mkfs.ext4", path="/usr/sbin:/sbin"),
         "debugfs": shutil.which("debugfs", path="/usr/sbin:/sbin"),
         "bwrap": shutil.which("bwrap"),

@@ -28,7 +28,9 @@ from tests.integration.conftest import AnsweringHTTP, needs_microvm
 pytestmark = needs_microvm  # vm_cache: tests/integration/conftest.py
 
 
-def _qemu_processes() -> list[str]:
+def _qemu_processes(root: str) -> list[str]:
+    """Live qemu and virtiofsd processes of this test's VMs: started by this process, or
+    by a corral working under *root* (the world's; other engineers' VMs run on this host)."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -37,16 +39,19 @@ def _qemu_processes() -> list[str]:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
             with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
+                fields = f.read().rsplit(")", 1)[1].split()
+            cwd = os.readlink(f"/proc/{pid}/cwd")
         except OSError:
             continue
-        if state != "Z" and ("corral-ws" in cmdline or "corral.agent" in cmdline):
+        ours = int(fields[1]) == os.getpid() or cwd == root or cwd.startswith(root + "/")
+        if ours and fields[0] != "Z" and ("corral-ws" in cmdline or "corral.agent" in cmdline):
             found.append(f"{pid}: {cmdline[:120]}")
     return found
 
 
-def _run_dirs() -> list[str]:
-    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith("corral-vm-")]
+def _run_dirs(pid: int) -> list[str]:
+    """The run directories of process *pid*'s VMs (others' VMs may boot on this host)."""
+    return [n for n in os.listdir(tempfile.gettempdir()) if n.startswith(f"corral-vm-{pid}-")]
 
 
 @pytest.fixture
@@ -54,9 +59,9 @@ def vm_world(world: World, vm_cache: str) -> Iterator[World]:
     world.environ["XDG_CACHE_HOME"] = vm_cache
     yield world
     deadline = time.monotonic() + 10
-    while _qemu_processes() and time.monotonic() < deadline:
+    while _qemu_processes(world.root) and time.monotonic() < deadline:
         time.sleep(0.1)  # a VM powering off after its last frame
-    assert not _qemu_processes(), "qemu or virtiofsd outlived the test"
+    assert not _qemu_processes(world.root), "qemu or virtiofsd outlived the test"
 
 
 PROBE = r"""
@@ -184,19 +189,41 @@ def test_killing_the_host_side_leaves_no_qemu_socket_or_temp_file(vm_world: Worl
     assert proc.stdout is not None
     line = proc.stdout.readline()
     assert line == b"started\n", proc.stderr.read() if proc.stderr else b""
-    assert _qemu_processes()
-    assert _run_dirs() == []  # removed once the agent was ready
+    assert _qemu_processes(w.root)
+    assert _run_dirs(proc.pid) == []  # removed once the agent was ready
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
     if proc.stderr is not None:
         proc.stderr.close()
     deadline = time.monotonic() + 10
-    while (_qemu_processes() or _in_directory(w.workspace)) and time.monotonic() < deadline:
+    while (_qemu_processes(w.root) or _in_directory(w.workspace)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _qemu_processes() == []
+    assert _qemu_processes(w.root) == []
     assert _in_directory(w.workspace) == []  # nothing of the run (relay, daemons) is left
-    assert _run_dirs() == []
+    assert _run_dirs(proc.pid) == []
+
+
+def test_ctrl_c_reaches_the_guest_command_through_the_relay(vm_world: World) -> None:
+    """SIGINT to `corral run` goes to the command's process group in the guest
+    (corral-vm-relay's 'S' frame): its trap runs and its exit status comes back."""
+    w = vm_world
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "corral", "run", "--backend", "microvm", "--read-only", "--",
+         "sh", "-c", 'trap "echo got-int; exit 3" INT; echo ready; while :; do sleep 0.1; done'],
+        cwd=w.workspace, env=w.environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        line = proc.stdout.readline()
+        assert line == b"ready\n", proc.stderr.read() if proc.stderr else b""
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert (proc.returncode, rest) == (3, b"got-int\n"), err
 
 
 def _in_directory(path: str) -> list[str]:
@@ -351,9 +378,9 @@ def test_warm_pool_hands_each_vm_out_once(vm_world: World) -> None:
         set_pool(previous)
         pool.close()
     deadline = time.monotonic() + 10  # handed-out VMs are destroyed in the background
-    while _qemu_processes() and time.monotonic() < deadline:
+    while _qemu_processes(w.root) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _qemu_processes() == []
+    assert _qemu_processes(w.root) == []
 
 
 NET_PROBE = r"""
@@ -420,4 +447,4 @@ def test_allowlist_reaches_only_the_proxy_with_the_attempt_log(vm_world: World) 
     assert decisions == {("example.test", "allow"), ("evil.test", "deny")}
     assert [(v.kind, v.target) for v in outcome.violations] == [("network", f"evil.test:{port}")]
     # the proxy's socket and the VM's run directory (named after this process) are gone
-    assert [n for n in _run_dirs() if n.startswith(f"corral-vm-{os.getpid()}-")] == []
+    assert _run_dirs(os.getpid()) == []

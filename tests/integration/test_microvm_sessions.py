@@ -136,6 +136,21 @@ def test_per_exec_timeout_kills_only_that_command(session: Any) -> None:
     assert session._vm_session.boots == boots  # the same VM goes on
 
 
+def test_stdin_output_and_the_commands_end_pass_the_relay(session: Any) -> None:
+    """corral-vm-relay: 2 MiB of stdin through `cat` while its output comes back (neither
+    side waits for the other), an exit status, a death by signal, a program not found."""
+    data = bytes(range(256)) * 8192
+    echoed = session.exec(["cat"], stdin=data, timeout=120)
+    assert (echoed.returncode, echoed.timed_out) == (0, False), echoed.stderr
+    assert echoed.stdout == data
+    status = session.exec("echo out; echo err >&2; exit 7")
+    assert (status.returncode, status.stdout, status.stderr) == (7, b"out\n", b"err\n")
+    killed = session.exec("kill -USR1 $$")
+    assert killed.signal == signal.SIGUSR1
+    missing = session.exec(["no-such-program-here"])
+    assert missing.returncode == 127 and b"no-such-program-here" in missing.stderr
+
+
 def test_a_relay_killed_mid_command_leaves_nothing_for_the_next(session: Any) -> None:
     """The host side of one command dies while the guest runs it: the session stops the
     guest command and drains its frames, and the next command gets only its own result."""
@@ -180,6 +195,59 @@ def test_apply_lands_the_changes_and_destroys_the_vm(session: Any, world_vm: Wor
     with pytest.raises(PreviewError, match="applied or discarded"):
         session.exec("true")
     assert session._vm_session.vm is None  # and none was booted for it
+
+
+def test_the_sdk_boots_its_vm_at_construction_and_an_early_close_leaves_nothing(
+    world_vm: World,
+) -> None:
+    """The VM boots from the moment the Sandbox is made (no command needed), and the
+    first command runs in it; a Sandbox closed while its VM still boots leaves no qemu,
+    virtiofsd, run directory or cgroup behind."""
+    import glob
+
+    from corral import Sandbox
+
+    others = {p for p in _vm_processes() if _parent(p) == os.getpid()}  # the module's session
+
+    def our_cgroups() -> set[str]:
+        return set(glob.glob(f"/sys/fs/cgroup/**/corral-{os.getpid()}-vm-*", recursive=True))
+
+    groups = our_cgroups()
+
+    def booted_by_us() -> set[int]:
+        return {p for p in _vm_processes() if _parent(p) == os.getpid()} - others
+
+    with Sandbox(
+        workspace=world_vm.workspace, isolation="vm", read_only=True, environ=world_vm.environ
+    ) as sandbox:
+        vm_session = sandbox._vm_session
+        deadline = time.monotonic() + 180
+        while vm_session.vm is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert vm_session.vm is not None and vm_session.boots == 1  # before any command
+        qemu = vm_session.vm.qemu.pid
+        first = booted_by_us()
+        result = sandbox.exec("cat README")
+        assert result.text("stdout") == "hello\n", result.stderr
+        assert vm_session.vm.qemu.pid == qemu and vm_session.boots == 1
+    assert qemu in first and _wait_gone(first) == set()
+
+    early = Sandbox(
+        workspace=world_vm.workspace, isolation="vm", read_only=True, environ=world_vm.environ
+    )
+    deadline = time.monotonic() + 60
+    while not any("qemu" in _cmdline(p) for p in booted_by_us()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    started = booted_by_us()
+    assert any("qemu" in _cmdline(p) for p in started)  # qemu runs, the guest is booting
+    vm_session = early._vm_session
+    early.close()
+    assert vm_session is not None and vm_session.boots == 0  # closed mid-boot
+    assert _wait_gone(started) == set()
+    for pid in started:  # reaped, not zombies
+        assert not os.path.exists(f"/proc/{pid}")
+    assert _run_dirs(os.getpid()) == []
+    assert our_cgroups() <= groups
 
 
 def test_a_secret_replaced_on_the_host_stays_hidden_and_closing_leaves_nothing(

@@ -40,7 +40,7 @@ from .._frozen import Record
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from typing import IO
+    from typing import IO, Any
 
     from ..pipeline._cgroups import Cgroup
 
@@ -57,6 +57,10 @@ __all__ = [
     "virtiofsd_argv",
 ]
 
+#: The largest frame the agent ever sends (its ``MAX_FRAME``; output comes in 64 KiB
+#: chunks; ``corral-vm-relay`` has the same bound). The guest's root can take the agent's
+#: port (``pidfd_getfd``) and send anything: a longer announced length is refused.
+MAX_FRAME = 1 << 20
 #: The virtiofs tag of the workspace share.
 SHARE_TAG = "corral-ws"
 #: Where virtiofsd's private tmpfs is mounted in its own mount namespace (any
@@ -71,6 +75,18 @@ HOST_TASKS = 256
 #: Where the guest reaches corral's egress proxy: qemu forwards each connection
 #: to this address (``guestfwd``) to the run's proxy socket on the host.
 GUEST_PROXY = ("10.0.2.100", 3128)
+#: Guest kernel arguments under TCG only (never KVM), each with its reason; the
+#: trade-off is argued in docs/threat-model.md ("micro-VM guests under TCG").
+TCG_KERNEL_ARGS: tuple[tuple[str, str], ...] = (
+    (
+        "norandmaps",
+        "no address-space randomisation of the guest's processes: qemu's TCG keeps its "
+        "translated code by virtual address, so a library mapped at a new address in every "
+        "process is translated again for every command (a dynamically linked `true` took "
+        "~40 ms in the guest instead of ~10 ms); everything in the guest is the command's own "
+        "(KASLR, the guest kernel's, stays on)",
+    ),
+)
 
 
 class BootFailed(Exception):
@@ -181,6 +197,8 @@ def qemu_argv(
     cmdline = "console=ttyS0 panic=-1 reboot=t" + (
         " quiet" if not os.environ.get("CORRAL_VM_DEBUG") else ""
     )
+    if config.accel == "tcg":
+        cmdline += "".join(f" {word}" for word, _why in TCG_KERNEL_ARGS)
     if config.tsc_khz:
         cmdline += f" tsc_early_khz={config.tsc_khz} tsc=reliable"
     argv = [
@@ -353,6 +371,9 @@ class GuestVM:
         self.qemu: subprocess.Popen[bytes] | None = None
         self.virtiofsd: subprocess.Popen[bytes] | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
+        #: set by :meth:`close`; a boot under way starts no process after it (see _spawn)
+        self._closed = False
+        self._spawn_lock = threading.Lock()
         self.channel: Channel | None = None
         self._drainer: threading.Thread | None = None
         self._console = bytearray()
@@ -384,31 +405,26 @@ class GuestVM:
             if self.background:  # the pool's boot ahead: lowest CPU priority until ready
                 preexec = _niced(preexec)
             if fs_socket is not None:
-                fs = subprocess.Popen(
+                fs = self._spawn(
                     virtiofsd_argv(self.config, fs_socket),
-                    stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.PIPE,
                     env=env,
                     preexec_fn=preexec,
                 )
-                self._procs.append(fs)
                 self.virtiofsd = fs
                 self._wait_for(fs_socket, fs, "virtiofsd")
-            qemu = subprocess.Popen(
+            qemu = self._spawn(
                 qemu_argv(self.config, agent_socket, fs_socket, self.egress_socket or None),
-                stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
                 preexec_fn=preexec,
             )
             self.qemu = qemu
-            self._procs.append(qemu)
-            self._drainer = threading.Thread(
-                target=self._drain_console, args=(qemu.stdout,), daemon=True
-            )
-            self._drainer.start()
+            drainer = threading.Thread(target=self._drain_console, args=(qemu.stdout,), daemon=True)
+            drainer.start()
+            self._drainer = drainer  # started: a close() from another thread may join it
             self._wait_for(agent_socket, qemu, "qemu")
             self.channel = Channel(self._connect(agent_socket, qemu), self.console)
             deadline = time.monotonic() + self.config.boot_timeout
@@ -432,6 +448,17 @@ class GuestVM:
         except BaseException:
             self.close()
             raise
+
+    def _spawn(self, argv: list[str], **options: Any) -> subprocess.Popen[bytes]:
+        """Start one of the VM's host processes, unless :meth:`close` came first (then
+        BootFailed): a VM closed while it boots (an SDK session closed early) starts
+        nothing more, and whatever it started is killed by that close."""
+        with self._spawn_lock:
+            if self._closed:
+                raise BootFailed("the VM was closed while it booted")
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, **options)
+            self._procs.append(proc)
+            return proc
 
     def foreground(self) -> None:
         """Back to normal CPU priority (every thread of qemu and virtiofsd), if niced."""
@@ -497,7 +524,10 @@ class GuestVM:
 
     def _drain_console(self, stream: IO[bytes]) -> None:
         while True:
-            chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            try:
+                chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            except (ValueError, OSError):
+                return  # closed by a close() that did not see this thread yet
             if not chunk:
                 return
             self._console += chunk
@@ -522,7 +552,10 @@ class GuestVM:
         there is nothing to shut down cleanly, and killing takes milliseconds
         where a guest power-off under TCG takes seconds.
         """
-        for proc in reversed(self._procs):
+        with self._spawn_lock:
+            self._closed = True
+            procs = list(self._procs)
+        for proc in reversed(procs):
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
@@ -577,8 +610,6 @@ class Channel:
             BootFailed: the VM went away, the deadline passed, or a frame
                 announces more than the agent ever sends (``MAX_FRAME``).
         """
-        from ._microvm_run import MAX_FRAME
-
         while True:
             if len(self._buf) >= 5:
                 (length,) = struct.unpack(">I", self._buf[1:5])

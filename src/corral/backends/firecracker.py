@@ -33,10 +33,9 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
-from .microvm import FD_CONFIG, MicrovmBackend, view_setup
+from .microvm import FD_CONFIG, MicrovmBackend, relay_path, view_setup
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -99,7 +98,7 @@ class FirecrackerBackend(MicrovmBackend):
             "vm_initrd": vm.initrd if vm else None,
             "vm_disk": vm.disk if vm else None,
             "kvm_problem": kvm_state(environ),  # the microvm backend's probe (no TCG here)
-            "python": sys.executable,
+            "relay": relay_path(),
             "mkfs": shutil.which("mkfs.ext4", path="/usr/sbin:/sbin:/usr/bin:/bin"),
             "debugfs": shutil.which("debugfs", path="/usr/sbin:/sbin:/usr/bin:/bin"),
             "bwrap": find_program("bwrap", environ),
@@ -128,6 +127,8 @@ class FirecrackerBackend(MicrovmBackend):
             problems.append(f"KVM does not run standard guests here: {kvm}")
         if facts.helper is None:
             problems.append("corral's exec helper (corral-exec) is missing")
+        if facts.detail("relay") is None:
+            problems.append("corral's micro-VM relay (corral-vm-relay) is missing")
         if facts.uid != 0:
             problems.append("this build runs Firecracker VMs as root only")
         if facts.detail("mkfs") is None or facts.detail("debugfs") is None:

@@ -25,8 +25,8 @@ Guarantees (with the default policy):
     on the host, and the proxy variables point there: the same allowlist,
     attempt log and violations as on bubblewrap. The proxy does not terminate
     TLS here (request rules and masked credentials are refused), and
-    ``localhost:PORT`` entries are reached through the proxy, not at the
-    guest's own 127.0.0.1 (the guest's loopback is its own);
+    ``localhost:PORT`` entries do not reach the host's services (the guest's
+    loopback is its own, and the proxy refuses loopback destinations);
   * the host environment passes only through the policy's ``env`` allowlist,
     as on every backend; credentials are refused (secrets never enter the guest);
   * memory is the VM's size (guest RAM = the limit plus
@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from .._exceptions import BackendUnavailable, EnforcementUnavailable
 from ..pipeline._request import redact
@@ -125,6 +124,13 @@ def set_pool(pool: VmPool | None) -> VmPool | None:
     global _pool
     previous, _pool = _pool, pool
     return previous
+
+
+def relay_path() -> str | None:
+    """Absolute path of the built micro-VM relay (``corral-vm-relay``), or None."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(here, "_bin", "corral-vm-relay")
+    return path if os.access(path, os.X_OK) else None
 
 
 def find_qemu(environ: dict[str, str]) -> tuple[str | None, str | None]:
@@ -345,7 +351,7 @@ class MicrovmBackend(Backend):
             "vm_disk": vm.disk if vm else None,
             "kvm_problem": kvm,
             "tsc_khz": tsc_khz(),
-            "python": sys.executable,
+            "relay": relay_path(),
             "socat": find_program("socat", environ),
         }
 
@@ -381,6 +387,11 @@ class MicrovmBackend(Backend):
             return (
                 "corral's exec helper (corral-exec) is missing: reinstall corral with a C compiler "
                 "available (apt-get install gcc libc6-dev)"
+            )
+        if facts.detail("relay") is None:
+            return (
+                "corral's micro-VM relay (corral-vm-relay) is missing: reinstall corral with a C "
+                "compiler available (apt-get install gcc libc6-dev), or run 'make native'"
             )
         if facts.uid != 0:
             return "this build runs micro-VMs as root only (virtiofsd needs root to serve the workspace)"
@@ -516,8 +527,7 @@ class MicrovmBackend(Backend):
             },
             "stdin": request.stdin_mode != "null",
         }
-        relay = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_microvm_run.py")
-        runner = [str(facts.detail("python")), "-I", "-S", relay]
+        runner = [str(facts.detail("relay"))]
         helper = [
             facts.helper, "--status-fd", str(FD_STATUS), "--keep-fd", str(FD_CONFIG),
             "--keep-fd", str(FD_AGENT), "--keep-fd", str(FD_DONE), "--setsid",

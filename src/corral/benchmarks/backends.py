@@ -190,7 +190,7 @@ def _microvm_session_row(ctx: Context, accel: str, cold: float, raw: float | Non
         read_only=True,
         settings={"resources": {"memory": None, "pids": None, "timeout": None, "output": None}},
     ) as sandbox:
-        sandbox.exec(["true"]).check()  # boots the session's VM
+        sandbox.exec(["true"]).check()  # waits for the VM (its boot began with the Sandbox)
         value = ctx.median_ms(lambda: sandbox.exec(["true"]).check(), runs)
     return Row(
         f"microvm session exec true ({accel}, SDK, kept VM)",

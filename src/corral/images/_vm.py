@@ -137,6 +137,12 @@ mount --move /dev /newroot/dev
 mount --move /proc /newroot/proc
 mount --move /sys /newroot/sys
 mount -t cgroup2 cgroup2 /newroot/sys/fs/cgroup
+if grep -qx 0x001a /newroot/sys/bus/virtio/devices/*/device 2>/dev/null; then
+  # the workspace share (virtio-fs), mounted now rather than on the run's path; the
+  # agent binds the run's view from it (its "ws") once the host has mounted that
+  mkdir -p -m 700 /newroot/.corral/share
+  mount -t virtiofs -o nosuid,nodev corral-ws /newroot/.corral/share || echo "corral-init: no share"
+fi
 exec switch_root /newroot /.corral/agent "$agent"
 """.replace("@AGENT_VSOCK_PORT@", str(AGENT_VSOCK_PORT))
 
@@ -212,34 +218,64 @@ def kernel_package() -> tuple[str, str]:
     return package, version
 
 
+#: ``path -> ((device, inode, size, mtime), sha256)``: the agent is digested on every
+#: plan (a session's every command); once per version of the file is enough.
+_digests: dict[str, tuple[tuple[int, int, int, int], str]] = {}
+
+
 def _digest(path: str) -> str:
+    st = os.stat(path)
+    stamp = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    known = _digests.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
+    _digests[path] = (stamp, h.hexdigest())
     return h.hexdigest()
 
 
-def find_vm_image(image: BuiltImage) -> VmImage | None:
-    """The newest VM artifacts built for *image* (any kernel), or None.
-
-    None too when they hold another guest agent than this corral's (an
-    upgrade changed the protocol), or were built by another procedure (e.g.
-    without the virtio-net module): ``corral image build NAME --vm`` again.
-    """
-    pointer = os.path.join(image.directory, "vm.json")
+def _load_vm_record(path: str) -> VmImage | None:
     try:
-        with open(pointer, encoding="utf-8") as f:
-            record = json.load(f)
-        vm = VmImage(**record)
+        with open(path, encoding="utf-8") as f:
+            vm = VmImage(**json.load(f))
     except (OSError, ValueError, TypeError):
         return None
     if not all(os.path.isfile(p) for p in (vm.kernel, vm.initrd, vm.disk)):
         return None
-    agent = agent_path()
-    if agent is None or vm.agent != _digest(agent) or vm.builder != VM_BUILDER_VERSION:
-        return None
     return vm
+
+
+def find_vm_image(image: BuiltImage) -> VmImage | None:
+    """The VM artifacts of *image* built with this corral's guest agent and procedure.
+
+    The last ones built (``vm.json``, any kernel) when they match, else the
+    newest ``vm-KEY`` directory that does: two corral installations sharing
+    one image cache (two versions, two checkouts) each find their own
+    artifacts instead of the other's last build. None when none holds this
+    corral's agent (an upgrade changed the protocol) and procedure (e.g.
+    without the virtio-net module): ``corral image build NAME --vm`` again.
+    """
+    agent = agent_path()
+    if agent is None:
+        return None
+    digest = _digest(agent)
+
+    def fits(vm: VmImage | None) -> bool:
+        return vm is not None and vm.agent == digest and vm.builder == VM_BUILDER_VERSION
+
+    last = _load_vm_record(os.path.join(image.directory, "vm.json"))
+    if fits(last):
+        return last
+    try:
+        names = [n for n in os.listdir(image.directory) if n.startswith("vm-")]
+    except OSError:
+        return None
+    found = [_load_vm_record(os.path.join(image.directory, n, "vm.json")) for n in names]
+    fitting = [vm for vm in found if vm is not None and fits(vm)]
+    return max(fitting, key=lambda vm: os.stat(vm.initrd).st_mtime_ns, default=None)
 
 
 def build_vm_image(

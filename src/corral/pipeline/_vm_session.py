@@ -1,8 +1,9 @@
 """One micro-VM kept for a whole session (SDK ``Sandbox``, MCP ``sandbox_create``).
 
 A session whose policy asks for ``isolation: "vm"`` (or ``backend:
-"microvm"``) boots one VM on its first command and runs every further
-command in it, through the guest agent, which runs commands one after
+"microvm"``) boots one VM (the SDK starts the boot when the session is made:
+:meth:`VmSession.start_background`; otherwise the first command boots it)
+and runs every command in it, through the guest agent, which runs commands one after
 another::
 
     session = VmSession(environ)
@@ -92,6 +93,10 @@ class VmSession:
         self._stop = threading.Event()  # releases the keeper thread
         self._keeper: threading.Thread | None = None
         self._closed = False
+        self._booting: GuestVM | None = None  # the VM being booted for the session, if any
+        #: why the boot started at construction (start_background) failed: raised once, by
+        #: the command that would otherwise boot again
+        self._failure: BaseException | None = None
         #: commands run in the session's VMs, and VMs booted for it (tests, bench)
         self.commands = 0
         self.boots = 0
@@ -111,7 +116,7 @@ class VmSession:
         on_start: Callable[[Running], None] | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
     ) -> Outcome | None:
-        """Run *request* in the session's VM (booted on first use); ``None``: run it fresh.
+        """Run *request* in the session's VM (booted now if none is); ``None``: run it fresh.
 
         Raises:
             CorralError: the request cannot be prepared (as a fresh run would
@@ -140,6 +145,9 @@ class VmSession:
                 self._retire()
                 vm = None
             if vm is None:
+                failure, self._failure = self._failure, None
+                if failure is not None:
+                    raise failure  # the boot begun at construction failed: its error
                 if preview is not None:
                     with preview.hold():
                         pass  # an applied or discarded preview: its error, before any boot
@@ -172,9 +180,40 @@ class VmSession:
             return False
         with self._lock:
             if self._vm is None and not self._closed:
+                failure, self._failure = self._failure, None
+                if failure is not None:
+                    raise failure
                 self._start(found[1])
                 self._policy = policy
         return True
+
+    def start_background(
+        self, request: ExecRequest, policy: Policy, *, preview: Preview | None = None
+    ) -> None:
+        """Boot the session's VM as :meth:`open` does, but on a thread of its own, and
+        return at once (the SDK calls it at construction). The first command waits for
+        that boot, then runs in its VM; if the boot fails, that command raises the error
+        (once; a refusal is raised by every command's own plan). A :meth:`close`
+        meanwhile stops the boot: nothing of it is left."""
+
+        def boot() -> None:
+            with self._lock:  # a first command waits here for this boot
+                if self._vm is not None or self._closed:
+                    return
+                try:
+                    found = self._prepare(request, policy, preview)
+                except BaseException:
+                    return  # a refusal (not root, no VM image): each command's plan raises it
+                if found is None:
+                    return
+                try:
+                    self._start(found[1])
+                    self._policy = policy
+                except BaseException as exc:  # reported by the command that would boot
+                    if not self._closed:
+                        self._failure = exc
+
+        threading.Thread(target=boot, name="corral-vm-session-open", daemon=True).start()
 
     def _prepare(
         self, request: ExecRequest, policy: Policy, preview: Preview | None
@@ -205,7 +244,7 @@ class VmSession:
             except (BootFailed, OSError) as exc:
                 raise BackendUnavailable(f"Failed to start the micro-VM: {exc}") from None
             return self._attach(vm, key, share, threading.Event(), None)
-        vm = GuestVM(config)
+        vm = self._booting = GuestVM(config)
         booted = threading.Event()
         stop = threading.Event()
         failure: list[BaseException] = []
@@ -223,6 +262,7 @@ class VmSession:
         keeper = threading.Thread(target=keep, name="corral-vm-session", daemon=True)
         keeper.start()
         booted.wait()
+        self._booting = None
         if failure:
             keeper.join()
             raise BackendUnavailable(f"Failed to start the micro-VM: {failure[0]}") from None
@@ -297,9 +337,12 @@ class VmSession:
         the VM's run directory is removed.
         """
         self._closed = True
-        vm = self._vm
-        if vm is not None:
-            vm.close()  # without the lock: a running command must not hold the close up
+        for vm in (self._vm, self._booting):
+            if vm is not None:
+                # without the lock: neither a running command nor a boot under way (started
+                # at construction) holds the close up; a VM closed while it boots starts
+                # nothing more and its boot fails at once
+                vm.close()
         with self._lock:
             self._retire()
 

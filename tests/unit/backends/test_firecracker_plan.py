@@ -47,7 +47,7 @@ def _facts(uid: int = 0, **details: object) -> HostFacts:
         "vm_initrd": "/cache/vm/initramfs.cpio",
         "vm_disk": "/cache/vm/rootfs.ext4",
         "kvm_problem": None,
-        "python": "/venv/bin/python3",
+        "relay": "/corral/_bin/corral-vm-relay",
         "mkfs": "/usr/sbin/mkfs.ext4",
         "debugfs": "/usr/sbin/debugfs",
         "bwrap": "/usr/bin/bwrap",

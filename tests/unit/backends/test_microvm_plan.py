@@ -33,7 +33,7 @@ def _facts(uid: int = 0, **details: object) -> HostFacts:
         "vm_disk": "/cache/vm/rootfs.ext4",
         "kvm_problem": "a trial KVM boot hung",
         "tsc_khz": 2596000,
-        "python": "/venv/bin/python3",
+        "relay": "/corral/_bin/corral-vm-relay",
     }
     base.update(details)
     return HostFacts(
@@ -76,8 +76,8 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
     policy = _policy(read_only=True, deny_read=(SECRET_FILE, SECRET_DIR, "/root/.ssh"))
     plan = backend.plan(_request(), policy, _facts())
     assert plan.argv[0] == "/opt/corral-exec"
-    assert plan.argv[-7:-4] == ("/venv/bin/python3", "-I", "-S")
-    assert plan.argv[-4].endswith("/corral/backends/_microvm_run.py")
+    assert plan.argv[-5] == "--"  # the exec helper runs the relay, nothing else
+    assert plan.argv[-4] == "/corral/_bin/corral-vm-relay"
     assert plan.argv[-3:] == (str(FD_CONFIG), str(FD_AGENT), str(FD_DONE))
     config = _config(plan)
     vm, share = vm_config_of(config)
@@ -95,6 +95,9 @@ def test_read_only_plan_boots_a_vm_without_network_and_masks_secrets() -> None:
     assert not any(a.startswith(("-net", "-nic")) for a in argv)
     assert any("readonly=on" in a for a in argv)
     assert "tsc_early_khz=2596000" in argv[argv.index("-append") + 1]
+    # TCG's translated code is kept by virtual address: the guest's processes are not
+    # randomised under TCG (docs/threat-model.md), never under KVM (below)
+    assert "norandmaps" in argv[argv.index("-append") + 1].split()
 
 
 def test_allowlist_gives_the_vm_one_restricted_nic_to_the_proxy() -> None:
@@ -139,6 +142,7 @@ def test_kvm_is_used_where_it_boots_guests() -> None:
     argv = qemu_argv(vm, "/run/a.sock", None)
     assert argv[argv.index("-accel") + 1] == "kvm"
     assert argv[argv.index("-cpu") + 1] == "host"
+    assert "norandmaps" not in argv[argv.index("-append") + 1]
     assert "vhost-user-fs-device" not in " ".join(argv)
 
 
@@ -239,20 +243,21 @@ def test_vm_configs_are_pool_keys() -> None:
 
 def test_the_host_side_refuses_a_frame_longer_than_the_agent_sends() -> None:
     """Both host-side readers bound a frame by the agent's own MAX_FRAME (a forged one
-    from the guest's root is refused, not buffered)."""
+    from the guest's root is refused, not buffered): corral's Channel, and the relay
+    (the real program, on a socket pair standing for the agent)."""
     import os
     import re
     import socket
+    import subprocess
 
-    from corral.backends._microvm_run import MAX_FRAME, Agent
-    from corral.backends._microvm_vm import BootFailed, Channel
+    from corral.backends._microvm_vm import MAX_FRAME, BootFailed, Channel
+    from corral.backends.microvm import relay_path
 
-    agent_c = os.path.join(
-        os.path.dirname(__file__), "../../../src/corral/native/corral-vm-agent.c"
-    )
-    with open(agent_c, encoding="utf-8") as f:
-        (shift,) = re.findall(r"#define MAX_FRAME \(1u << (\d+)\)", f.read())
-    assert 1 << int(shift) == MAX_FRAME
+    native = os.path.join(os.path.dirname(__file__), "../../../src/corral/native")
+    for program in ("corral-vm-agent.c", "corral-vm-relay.c"):
+        with open(os.path.join(native, program), encoding="utf-8") as f:
+            (shift,) = re.findall(r"#define MAX_FRAME \(1u << (\d+)\)", f.read())
+        assert 1 << int(shift) == MAX_FRAME, program
     ours, guest = socket.socketpair()
     with ours, guest:
         guest.sendall(b"1\0\0\0\2ok" + b"1" + (MAX_FRAME + 1).to_bytes(4, "big"))
@@ -260,11 +265,62 @@ def test_the_host_side_refuses_a_frame_longer_than_the_agent_sends() -> None:
         assert channel.read_frame() == (b"1", b"ok")
         with pytest.raises(BootFailed, match="a frame of"):
             channel.read_frame()
+    relay = relay_path()
+    if relay is None:
+        pytest.skip("corral-vm-relay is not built (make native)")
     ours, guest = socket.socketpair()
+    command_r, command_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(command_w, b"0" + b"payload")
+    os.close(command_w)
     with ours, guest:
         guest.sendall(b"2\0\0\0\2ok" + b"1" + (MAX_FRAME + 1).to_bytes(4, "big"))
-        relay = Agent(ours)
-        relay.fill()
-        assert relay.frame() == (b"2", b"ok")
-        with pytest.raises(ValueError, match="a frame of"):
-            relay.frame()
+        result = subprocess.run(
+            [relay, str(command_r), str(ours.fileno()), str(done_w)],
+            pass_fds=(command_r, ours.fileno(), done_w),
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+        os.close(command_r)
+        os.close(done_w)
+        assert result.returncode == 125
+        assert result.stderr.startswith(b"ok")  # the frame before, relayed
+        assert b"a frame of 1048577 bytes (at most 1048576)" in result.stderr
+        assert guest.recv(64) == b"E\0\0\0\7payloadi\0\0\0\0"  # the command, no stdin
+        assert os.read(done_r, 8) == b"s"  # taken; never reported ended
+        os.close(done_r)
+
+
+def test_the_relay_reports_the_command_before_it_sends_it() -> None:
+    """'s' goes on the done fd before the first byte of 'E' goes to the agent: a relay
+    killed right after sending must not look, to its session, as if the agent never got
+    the command (the session would run the next one into a busy agent)."""
+    import os
+    import socket
+    import subprocess
+
+    from corral.backends.microvm import relay_path
+
+    relay = relay_path()
+    if relay is None:
+        pytest.skip("corral-vm-relay is not built (make native)")
+    ours, guest = socket.socketpair()
+    guest.close()  # the send of 'E' fails: the VM went away
+    command_r, command_w = os.pipe()
+    done_r, done_w = os.pipe()
+    os.write(command_w, b"0payload")
+    os.close(command_w)
+    with ours:
+        result = subprocess.run(
+            [relay, str(command_r), str(ours.fileno()), str(done_w)],
+            pass_fds=(command_r, ours.fileno(), done_w),
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
+    os.close(command_r)
+    os.close(done_w)
+    assert (result.returncode, result.stderr) == (125, b"corral: the micro-VM went away\n")
+    assert os.read(done_r, 8) == b"s"
+    os.close(done_r)
