@@ -7,7 +7,9 @@ shell was started from) is a pseudo-terminal of the user's uid on the host's
 terminal's own. The test plays the user's terminal with a host pty holding a
 typed line, runs a command that tries to open that pty by path for reading
 and for writing, and checks on the host that the line is still unread and
-nothing was written.
+nothing was written. The rule keeps the ptys a command creates usable
+(``openpty()``, ``pty.fork()``, ``script``): on landlock the write broker
+opens their other end, which Landlock would refuse under ``/dev/pts``.
 """
 
 from __future__ import annotations
@@ -43,15 +45,13 @@ _ATTEMPT = (
 _LANDLOCK = ("--isolation", "process", "--backend", "landlock") + (
     ("--allow-degraded", "isolation") if is_root() else ()
 )
+_BACKENDS = [
+    pytest.param(("--backend", "bubblewrap"), marks=needs_bwrap, id="bubblewrap"),
+    pytest.param(_LANDLOCK, id="landlock"),
+]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param(("--backend", "bubblewrap"), marks=needs_bwrap, id="bubblewrap"),
-        pytest.param(_LANDLOCK, id="landlock"),
-    ],
-)
+@pytest.mark.parametrize("backend", _BACKENDS)
 def test_a_sandbox_cannot_read_or_write_the_users_other_terminal(
     world: World, backend: tuple[str, ...]
 ) -> None:
@@ -104,13 +104,7 @@ _OWN_PTYS = (
 )
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param(("--backend", "bubblewrap"), marks=needs_bwrap, id="bubblewrap"),
-        pytest.param(_LANDLOCK, id="landlock"),
-    ],
-)
+@pytest.mark.parametrize("backend", _BACKENDS)
 def test_a_sandbox_uses_the_ptys_it_creates(world: World, backend: tuple[str, ...]) -> None:
     attempt = World.write(world.ws("own_ptys.py"), _OWN_PTYS)
     result = world.corral("run", *backend, "--", PROBE_PYTHON, attempt)

@@ -35,10 +35,10 @@ import stat
 
 from ._broker_abi import _Continue, _FdResult, _signed_fd
 from ._broker_policy import _Policy
+from ._seccomp_rules import TIOCGPTPEER
 
 __all__: list[str] = []
 
-_TIOCGPTPEER = 0x5441
 #: The pty multiplexer's device number (``/dev/ptmx`` and every ``/dev/pts/ptmx``).
 _PTMX_DEVICE = os.makedev(5, 2)
 #: The open flags the peer may take from the request; the rest are ignored.
@@ -52,13 +52,15 @@ class _PtyPeer(_Policy):
         """The peer of the target's pty master ``args[0]``; raises OSError or :class:`_Continue`."""
         import fcntl
 
+        if args[1] & 0xFFFFFFFF != TIOCGPTPEER:  # the kernel reads the request as 32 bits
+            raise _Continue
         master = self._dup_target_fd(pid, _signed_fd(args[0]))
         try:
             st = os.fstat(master)
             if not stat.S_ISCHR(st.st_mode) or st.st_rdev != _PTMX_DEVICE:
                 raise _Continue
             flags = (args[2] & _PEER_FLAGS) | os.O_NOCTTY
-            peer = fcntl.ioctl(master, _TIOCGPTPEER, flags | os.O_CLOEXEC)
+            peer = fcntl.ioctl(master, TIOCGPTPEER, flags | os.O_CLOEXEC)
         finally:
             os.close(master)
         return _FdResult(peer, cloexec=bool(flags & os.O_CLOEXEC))
