@@ -120,13 +120,10 @@ def _changed_through_an_image(
         ["debugfs", "-w", "-f", "-", image], input=script, text=True, check=True,
         capture_output=True,
     )  # fmt: skip
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(mode=0o700)
     disk.read_back(
         image,
         _setup(preview, ws, masks=masks),
         masks=tuple(p[len(str(ws)) + 1 :] for p, _k in masks),
-        scratch=str(scratch),
         bwrap=str(shutil.which("bwrap")),
     )
     return image
@@ -211,14 +208,11 @@ def test_a_broken_image_is_refused_not_half_read(tmp_path: Path) -> None:
         with open(image, "r+b") as f:  # the guest's root overwrote the superblock
             f.seek(1024)
             f.write(b"\xff" * 1024)
-        scratch = tmp_path / "scratch"
-        scratch.mkdir()
-        with pytest.raises(disk.DiskFailed):
+        with pytest.raises(disk.DiskFailed, match="unreadable"):
             disk.read_back(
                 str(image),
                 _setup(preview, ws, masks=[]),
                 masks=(),
-                scratch=str(scratch),
                 bwrap=str(shutil.which("bwrap")),
             )
         assert not preview.changes()
@@ -258,49 +252,92 @@ def test_the_image_round_trip_reports_what_a_real_qemu_guest_reports(
         via_image.discard()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="debugfs rdump writes a file's whole i_size: a guest's sparse file (i_size up to "
-    "16 TiB, no blocks) in a small image becomes that many bytes in the host's scratch "
-    "directory (and again, dense, in the preview); hard links (one inode, thousands of "
-    "names, each written out again) amplify the same way - nothing bounds the read-back's "
-    "total by the image's size",
-)
-def test_a_guests_huge_sparse_file_never_fills_the_hosts_disk(tmp_path: Path) -> None:
-    """The read-back writes no more than the image holds, whatever sizes the guest claims.
+#: What a guest's root does to its image to make the read-back write more than the image
+#: holds (debugfs commands, as a guest kernel would write them). A 20 MiB image (1 KiB
+#: blocks, 5,120 inodes) bounds the read-back to 20 MiB and ~5,200 files.
+AMPLIFIERS = {
+    # one file that claims 4 TiB (the most a 1 KiB-block ext4 file can) and holds no block
+    "sparse file": "write /dev/null big\nsif big size 0x3ffffffffff\n",
+    # one 1 MiB file under 40 names: rdump writes its content once per name (40 MiB)
+    "hard links to data": "write {blob} big\n"
+    + "".join(f"ln big big{i}\n" for i in range(40))
+    + "sif big links_count 41\n",
+    # one empty file under 6,000 names: a file per name, more than the image has inodes
+    # (debugfs's ln does not grow a directory: expand_dir adds a block per 50 names)
+    "hard links by the thousand": "write /dev/null e\n"
+    + "".join(("expand_dir /\n" if i % 50 == 0 else "") + f"ln e e{i}\n" for i in range(6000))
+    + "sif e links_count 6001\n",
+}
 
-    The scratch directory is a 64 MiB tmpfs here, so a failure costs 64 MiB of memory,
-    not the machine's disk."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "a").write_text("a\n")
-    preview = Preview.create(str(ws), state_dir=str(tmp_path / "state"), mechanism="overlay")
-    scratch = tmp_path / "scratch"
-    scratch.mkdir(mode=0o700)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=700", "scratch", str(scratch)],
+
+@pytest.mark.parametrize("amplifier", list(AMPLIFIERS))
+def test_a_guest_cannot_make_the_read_back_write_more_than_its_image(
+    tmp_path: Path, amplifier: str
+) -> None:
+    """The read-back writes no more than the image holds, whatever sizes and links the
+    guest's file system claims: it fails clearly, naming the bound, leaves the preview
+    unchanged and leaves nothing behind.
+
+    Everything the test owns (workspace, preview, image) is on a 64 MiB tmpfs here,
+    so a failure costs 64 MiB of memory, not the machine's disk."""
+    host = tmp_path / "host"
+    host.mkdir(mode=0o700)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,mode=700", "host", str(host)],
                    check=True)  # fmt: skip
     try:
-        image = tmp_path / "img"
+        ws = host / "ws"
+        ws.mkdir()
+        (ws / "a").write_text("a\n")
+        preview = Preview.create(str(ws), state_dir=str(host / "state"), mechanism="overlay")
+        image = host / "img"
         disk.build_image(_setup(preview, ws, masks=[]), str(image), size_mb=20, owner=(0, 0))
-        # the guest's root: a file that claims 60 MiB (three times the image) and holds no block
+        (tmp_path / "blob").write_bytes(os.urandom(1 << 20))
         subprocess.run(
             ["debugfs", "-w", "-f", "-", str(image)],
-            input="write /dev/null big\nsif big size 0x3c00000\n",
+            input=AMPLIFIERS[amplifier].format(blob=tmp_path / "blob"),
             text=True, check=True, capture_output=True,
         )  # fmt: skip
-        try:
+        before = sorted(p.name for p in host.iterdir())
+        with pytest.raises(disk.DiskFailed, match=r"bound of 20971520 bytes and \d+ files"):
             disk.read_back(
                 str(image),
                 _setup(preview, ws, masks=[]),
                 masks=(),
-                scratch=str(scratch),
                 bwrap=str(shutil.which("bwrap")),
             )
-        except disk.DiskFailed:
-            pass  # refusing the image is fine; writing what it claims is not
-        used = os.statvfs(scratch)
+        assert not preview.changes()  # nothing half-synced
+        assert sorted(p.name for p in host.iterdir()) == before  # no temp files
+        used = os.statvfs(host)
         written = (used.f_blocks - used.f_bfree) * used.f_frsize
-        assert written < (8 << 20), f"{written} bytes written out of a 20 MiB image"
+        assert written < (8 << 20), f"{written} bytes on the host for a 20 MiB image"
+        with open("/proc/self/mountinfo") as mounts:
+            assert "corral-readback" not in mounts.read()  # the dump's tmpfs is gone
+        preview.discard()
     finally:
-        subprocess.run(["umount", "-l", str(scratch)], check=False)
+        subprocess.run(["umount", "-l", str(host)], check=False)
+
+
+def test_a_tree_within_the_bound_comes_back_whole(tmp_path: Path) -> None:
+    """The bound refuses amplification, not use: a guest that fills most of its image
+    with real data (and a few hard links within the bound) gets all of it back."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    preview = Preview.create(str(ws), state_dir=str(tmp_path / "state"), mechanism="overlay")
+    try:
+        image = tmp_path / "img"
+        disk.build_image(_setup(preview, ws, masks=[]), str(image), size_mb=20, owner=(0, 0))
+        blob = tmp_path / "blob"
+        blob.write_bytes(os.urandom(6 << 20))
+        subprocess.run(
+            ["debugfs", "-w", "-f", "-", str(image)],
+            input=f"write {blob} big\nln big big2\nsif big links_count 2\n",
+            text=True, check=True, capture_output=True,
+        )  # fmt: skip
+        disk.read_back(
+            str(image), _setup(preview, ws, masks=[]), masks=(), bwrap=str(shutil.which("bwrap"))
+        )
+        upper = Path(preview.spec().upper or "")
+        assert (upper / "big").read_bytes() == blob.read_bytes()
+        assert (upper / "big2").read_bytes() == blob.read_bytes()
+    finally:
         preview.discard()

@@ -260,3 +260,29 @@ def test_a_command_that_outlives_its_timeout_is_killed_and_its_writes_still_come
     finally:
         preview.discard()
     assert (ws / "a.txt").read_text() == "old\n"
+
+
+def test_a_guests_sparse_file_past_the_image_fails_the_run_and_leaves_nothing(
+    tmp_path: Path,
+) -> None:
+    """The read-back's bound under the real launch: a guest's file that claims 16 TiB
+    (no block behind it) in its ~1 GiB image fails the run naming the bound, with the
+    preview unchanged and the run directory gone."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("old\n")
+    firecracker, _record = _stand_in(tmp_path)
+    writes = "write /dev/null big\nsif big size 0xfffffffffff\n"
+    policy = Policy.for_workspace(str(ws), home="/root").replace(backend="firecracker")
+    request = ExecRequest.from_argv(["debugfs-script", writes], cwd=str(ws))
+    preview = Preview.create(str(ws), state_dir=str(tmp_path / "state"), mechanism="overlay")
+    try:
+        backend = get_backend("firecracker")
+        plan = backend.plan(request, policy, _facts(firecracker, str(ws)), preview.spec())
+        with pytest.raises(BackendUnavailable, match=r"read-back's bound of \d+ bytes"):
+            backend.launch(plan, request)
+        assert not preview.changes()
+    finally:
+        preview.discard()
+    assert _run_dirs() == []
+    assert sorted(p.name for p in ws.iterdir()) == ["a.txt"]

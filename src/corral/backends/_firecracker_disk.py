@@ -14,27 +14,32 @@ After a writable run, :func:`read_back` brings the guest's changes home:
    mounting it. The image is the guest's to write, so debugfs parses
    attacker-controlled bytes: it runs inside bubblewrap with no network,
    no other file of the host but ``/usr`` (read-only), the image
-   (read-only) and the empty output directory;
-2. :mod:`corral.backends._firecracker_sync` (run in a private mount namespace
-   where the view is mounted writable, masks included) makes the view equal
-   to that tree: what the guest deleted is deleted (the preview's overlay
-   records a whiteout), what it changed or made is written, metadata
-   (mode, owner) set. The preview then holds exactly what the qemu engine's
-   virtiofs writes would have left, and ``corral diff``/``apply``/``discard``
-   work unchanged.
+   (read-only) and the output directory. That directory is a tmpfs in a
+   private mount namespace, sized by the host (:func:`read_back_bound`:
+   the image's size, and its inode count): rdump writes every regular
+   file's whole size (holes as zeros) and a hard-linked file once per
+   name, so a guest's sparse file claiming 16 TiB, or one inode under
+   thousands of names, would otherwise fill the host's disk. The kernel
+   enforces the bound; a tree that reaches it fails the read-back before
+   anything is written into the view;
+2. :mod:`corral.backends._firecracker_sync` (the process that owns that
+   mount namespace, where the view is mounted writable, masks included)
+   runs the dump, then makes the view equal to the tree: what the guest
+   deleted is deleted (the preview's overlay records a whiteout), what it
+   changed or made is written, metadata (mode, owner) set. The preview
+   then holds exactly what the qemu engine's virtiofs writes would have
+   left, and ``corral diff``/``apply``/``discard`` work unchanged. The
+   tmpfs, and the whole dump, is gone when that process ends.
 
 Known differences from the qemu engine: FIFOs, sockets and device nodes are
 neither copied out of the image nor deleted by it (``rdump`` skips special
 files); hard links come back as separate files; timestamps come back to the
 second; extended attributes are not carried (virtiofsd runs ``no_xattr``
-too).
-
-Not bounded yet: ``rdump`` writes every regular file's whole size, holes
-as zeros, so a guest's sparse file (a size of up to 16 TiB and no block)
-becomes that many bytes in the host's scratch directory and then in the
-preview, and a file hard-linked under thousands of names is written out
-once per name (``test_a_guests_huge_sparse_file_never_fills_the_hosts_disk``,
-xfail).
+too); a tree that does not fit in the image's size once hard links are
+written out in full and sparse files dense (a legitimately sparse file
+larger than the image, say) is refused, where virtiofs would have kept it.
+The dump is held in memory (tmpfs) while it is synced: at most the image's
+size.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ __all__ = [
     "image_size_mb",
     "in_view",
     "read_back",
+    "read_back_bound",
 ]
 
 #: Free space the guest gets in a writable workspace image beyond the view's size
@@ -143,49 +149,59 @@ def build_image(
     _run([debugfs, "-w", "-R", "rmdir lost+found", image], "removing lost+found")
 
 
+def read_back_bound(image_bytes: int) -> tuple[int, int]:
+    """``(bytes, inodes)`` the read-back of an image of *image_bytes* may write at most.
+
+    The host chose the image's size; a tree that fits in it fits in as
+    many bytes, and in as many inodes as ``mkfs.ext4 -i 4096`` gave it
+    (one per 4 KiB, rounded up per block group: one more per MiB, and 64,
+    covers the rounding). A sparse file larger than the image, or one
+    file's content written out again for each of its hard links past the
+    bound, does not fit and is refused.
+    """
+    return image_bytes, image_bytes // 4096 + image_bytes // (1 << 20) + 64
+
+
 def read_back(
     image: str,
     setup: tuple[str, ...],
     *,
     masks: tuple[str, ...],
-    scratch: str,
     bwrap: str,
     debugfs: str = "/usr/sbin/debugfs",
 ) -> None:
     """Make the writable view mounted by *setup* equal to *image*'s tree (see the module doc).
 
     *masks* are the workspace-relative secret paths masked in the view:
-    neither read nor written. *scratch* is an empty private directory for
-    the tree copied out (removed by the caller).
+    neither read nor written. The tree is copied out into a tmpfs of the
+    view's private mount namespace, bounded by :func:`read_back_bound`:
+    nothing of it reaches the host's disk but what the sync writes into
+    the view, and nothing is left behind.
 
     Raises:
-        DiskFailed: debugfs could not read the image (a guest that broke
-            its file system), or the view could not be written.
+        DiskFailed: the tree exceeds the bound, or debugfs could not read
+            the image (a guest that broke its file system): in both cases
+            the view is left unchanged; or the view could not be written.
     """
-    out = os.path.join(scratch, "out")
-    os.mkdir(out, 0o700)
-    stderr = _run(
-        [
-            # every namespace but the user namespace: rdump restores the files' owners
-            bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
-            "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
-            "--symlink", "usr/sbin", "/sbin", "--dev", "/dev", "--proc", "/proc",
-            "--ro-bind", image, "/image", "--bind", out, "/out",
-            "--cap-drop", "ALL", "--cap-add", "CAP_CHOWN", "--cap-add", "CAP_FOWNER",
-            "--cap-add", "CAP_DAC_OVERRIDE",
-            "--", debugfs, "-R", "rdump / /out", "/image",
-        ],
-        "reading the workspace image back (debugfs rdump)",
-    )  # fmt: skip
-    problems = [
-        line for line in stderr.splitlines() if line.strip() and not line.startswith("debugfs ")
-    ]
-    if problems:
-        raise DiskFailed(f"the guest's workspace image is unreadable: {problems[0][:300]}")
+    nbytes, inodes = read_back_bound(os.stat(image).st_size)
+    out = f"{_VIEW_ROOT}/out"
+    dump = [
+        # every namespace but the user namespace: rdump restores the files' owners
+        bwrap, "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+        "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+        "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib",
+        "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin",
+        "--symlink", "usr/sbin", "/sbin", "--dev", "/dev", "--proc", "/proc",
+        "--ro-bind", image, "/image", "--bind", out, "/out",
+        "--cap-drop", "ALL", "--cap-add", "CAP_CHOWN", "--cap-add", "CAP_FOWNER",
+        "--cap-add", "CAP_DAC_OVERRIDE",
+        "--", debugfs, "-R", "rdump / /out", "/image",
+    ]  # fmt: skip
     sync = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_firecracker_sync.py")
     _run(
-        in_view(setup, sys.executable, "-I", "-S", sync, f"{out}/", f"{_VIEW_ROOT}/ws", *masks),
-        "writing the guest's changes into the preview",
-    )
+        in_view(
+            setup, sys.executable, "-I", "-S", sync, str(nbytes), str(inodes), out,
+            f"{_VIEW_ROOT}/ws", *masks, "--", *dump,
+        ),
+        "reading the guest's workspace back",
+    )  # fmt: skip

@@ -289,13 +289,11 @@ class FirecrackerBackend(MicrovmBackend):
             if share["back"]:
                 _flush(vm, ended=bytes(marks) == b"sx", grace=plan.kill_grace)
                 vm.stop()
-                scratch = tempfile.mkdtemp(dir=run_dir)
                 try:
                     read_back(
                         image,
                         tuple(share["back"]),
                         masks=tuple(share["masks"]),
-                        scratch=scratch,
                         bwrap=share["bwrap"],
                         debugfs=share["debugfs"],
                     )
