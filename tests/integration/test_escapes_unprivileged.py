@@ -30,6 +30,7 @@ ESCAPE_MODULES = (
     "tests/integration/test_git_worktree_workspace.py",
     "tests/integration/test_resident_sessions.py",
     "tests/integration/egress/test_unix_sockets.py",
+    "tests/integration/test_host_terminals.py",
 )
 
 #: An unprivileged user has no cgroup to put limits in on a cgroup v1 host: the
@@ -110,7 +111,8 @@ def test_escape_battery_passes_as_an_unprivileged_user() -> None:
     summary = result.stdout.strip().splitlines()[-1]
     passed = re.search(r"(\d+) passed", summary)
     assert passed is not None and int(passed.group(1)) >= 40, tail
-    assert "failed" not in summary and "error" not in summary, tail
+    # "1 xfailed" is a known hole held by a strict xfail, not a failure
+    assert not re.search(r"\b\d+ (failed|errors?)\b", summary), tail
     # the sandbox itself ran: nothing skipped because bubblewrap or landlock is unusable
     skips = [line for line in result.stdout.splitlines() if line.startswith("SKIPPED")]
     assert not [s for s in skips if "bubblewrap is not available" in s or "bwrap" in s], skips

@@ -7,7 +7,9 @@ shell was started from) is a pseudo-terminal of the user's uid on the host's
 terminal's own. The test plays the user's terminal with a host pty holding a
 typed line, runs a command that tries to open that pty by path for reading
 and for writing, and checks on the host that the line is still unread and
-nothing was written.
+nothing was written. The rule keeps the ptys a command creates usable
+(``openpty()``, ``pty.fork()``, ``script``): on landlock the write broker
+opens their other end, which Landlock would refuse under ``/dev/pts``.
 """
 
 from __future__ import annotations
@@ -43,25 +45,13 @@ _ATTEMPT = (
 _LANDLOCK = ("--isolation", "process", "--backend", "landlock") + (
     ("--allow-degraded", "isolation") if is_root() else ()
 )
+_BACKENDS = [
+    pytest.param(("--backend", "bubblewrap"), marks=needs_bwrap, id="bubblewrap"),
+    pytest.param(_LANDLOCK, id="landlock"),
+]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        pytest.param(("--backend", "bubblewrap"), marks=needs_bwrap, id="bubblewrap"),
-        pytest.param(
-            _LANDLOCK,
-            id="landlock",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="landlock grants /dev/pts wholesale (DEVICE_RULES: 'the pseudo-terminals "
-                "it created'), so every pty of the user's uid - the user's other terminals - "
-                "opens for reading and writing; Landlock cannot name only the ptys the "
-                "command created",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", _BACKENDS)
 def test_a_sandbox_cannot_read_or_write_the_users_other_terminal(
     world: World, backend: tuple[str, ...]
 ) -> None:
@@ -85,3 +75,42 @@ def test_a_sandbox_cannot_read_or_write_the_users_other_terminal(
     finally:
         os.close(master)
         os.close(slave)
+
+
+_OWN_PTYS = (
+    "import os, pty, subprocess, tty\n"
+    "master, slave = os.openpty()\n"  # glibc's openpty(): /dev/ptmx + TIOCGPTPEER
+    "tty.setraw(slave)\n"  # no echo: each side reads only what the other wrote
+    "os.write(master, b'to-the-slave\\n')\n"
+    "print('slave', os.read(slave, 100))\n"
+    "os.write(slave, b'to-the-master')\n"
+    "print('master', os.read(master, 100))\n"
+    "pid, fd = pty.fork()\n"  # the child's controlling terminal is the new pty
+    "if pid == 0:\n"
+    "    os.execvp('sh', ['sh', '-c', 'test -t 0 && echo child-on-a-tty'])\n"
+    "out = b''\n"
+    "while True:\n"
+    "    try:\n"
+    "        chunk = os.read(fd, 100)\n"
+    "    except OSError:\n"
+    "        break\n"
+    "    if not chunk:\n"
+    "        break\n"
+    "    out += chunk\n"
+    "print('fork', out, os.waitpid(pid, 0)[1])\n"
+    "r = subprocess.run(['script', '-qec', 'test -t 1 && echo script-on-a-tty', '/dev/null'],\n"
+    "                   stdin=subprocess.DEVNULL, capture_output=True)\n"
+    "print('script', r.returncode, r.stdout, r.stderr)\n"
+)
+
+
+@pytest.mark.parametrize("backend", _BACKENDS)
+def test_a_sandbox_uses_the_ptys_it_creates(world: World, backend: tuple[str, ...]) -> None:
+    attempt = World.write(world.ws("own_ptys.py"), _OWN_PTYS)
+    result = world.corral("run", *backend, "--", PROBE_PYTHON, attempt)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode()
+    assert "slave b'to-the-slave\\n'" in out, out
+    assert "master b'to-the-master'" in out, out
+    assert "fork b'child-on-a-tty\\r\\n' 0" in out, out
+    assert "script 0 b'script-on-a-tty\\r\\n'" in out, out

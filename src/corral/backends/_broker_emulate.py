@@ -37,11 +37,12 @@ from ._broker_abi import (
 )
 from ._broker_connect import _Connector
 from ._broker_policy import _land_copy, _read_regular_file
+from ._broker_pty import _PtyPeer
 
 __all__: list[str] = []
 
 
-class _Emulator(_Connector):
+class _Emulator(_Connector, _PtyPeer):
     """open/creat, mkdir, mknod, symlink, link, rename, unlink, chmod, chown, truncate,
     utimes and xattrs, by path and through file descriptors."""
 
@@ -116,6 +117,8 @@ class _Emulator(_Connector):
         sfd = _signed_fd
         if name == "connect":
             return self._connect(pid, nid, a)
+        if name == "ioctl":  # only TIOCGPTPEER is handed over (PTY_PEER_BROKER_RULES)
+            return self._pty_peer(pid, a)
         if name == "open":
             return self._open(pid, nid, _AT_FDCWD, s(a[0]), a[1], a[2])
         if name == "openat":

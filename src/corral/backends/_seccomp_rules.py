@@ -39,6 +39,7 @@ __all__ = [
     "MAX_KNOWN_SYSCALL",
     "METADATA_BROKER_RULES",
     "PROCESS_LEVEL_DENY_RULES",
+    "PTY_PEER_BROKER_RULES",
     "SYSCALLS",
     "unix_datagram_rule",
     "unix_socket_rule",
@@ -394,6 +395,22 @@ CONNECT_BROKER_RULES: tuple[Rule, ...] = (
         "a pathname unix socket is allowed only when it is one of the named sockets "
         "(by inode, in the sandbox's view); the broker connects, so the address cannot change "
         "after the check",
+    ),
+)
+
+
+TIOCGPTPEER = 0x5441
+#: Handed to the broker on the landlock backend, which does not grant ``/dev/pts``
+#: (the user's other terminals live there): the broker opens the peer of a pty
+#: master the command holds and hands the descriptor over (see
+#: :mod:`corral.backends._broker_pty`), so ``openpty()`` keeps working.
+PTY_PEER_BROKER_RULES: tuple[Rule, ...] = (
+    (
+        ("ioctl",),
+        "NOTIFY",
+        ("eq", 1, TIOCGPTPEER),
+        "opening the other end of a pseudo-terminal the command created (Landlock would refuse "
+        "the /dev/pts entry)",
     ),
 )
 

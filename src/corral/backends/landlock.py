@@ -21,7 +21,17 @@ Guarantees (with the default policy):
   * the seccomp deny filter of bubblewrap (ptrace, mount, namespaces,
     keyrings, bpf, io_uring ...) plus chattr-style ioctls and TIOCSTI;
   * memory, pids and CPU through a cgroup; CPU time, wall clock and output
-    as with every backend; the tree is stopped through the cgroup's freezer.
+    as with every backend; the tree is stopped through the cgroup's freezer;
+  * the user's other terminals (every other pty of the caller's uid: keys
+    typed there, text shown there) neither open for reading nor for writing:
+    ``/dev/pts`` is hidden like ``/tmp`` (:data:`HIDDEN_BY_DEFAULT`) and
+    granted by no rule. The command keeps the terminal it was given (its
+    inherited fds 0-2; ``/dev/tty`` when that is its controlling terminal, as
+    in ``corral shell``) and the ptys it creates: ``/dev/ptmx`` opens, and the
+    other end is opened by the write broker for a master the command holds
+    (``TIOCGPTPEER``, :mod:`._broker_pty`), so ``openpty()``,
+    ``os.openpty()``, ``pty.fork()`` and ``script`` work
+    (``tests/integration/test_host_terminals.py``);
   * no process the command started outlives the run (its end, timeout,
     cancel, a kept shell's ``--stop``, corral's death), however it detached,
     with or without a cgroup: the exec helper stays its parent outside its
@@ -51,10 +61,12 @@ Not guaranteed (no policy key asks for these; ask for ``isolation:
   * listing an ancestor of a hidden path (``ls ~``) fails; entries created in
     such an ancestor after the start are unreadable;
   * SysV IPC and the network are the host's when ``network.mode = "open"``;
-  * the user's other terminals: ``/dev/pts`` is granted whole (for the ptys
-    the command creates), so every pty of the caller's uid opens for reading
-    and writing (keys typed there, text shown there);
-    ``tests/integration/test_host_terminals.py`` (xfail) holds the attempt;
+  * a pty's ``/dev/pts`` entry does not open by path, even for a pty the
+    command created or the terminal it was given: Tcl Expect's ``spawn`` and
+    other code that opens ``ptsname()`` (rather than using ``openpty()``),
+    or that reopens ``ttyname(0)``, gets EACCES (see the terminals guarantee
+    above); ``ls /dev/pts`` and ``ls /dev`` fail (``/dev`` is an ancestor of
+    a hidden path, like ``/``);
   * protection from kernel exploits.
 """
 
@@ -114,6 +126,12 @@ REAP_SIGNAL = int(signal.SIGRTMIN)
 HIDDEN_BY_DEFAULT: tuple[tuple[str, str], ...] = (
     ("/tmp", "other programs' temporary files; the sandbox gets a private TMPDIR instead"),
     ("/var/tmp", "other programs' temporary files"),
+    (
+        "/dev/pts",
+        "the user's other terminals (keys typed there, text shown there); the command keeps "
+        "the terminal it was given (fds 0-2, /dev/tty) and opens the ptys it creates through "
+        "the broker (TIOCGPTPEER)",
+    ),
 )
 
 #: Devices the command may open for writing: (path, reason).
@@ -122,8 +140,10 @@ DEVICE_RULES: tuple[tuple[str, str], ...] = (
     ("/dev/zero", "reading zeros opened read-write (mmap)"),
     ("/dev/full", "tests of full-disk handling"),
     ("/dev/tty", "the command's own controlling terminal"),
-    ("/dev/ptmx", "creating pseudo-terminals (expect, script, pty tests)"),
-    ("/dev/pts", "using the pseudo-terminals it created"),
+    (
+        "/dev/ptmx",
+        "creating pseudo-terminals (openpty, script, pty tests; the broker opens their other end)",
+    ),
 )
 
 _CACHE_KEY = "landlock-abi"
@@ -242,6 +262,7 @@ class LandlockBackend(Backend):
             INET_SOCKET_RULES,
             METADATA_BROKER_RULES,
             PROCESS_LEVEL_DENY_RULES,
+            PTY_PEER_BROKER_RULES,
             SYSCALLS,
             unix_socket_rule,
         )
@@ -319,7 +340,7 @@ class LandlockBackend(Backend):
         # --- the write broker: protected paths at any depth, metadata confinement
         patterns = broker_patterns(fs, writable)
         column = 0 if facts.arch == "x86_64" else 1
-        broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES)
+        broker_rules = (*BROKER_RULES, *METADATA_BROKER_RULES, *PTY_PEER_BROKER_RULES)
         names = sorted(
             {
                 (nr, name)

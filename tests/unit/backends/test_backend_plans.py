@@ -83,6 +83,24 @@ def test_landlock_keeps_the_helper_as_reaper_and_refuses_it_unscoped_without_a_c
     assert backend.plan(_request(), allowed, old).degraded == ("isolation",)
 
 
+def test_landlock_plan_grants_no_pty_of_the_host_but_lets_the_broker_open_new_ones() -> None:
+    facts = _facts(
+        listings=(
+            ("/", (("dev", "dir"), ("tmp", "dir"), ("work", "dir"))),
+            ("/dev", (("null", "other"), ("ptmx", "other"), ("pts", "dir"), ("shm", "dir"))),
+        )
+    )
+    plan = get_backend("landlock").plan(_request(), _policy(isolation="process"), facts)
+    spec = plan.fd("data")
+    assert spec is not None
+    for granted in (b"/dev/null\0", b"/dev/ptmx\0", b"/dev/shm\0", b"/dev/tty\0"):
+        assert granted in spec.data
+    assert b"/dev/pts\0" not in spec.data and b"/dev/pts/" not in spec.data
+    # the other end of a pty the command creates: TIOCGPTPEER goes to the broker
+    assert plan.broker is not None
+    assert "ioctl" in dict(plan.broker.syscall_names).values()
+
+
 def test_landlock_refuses_a_host_allowlist() -> None:
     policy = _policy(isolation="process")
     policy = policy.replace(network=policy.network.replace(mode="allowlist", allow=("pypi.org",)))
