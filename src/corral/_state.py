@@ -21,6 +21,12 @@ __all__ = ["cache_get", "cache_put", "config_dir", "ensure_dir", "state_dir"]
 
 _CACHE_NAME = "probe-cache.json"
 _loaded: dict[str, Any] | None = None  # the cache as read by this process
+#: entries kept per key family (the text before a key's first ``:``): keys name
+#: versions (a binary's inode and mtime, corral's source files' mtimes), so every
+#: upgrade or edit adds one; the oldest go, or the file - read by every
+#: in-process run - grows without bound (65 seccomp entries made it 1 MB and
+#: its read 130 ms)
+CACHE_PER_FAMILY = 4
 
 
 def _home(environ: Mapping[str, str]) -> str:
@@ -66,7 +72,11 @@ def cache_get(key: str) -> Any:
 
 
 def cache_put(key: str, value: Any) -> None:
-    """Store *value* under *key* (best effort: a cache that cannot be written is skipped)."""
+    """Store *value* under *key* (best effort: a cache that cannot be written is skipped).
+
+    The newest :data:`CACHE_PER_FAMILY` keys of *key*'s family are kept, the
+    older ones dropped (a key stored again counts as new).
+    """
     from ._jsonfast import JSONError, dumps, loads
 
     directory = state_dir()
@@ -80,7 +90,12 @@ def cache_put(key: str, value: Any) -> None:
                 data = {}
         except (OSError, JSONError):
             data = {}
-        data[key] = value
+        data.pop(key, None)
+        data[key] = value  # last in the file's order: the newest
+        family = key.split(":", 1)[0] + ":"
+        same = [k for k in data if k.startswith(family) or k == family[:-1]]
+        for old in same[:-CACHE_PER_FAMILY]:
+            del data[old]
         global _loaded
         _loaded = data
         tmp = f"{path}.{os.getpid()}.tmp"
