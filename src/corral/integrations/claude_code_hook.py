@@ -318,7 +318,10 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     ``$(exec corral ...)`` (one fork, which becomes corral; the command's own
     stdout is moved to descriptor 4 and back) and runs ``cd`` to it only when the
     exit status is 0, the line has no newline and no ``..`` component, and it is
-    *workspace* or under it (a second check of what corral checked). The exit status is the command's,
+    *workspace* or under it (a second check of what corral checked). That ``cd`` is
+    ``builtin cd -P``: a ``cd`` function of the user's shell (rvm, autoenv and the
+    like source files found in the directory they enter) must not act on a
+    directory the sandboxed command could write. The exit status is the command's,
     exactly, given back by a shell function (``return``; no subshell). Besides
     corral itself, the host half runs no program: no ``mktemp``, ``head``, ``rm``.
 
@@ -342,7 +345,7 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         'if [ "$__corral_s" = 0 ]; then\n'
         "  case $__corral_w in\n"
         "    *$'\\n'*|*/..|*/../*) ;;\n"
-        f'    {ws}|{ws}/*) cd -- "$__corral_w" 2>/dev/null ;;\n'
+        f'    {ws}|{ws}/*) builtin cd -P -- "$__corral_w" 2>/dev/null ;;\n'
         "  esac\n"
         "fi\n"
         '__corral_r() { return "$1"; }\n'

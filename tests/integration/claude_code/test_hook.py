@@ -310,6 +310,20 @@ def test_a_cd_carries_and_the_host_half_runs_no_program_but_corral(world: World,
     assert not [line for line in lines if any(f'/{p}"' in line for p in ("mktemp", "head", "rm"))]
 
 
+def test_the_carried_cd_never_runs_the_users_cd_function(world: World) -> None:
+    """The host shell's ``cd`` to the directory the sandbox reported is the builtin: a
+    ``cd`` function of the user's shell that sources a file in the directory it enters
+    (rvm, autoenv) must not run what the sandboxed command planted there."""
+    marker = os.path.join(world.root, "planted-ran")
+    plant = f"mkdir -p sub && printf 'touch {marker}\\n' > sub/.env && cd sub && echo in"
+    user_cd = 'cd() { builtin cd "$@" && { [ ! -f .env ] || . ./.env; }; }\n'
+    result = bash(world, user_cd + rewritten(world, plant) + '\necho "$? $PWD"')
+    workspace = os.path.realpath(world.workspace)
+    assert result.stdout.decode() == f"in\n0 {workspace}/sub\n", result.stderr
+    assert os.path.exists(os.path.join(world.workspace, "sub", ".env"))  # it was planted
+    assert not os.path.exists(marker)  # and nothing of it ran on the host
+
+
 def test_a_policy_denying_the_cwd_report_changes_no_status(world: World) -> None:
     """Where the policy denies writes to the temporary directory the cwd report goes to, the
     command still runs, its status and stdout are the original's, and the directory is gone."""
