@@ -26,15 +26,13 @@ import json
 import os
 import socket
 import subprocess
-import threading
 import time
 
 from .._frozen import Record
+from ._microvm_vm import ConsoleTail
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import IO
-
     from ..pipeline._cgroups import Cgroup
     from ._microvm_vm import Channel
 
@@ -125,8 +123,7 @@ class FirecrackerVM:
         self.channel: Channel | None = None
         self.process: subprocess.Popen[bytes] | None = None
         self._cgroup: Cgroup | None = None
-        self._console = bytearray()
-        self._drainer: threading.Thread | None = None
+        self._console = ConsoleTail()
 
     def boot(self, *, workspace_image: str, read_only: bool) -> None:
         """Start firecracker and wait for the agent's ready frame (raises BootFailed)."""
@@ -155,10 +152,8 @@ class FirecrackerVM:
                 cwd=self.run_dir,
                 preexec_fn=_born_in(self._cgroup),
             )
-            self._drainer = threading.Thread(
-                target=self._drain, args=(self.process.stdout,), daemon=True
-            )
-            self._drainer.start()
+            assert self.process.stdout is not None
+            self._console.start(self.process.stdout)
             deadline = time.monotonic() + self.config.boot_timeout
             while True:
                 if self.process.poll() is not None:
@@ -191,17 +186,9 @@ class FirecrackerVM:
         finally:
             listener.close()
 
-    def _drain(self, stream: IO[bytes]) -> None:
-        while True:
-            chunk = stream.read1(4096)  # type: ignore[attr-defined]
-            if not chunk:
-                return
-            self._console += chunk
-            del self._console[:-8192]
-
     def console(self) -> str:
         """The last lines firecracker and the guest kernel printed (for error messages)."""
-        return bytes(self._console[-2000:]).decode("utf-8", "replace").strip()
+        return self._console.text()
 
     def stop(self) -> None:
         """SIGKILL firecracker (and whatever is in its cgroup); the run directory stays
@@ -214,9 +201,7 @@ class FirecrackerVM:
         if group is not None:
             group.kill_all()
             group.remove()
-        if self._drainer is not None:
-            self._drainer.join(timeout=5)
-            self._drainer = None
+        self._console.join()
         if self.process is not None and self.process.stdout is not None:
             self.process.stdout.close()
         if self.channel is not None:

@@ -359,6 +359,44 @@ def sweep_stale_run_dirs(tmp: str | None = None) -> list[str]:
     return removed
 
 
+class ConsoleTail:
+    """The last 8 KiB a VMM and its guest kernel printed, read by a daemon thread.
+
+    Shared by qemu's :class:`GuestVM` and firecracker's VM: :meth:`start` reads
+    *stream* until its end (or until it is closed under the thread),
+    :meth:`text` gives the last 2000 bytes for error messages, :meth:`join`
+    waits for the reader once the VMM is dead.
+    """
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._thread: threading.Thread | None = None
+
+    def start(self, stream: IO[bytes]) -> None:
+        thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        thread.start()
+        self._thread = thread  # started: a close() from another thread may join it
+
+    def _drain(self, stream: IO[bytes]) -> None:
+        while True:
+            try:
+                chunk = stream.read1(4096)  # type: ignore[attr-defined]
+            except (ValueError, OSError):
+                return  # closed by a close() that did not see this thread yet
+            if not chunk:
+                return
+            self._data += chunk
+            del self._data[:-8192]
+
+    def text(self) -> str:
+        return bytes(self._data[-2000:]).decode("utf-8", "replace").strip()
+
+    def join(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout=5)  # the VMM's output is at its end: it is dead
+
+
 class GuestVM:
     """A booted (or booting) micro-VM; see the module docstring."""
 
@@ -375,8 +413,7 @@ class GuestVM:
         self._closed = False
         self._spawn_lock = threading.Lock()
         self.channel: Channel | None = None
-        self._drainer: threading.Thread | None = None
-        self._console = bytearray()
+        self._console = ConsoleTail()
         self._run_dir = ""
         self.egress_socket = ""
         self._cgroup: Cgroup | None = None
@@ -422,9 +459,8 @@ class GuestVM:
                 preexec_fn=preexec,
             )
             self.qemu = qemu
-            drainer = threading.Thread(target=self._drain_console, args=(qemu.stdout,), daemon=True)
-            drainer.start()
-            self._drainer = drainer  # started: a close() from another thread may join it
+            assert qemu.stdout is not None
+            self._console.start(qemu.stdout)
             self._wait_for(agent_socket, qemu, "qemu")
             self.channel = Channel(self._connect(agent_socket, qemu), self.console)
             deadline = time.monotonic() + self.config.boot_timeout
@@ -522,20 +558,9 @@ class GuestVM:
                     ) from None
                 time.sleep(0.002)
 
-    def _drain_console(self, stream: IO[bytes]) -> None:
-        while True:
-            try:
-                chunk = stream.read1(4096)  # type: ignore[attr-defined]
-            except (ValueError, OSError):
-                return  # closed by a close() that did not see this thread yet
-            if not chunk:
-                return
-            self._console += chunk
-            del self._console[:-8192]
-
     def console(self) -> str:
         """The last lines qemu and the guest kernel printed (for error messages)."""
-        return bytes(self._console[-2000:]).decode("utf-8", "replace").strip()
+        return self._console.text()
 
     def _cleanup_run_dir(self) -> None:
         if self._run_dir:
@@ -563,9 +588,7 @@ class GuestVM:
         if group is not None:  # whatever qemu started (a socat per connection)
             group.kill_all()
             group.remove()
-        if self._drainer is not None:
-            self._drainer.join(timeout=5)  # qemu's stdout is at its end: it is dead
-            self._drainer = None
+        self._console.join()
         for proc in self._procs:
             for stream in (proc.stdout, proc.stderr):
                 if stream is not None:
