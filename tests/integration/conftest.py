@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import os
 import shutil
+import subprocess
 import sys
 import threading
 
@@ -72,6 +73,21 @@ def corral_executable() -> str:
     if not os.access(path, os.X_OK):
         pytest.skip("the corral script is not installed next to the interpreter (pip install -e .)")
     return path
+
+
+def corral_cli(
+    *args: str, cwd: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m corral ARGS`` in *cwd* with this process's environment (plus *env*)."""
+    return subprocess.run(
+        [sys.executable, "-m", "corral", *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
 
 
 def hook_corral() -> str:

@@ -17,24 +17,11 @@ import sys
 import pytest
 
 from corral.backends.boxlite import kvm_state
+from tests.integration.conftest import corral_cli
 
 from .test_images_and_containers import needs_build, needs_root
 
 CORRAL = [sys.executable, "-m", "corral"]
-
-
-def _corral(
-    *args: str, cwd: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CORRAL, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
 
 
 def test_the_relay_builds_boxlites_own_options_from_a_plan() -> None:
@@ -67,11 +54,11 @@ def test_where_kvm_does_not_boot_guests_the_run_is_refused_with_the_reason(
     if problem is None:
         pytest.skip("KVM boots guests here: the boot tests below cover the backend")
     workspace = str(tmp_path)
-    result = _corral("run", "--backend", "boxlite", "--read-only", "--", "true", cwd=workspace)
+    result = corral_cli("run", "--backend", "boxlite", "--read-only", "--", "true", cwd=workspace)
     assert result.returncode == 125, result.stderr
     assert "Failed to use the boxlite backend: BoxLite needs KVM that boots guests" in result.stderr
     assert problem.split("(")[0] in result.stderr
-    doctor = _corral("doctor", cwd=workspace)
+    doctor = corral_cli("doctor", cwd=workspace)
     row = next(line for line in doctor.stdout.splitlines() if " boxlite " in line)
     assert "[no ]" in row and "KVM" in row
 
@@ -114,7 +101,7 @@ def test_the_command_runs_on_the_guests_kernel_and_sees_no_host_secret(
         "print(platform.release()); print(os.environ.get('SECRET_TOKEN', 'none')); "
         "print(sorted(os.listdir('/sys/class/net')))"
     )
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "boxlite", "--read-only", "--", "python3", "-c", script,
         cwd=workspace, env={"SECRET_TOKEN": "s3cret"},
     )  # fmt: skip
@@ -133,7 +120,7 @@ def test_a_writable_run_changes_only_a_preview(image: None, tmp_path: object) ->
     os.mkdir(workspace)
     with open(os.path.join(workspace, "a.txt"), "w") as f:
         f.write("old\n")
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "boxlite", "--", "sh", "-c", "echo new > a.txt; echo x > b.txt",
         cwd=workspace,
     )  # fmt: skip
@@ -141,7 +128,7 @@ def test_a_writable_run_changes_only_a_preview(image: None, tmp_path: object) ->
     with open(os.path.join(workspace, "a.txt")) as f:
         assert f.read() == "old\n"
     assert not os.path.exists(os.path.join(workspace, "b.txt"))
-    previews = json.loads(_corral("previews", "--json", cwd=workspace).stdout)
+    previews = json.loads(corral_cli("previews", "--json", cwd=workspace).stdout)
     assert any(p["workspace"] == workspace for p in previews)
 
 
@@ -150,7 +137,7 @@ def test_a_writable_run_changes_only_a_preview(image: None, tmp_path: object) ->
 @needs_build
 def test_a_timeout_stops_the_vm_and_leaves_nothing(image: None, tmp_path: object) -> None:
     workspace = str(tmp_path)
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "boxlite", "--read-only", "--timeout", "5", "--", "sleep", "600",
         cwd=workspace,
     )  # fmt: skip

@@ -22,22 +22,9 @@ import time
 import pytest
 
 from corral.backends.boxlite import kvm_state
+from tests.integration.conftest import corral_cli
 
 CORRAL = [sys.executable, "-m", "corral"]
-
-
-def _corral(
-    *args: str, cwd: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CORRAL, *args],
-        cwd=cwd,
-        env={**os.environ, **(env or {})},
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=300,
-    )
 
 
 def _firecracker() -> str | None:
@@ -71,7 +58,9 @@ def test_where_firecracker_cannot_boot_the_run_is_refused_with_every_reason(
     if _BOOT_PROBLEM is None:
         pytest.skip("Firecracker boots guests here: the boot tests below cover the backend")
     workspace = str(tmp_path)
-    result = _corral("run", "--backend", "firecracker", "--read-only", "--", "true", cwd=workspace)
+    result = corral_cli(
+        "run", "--backend", "firecracker", "--read-only", "--", "true", cwd=workspace
+    )
     assert result.returncode == 125, result.stderr
     assert "Failed to use the firecracker backend: " in result.stderr
     for reason in _BOOT_PROBLEM.split("; "):
@@ -129,7 +118,7 @@ def test_the_command_runs_on_the_guests_kernel_without_network_or_secrets(
         "print(os.environ.get('SECRET_TOKEN', 'none')); print(sorted(os.listdir('/sys/class/net'))); "
         "print(open('.env').read() or 'empty')"
     )
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "firecracker", "--read-only", "--deny-read", ".env", "--",
         "python3", "-c", script, cwd=workspace, env={"SECRET_TOKEN": "s3cret"},
     )  # fmt: skip
@@ -148,7 +137,7 @@ def test_a_writable_run_comes_back_only_through_a_preview(image: None, tmp_path:
     for name, text in (("a.txt", "old\n"), ("gone.txt", "bye\n")):
         with open(os.path.join(workspace, name), "w") as f:
             f.write(text)
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "firecracker", "--", "sh", "-c",
         "echo new > a.txt; echo x > b.txt; rm gone.txt; ln -s a.txt l", cwd=workspace,
     )  # fmt: skip
@@ -156,9 +145,9 @@ def test_a_writable_run_comes_back_only_through_a_preview(image: None, tmp_path:
     with open(os.path.join(workspace, "a.txt")) as f:
         assert f.read() == "old\n"  # the workspace itself is untouched
     assert not os.path.exists(os.path.join(workspace, "b.txt"))
-    previews = json.loads(_corral("previews", "--json", cwd=workspace).stdout)
+    previews = json.loads(corral_cli("previews", "--json", cwd=workspace).stdout)
     preview = next(p for p in previews if p["workspace"] == workspace)
-    applied = _corral("apply", preview["id"], cwd=workspace)
+    applied = corral_cli("apply", preview["id"], cwd=workspace)
     assert applied.returncode == 0, applied.stderr
     with open(os.path.join(workspace, "a.txt")) as f:
         assert f.read() == "new\n"
@@ -170,7 +159,7 @@ def test_a_writable_run_comes_back_only_through_a_preview(image: None, tmp_path:
 @needs_firecracker
 def test_a_timeout_or_a_killed_corral_leaves_no_vm_behind(image: None, tmp_path: object) -> None:
     workspace = str(tmp_path)
-    result = _corral(
+    result = corral_cli(
         "run", "--backend", "firecracker", "--read-only", "--timeout", "3", "--", "sleep", "100",
         cwd=workspace,
     )  # fmt: skip
@@ -194,6 +183,8 @@ def test_a_timeout_or_a_killed_corral_leaves_no_vm_behind(image: None, tmp_path:
         time.sleep(0.1)
     assert _leftovers()[0] == []  # firecracker died with corral (PR_SET_PDEATHSIG)
     # its run directory (with the workspace image) is swept by the next VM's start
-    again = _corral("run", "--backend", "firecracker", "--read-only", "--", "true", cwd=workspace)
+    again = corral_cli(
+        "run", "--backend", "firecracker", "--read-only", "--", "true", cwd=workspace
+    )
     assert again.returncode == 0, again.stderr
     assert _leftovers() == ([], [])
