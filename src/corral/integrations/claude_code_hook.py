@@ -288,10 +288,10 @@ _KEPT_PROLOGUE = (
     "__corral_s=${CORRAL_SESSION_STATE-}; unset CORRAL_SESSION_STATE\n"
     'if [ -d "$__corral_s" ]; then __corral_d=$__corral_s\n'
     '[ -f "$__corral_s/env" ] && { __corral_v="$SHLVL $CORRAL_SANDBOX_ID"; '
-    '. "$__corral_s/env" 2>/dev/null; SHLVL=${__corral_v% *} '
-    "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>/dev/null; "
+    '. "$__corral_s/env" 2>&-; SHLVL=${__corral_v% *} '
+    "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>&-; "
     "OLDPWD=$__corral_o; }\n"
-    "trap '{ export -p >\"$__corral_s/env\"; } 2>/dev/null' EXIT; fi\n"
+    "trap '{ export -p >\"$__corral_s/env\"; } 2>&-' EXIT; fi\n"
 )
 
 
@@ -335,7 +335,7 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         "__corral_d=${CORRAL_REPORT_DIR-}; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
-        f'[ -z "$__corral_d" ] || {{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
+        f'[ -z "$__corral_d" ] || {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :\nexit 0'
     )
     ws = quote(workspace)
     host = (
