@@ -10,6 +10,7 @@ kill, a kept sandbox that died (the next call gets a fresh one, never none), idl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -259,3 +260,34 @@ def test_a_policy_with_credentials_runs_fresh_each_call(served: World) -> None:
     result = _client(world, "-c", "ls /tmp; cat /proc/1/cmdline")
     assert result.returncode == 0 and b"mark" not in result.stdout, result
     assert b"--serve" not in result.stdout and not _sandboxes(world)
+
+
+def test_each_kept_call_has_its_own_id_and_a_plan_from_the_host_as_it_is(served: World) -> None:
+    """The kept sandbox reuses the plan of an earlier call that differed only in its command
+    and sandbox id (:meth:`corral.pipeline._resident.Resident._plan`): each call still gets
+    its own ``CORRAL_SANDBOX_ID`` (the one its outcome records), and a secret the host
+    creates between two calls is hidden from the next one (the host is looked at anew)."""
+    world = served
+    client_command("corral-client")
+    secret = world.ws("later.key")
+    deny = ("--deny-read", world.ws("*.key"))
+    probe = 'echo "$CORRAL_SANDBOX_ID"; readlink /proc/self/ns/pid; cat later.key'
+    seen = []
+    for call in range(5):
+        if call == 2:
+            World.write(secret, "created later\n")
+        out = os.path.join(world.root, f"outcome-{call}.json")
+        result = _client(world, *deny, "--json-out", out, "-c", probe)
+        assert b"created later" not in result.stdout, result
+        with open(out) as f:
+            recorded = json.load(f)["sandbox_id"]
+        sandbox_id, ns = result.stdout.decode().splitlines()[:2]
+        assert sandbox_id == recorded, (sandbox_id, recorded)
+        seen.append((sandbox_id, ns))
+    assert len({sid for sid, _ns in seen}) == 5  # a new id per call
+    namespaces = [ns for _sid, ns in seen]
+    assert namespaces[0] == namespaces[1]  # kept: the same sandbox (and the cached plan)
+    # the host changed: that call runs fresh, the next opens a new kept sandbox from the
+    # host as it is now, and the one after runs there again
+    assert len({namespaces[1], namespaces[2], namespaces[3]}) == 3
+    assert namespaces[4] == namespaces[3]
