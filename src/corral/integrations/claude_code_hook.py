@@ -162,9 +162,11 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
 DELIMITER = "CORRAL_COMMAND_END"
 #: The delimiter of the heredoc inside the sandboxed script (when the cwd carries).
 INNER_DELIMITER = "CORRAL_INNER_END"
-#: The heredoc that carries the host part of a rewritten command, and its variable.
-HOST_DELIMITER = "CORRAL_HOST_END"
+#: The variable that carries the host part of a rewritten command (a single-quoted word).
 HOST_VARIABLE = "__corral_host"
+#: The variables that carry the sandboxed script's constant parts before and after the original.
+PRE_VARIABLE = "__corral_pre"
+POST_VARIABLE = "__corral_post"
 #: The shell variable a heredoc hands the original command over in (never exported).
 VARIABLE = "__corral_command"
 
@@ -180,7 +182,7 @@ def rewrite_command(
     quoting (E2BIG where the original runs) - and no shell word of the
     rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
     see nothing to check). Without *workspace* the rewritten command is ~120
-    bytes plus the original (with it, ~1150: see :func:`_cwd_carrying`)::
+    bytes plus the original (with it, ~1250: see :func:`_cwd_carrying`)::
 
         IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
         <original>
@@ -325,13 +327,21 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     exactly, given back by a shell function (``return``; no subshell). Besides
     corral itself, the host half runs no program: no ``mktemp``, ``head``, ``rm``.
 
-    That host part is itself read from a third heredoc and ``eval``'d, so the
-    only commands Claude Code's own rule matching sees are ``read`` and ``eval``
-    (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
+    Only the original goes through ``read`` (bash reads a heredoc's pipe one byte
+    per ``read(2)``). corral's own constant parts - the inner script's text before
+    and after the original, and the host part - are single-quoted words assigned
+    to variables (:data:`PRE_VARIABLE`, :data:`POST_VARIABLE`,
+    :data:`HOST_VARIABLE`), which bash takes as it parses the command; the host
+    part is then ``eval``'d. So the only commands Claude Code's own rule
+    matching sees are ``read`` and ``eval`` (a user's ``Bash(rm:*)`` deny rule
+    must not match every sandboxed command), and the original is still not
+    escaped at all.
     """
     report = "cwd"
-    script = (
-        f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
+    # the sandboxed script is PRE + the original (with the newline its heredoc adds) + POST
+    pre = f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n"
+    post = (
+        f"{inner}\n"
         "__corral_d=${CORRAL_REPORT_DIR-}; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
@@ -340,7 +350,7 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     ws = quote(workspace)
     host = (
         f"{{ __corral_w=$(exec {prefix} --keep --report-fd 3 --shell {SHELL} "
-        f'-c "${{{VARIABLE}%?}}" 3>&1 >&4 4>&-); }} 4>&1\n'
+        f'-c "${PRE_VARIABLE}${VARIABLE}${POST_VARIABLE}" 3>&1 >&4 4>&-); }} 4>&1\n'
         "__corral_s=$?\n"
         'if [ "$__corral_s" = 0 ]; then\n'
         "  case $__corral_w in\n"
@@ -351,11 +361,14 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         '__corral_r() { return "$1"; }\n'
         '__corral_r "$__corral_s"'
     )
-    # the host part travels in a heredoc too, so Claude Code's own rule matching sees only
-    # read and eval (a user's Bash(rm:*) deny rule must not match every sandboxed command)
+    # only the original goes through read (one byte per read(2) from a heredoc's pipe: ~0.5 us
+    # each); corral's constant parts are single-quoted words, which bash takes as it parses.
+    # The host part is a word too, so Claude Code's own rule matching sees only read and eval
+    # (a user's Bash(rm:*) deny rule must not match every sandboxed command)
     return (
-        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{script}\n{delimiter}\n"
-        f"IFS= read -r -d '' {HOST_VARIABLE} <<'{HOST_DELIMITER}' ||:\n{host}\n{HOST_DELIMITER}\n"
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
+        f"{PRE_VARIABLE}={quote(pre)}\n{POST_VARIABLE}={quote(post)}\n"
+        f"{HOST_VARIABLE}={quote(host)}\n"
         f'eval "${HOST_VARIABLE}"'
     )
 

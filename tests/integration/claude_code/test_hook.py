@@ -151,10 +151,13 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
     assert {k: v for k, v in updated.items() if k != "command"} == {
         k: v for k, v in tool_input.items() if k != "command"
     }
+    # only the original is read from a heredoc; corral's own parts are quoted words
     assert updated["command"].startswith(
-        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\n"
-        "IFS= read -r -d '' __corral_c <<'CORRAL_INNER_END' ||:\nls -la\nCORRAL_INNER_END\n"
+        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\nls -la\n"
+        "CORRAL_COMMAND_END\n__corral_pre='IFS= read -r -d '\\'''\\'' __corral_c <<'\\''"
+        "CORRAL_INNER_END'\\'' ||:\n'\n__corral_post='CORRAL_INNER_END\n"
     )
+    assert updated["command"].endswith("'\neval \"$__corral_host\"")
     assert (
         f"$(exec {hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
         "--keep --report-fd 3 --shell bash -c"
