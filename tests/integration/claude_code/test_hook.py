@@ -157,7 +157,7 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
         "CORRAL_COMMAND_END\n__corral_pre='IFS= read -r -d '\\'''\\'' __corral_c <<'\\''"
         "CORRAL_INNER_END'\\'' ||:\n'\n__corral_post='CORRAL_INNER_END\n"
     )
-    assert updated["command"].endswith("'\neval \"$__corral_host\"")
+    assert updated["command"].endswith('\'\neval "$__corral_host"')
     assert (
         f"$(exec {hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
         "--keep --report-fd 3 --shell bash -c"
@@ -241,13 +241,22 @@ def test_the_session_id_reaches_the_audit_log(world: World) -> None:
     session=st.text(
         alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), min_size=1
     ),
+    workspace=st.text(
+        alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+    ),
 )
-def test_rewrite_passes_any_command_to_corral_exactly(command: str, session: str) -> None:
+def test_rewrite_passes_any_command_to_corral_exactly(
+    command: str, session: str, workspace: str
+) -> None:
     # "corral" is replaced by bash's printf, which prints each argument it
     # receives followed by a NUL: the rewritten line, run by bash, must hand
-    # over the original words exactly.
+    # over the original words exactly - whatever the session id and the workspace path
+    # (both quoted twice: as words of the host part, which is itself a quoted word)
     line = rewrite_command(
-        command, session_id=session, corral=("printf", "%s\\0"), workspace="/nonexistent"
+        command,
+        session_id=session,
+        corral=("printf", "%s\\0"),
+        workspace="/nonexistent/" + workspace,
     )
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]
