@@ -182,7 +182,7 @@ def rewrite_command(
     quoting (E2BIG where the original runs) - and no shell word of the
     rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
     see nothing to check). Without *workspace* the rewritten command is ~120
-    bytes plus the original (with it, ~1250: see :func:`_cwd_carrying`)::
+    bytes plus the original (with it, ~1400: see :func:`_cwd_carrying`)::
 
         IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
         <original>
@@ -282,10 +282,13 @@ def _delimiter(base: str, lines: set[str]) -> str:
 
 
 #: The sandboxed script's prologue in a kept sandbox (``$CORRAL_SESSION_STATE`` set, see
-#: :mod:`corral.server._kept`): the report goes to the kept state directory, and the exported
-#: variables the previous call of the session left there are sourced - inside the sandbox,
-#: where they were written - keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD``
-#: that names the real directory; an ``EXIT`` trap records ``export -p`` for the next call.
+#: :mod:`corral.server._kept`): the exported variables the previous call of the session left
+#: in the kept state directory are sourced - inside the sandbox, where they were written -
+#: keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD`` that names the real
+#: directory. ``__corral_k`` (this run's id) marks the run kept: on exit status 0 the script's
+#: end writes ``export -p``, ``return``, the id and ``pwd -P`` to ``env`` in one write (each
+#: write-open is a round trip to the write broker); otherwise an ``EXIT`` trap writes
+#: ``export -p`` alone. Sourced by the next call, the file stops at ``return``.
 _KEPT_PROLOGUE = (
     "__corral_s=${CORRAL_SESSION_STATE-}; unset CORRAL_SESSION_STATE\n"
     'if [ -d "$__corral_s" ]; then __corral_d=$__corral_s\n'
@@ -293,7 +296,8 @@ _KEPT_PROLOGUE = (
     '. "$__corral_s/env" 2>&-; SHLVL=${__corral_v% *} '
     "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>&-; "
     "OLDPWD=$__corral_o; }\n"
-    "trap '{ export -p >\"$__corral_s/env\"; } 2>&-' EXIT; fi\n"
+    "__corral_k=$CORRAL_SANDBOX_ID\n"
+    'trap \'[ -n "$__corral_x" ] || { export -p >"$__corral_s/env"; } 2>&-\' EXIT; fi\n'
 )
 
 
@@ -303,8 +307,10 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     The inner script (the heredoc's text, given to ``bash -c``) is the original
     in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
     equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$__corral_d/cwd`` on
-    exit status 0 (a failed report - a policy that denies writes to the report
-    directory - changes no status and prints nothing of the shell's).
+    exit status 0 - in a kept sandbox at the end of its shell state file instead,
+    after ``return`` and this run's id (:data:`_KEPT_PROLOGUE`) - (a failed report -
+    a policy that denies writes to the report directory - changes no status and
+    prints nothing of the shell's).
 
     corral, not the host shell, handles the report (``--report-fd 3``,
     :mod:`corral.server._cwd_report`): in a fresh sandbox (no server, or a run that
@@ -342,10 +348,15 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     pre = f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n"
     post = (
         f"{inner}\n"
-        "__corral_d=${CORRAL_REPORT_DIR-}; unset CORRAL_REPORT_DIR\n"
+        "__corral_d=${CORRAL_REPORT_DIR-} __corral_k= __corral_x=; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
-        f'[ -z "$__corral_d" ] || {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :\nexit 0'
+        # kept: one write (each write-open is a round trip to the write broker) - the exports,
+        # and the report after "return" and this run's id (sourced, the file stops at return)
+        'if [ -n "$__corral_k" ]; then __corral_x=1; { export -p; '
+        'printf \'return\\n%s\\n\' "$__corral_k"; pwd -P; } >"$__corral_s/env" 2>&- || :\n'
+        f'elif [ -n "$__corral_d" ]; then {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :; fi\n'
+        "exit 0"
     )
     ws = quote(workspace)
     host = (

@@ -31,6 +31,7 @@ __all__ = [
     "checked_directory",
     "make_report_dir",
     "read_report",
+    "read_tagged_report",
     "take_report",
 ]
 
@@ -79,6 +80,41 @@ def read_report(dir_fd: int) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def read_tagged_report(dir_fd: int, name: str, tag: str) -> bytes | None:
+    """The report at the end of the file *name* in *dir_fd*, if it carries *tag*.
+
+    A kept sandbox's shell state file (corral.server._kept) is the ``export -p``
+    its command left, then - only when the command exited 0, in the same write -
+    the line ``return``, the line *tag* (that run's sandbox id) and the report.
+    Sourced by the next command, it stops at ``return``, so the report is never run.
+    Here the report is what follows the last ``\nreturn\nTAG\n`` of the file's tail
+    (a regular file, no link followed; at most :data:`MAX_REPORT` + 1 bytes, as
+    :func:`read_report`). A file another run wrote (its own tag: this run's command
+    exited 0 without the script's end, by ``exec``) reports nothing.
+    """
+    marker = b"\nreturn\n" + os.fsencode(tag) + b"\n"
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
+            return None
+        window = MAX_REPORT + 1 + len(marker)
+        start = max(0, st.st_size - window)
+        tail = os.pread(fd, window, start)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if start == 0:
+        tail = b"\n" + tail  # the file's first line may be the marker's
+    found = tail.rfind(marker)
+    return None if found < 0 else tail[found + len(marker) :]
 
 
 def take_report(directory: str) -> bytes | None:
