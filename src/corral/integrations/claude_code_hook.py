@@ -296,7 +296,7 @@ _KEPT_PROLOGUE = (
     '. "$__corral_s/env" 2>&-; SHLVL=${__corral_v% *} '
     "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>&-; "
     "OLDPWD=$__corral_o; }\n"
-    "__corral_k=$CORRAL_SANDBOX_ID\n"
+    "__corral_k=$CORRAL_SANDBOX_ID __corral_x=\n"
     'trap \'[ -n "$__corral_x" ] || { export -p >"$__corral_s/env"; } 2>&-\' EXIT; fi\n'
 )
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import stat
 import time
 
 from ._cwd_report import read_tagged_report
@@ -275,7 +276,9 @@ class KeptSessions:
         The file stays (it is the next command's shell state); a report of an
         earlier run in it names another id. No process of the sandbox runs now
         (the init swept them all before it reported the end). A state directory
-        the command replaced by a link or a file is removed and made anew.
+        the command replaced by a link or a file is removed and made anew, and
+        so is a state file that is not a regular file (a FIFO there would block
+        the next command's write).
         """
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
         state = os.path.join(tmp_dir, os.path.basename(STATE_INSIDE))
@@ -289,7 +292,16 @@ class KeptSessions:
                 pass
             return None
         try:
-            return read_tagged_report(dir_fd, STATE_FILE, sandbox_id)
+            report = read_tagged_report(dir_fd, STATE_FILE, sandbox_id)
+            try:
+                mode = os.stat(STATE_FILE, dir_fd=dir_fd, follow_symlinks=False).st_mode
+            except OSError:
+                return report
+            if not stat.S_ISREG(mode):
+                # a FIFO would block the next command's write (until its timeout), a link
+                # or a directory fail it: whatever the command left there instead goes
+                _remove_tree(os.path.join(state, STATE_FILE))
+            return report
         finally:
             os.close(dir_fd)
 

@@ -315,7 +315,7 @@ def _call(world: World, command: str) -> tuple[int, str, str]:
         capture_output=True,
         cwd=world.workspace,
         env=world.environ,
-        timeout=60,
+        timeout=30,
         check=False,
     )
     *out, status, host = result.stdout.decode().split("\n")[:-1]
@@ -327,7 +327,8 @@ def test_the_kept_report_is_this_calls_own_and_cannot_steer_the_host(served: Wor
     call's own sandbox id: a call that exits 0 without the script's end (``exec``) does not
     carry the previous call's directory, and a tail the command forges with its own id (a
     directory outside the workspace, a link out of it) or a state file replaced by a link
-    moves the host shell nowhere outside the workspace."""
+    moves the host shell nowhere outside the workspace; nor can a state file that is not a
+    regular file stop the next calls."""
     world = served
     workspace = os.path.realpath(world.workspace)
     outside = os.path.realpath(world.home)
@@ -355,3 +356,10 @@ def test_the_kept_report_is_this_calls_own_and_cannot_steer_the_host(served: Wor
     status, out, host = _call(world, relink.format(sub=world.ws("sub"), planted=planted))
     assert host == workspace, (status, out)
     assert _call(world, "pwd") == (0, workspace, workspace)  # and the calls go on
+    # a FIFO (or a directory) left as the state file would block (fail) the next call's
+    # write: the server removes whatever is not a regular file there
+    for plant in ("mkfifo", "mkdir"):
+        planted_state = f"rm -f /tmp/.corral-shell/env; {plant} /tmp/.corral-shell/env; "
+        assert _call(world, planted_state + "trap - EXIT; exit 0")[0] == 0
+        assert _call(world, "export KEPT_AGAIN=1; cd sub") == (0, "", f"{workspace}/sub")
+        assert _call(world, 'echo "$KEPT_AGAIN"') == (0, "1", workspace)
