@@ -353,8 +353,8 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         'eval "${__corral_c%?}" || exit\n'
         # kept: one write (each write-open is a round trip to the write broker) - the exports,
         # and the report after "return" and this run's id (sourced, the file stops at return)
-        'if [ -n "$__corral_k" ]; then __corral_x=1; { export -p; '
-        'printf \'return\\n%s\\n\' "$__corral_k"; pwd -P; } >"$__corral_s/env" 2>&- || :\n'
+        'if [ -n "$__corral_k" ]; then __corral_x=1; { { export -p; '
+        'printf \'return\\n%s\\n\' "$__corral_k"; pwd -P; } >"$__corral_s/env"; } 2>&- || :\n'
         f'elif [ -n "$__corral_d" ]; then {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :; fi\n'
         "exit 0"
     )
