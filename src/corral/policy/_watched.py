@@ -221,6 +221,10 @@ class WatchedCache:
         self.stored = 0
         self.reused = 0
 
+    def statistics(self) -> dict[str, int]:
+        """Results stored and reused since start, and the watches held now."""
+        return {"stored": self.stored, "reused": self.reused, "watches": len(self._names)}
+
     def close(self) -> None:
         if self._mounts is not None:
             os.close(self._mounts)
