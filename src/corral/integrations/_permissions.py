@@ -266,7 +266,11 @@ def _read_proc(path: str) -> bytes:
 
 def _parent(pid: int) -> int | None:
     try:
-        stat = _read_proc(f"/proc/{pid}/stat")
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)  # one line, written whole; the parent is its 4th field
+        finally:
+            os.close(fd)
         return int(stat[stat.rindex(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         return None
