@@ -46,7 +46,15 @@ What makes it fall back to computing every time (never to a stale result):
   (no permission, the user's ``max_user_watches`` reached), or more than
   :data:`MAX_WATCHES` watches held;
 * no inotify at all (the server's code watch fell back to stat checks, or
-  another OS): :func:`install` is never called and :func:`cached` computes.
+  another OS): :func:`install` is never called and :func:`cached` computes;
+  no ``/proc/self/mountinfo``: every call counts as a change.
+
+Not reported by inotify, and so not by this cache: writes through a shared
+writable memory mapping of a file (``mmap``) after the writer's last
+``close``. The cache then keeps what the file said at the last event - content
+that writer could as well have left in place with a plain write, so a
+sandboxed writer gains nothing; an editor or tool of the user writes with
+``write`` or renames, which are seen.
 
 A stored result is shared by every caller that reuses it: treat it as read-only.
 """
@@ -214,8 +222,13 @@ class WatchedCache:
         self._names: dict[int, set[bytes]] = {}
         self._unwatchable: set[str] = set()
         self._mounts: int | None = None
+        self._mount_poll: Any = None
         try:
             self._mounts = os.open("/proc/self/mountinfo", os.O_RDONLY | os.O_CLOEXEC)
+            import select
+
+            self._mount_poll = select.poll()
+            self._mount_poll.register(self._mounts, select.POLLPRI)
         except OSError:
             pass
         self.stored = 0
@@ -238,12 +251,13 @@ class WatchedCache:
             self._changes += 1
 
     def _mounts_changed(self) -> bool:
-        if self._mounts is None:
-            return False
-        import select
+        """Whether the mount table changed since the last call (under our lock).
 
-        _r, _w, exceptional = select.select([], [], [self._mounts], 0)
-        return bool(exceptional)
+        Without ``/proc`` there is no way to know: every call counts as a change.
+        """
+        if self._mount_poll is None:
+            return True
+        return bool(self._mount_poll.poll(0))
 
     def _catch_up(self) -> None:
         """Read the queued events; on a change, forget every result and watch (under our lock)."""
@@ -396,8 +410,12 @@ def installed() -> WatchedCache | None:
 
 
 def cached(kind: str, cwd: str, environ: Mapping[str, str], compute: Callable[..., T]) -> T:
-    """``compute(environ)`` through the process's cache, or directly when there is none."""
+    """``compute(environ)`` through the process's cache, or directly when there is none.
+
+    Inside another cached computation it computes directly, so that what it
+    reads is recorded for the outer one.
+    """
     cache = _cache
-    if cache is None:
+    if cache is None or getattr(_local, "recorder", None) is not None:
         return compute(environ)
     return cache.get(kind, cwd, environ, compute)
