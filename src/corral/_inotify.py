@@ -47,14 +47,14 @@ class Inotify:
         self._ctypes = ctypes
         fd = self._libc.inotify_init1(0o4000 | 0o2000000)  # IN_NONBLOCK | IN_CLOEXEC
         if fd < 0:
-            raise self._error("inotify_init1")
+            raise self._error()
         self.fd: int = int(fd)
         self._handlers: dict[int, list[Callable[[int, int, bytes], None]]] = {}
         self._lock = _thread.allocate_lock()
 
-    def _error(self, what: str) -> OSError:
+    def _error(self, path: str | None = None) -> OSError:
         err = self._ctypes.get_errno()
-        return OSError(err, f"{what}: {os.strerror(err)}")
+        return OSError(err, os.strerror(err), path)
 
     def add_watch(
         self, path: str | bytes, mask: int, handler: Callable[[int, int, bytes], None]
@@ -74,7 +74,7 @@ class Inotify:
         with self._lock:
             wd = self._libc.inotify_add_watch(self.fd, os.fsencode(path), mask | IN_MASK_ADD)
             if wd < 0:
-                raise self._error(f"inotify_add_watch {os.fsdecode(path)}")
+                raise self._error(os.fsdecode(path))
             handlers = self._handlers.setdefault(int(wd), [])
             if handler not in handlers:
                 handlers.append(handler)
