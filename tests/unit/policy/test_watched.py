@@ -349,3 +349,55 @@ def test_every_path_the_loaders_touch_is_recorded(tmp_path: Path) -> None:
     facts = {"/etc/passwd", "/etc/nsswitch.conf", "/etc/group"}
     missing = sorted(p for p in touched - facts if p and not covered(p))
     assert not missing, f"read without being recorded as dependencies: {missing}"
+
+
+def _rewritten(hook: Hook) -> str:
+    payload = {
+        "session_id": "s",
+        "cwd": str(hook.workspace),
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Bash",
+        "tool_input": {"command": "true"},
+    }
+    result = answer(
+        "claude-code",
+        json.dumps(payload).encode(),
+        environ=hook.environ,
+        python_cli=("/usr/bin/python3", "-m", "corral"),
+    )
+    assert result.status == 0, result.stderr
+    return str(json.loads(result.stdout)["hookSpecificOutput"]["updatedInput"]["command"])
+
+
+def test_the_fast_client_made_unusable_is_not_named_by_the_next_call(
+    hook: Hook, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fast-client check is cached too: a chmod -x of the binary applies at once."""
+    from corral.server import _fastclient
+
+    built = _fastclient.client_path()
+    if not os.access(built, os.X_OK):
+        pytest.skip("the fast client is not built (make native)")
+    client = hook.root / "bin" / "corral-client"
+    client.parent.mkdir()
+    shutil.copy2(built, client)
+    monkeypatch.setattr(_fastclient, "client_path", lambda: str(client))
+    reused = hook.cache.reused
+    for _ in range(3):
+        assert f"{client} run " in _rewritten(hook)
+    assert hook.cache.reused > reused
+    client.chmod(0o644)
+    assert f"{client} run " not in _rewritten(hook)
+    assert "/usr/bin/python3 -m corral run " in _rewritten(hook)
+
+
+def test_a_workspace_turned_into_a_linked_worktree_is_handed_off_at_once(hook: Hook) -> None:
+    """The workspace's layout is cached too: a .git file appearing changes the rewrite."""
+    for _ in range(3):
+        assert "--command-file" not in _rewritten(hook)
+    common = hook.root / "repo" / ".git"
+    (common / "worktrees" / "ws").mkdir(parents=True)
+    (common / "worktrees" / "ws" / "commondir").write_text("../..\n")
+    os.rmdir(hook.workspace / ".git")
+    (hook.workspace / ".git").write_text(f"gitdir: {common}/worktrees/ws\n")
+    assert "--command-file" in _rewritten(hook)
