@@ -21,7 +21,7 @@ import pytest
 
 from corral._inotify import Inotify
 from corral.cli.commands.hook import answer
-from corral.policy import _watched
+from corral.policy import _watchcache, _watched
 
 DENY = {"permissions": {"deny": ["Bash(rm:*)"]}}
 NONE: dict[str, object] = {"permissions": {"deny": []}}
@@ -30,7 +30,7 @@ NONE: dict[str, object] = {"permissions": {"deny": []}}
 class Hook:
     """A workspace, a home, and the hook answered in this process through a fresh cache."""
 
-    def __init__(self, root: Path, cache: _watched.WatchedCache) -> None:
+    def __init__(self, root: Path, cache: _watchcache.WatchedCache) -> None:
         self.root = root
         self.cache = cache
         self.home = root / "home"
@@ -73,7 +73,7 @@ def hook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Hook]:
         inotify = Inotify()
     except OSError as exc:
         pytest.skip(f"no inotify instance for this user: {exc}")
-    cache = _watched.WatchedCache(inotify)
+    cache = _watchcache.WatchedCache(inotify)
     monkeypatch.setattr(_watched, "_cache", cache)
     try:
         yield Hook(tmp_path, cache)
@@ -200,7 +200,7 @@ def test_without_watches_left_every_call_reads_the_files(
     hook: Hook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The watch limit reached: nothing is stored, and every decision is still right."""
-    monkeypatch.setattr(_watched, "MAX_WATCHES", 0)
+    monkeypatch.setattr(_watchcache, "MAX_WATCHES", 0)
     rules = hook.workspace / ".claude" / "settings.json"
     _write(rules, NONE)
     for _ in range(3):
@@ -214,7 +214,7 @@ def test_an_unwatchable_filesystem_is_never_cached(
     hook: Hook, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A path on a filesystem outside the trusted list (here: none is trusted) is read each time."""
-    monkeypatch.setattr(_watched, "LOCAL_FILESYSTEMS", frozenset())
+    monkeypatch.setattr(_watchcache, "LOCAL_FILESYSTEMS", frozenset())
     for _ in range(3):
         assert hook.decision() == "allow"
     assert (hook.cache.stored, hook.cache.reused) == (0, 0)
