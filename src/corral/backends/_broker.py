@@ -108,6 +108,7 @@ def _compiled_rows(
     files: a repository the run created is its own to write (the git check
     validates it afterwards).
     """
+    patterns = tuple((p, label) for p, label in patterns)  # hashable whatever built it
     cached = _ROWS.get(patterns)
     if cached is None:
         rows = tuple((compiled(p), label) for p, label in patterns)

@@ -154,7 +154,7 @@ def _name_passes(allow: tuple[str, ...], deny: tuple[str, ...]) -> Callable[[str
     computes once"). The value is still checked per run (``env_value_allowed``).
     Bounded: past 64 pattern lists or 4096 names under one, the memo starts over.
     """
-    key = (allow, deny)
+    key = (tuple(allow), tuple(deny))  # a policy built with lists (the SDK) hashes too
     verdicts = _NAME_VERDICTS.get(key)
     if verdicts is None:
         if len(_NAME_VERDICTS) >= 64:
