@@ -140,6 +140,12 @@ def installed() -> WatchedCache | None:
 def cached(kind: str, cwd: str, environ: Mapping[str, str], compute: Callable[..., T]) -> T:
     """``compute(environ)`` through the process's cache, or directly when there is none.
 
+    A result is reused for the same *kind* and *cwd* when the environment
+    variables it read are unchanged and nothing it recorded changed on disk:
+    *kind* must therefore name every other input of *compute* (flags, a
+    command line, a profile: ``"settings"`` for the hook's plain load; a run
+    path would use e.g. its flags' JSON in it).
+
     Inside another cached computation it computes directly, so that what it
     reads is recorded for the outer one.
     """
