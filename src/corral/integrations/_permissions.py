@@ -253,7 +253,7 @@ def command_line_rules(pid: int) -> list[tuple[str, list[str], list[str]]]:
 
 
 def _read_proc(path: str) -> bytes:
-    """The whole of a /proc file (unbuffered: half the cost of :func:`open` for these)."""
+    """The whole of a /proc file, read unbuffered (cheaper than :func:`open` for these)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks = []
