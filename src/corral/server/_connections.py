@@ -8,8 +8,8 @@ them is refused and nothing of its request is read), the
 request (bounded, with its descriptors), and the answer - ``status``,
 ``stop``, a Claude Code ``hook`` decision, or a ``run``, whose client is
 watched for signals and for going away (which kills its command) by the
-server's serve loop (:meth:`Connections.client_readable`) from the moment
-the command starts, not by a thread of its own. A request
+server's serve loop (:meth:`Connections.client_readable`), not by a thread
+of its own. A request
 from a client running other code than the server's retires the server.
 
 The server's own lifecycle (the socket path, the serve loop, idleness,
@@ -38,10 +38,8 @@ from ._wire import MAX_FRAME, PROTOCOL, FrameReader, WireError, encode
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from typing import Any
 
-    from ..pipeline._engine import Running
     from ._server import Server
 
 __all__ = ["Connections", "Session"]
@@ -61,37 +59,13 @@ class Session:
 
     __slots__ = ("conn", "done", "pid", "reader", "relay", "watch")
 
-    def __init__(self, conn: _socket.socket, pid: int, watch: Callable[[Session], None]) -> None:
+    def __init__(self, conn: _socket.socket, pid: int) -> None:
         self.conn = conn
         self.pid = pid
-        self.relay: SignalRelay = _WatchingRelay(self, watch)
+        self.relay = SignalRelay()
         self.done = False
         self.reader = FrameReader()
         self.watch: _socket.socket | None = None
-
-
-class _WatchingRelay(SignalRelay):
-    """A session's relay: the serve loop starts watching the client when the command starts.
-
-    Until then nothing is lost: what the client sends waits in the socket, and
-    the relay would only hold it until the start anyway (a signal, or the
-    client's going away, reaches the command as soon as it runs). Starting
-    the watch there keeps the serve loop off the interpreter lock while the
-    run is prepared.
-    """
-
-    __slots__ = ("_session", "_watch")
-
-    def __init__(self, session: Session, watch: Callable[[Session], None] | None) -> None:
-        super().__init__()
-        self._session = session
-        self._watch = watch
-
-    def started(self, running: Running) -> None:
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch(self._session)
-        super().started(running)
 
 
 class Connections:
@@ -196,7 +170,7 @@ class Connections:
                 accepting = False
             else:
                 accepting = True
-                session = Session(conn, pid, self._watch)
+                session = Session(conn, pid)
                 self.sessions.add(session)
                 self.served += 1
         if not accepting:
@@ -205,6 +179,9 @@ class Connections:
         try:
             conn.settimeout(None)
             conn.sendall(encode({"accepted": True}))
+            # watched from now, while this thread prepares the run (not once the command
+            # runs: then the write broker's thread needs the interpreter lock)
+            self._watch(session)
             status = self._run(request, session)
             session.done = True
             try:

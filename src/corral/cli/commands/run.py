@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     from ...pipeline._cgroups import Cgroup, Prestage
-    from ...pipeline._engine import Running
     from ...pipeline._launchers import LauncherPool
     from ...pipeline._outcome import Outcome
     from ...pipeline._request import ExecRequest
@@ -534,23 +533,14 @@ def _execute(
             cgroup = launchers.take()
         if cgroup is None and stage is not None:
             cgroup = stage.take()
-    digest: list[str] = []
-
-    def started(running: Running) -> None:
-        relay.started(running)
-        # computed while the command runs, not after it, when its caller waits for the
-        # exit; nothing may raise here (the launch would not reap the command)
-        try:
-            digest.append(policy_digest(policy))
-        except Exception:  # noqa: S110  # raised again by the computation after the run
-            pass
-
     try:
-        outcome = launch(prepared, request, on_start=started, cgroup=cgroup, streams=caller.streams)
+        outcome = launch(
+            prepared, request, on_start=relay.started, cgroup=cgroup, streams=caller.streams
+        )
     finally:
         if cgroup is not None:
             cgroup.remove()  # a no-op when the engine removed it; else frees it (and a launcher)
-    outcome = outcome.replace(policy_digest=digest[0] if digest else policy_digest(policy))
+    outcome = outcome.replace(policy_digest=policy_digest(policy))
     report(outcome, policy_timeout=prepared.plan.timeout, caller=caller)
     extra: dict[str, object] | None = {"preview": preview.id} if preview is not None else None
     problem = audit_outcome(outcome, request, state_dir=state_dir(environ), extra=extra)
