@@ -59,7 +59,7 @@ from .._exceptions import ServerError
 from ._codewatch import POLL_INTERVAL, CodeWatch
 from ._connections import Connections, Session
 from ._fastclient import client_stamp
-from ._peers import _SO_PEERPIDFD
+from ._peers import _SO_PEERPIDFD, thread_state
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import bind_unix, code_stamp, socket_path
 
@@ -564,12 +564,27 @@ class Server:
 
     def _work(self, conn: _socket.socket | None) -> None:
         """A worker thread: serve *conn*, then wait (as one of at most
-        :data:`_IDLE_WORKERS` idle workers) for the next connection, or end."""
+        :data:`_IDLE_WORKERS` idle workers) for the next connection, or end.
+
+        A worker is kept only while its thread's own kernel state
+        (:func:`~._peers.thread_state`: credentials, capabilities, seccomp,
+        namespaces, cgroups, signal mask, affinity) is what it was when the
+        thread started: a new connection then gets what a new thread would
+        have. The comparison runs after the client has its exit status.
+        """
         worker: _Worker | None = None
+        before = thread_state()
         while conn is not None:
             self._serve_connection(conn)
             if worker is None:
                 worker = _Worker()
+            after = thread_state()
+            if after != before:  # a run changed this thread: it must not serve another
+                changed = sorted(
+                    k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+                )
+                self.log(f"a worker thread's state changed ({', '.join(changed)}): not kept")
+                return
             with self.lock:
                 if self.retired or self.stopping or len(self._idle_workers) >= _IDLE_WORKERS:
                     return

@@ -142,3 +142,51 @@ def test_an_idle_server_ends_its_idle_workers(world: World) -> None:
         assert _workers(world) == {"started": started + 1, "idle": 0}
     finally:
         stop(world)
+
+
+_SERVER = r"""
+import os, signal, sys, threading
+from corral.server._server import Server
+
+def handler(request, relay, pool):
+    with open("/proc/thread-self/status") as f:
+        blocked = [line.split()[1] for line in f if line.startswith("SigBlk:")][0]
+    os.write(request.stdio[1], f"{threading.get_native_id()} {blocked}\n".encode())
+    if request.argv == ["change"]:  # what a run must never leave to the next one
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    return 0
+
+server = Server(sys.argv[1], handler=handler, idle=60)
+server.start()
+print("ready", flush=True)
+server.serve()
+"""
+
+
+def test_a_worker_whose_thread_a_run_changed_is_not_kept(world: World) -> None:
+    """A run that leaves its thread changed (here: a blocked signal) ends that worker: the
+    next connection gets a new thread with a clean state, which is then kept."""
+    client = client_command("corral-client")
+    del world.environ["CORRAL_SERVER"]
+    state = world.state_dir
+    server = subprocess.Popen(
+        [sys.executable, "-c", _SERVER, state], env=world.environ, stdout=subprocess.PIPE
+    )
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        seen = []
+        for word in ("change", "look", "look"):
+            result = subprocess.run(
+                [*client, "run", word], env=world.environ, capture_output=True, check=False
+            )
+            assert result.returncode == 0, result.stderr
+            thread, blocked = result.stdout.split()
+            seen.append((thread, int(blocked, 16)))
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert [blocked for _, blocked in seen] == [0, 0, 0]
+    assert seen[1][0] != seen[0][0]  # the changed thread was not kept
+    assert seen[2][0] == seen[1][0]  # the clean one was
+    with open(os.path.join(state, "server", "server.log"), encoding="utf-8") as f:
+        assert "a worker thread's state changed (SigBlk): not kept" in f.read()
