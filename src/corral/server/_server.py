@@ -573,17 +573,14 @@ class Server:
         have. The comparison runs after the client has its exit status.
         """
         worker: _Worker | None = None
-        before = thread_state()
+        before = _thread_state()
         while conn is not None:
             self._serve_connection(conn)
             if worker is None:
                 worker = _Worker()
-            after = thread_state()
-            if after != before:  # a run changed this thread: it must not serve another
-                changed = sorted(
-                    k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
-                )
-                self.log(f"a worker thread's state changed ({', '.join(changed)}): not kept")
+            changed = _state_change(before, _thread_state())
+            if changed:  # this thread must not serve another connection
+                self.log(f"a worker thread's state changed ({changed}): not kept")
                 return
             with self.lock:
                 if self.retired or self.stopping or len(self._idle_workers) >= _IDLE_WORKERS:
@@ -629,6 +626,23 @@ class Server:
 
 
 UNAVAILABLE = "unavailable"  # in server/: why no server can run on this kernel
+
+
+def _thread_state() -> dict[str, str] | None:
+    """:func:`~._peers.thread_state`, or None when ``/proc`` cannot tell (the worker is not kept)."""
+    try:
+        return thread_state()
+    except OSError:
+        return None
+
+
+def _state_change(before: dict[str, str] | None, after: dict[str, str] | None) -> str:
+    """What differs between two thread states: ``""`` if nothing, ``"unreadable"`` without both."""
+    if before is None or after is None:
+        return "unreadable"
+    return ", ".join(
+        sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    )
 
 
 def _kernel_problem() -> str | None:
