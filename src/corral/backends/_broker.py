@@ -56,7 +56,7 @@ import os
 import struct
 
 from ..pipeline._outcome import Violation
-from ..policy._glob import PathPattern
+from ..policy._glob import PathPattern, compiled
 from ._broker_abi import (
     _ADDFD_FLAG_SEND,
     _CLONE_FS,
@@ -89,6 +89,41 @@ if TYPE_CHECKING:
 __all__ = ["Broker"]
 
 
+#: Compiled rows by the spec's pattern rows; see :func:`_compiled_rows`.
+_ROWS: dict[
+    tuple[tuple[str, str], ...],
+    tuple[tuple[tuple[PathPattern, str], ...], frozenset[str]],
+] = {}
+
+
+def _compiled_rows(
+    patterns: tuple[tuple[str, str], ...],
+) -> tuple[tuple[tuple[PathPattern, str], ...], frozenset[str]]:
+    """The broker's compiled ``(pattern, label)`` rows and its git rows, once per *patterns*.
+
+    Both are pure functions of the rows' text (no host state enters them), so
+    the rows compiled for an earlier sandbox of the same policy are exactly
+    this one's (docs/design.md, "What a fresh run computes once"). The git
+    rows are the ``filesystem.protect`` labels about git's administrative
+    files: a repository the run created is its own to write (the git check
+    validates it afterwards).
+    """
+    patterns = tuple((p, label) for p, label in patterns)  # hashable whatever built it
+    cached = _ROWS.get(patterns)
+    if cached is None:
+        rows = tuple((compiled(p), label) for p, label in patterns)
+        git_rows = frozenset(
+            label
+            for p, label in patterns
+            if label.startswith("filesystem.protect:")
+            and any(part in (".git", ".gitmodules") for part in p.split("/"))
+        )
+        if len(_ROWS) >= 64:
+            _ROWS.clear()
+        cached = _ROWS[patterns] = (rows, git_rows)
+    return cached
+
+
 class Broker(_Emulator):
     """Serve one sandbox's seccomp notifications on a background thread.
 
@@ -112,15 +147,8 @@ class Broker(_Emulator):
         self._listener = -1
         self._attached = _thread.allocate_lock()
         self._attached.acquire()
-        self._patterns = [(PathPattern(p), label) for p, label in spec.patterns]
-        # protect rows about git's administrative files: a repository the run
-        # created is its own to write (the git check validates it afterwards)
-        self._git_rows = {
-            label
-            for p, label in spec.patterns
-            if label.startswith("filesystem.protect:")
-            and any(part in (".git", ".gitmodules") for part in p.split("/"))
-        }
+        rows, self._git_rows = _compiled_rows(spec.patterns)
+        self._patterns = list(rows)  # a copy: the broker adds a root's own rows to it
         self.journal = Journal()
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []

@@ -26,7 +26,7 @@ class _Policy(_Resolver):
     """Checks against ``protect``/``denyWrite``/``denyRead`` rows, and the git check."""
 
     _patterns: list[tuple[PathPattern, str]]
-    _git_rows: set[str]
+    _git_rows: frozenset[str]
     journal: Journal
     violations: list[Violation]
     error: BaseException | None

@@ -69,6 +69,8 @@ from .base import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ..pipeline._request import ExecRequest
     from ..policy._model import Policy
     from ._plan import EgressSpec, HostFacts, PreviewSpec
@@ -139,6 +141,40 @@ SANDBOX_ENV: tuple[tuple[str, str, str], ...] = (
 )
 
 
+#: Per ``(env.passThrough, env.deny)``: each variable name's verdict; see :func:`_name_passes`.
+_NAME_VERDICTS: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[str, bool]] = {}
+
+
+def _name_passes(allow: tuple[str, ...], deny: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a variable name matches *allow* and not *deny*, remembered per name.
+
+    The verdict is a pure function of the name and the two pattern lists (the
+    key), never of the value or the host, so a name judged for an earlier run
+    of the same lists is judged alike now (docs/design.md, "What a fresh run
+    computes once"). The value is still checked per run (``env_value_allowed``).
+    Bounded: past 64 pattern lists or 4096 names under one, the memo starts over.
+    """
+    key = (tuple(allow), tuple(deny))  # a policy built with lists (the SDK) hashes too
+    verdicts = _NAME_VERDICTS.get(key)
+    if verdicts is None:
+        if len(_NAME_VERDICTS) >= 64:
+            _NAME_VERDICTS.clear()
+        verdicts = _NAME_VERDICTS[key] = {}
+
+    def passes(name: str) -> bool:
+        verdict = verdicts.get(name)
+        if verdict is None:
+            verdict = any(match_word(p, name) for p in allow) and not any(
+                match_word(p, name) for p in deny
+            )
+            if len(verdicts) >= 4096:
+                verdicts.clear()
+            verdicts[name] = verdict
+        return verdict
+
+    return passes
+
+
 def sandbox_env(
     request: ExecRequest, policy: Policy, host_env: tuple[tuple[str, str], ...]
 ) -> tuple[tuple[str, str], ...]:
@@ -152,15 +188,10 @@ def sandbox_env(
     only when injected for the command (see ``injected_credentials``).
     """
     env: dict[str, str] = {}
-    allow = policy.env.pass_through
-    deny = policy.env.deny
+    passes = _name_passes(policy.env.pass_through, policy.env.deny)
     reserved = credential_names(policy)
     for name, value in host_env:
-        if (
-            any(match_word(p, name) for p in allow)
-            and not any(match_word(p, name) for p in deny)
-            and env_value_allowed(name, value)  # LC_* carry locale names only
-        ):
+        if passes(name) and env_value_allowed(name, value):  # LC_* carry locale names only
             env[name] = value
     for name, value in policy.env.set:
         env[name] = value

@@ -102,10 +102,11 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
     From the bubblewrap plan of ``true`` under the default policy: bwrap with
     corral's namespaces and every mount of the plan, running ``/bin/true``
     directly (no exec helper, no filters, no cgroup, no broker); then the same
-    behind the ``--as-user`` stage (a root caller: idmapped mounts, staged
-    bind sources, uid 65533). The whole run is the in-process API row below
-    and the served rows above; their difference to these is the exec helper
-    (filters, init), the cgroup and the write broker, plus corral's Python.
+    behind the ``--as-user`` stage (a root caller: idmapped mounts, the bind
+    sources uid 65533 cannot reach staged, uid 65533). The whole run is the
+    in-process API row below and the served rows above; their difference to
+    these is the exec helper (filters, init), the cgroup and the write broker,
+    plus corral's Python.
     """
     from .._sandbox import Sandbox
     from ..pipeline._runner import prepare

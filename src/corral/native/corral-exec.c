@@ -76,6 +76,7 @@
 #include <unistd.h>
 #include <dirent.h>
 #include <sched.h>
+#include <sys/fsuid.h>
 #include <sys/mount.h>
 #include <sys/wait.h>
 #include <grp.h>
@@ -528,7 +529,10 @@ static int mount_overlay_main(int argc, char **argv) {
  *      view as it owns a plain workspace, and copy-ups land as root's;
  *   2b. the k-th --stage PATH is cloned onto STAGE_DIR/k (a private tmpfs; a
  *      clone keeps the idmapping of step 2): bubblewrap binds it from there,
- *      as UID may be unable to walk to PATH itself;
+ *      as UID may be unable to walk to PATH itself. When the kernel says UID
+ *      can look PATH up (walkable_as), PATH goes back into bubblewrap's argv
+ *      in place of STAGE_DIR/k (stage_word) and is bound from where it is;
+ *      only with the host's root dropping to UID (not --keep-root);
  *   3. drop to UID/UID with no supplementary groups (all capabilities go with
  *      the uid change) and exec PROGRAM (bubblewrap, which then runs
  *      unprivileged and maps the sandbox's uid 0 to UID). With --keep-root,
@@ -617,6 +621,46 @@ move:
     close(tree);
 }
 
+/* Whether UID - with gid UID and no supplementary groups, as bubblewrap will run
+ * - can look PATH up, asked of the kernel itself: the filesystem ids switch to
+ * UID (which drops the filesystem capabilities from the effective set) for one
+ * open(O_PATH) and switch back (which restores them). A caller whose ids
+ * cannot switch (UID unmapped) gets 0: the path is staged. */
+static int walkable_as(unsigned uid, const char *path) {
+    setfsgid(uid);
+    setfsuid(uid);
+    int fd = -1;
+    if ((unsigned)setfsuid((uid_t)-1) == uid && (unsigned)setfsgid((gid_t)-1) == uid)
+        fd = open(path, O_PATH | O_CLOEXEC);
+    setfsuid(0);
+    setfsgid(0);
+    if (setfsuid((uid_t)-1) != 0 || setfsgid((gid_t)-1) != 0)
+        fail("stage", EPERM, "could not return to root's filesystem ids");
+    if (fd < 0)
+        return 0;
+    close(fd);
+    return 1;
+}
+
+/* The index of the one bubblewrap source word STAGE_DIR/K in ARGV[FIRST..ARGC)
+ * (a word right after --bind or --ro-bind, before bubblewrap's own "--"), or -1
+ * when there is none or more than one: the path is staged then. */
+static int stage_word(char **argv, int first, int argc, int k) {
+    char want[64];
+    snprintf(want, sizeof want, STAGE_DIR "/%d", k);
+    int found = -1;
+    for (int j = first + 1; j < argc && strcmp(argv[j], "--") != 0; j++) {
+        if (strcmp(argv[j], want) != 0)
+            continue;
+        if (strcmp(argv[j - 1], "--bind") != 0 && strcmp(argv[j - 1], "--ro-bind") != 0)
+            continue;
+        if (found >= 0)
+            return -1;
+        found = j;
+    }
+    return found;
+}
+
 static int as_user_main(int argc, char **argv) {
     if (argc < 3)
         usage();
@@ -701,13 +745,35 @@ static int as_user_main(int argc, char **argv) {
         /* bubblewrap, as UID, may be unable to walk to a bind source (root's
          * 0700 home, /tmp/pytest-of-root): each is cloned to STAGE_DIR/<k>, a
          * private tmpfs of this mount namespace only (the sandbox gets its own
-         * /dev from bubblewrap and never sees it). */
-        if (nstages > 0 && mount("tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                                 "mode=0755") < 0)
+         * /dev from bubblewrap and never sees it). A source UID can look up
+         * here (asked of the kernel, after the idmapped clones above) is
+         * bound by bubblewrap from where it is instead: the same mount, and
+         * no tmpfs and clones for bubblewrap to copy and remount read-only. If
+         * the host revokes the access in between, bubblewrap cannot bind it
+         * and the run fails (nothing is left unbound). */
+        int staged = 0;
+        int skip[MAX_STAGES] = {0};
+        if (host_root && !keep_root && nstages > 0) {
+            if (setgroups(0, NULL) < 0)
+                fail("as-user", errno, "drop supplementary groups: %s", strerror(errno));
+            for (int k = 0; k < nstages; k++) {
+                int word = stages[k][0] == '/' ? stage_word(argv, i, argc, k) : -1;
+                if (word >= 0 && walkable_as(uid, stages[k])) {
+                    argv[word] = (char *)stages[k];
+                    skip[k] = 1;
+                }
+            }
+        }
+        for (int k = 0; k < nstages; k++)
+            staged += !skip[k];
+        if (staged > 0 && mount("tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                                "mode=0755") < 0)
             fail("stage", errno, "tmpfs on %s: %s", STAGE_DIR, strerror(errno));
         for (int k = 0; k < nstages; k++) {
             char at[64];
             struct stat st;
+            if (skip[k])
+                continue;
             snprintf(at, sizeof at, STAGE_DIR "/%d", k);
             if (stages[k][0] != '/' || stat(stages[k], &st) < 0)
                 fail("stage", errno ? errno : EINVAL, "%s: %s", stages[k], strerror(errno));

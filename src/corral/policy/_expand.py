@@ -43,7 +43,7 @@ import posixpath
 import stat
 
 from .._exceptions import UsageError
-from ._glob import PathPattern
+from ._glob import compiled
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def expand_glob(pattern: str) -> list[str]:
     Raises:
         UsageError: the walk or the matches exceed their bounds.
     """
-    glob = PathPattern(pattern)
+    glob = compiled(pattern)
     start = _literal_prefix(pattern)
     matches: list[str] = []
     visited = 0

@@ -19,7 +19,7 @@ budget"), and the grammar above is small.
 
 from __future__ import annotations
 
-__all__ = ["PathPattern", "match_word", "validate_pattern"]
+__all__ = ["PathPattern", "compiled", "match_word", "validate_pattern"]
 
 
 def validate_pattern(pattern: str) -> str | None:
@@ -206,3 +206,30 @@ class PathPattern:
             si += 1
             pi += 1
         return si < len(segments)
+
+
+#: Compiled patterns by their text; see :func:`compiled`.
+_COMPILED: dict[str, PathPattern] = {}
+#: Patterns :func:`compiled` keeps before it starts over (a bound, not a tuning knob).
+_COMPILED_MAX = 4096
+
+
+def compiled(pattern: str) -> PathPattern:
+    """``PathPattern(pattern)``, compiled once per process and shared afterwards.
+
+    A :class:`PathPattern` is immutable and a pure function of its text, so a
+    pattern compiled for an earlier run is exactly the one this run would
+    compile: the text is the whole key, and nothing about the host enters it
+    (docs/design.md, "What a fresh run computes once"). At most
+    :data:`_COMPILED_MAX` patterns are kept; past that the cache starts over.
+
+    Raises:
+        ValueError: *pattern* is not a valid glob (nothing is cached then).
+    """
+    glob = _COMPILED.get(pattern)
+    if glob is None:
+        glob = PathPattern(pattern)
+        if len(_COMPILED) >= _COMPILED_MAX:
+            _COMPILED.clear()
+        _COMPILED[pattern] = glob
+    return glob

@@ -58,3 +58,18 @@ def test_the_sandbox_environment_drops_them_and_keeps_the_rest() -> None:
     assert env["LC_TIME"] == "en_GB.UTF-8"
     assert "LC_SECRET" not in env
     assert env["TERM"] == "xterm-256color"
+
+
+def test_pattern_lists_edited_between_calls_are_judged_anew() -> None:
+    # the per-name verdicts are remembered per (passThrough, deny): an edit is a new key,
+    # and a policy built with lists (an SDK caller) works as one built with tuples
+    policy = Policy.for_workspace("/ws", home="/home/u")
+    host = (("TOKEN_A", "a"), ("TOKEN_B", "b"))
+    request = ExecRequest.from_argv(["true"])
+    passes = policy.replace(env=policy.env.replace(pass_through=["TOKEN_*"], deny=[]))
+    denied = policy.replace(env=policy.env.replace(pass_through=["TOKEN_*"], deny=["TOKEN_B"]))
+    assert {"TOKEN_A", "TOKEN_B"} <= dict(sandbox_env(request, passes, host)).keys()
+    env = dict(sandbox_env(request, denied, host))
+    assert "TOKEN_A" in env
+    assert "TOKEN_B" not in env
+    assert "TOKEN_B" in dict(sandbox_env(request, passes, host))

@@ -1,0 +1,121 @@
+"""The exec helper's ``--as-user`` stage clones only the bind sources the sandbox's uid cannot reach.
+
+A root caller's bubblewrap runs as :data:`ROOT_SANDBOX_ID`; a bind source that
+uid cannot look up (below a 0700 directory) is cloned onto ``/dev/shm/<k>`` of
+the stage's private mount namespace, and one it can look up is bound from
+where it is (docs/design.md, "The exec helper"). The helper asks the kernel
+on every run, so a directory the host closes between two runs is staged on the
+very next one. These tests run the helper itself with a program that prints the
+argv it receives and lists the staged clone.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from corral.backends import helper_path
+from corral.backends.bubblewrap import ROOT_SANDBOX_ID
+from corral.pipeline._request import ExecRequest
+from corral.pipeline._runner import execute
+from corral.policy import Policy
+from tests.conftest import needs_bwrap, needs_root
+
+pytestmark = [needs_root, needs_bwrap]
+
+# the program run by the stage (as the sandbox's uid): the words it got, then the clone's content
+SHOW = 'echo "$@"; ls /dev/shm/1 2>&1; cat /proc/self/status | grep ^Uid:'
+
+
+def _stage(*sources: str, extra: tuple[str, ...] = ()) -> list[str]:
+    helper = helper_path()
+    assert helper is not None
+    argv = [helper, "--as-user", str(ROOT_SANDBOX_ID)]
+    for source in sources:
+        argv += ["--stage", source]
+    words = [w for k in range(len(sources)) for w in ("--ro-bind", f"/dev/shm/{k}", f"/dest{k}")]
+    argv += ["--", "/bin/sh", "-c", SHOW, "sh", *words, *extra]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.fixture
+def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """An open directory (0755 all the way) and one below a root-only 0700 directory."""
+    base = Path("/tmp") / f"corral-stage-{os.getpid()}"
+    (base / "open").mkdir(parents=True)
+    base.chmod(0o755)
+    (base / "open" / "o.txt").write_text("o")
+    closed = tmp_path / "closed"
+    (closed / "inner").mkdir(parents=True)
+    closed.chmod(0o700)
+    (closed / "inner" / "i.txt").write_text("i")
+    yield base / "open", closed / "inner"
+    (base / "open" / "o.txt").unlink()
+    (base / "open").rmdir()
+    base.rmdir()
+
+
+def test_a_reachable_source_is_bound_in_place_and_a_closed_one_staged(
+    dirs: tuple[Path, Path],
+) -> None:
+    open_dir, inner = dirs
+    words, listing, uid = _stage(str(open_dir), str(inner))
+    assert words.split() == [
+        "--ro-bind",
+        str(open_dir),
+        "/dest0",
+        "--ro-bind",
+        "/dev/shm/1",
+        "/dest1",
+    ]
+    assert listing == "i.txt"  # the clone of the closed directory, readable by the sandbox's uid
+    assert uid.split()[1:] == [str(ROOT_SANDBOX_ID)] * 4
+
+
+def test_a_directory_the_host_closes_is_staged_on_the_next_run(dirs: tuple[Path, Path]) -> None:
+    open_dir, inner = dirs
+    assert _stage(str(inner), str(open_dir))[0].split()[4] == str(open_dir)
+    open_dir.parent.chmod(0o700)  # the host closes it between two runs
+    try:
+        words, listing, _uid = _stage(str(inner), str(open_dir))
+    finally:
+        open_dir.parent.chmod(0o755)
+    assert words.split()[4] == "/dev/shm/1"
+    assert listing == "o.txt"
+
+
+def test_an_ambiguous_word_is_staged(dirs: tuple[Path, Path]) -> None:
+    # the same source word twice (here the second copy is the command's own argument):
+    # the helper cannot tell which one is bubblewrap's, so it stages
+    open_dir, inner = dirs
+    words, listing, _uid = _stage(str(inner), str(open_dir), extra=("--ro-bind", "/dev/shm/1"))
+    assert words.split()[4] == "/dev/shm/1"
+    assert listing == "o.txt"
+
+
+def test_a_sandbox_over_both_kinds_of_source_reads_and_writes(
+    dirs: tuple[Path, Path],
+) -> None:
+    open_dir, inner = dirs
+    policy = Policy.for_workspace(str(open_dir), home=os.path.expanduser("~"))
+    policy = policy.replace(
+        backend="bubblewrap",
+        filesystem=policy.filesystem.replace(
+            allow_write=(*policy.filesystem.allow_write, str(inner))
+        ),
+    )
+    script = f"cat o.txt {inner}/i.txt && echo w > new.txt && echo w > {inner}/new.txt"
+    request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(open_dir))
+    outcome = execute(request, policy, environ=dict(os.environ))
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout == b"oi"
+    for written in (open_dir / "new.txt", inner / "new.txt"):
+        assert written.read_text() == "w\n"
+        assert written.stat().st_uid == 0  # stored as the caller's, through the idmapping
+        written.unlink()
