@@ -119,9 +119,13 @@ def _id_only_as_variable(plan: LaunchPlan, cwd: str) -> bool:
     return found == ["CORRAL_SANDBOX_ID"] and dict(plan.env)[found[0]] == sid and sid not in cwd
 
 
-def _encoded(env: tuple[tuple[str, str], ...]) -> bytes:
-    """*env* as the init takes it: ``NAME=value`` entries, each ended by a NUL."""
-    return b"\0".join(os.fsencode(f"{name}={value}") for name, value in env) + b"\0"
+def _encoded(env: tuple[tuple[str, str], ...], cwd: str) -> bytes:
+    """*env* as the init takes it: ``NAME=value`` entries, each ended by a NUL, with ``PWD``
+    set to *cwd* as bubblewrap sets it for a fresh sandbox's command (after ``--chdir``)."""
+    entries = [os.fsencode(f"{name}={value}") for name, value in env if not cwd or name != "PWD"]
+    if cwd:
+        entries.append(os.fsencode(f"PWD={cwd}"))
+    return b"\0".join(entries) + b"\0"
 
 
 def _helper_index(argv: tuple[str, ...]) -> int:
@@ -404,7 +408,7 @@ class Resident:
                     plan.replace(display_argv=redact(request.argv, [])),
                     cwd,
                     request.argv,
-                    _encoded(plan.env),
+                    _encoded(plan.env, cwd),
                 )
         prepared = self._prepared
         plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
@@ -416,7 +420,7 @@ class Resident:
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[key] = (plan, cwd)
-        return plan, cwd, argv, _encoded(plan.env)
+        return plan, cwd, argv, _encoded(plan.env, cwd)
 
     def _run(
         self,
