@@ -125,9 +125,15 @@ class WarmSandboxes:
         return cls(limit=max(0, limit), idle=idle if idle > 0 else DEFAULT_IDLE)
 
     def statistics(self) -> dict[str, int]:
-        """``{"warm": ready or starting now, "served": runs served warm, "started": ...}``."""
+        """``ready`` and ``starting`` now; ``served`` (runs that took one) and ``started`` so far."""
         with self._lock:
-            return {"warm": self._count(), "served": self.served, "started": self.started}
+            ready = sum(1 for ss in self._slots.values() for s in ss if s.resident is not None)
+            return {
+                "ready": ready,
+                "starting": self._count() - ready,
+                "served": self.served,
+                "started": self.started,
+            }
 
     def _count(self) -> int:
         """(Under the lock.) Warm sandboxes, ready or starting."""
@@ -173,10 +179,20 @@ class WarmSandboxes:
             outcome = resident.run(request, policy, on_start=relay.started, streams=streams)  # type: ignore[arg-type]
         finally:
             _end(resident)  # one command, ever
-        if outcome is not None:
-            with self._lock:
+        with self._lock:
+            if outcome is not None:
                 self.served += 1
-        return outcome
+                return outcome
+            # planned from a host that changed since (or for another shape): so were the
+            # other ready ones of this key; the ones starting now are planned after the change
+            stale = [slot for slot in self._slots.get(key, []) if slot.resident is not None]
+            for slot in stale:
+                self._slots[key].remove(slot)
+            if key in self._slots and not self._slots[key]:
+                del self._slots[key]
+        for slot in stale:
+            _end_slot(slot)
+        return None
 
     # ------------------------------------------------------------ refill
     def refill(

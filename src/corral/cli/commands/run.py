@@ -255,7 +255,7 @@ def _run_warm(
 
     policy = resolved.policy
     digest = policy_digest(policy)
-    key = (digest, resolved.workspace, _environ_digest(caller.environ))
+    key = (digest, resolved.workspace, _environ_digest(caller.environ, policy))
     sandbox_id = new_sandbox_id()
     request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(sandbox_id=sandbox_id)
     outcome = warm.run(key, request, policy, relay=relay, streams=caller.streams)
@@ -281,14 +281,26 @@ def _run_warm(
     return outcome.returncode
 
 
-def _environ_digest(environ: Mapping[str, str]) -> str:
-    """A digest of the whole environment: a warm sandbox is only ever for the environment it
-    was started from (its init's own environment is the command's to read)."""
+#: what a shell changes from one command to the next (``cd``, each command line): never read
+#: by corral; in a sandbox key only when the policy passes them into the sandbox
+_VOLATILE = frozenset({"PWD", "OLDPWD", "_", "SHLVL"})
+
+
+def _environ_digest(environ: Mapping[str, str], policy: Policy) -> str:
+    """A digest of the caller's environment, for the key of a sandbox started ahead (warm)
+    or kept: such a sandbox's plan was made from the environment of the call that started
+    it (the variables it passes, and whatever else the host facts read), so a call with
+    another environment never gets it. Only a shell's own bookkeeping (:data:`_VOLATILE`)
+    is left out, unless the policy passes it in."""
     import hashlib
 
+    from ...backends.bubblewrap import _name_passes
+
+    passes = _name_passes(policy.env.pass_through, policy.env.deny)
     digest = hashlib.sha256()
     for name, value in sorted(environ.items()):
-        digest.update(os.fsencode(name) + b"=" + os.fsencode(value) + b"\0")
+        if name not in _VOLATILE or passes(name):
+            digest.update(os.fsencode(name) + b"=" + os.fsencode(value) + b"\0")
     return digest.hexdigest()
 
 
@@ -383,7 +395,9 @@ def _run_kept(
     if _writes_through_preview(policy):
         return None
     digest = policy_digest(policy)
-    key = (opts.agent_session or "", digest, resolved.workspace)
+    # the session, and the environment its sandbox was planned from (_environ_digest)
+    session = f"{opts.agent_session or ''}\0{_environ_digest(caller.environ, policy)}"
+    key = (session, digest, resolved.workspace)
     request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(
         sandbox_id=new_sandbox_id()
     )

@@ -169,6 +169,7 @@ def _serve(state: str, idle: float) -> int:
         launchers=os.geteuid() == 0,
         pool_idle=_pool_idle(os.environ.get("CORRAL_SERVER_POOL_IDLE")),
     )
+    server.extra_statistics["warm"] = warm.statistics
     try:
         server.start()
     except ServerError as exc:
