@@ -102,11 +102,24 @@ def check_depth(text: str, *, limit: int | None = None) -> None:
     """Raise :class:`JSONError` if *text* nests arrays and objects deeper than *limit*.
 
     *limit* defaults to :data:`MAX_DEPTH`. Cheap for ordinary documents: the
-    character scan runs only when *text* holds more brackets than the limit.
+    scan runs only when *text* holds more brackets than the limit, and then in C
+    (string methods); the character loop only finds the position of a refusal.
     """
     limit = MAX_DEPTH if limit is None else limit
     if text.count("[") + text.count("{") <= limit:
         return
+    # strings out (their brackets are text), then the deepest running depth over the brackets
+    # left, in C: a character loop in Python took 4-5 ms for corral's 90 kB probe cache, read
+    # three times by an in-process run. An escaped backslash goes first, then an escaped quote:
+    # every quote left delimits a string, so every other piece between quotes is outside one.
+    import itertools
+
+    plain = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(plain.split('"')[::2])
+    steps = map(_DEPTH_STEP.__getitem__, filter(_DEPTH_STEP.__contains__, outside))
+    if max(itertools.accumulate(steps), default=0) <= limit:
+        return
+    # find where, for the message (rare: the document is refused)
     depth = 0
     in_string = escaped = False
     for pos, char in enumerate(text):
@@ -125,6 +138,10 @@ def check_depth(text: str, *, limit: int | None = None) -> None:
                 raise JSONError(f"nested deeper than {limit} levels", text, pos)
         elif char in "]}":
             depth -= 1
+    raise JSONError(f"nested deeper than {limit} levels", text, 0)
+
+
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
 
 def loads(text: str | bytes) -> Any:

@@ -63,3 +63,54 @@ def test_a_deep_hook_input_is_answered_not_crashed(tmp_path: object) -> None:
     assert b"RecursionError" not in result.stderr
     assert b"nested deeper than" in result.stderr
     assert result.returncode == 2  # the hook blocks the tool call it cannot read
+
+
+def _depth_by_characters(text: str) -> int:
+    """The deepest nesting outside strings, one character at a time (the reference)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def test_the_scan_in_c_agrees_with_a_character_loop_on_strings_escapes_and_brackets() -> None:
+    """Brackets inside strings, escaped quotes and escaped backslashes before quotes: the
+    fast scan refuses exactly the documents the character loop finds too deep. (A backslash
+    outside a string is not JSON: the parser stops there, at a depth both scans agree on.)"""
+    import random
+
+    from corral._jsonfast import JSONError, check_depth
+
+    def string() -> str:  # a JSON string: a backslash only ever escapes (as the parser needs)
+        pieces = ["[", "{", "]", "x", "\\\\", '\\"']
+        return '"' + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 6))) + '"'
+
+    rng = random.Random(12)
+    for _ in range(3000):
+        text = "".join(
+            rng.choice(["[", "[", "]", "{", "}", "a", string()]) for _ in range(rng.randint(0, 30))
+        )
+        for limit in (0, 1, 3):
+            try:
+                check_depth(text, limit=limit)
+                refused = False
+            except JSONError:
+                refused = True
+            if _depth_by_characters(text) <= limit and text.count("[") + text.count("{") > limit:
+                assert not refused, (text, limit)
+            elif _depth_by_characters(text) > limit:
+                assert refused, (text, limit)
