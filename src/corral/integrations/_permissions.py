@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import os
 
+from ..policy._watched import depends_on, depends_on_listing
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -45,6 +47,7 @@ __all__ = [
     "RulesError",
     "ancestors",
     "claude_config_dir",
+    "file_rules",
     "judge",
     "matches",
     "rule_files",
@@ -117,6 +120,7 @@ def rule_files(cwd: str, environ: Mapping[str, str]) -> list[str]:
     """Every settings file whose ``permissions`` Claude Code may apply to a session in *cwd*."""
     files = [os.path.join(MANAGED_DIR, "managed-settings.json")]
     dropins = os.path.join(MANAGED_DIR, "managed-settings.d")
+    depends_on_listing(dropins)
     try:
         names = sorted(n for n in os.listdir(dropins) if n.endswith(".json"))
     except OSError:
@@ -131,6 +135,7 @@ def rule_files(cwd: str, environ: Mapping[str, str]) -> list[str]:
 
 def _rules(path: str) -> tuple[list[str], list[str]]:
     """The (deny, ask) rules of one settings file; a missing file has none."""
+    depends_on(path)
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -139,6 +144,26 @@ def _rules(path: str) -> tuple[list[str], list[str]]:
     except OSError as exc:
         raise RulesError(f"cannot read {path}: {exc.strerror}") from None
     return _parse(data, path)
+
+
+def file_rules(
+    cwd: str, environ: Mapping[str, str]
+) -> tuple[tuple[str, list[str], list[str]], ...]:
+    """``(file, deny rules, ask rules)`` of every file of :func:`rule_files`, in order.
+
+    Through the server's exact settings cache (:mod:`corral.policy._watched`):
+    reused only while inotify reports no change to any of those files, their
+    directories or the managed drop-in directory's listing.
+
+    Raises:
+        RulesError: a file is unreadable or malformed.
+    """
+    from ..policy._watched import cached
+
+    def read(env: Mapping[str, str]) -> tuple[tuple[str, list[str], list[str]], ...]:
+        return tuple((path, *_rules(path)) for path in rule_files(cwd, env))
+
+    return cached("claude-code-rules", cwd, environ, read)
 
 
 def _parse(data: bytes | str, path: str) -> tuple[list[str], list[str]]:
@@ -184,7 +209,7 @@ def judge(
             caller blocks the call: the user's rules cannot be known).
     """
     names = tuple(tools)
-    layers = [(path, *_rules(path)) for path in rule_files(cwd, environ)]
+    layers = list(file_rules(cwd, environ))
     if pid is not None:
         layers += command_line_rules(pid)
     commands: list[str] | None = None
@@ -227,10 +252,25 @@ def command_line_rules(pid: int) -> list[tuple[str, list[str], list[str]]]:
     return []
 
 
+def _read_proc(path: str) -> bytes:
+    """The whole of a /proc file, read unbuffered (cheaper than :func:`open` for these)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _parent(pid: int) -> int | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            stat = os.read(fd, 4096)  # one line, written whole; the parent is its 4th field
+        finally:
+            os.close(fd)
         return int(stat[stat.rindex(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         return None
@@ -238,8 +278,7 @@ def _parent(pid: int) -> int | None:
 
 def _argv(pid: int) -> list[str]:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            data = f.read()
+        data = _read_proc(f"/proc/{pid}/cmdline")
     except OSError:
         return []
     return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0")[:-1]]

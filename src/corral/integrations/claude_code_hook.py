@@ -583,18 +583,14 @@ def _shell_decision(
                 f"({pattern!r}) and would run WITHOUT the sandbox. Check the whole command "
                 "before you approve it.",
             )
-    from ..policy._worktree import linked_worktree_common_dir
-
-    if linked_worktree_common_dir(resolved.workspace) is not None:
+    worktree, real_workspace = _workspace_layout(resolved.workspace)
+    if worktree:
         rewritten = handoff_command(
             command, session_id=payload["session_id"], corral=corral, env=env
         )
     else:
         rewritten = rewrite_command(
-            command,
-            session_id=payload["session_id"],
-            corral=corral,
-            workspace=posixpath.realpath(resolved.workspace),
+            command, session_id=payload["session_id"], corral=corral, workspace=real_workspace
         )
     updated = {**tool_input, "command": rewritten}
     if verdict is not None:
@@ -610,6 +606,18 @@ def _shell_decision(
         "no network unless allowed); blocked operations are reported on stderr",
         updated,
     )
+
+
+def _workspace_layout(workspace: str) -> tuple[bool, str]:
+    """Whether *workspace* is a linked git worktree, and its real path (through the settings cache)."""
+    from ..policy._watched import cached, depends_on
+    from ..policy._worktree import linked_worktree_common_dir
+
+    def read(_env: Mapping[str, str]) -> tuple[bool, str]:
+        depends_on(workspace)
+        return linked_worktree_common_dir(workspace) is not None, posixpath.realpath(workspace)
+
+    return cached("workspace-layout", workspace, {}, read)
 
 
 def _absolute(path: str, cwd: str, environ: Mapping[str, str]) -> str:

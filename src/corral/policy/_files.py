@@ -24,6 +24,7 @@ import posixpath
 import stat
 
 from .._exceptions import SettingsError
+from ._watched import depends_on
 
 __all__ = [
     "MAX_FILE_SIZE",
@@ -61,6 +62,7 @@ def read_small_file(
         LinkError: *below* is given and a link leaves the directory.
         ValueError: it is not a regular file, or it is larger than *limit*.
     """
+    depends_on(path)
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
     try:
         fd = os.open(path, flags) if below is None else _open_confined(path, below, flags)

@@ -41,6 +41,12 @@ def default_home(environ: Mapping[str, str]) -> str:
     home = environ.get("HOME", "")
     if home.startswith("/"):
         return posixpath.normpath(home)
+    from ._watched import observed
+
+    return observed(_uid_home)
+
+
+def _uid_home() -> str:
     import pwd  # not os.path.expanduser: it would read the process's own $HOME
 
     return pwd.getpwuid(os.getuid()).pw_dir

@@ -68,6 +68,7 @@ from ._validate import (
     validate_layer,
     validate_workspace,
 )
+from ._watched import depends_on, observed
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -171,6 +172,7 @@ def find_workspace(cwd: str, *, home: str) -> tuple[str, str]:
     directory = cwd
     stop = {"/", posixpath.normpath(home)}
     while directory not in stop:
+        depends_on(posixpath.join(directory, ".git"))
         try:
             os.lstat(posixpath.join(directory, ".git"))
         except OSError:
@@ -214,6 +216,7 @@ def _settle_workspace(
         else:
             ws, label = find_workspace(cwd, home=home)
             notes = _check_detected_workspace(ws, home)
+    depends_on(ws)
     if not posixpath.isdir(ws):
         problem = "does not exist" if not posixpath.exists(ws) else "is not a directory"
         raise SettingsError(
@@ -244,13 +247,20 @@ def _check_detected_workspace(workspace: str, home: str) -> list[str]:
 def _homes(home: str) -> set[str]:
     """*home* and the user database's home of this uid (they differ under sudo, ``HOME=``)."""
     homes = {home}
+    uid_home = observed(_uid_home)
+    if uid_home is not None:
+        homes.add(posixpath.normpath(uid_home))
+    return {h for h in homes if h.startswith("/")}
+
+
+def _uid_home() -> str | None:
+    """The user database's home of this uid (None: no entry)."""
     try:
         import pwd
 
-        homes.add(posixpath.normpath(pwd.getpwuid(os.getuid()).pw_dir))
+        return pwd.getpwuid(os.getuid()).pw_dir
     except (KeyError, ImportError):
-        pass
-    return {h for h in homes if h.startswith("/")}
+        return None
 
 
 def _add_secret_paths_of_other_homes(state: MergeState, home: str, env: Mapping[str, str]) -> None:
@@ -434,6 +444,8 @@ def _own_installation() -> list[str]:
 
     package = posixpath.dirname(posixpath.dirname(posixpath.abspath(__file__)))
     found = [package, posixpath.abspath(sys.prefix)]
+    for path in found:
+        depends_on(path)
     found += [posixpath.realpath(path) for path in found]
     return list(dict.fromkeys(found))
 

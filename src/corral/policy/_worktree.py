@@ -25,6 +25,8 @@ from __future__ import annotations
 import os
 import posixpath
 
+from ._watched import depends_on
+
 __all__ = ["GIT_PATTERN_PREFIX", "linked_worktree_common_dir"]
 
 #: The prefix of the ``filesystem.protect`` patterns that protect a ``.git`` directory.
@@ -35,6 +37,7 @@ _MAX_POINTER = 4096  # a .git file or commondir is one short line
 
 def _read_pointer(path: str) -> str | None:
     """The first line of the regular file *path* (not followed if a symlink), or None."""
+    depends_on(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
@@ -68,14 +71,17 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
     if line is None or not line.startswith("gitdir:"):
         return None
     gitdir = posixpath.join(workspace, line[len("gitdir:") :].strip())
+    depends_on(gitdir)
     gitdir = os.path.realpath(gitdir)
     if not os.path.isdir(gitdir):
         return None
+    depends_on(workspace)
     real_workspace = os.path.realpath(workspace)
     if _inside(gitdir, real_workspace):
         return None  # already writable as part of the workspace
     common_line = _read_pointer(posixpath.join(gitdir, "commondir"))
     common = gitdir if common_line is None else posixpath.join(gitdir, common_line)
+    depends_on(common)
     common = os.path.realpath(common)
     if not os.path.isdir(common) or not _inside(gitdir, common):
         return None

@@ -3,8 +3,10 @@
 Two ways to notice a change, the same guarantee (a server never serves a
 request after its code changed on disk):
 
-* **inotify** (one instance, one watch per package directory): a change
-  wakes the server's poll loop right away;
+* **inotify** (one watch per package directory, on the server's one
+  :class:`~corral._inotify.Inotify` instance, which the settings cache of
+  :mod:`corral.policy._watched` shares): a change wakes the server's poll
+  loop right away;
 * **stat check**, when the kernel has no inotify instance or watch left for
   this user (``EMFILE``/``ENOSPC``/``ENOMEM``: the per-user limit is often 128
   instances): the server compares the package's files and directories with a
@@ -21,8 +23,9 @@ from __future__ import annotations
 import _thread
 import errno
 import os
-import sys
 import time
+
+from .._inotify import CHANGES, IN_Q_OVERFLOW, Inotify
 
 __all__ = ["POLL_INTERVAL", "CodeWatch"]
 
@@ -37,7 +40,7 @@ _RACY_NS = 100_000_000
 class CodeWatch:
     """Notices any change under corral's package directories (inotify, else stat checks)."""
 
-    _MASK = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
+    _MASK = CHANGES
     _IGNORED_NAMES = frozenset({b"__pycache__"})
     #: the fast client's sidecar (and its temporary files): a record, not code
     _IGNORED_PREFIXES = (b"corral-client.cli",)
@@ -47,6 +50,7 @@ class CodeWatch:
 
         Attributes:
             fd: the inotify descriptor to poll for input, or None (stat checks).
+            inotify: the instance behind *fd* (other watchers may add watches to it).
             fallback: why inotify could not be used ("" when it is).
 
         Raises:
@@ -56,34 +60,39 @@ class CodeWatch:
         self.changed = ""
         self.fallback = ""
         self.fd: int | None = None
+        self.inotify: Inotify | None = None
         self._files: dict[bytes, tuple[int, int, int, int]] = {}
         self._dirs: dict[bytes, tuple[int, frozenset[bytes]]] = {}
         self._racy_files: dict[bytes, bytes] = {}
         self._racy_dirs: set[bytes] = set()
         self._checking = _thread.allocate_lock()
         try:
-            self.fd = self._inotify(root)
+            self.inotify = self._inotify(root)
+            self.fd = self.inotify.fd
         except OSError as exc:
             if exc.errno not in _OUT_OF_INOTIFY:
                 raise
             self.fallback = f"no inotify ({exc.strerror}): checking the code's files by stat"
             self._fingerprint()
 
-    def _inotify(self, root: str) -> int:
-        import ctypes
+    def _inotify(self, root: str) -> Inotify:
+        inotify = Inotify()
+        try:
+            for directory, dirs, _files in os.walk(root):
+                dirs[:] = [d for d in dirs if d != "__pycache__"]
+                inotify.add_watch(directory, self._MASK, self._event)
+        except OSError:
+            inotify.close()
+            raise
+        return inotify
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.inotify_init1(0o4000 | 0o2000000)  # IN_NONBLOCK | IN_CLOEXEC
-        if fd < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, os.strerror(err))
-        for directory, dirs, _files in os.walk(root):
-            dirs[:] = [d for d in dirs if d != "__pycache__"]
-            if libc.inotify_add_watch(fd, os.fsencode(directory), self._MASK) < 0:
-                err = ctypes.get_errno()
-                os.close(fd)
-                raise OSError(err, f"inotify_add_watch {directory}: {os.strerror(err)}")
-        return int(fd)
+    def _event(self, _wd: int, mask: int, name: bytes) -> None:
+        if self.changed:
+            return
+        if mask & IN_Q_OVERFLOW:
+            self.changed = "too many changes to follow"
+        elif not self._ignored(name):
+            self.changed = os.fsdecode(name) or "a package directory"
 
     def _ignored(self, name: bytes) -> bool:
         return name in self._IGNORED_NAMES or name.startswith(self._IGNORED_PREFIXES)
@@ -156,23 +165,10 @@ class CodeWatch:
                 if not self.changed:
                     self.changed = self._check()
             return self.changed
-        while not self.changed:
-            try:
-                data = os.read(self.fd, 65536)
-            except BlockingIOError:
-                break
-            offset = 0
-            while offset + 16 <= len(data):
-                mask = int.from_bytes(data[offset + 4 : offset + 8], sys.byteorder)
-                length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
-                name = data[offset + 16 : offset + 16 + length].rstrip(b"\0")
-                offset += 16 + length
-                if mask & 0x4000:  # IN_Q_OVERFLOW
-                    self.changed = "too many changes to follow"
-                elif not self._ignored(name):
-                    self.changed = os.fsdecode(name) or "a package directory"
+        assert self.inotify is not None
+        self.inotify.drain()
         return self.changed
 
     def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
+        if self.inotify is not None:
+            self.inotify.close()

@@ -107,7 +107,11 @@ def usable_client(executable: str | None = None) -> str | None:
     the binary is missing or not executable, or the sidecar cannot be
     written - callers then use the Python CLI, as before the fast client.
     """
+    from ..policy._watched import depends_on
+
     path = client_path()
+    depends_on(path)
+    depends_on(path + SIDECAR_SUFFIX)
     interpreter = sys.executable if executable is None else executable
     if not interpreter or not interpreter.startswith("/") or "\n" in interpreter:
         return None

@@ -537,7 +537,15 @@ class Server:
             "retiring": self.retired,
             "launchers": self.pool.statistics() if self.pool is not None else None,
             "vm_pool": self.vm_pool.statistics() if self.vm_pool is not None else None,
+            "settings_cache": _settings_cache_statistics(),
         }
+
+
+def _settings_cache_statistics() -> dict[str, int] | None:
+    from ..policy._watched import installed
+
+    cache = installed()
+    return cache.statistics() if cache is not None else None
 
 
 UNAVAILABLE = "unavailable"  # in server/: why no server can run on this kernel

@@ -635,3 +635,35 @@ def test_the_client_is_memory_safe_under_sanitizers(world: World) -> None:
         server.wait(timeout=30)
         assert server.stdout is not None
         server.stdout.close()
+
+
+def test_an_edited_deny_rule_applies_to_the_very_next_served_hook_call(served: World) -> None:
+    """The server's settings cache (corral.policy._watched) is in use and exact.
+
+    The answers come from the cache before the edit (its counters say so), and
+    the first call after each edit - in place, then by rename - obeys it.
+    """
+    rules = os.path.join(served.workspace, ".claude", "settings.json")
+    World.write(rules, json.dumps({"permissions": {"deny": []}}))
+    data = _payload(served.workspace, "Bash", {"command": "rm -rf build"})
+
+    def decision() -> str:
+        result = _fast(served, "hook", "claude-code", input=data)
+        assert result.returncode == 0, result.stderr
+        return str(json.loads(result.stdout)["hookSpecificOutput"]["permissionDecision"])
+
+    for _ in range(4):
+        assert decision() == "allow"
+    cache = (status(served) or {}).get("settings_cache")
+    if cache is None:
+        pytest.skip("the server has no inotify instance: no settings cache to test")
+    assert cache["reused"] > 0, cache
+    with open(rules, "r+") as f:
+        f.truncate(0)
+        f.write(json.dumps({"permissions": {"deny": ["Bash(rm:*)"]}}))
+    assert decision() == "deny"
+    for _ in range(3):
+        assert decision() == "deny"
+    World.write(rules + ".tmp", json.dumps({"permissions": {"deny": []}}))
+    os.replace(rules + ".tmp", rules)
+    assert decision() == "allow"

@@ -4,7 +4,9 @@ The kernel's refusal is real: the test runs in a user namespace (and a network
 namespace, for its own server slots) whose ``max_inotify_instances`` is 0, so
 ``inotify_init1`` fails with ``EMFILE`` as it does when a user's 128
 instances are spent. corral runs from a copy of its package, which the test
-then edits; the server must notice before it serves the next request.
+then edits; the server must notice before it serves the next request. Its
+hook answers, without the settings cache (it needs inotify), read the files
+each time: an edited deny rule applies to the next call.
 """
 
 from __future__ import annotations
@@ -38,6 +40,27 @@ out = {"start": run("server", "--detach")}
 status = json.loads(run("server", "--status", "--json")[1] or "null")
 out["first"] = run("run", "--", "echo", "first")
 out["served"] = json.loads(run("server", "--status", "--json")[1] or "null")["served"]
+
+# the hook, answered by this server without a settings cache: an edited deny rule applies at once
+rules = os.path.join(os.getcwd(), ".claude", "settings.json")
+os.makedirs(os.path.dirname(rules), exist_ok=True)
+with open(rules, "w") as f:
+    f.write('{"permissions": {"deny": []}}')
+payload = json.dumps({"session_id": "s", "cwd": os.getcwd(), "hook_event_name": "PreToolUse",
+                      "tool_name": "Bash", "tool_input": {"command": "rm -rf build"}}).encode()
+
+def hook():
+    r = subprocess.run([os.path.join(package, "_bin", "corral-client"), "hook", "claude-code"],
+                       input=payload, capture_output=True, timeout=60)
+    return json.loads(r.stdout)["hookSpecificOutput"]["permissionDecision"] if r.stdout else r.stderr.decode()
+
+out["hooks_before"] = [hook() for _ in range(3)]
+with open(rules, "r+") as f:
+    f.truncate(0)
+    f.write('{"permissions": {"deny": ["Bash(rm:*)"]}}')
+out["hook_after"] = hook()
+hook_status = json.loads(run("server", "--status", "--json")[1] or "null")
+out["hook_status"] = [hook_status["hooks"], hook_status["settings_cache"]]
 with open(os.path.join(package, "server", "_wire.py"), "a") as f:
     f.write("# edited\n")
 out["second"] = run("run", "--", "echo", "second")  # at once: before any periodic check
@@ -95,10 +118,14 @@ def test_without_inotify_the_server_serves_and_retires_on_a_code_change(world: W
     assert out["start"][0] == 0, out["start"]
     assert out["first"] == [0, "first\n", ""]
     assert out["served"] == 1
+    assert out["hooks_before"] == ["allow"] * 3
+    assert out["hook_after"] == "deny"
+    assert out["hook_status"] == [4, None]  # all four served, and by reading the files
     assert out["second"][:2] == [0, "second\n"]
     assert out["old_gone"]
     log = out["log"]
     assert "no inotify (Too many open files): checking the code's files by stat" in log
+    assert "settings cache: off (no inotify)" in log
     # seen at the request (or by the idle check before it): the old server never served it
     assert "code changed on disk (_wire.py)" in log
     assert "exiting: served 1," in log

@@ -97,10 +97,14 @@ def answer(
         from ..._jsonfast import dumps
         from ...integrations.claude_code_hook import HookError, decide, parse_payload
         from ...policy import load_settings
+        from ...policy._watched import cached
 
         try:
             payload = parse_payload(data)
-            resolved = load_settings(cwd=payload["cwd"], environ=environ)
+            cwd = payload["cwd"]
+            resolved = cached(
+                "settings", cwd, environ, lambda env: load_settings(cwd=cwd, environ=env)
+            )
             decision = decide(
                 payload,
                 resolved,
@@ -120,10 +124,11 @@ def answer(
 
 
 def _corral_for_commands(python_cli: Sequence[str]) -> tuple[str, ...]:
-    """The fast client when it is usable (~0.05 ms to check), else *python_cli*."""
+    """The fast client when it is usable (~0.05 ms to check; in the server, cached), else *python_cli*."""
+    from ...policy._watched import cached
     from ...server._fastclient import usable_client
 
-    fast = usable_client()
+    fast = cached("fast-client", "", {}, lambda _env: usable_client())
     return (fast,) if fast is not None else tuple(python_cli)
 
 

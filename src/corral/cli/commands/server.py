@@ -173,11 +173,22 @@ def _serve(state: str, idle: float) -> int:
 
 
 def _prepare_hooks(server: Server) -> None:
-    """Import what the first hook answer needs, and record this interpreter for the fast client."""
+    """Import what the first hook answer needs, and record this interpreter for the fast client.
+
+    With inotify, the settings cache (:mod:`corral.policy._watched`) is set up on the
+    code watch's instance: the hook's settings and Claude Code rules are then parsed
+    again only after a change to a file they read.
+    """
     from ...integrations import _access, claude_code_hook  # noqa: F401
+    from ...policy._watched import install
     from ...server._fastclient import usable_client
     from . import hook  # noqa: F401
 
+    if server.watch is not None and server.watch.inotify is not None:
+        install(server.watch.inotify)
+        server.log("settings cache: on (inotify)")
+    else:
+        server.log("settings cache: off (no inotify)")
     fast = usable_client()
     server.log(
         f"fast client: {fast}" if fast else "fast client: not built or its sidecar not writable"
