@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from corral import UsageError
-from corral.backends._root_paths import redirectable_by
+from corral.backends._root_paths import is_host_root, redirectable_by
 from corral.pipeline._request import ExecRequest
 from corral.pipeline._runner import execute
 from corral.policy import Policy
@@ -86,3 +88,18 @@ def test_a_path_below_another_users_directory_is_refused_without_any_link(scene:
     assert redirectable_by(f"{sticky}/hers/x") == (f"{sticky}/hers", ALICE)
     sticky.chmod(0o777)  # without the sticky bit anyone may rename even root's entry
     assert redirectable_by(f"{sticky}/root-owned/x") == (str(sticky), 0)
+
+
+def test_only_the_hosts_root_is_checked() -> None:
+    # uid 0 of a user namespace (a sandbox's, `unshare --map-root-user`) sees host
+    # directories as the overflow uid: checking it would refuse every path
+    assert is_host_root()
+    code = "from corral.backends._root_paths import is_host_root; print(is_host_root())"
+    inner = subprocess.run(
+        ["unshare", "--map-root-user", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert inner.stdout == "False\n"

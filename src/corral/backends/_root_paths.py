@@ -36,7 +36,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..policy._model import Policy
 
-__all__ = ["redirectable_by", "refuse_redirectable_roots"]
+__all__ = ["is_host_root", "redirectable_by", "refuse_redirectable_roots"]
 
 
 def redirectable_by(path: str) -> tuple[str, int] | None:
@@ -80,15 +80,34 @@ def redirectable_by(path: str) -> tuple[str, int] | None:
     return None
 
 
+def is_host_root() -> bool:
+    """Whether this process is root in the initial user namespace (as the exec helper asks).
+
+    ``/proc/self/uid_map`` reads ``0 0 4294967295`` there only. The uid 0 of
+    another user namespace (a sandbox's, a rootless container's) sees the
+    host's directories owned by the overflow uid and is not the root the
+    ``--as-user`` stage sheds (the helper does not idmap for it either).
+    """
+    try:
+        with open("/proc/self/uid_map") as f:
+            mapping = f.read().split()
+    except OSError:
+        return False
+    return os.geteuid() == 0 and mapping == ["0", "0", "4294967295"]
+
+
 def refuse_redirectable_roots(policy: Policy, home: str) -> None:
     """Refuse (exit 125) a root caller's writable root that another user can re-point.
 
     *home* (the caller's ``$HOME``) is checked too: the stage idmaps it like
-    the writable roots (read-only inside).
+    the writable roots (read-only inside). Only for the host's root
+    (:func:`is_host_root`).
 
     Raises:
         UsageError: naming the path, the setting and the directory another user controls.
     """
+    if not is_host_root():
+        return
     fs = policy.filesystem
     roots = [(fs.workspace, "filesystem.workspace")]
     roots += [(p, "filesystem.allowWrite") for p in fs.allow_write]
