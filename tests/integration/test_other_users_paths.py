@@ -1,4 +1,4 @@
-"""A root caller's writable roots must not be steerable by another host user.
+"""Paths another host user can re-point never steer a rule (docs/threat-model.md).
 
 For a root caller the ``--as-user`` stage idmaps each writable root (the host's
 0 appears as the sandbox's uid) with ``open_tree`` + ``move_mount`` *by path,
@@ -10,7 +10,10 @@ the broker follow it, so the sandbox owns that directory (reads root's 0600
 files, stores new files as root's) although the policy granted only a path
 below her directory. These tests make that attempt with uid 65534 as "alice"
 against a scratch root-owned directory standing in for ``/etc``; corral refuses
-such a path for a root caller (``corral.backends._root_paths``).
+such a path for a root caller (``corral.backends._root_paths``). An
+``allowRead`` entry below her directory would re-expose whatever she links it
+to (the caller's ``~/.ssh``, hidden by the defaults): refused for every caller
+(``corral.policy._expand``).
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from pathlib import Path
 import pytest
 
 from corral import UsageError
-from corral.backends._root_paths import is_host_root, redirectable_by
 from corral.pipeline._request import ExecRequest
 from corral.pipeline._runner import execute
 from corral.policy import Policy
+from corral.policy._owners import is_host_root, redirectable_by
 from tests.conftest import needs_bwrap, needs_root
 
 pytestmark = [needs_root, needs_bwrap]
@@ -87,14 +90,14 @@ def test_a_path_below_another_users_directory_is_refused_without_any_link(scene:
     assert redirectable_by(f"{sticky}/root-owned/x") is None
     assert redirectable_by(f"{sticky}/hers/x") == (f"{sticky}/hers", ALICE)
     sticky.chmod(0o777)  # without the sticky bit anyone may rename even root's entry
-    assert redirectable_by(f"{sticky}/root-owned/x") == (str(sticky), 0)
+    assert redirectable_by(f"{sticky}/root-owned/x") == (str(sticky), -1)
 
 
 def test_only_the_hosts_root_is_checked() -> None:
     # uid 0 of a user namespace (a sandbox's, `unshare --map-root-user`) sees host
     # directories as the overflow uid: checking it would refuse every path
     assert is_host_root()
-    code = "from corral.backends._root_paths import is_host_root; print(is_host_root())"
+    code = "from corral.policy._owners import is_host_root; print(is_host_root())"
     inner = subprocess.run(
         ["unshare", "--map-root-user", sys.executable, "-c", code],
         capture_output=True,
@@ -103,3 +106,29 @@ def test_only_the_hosts_root_is_checked() -> None:
         check=True,
     )
     assert inner.stdout == "False\n"
+
+
+def test_another_users_link_does_not_re_expose_a_hidden_secret(scene: Path) -> None:
+    # root's home with a secret the defaults hide (~/.ssh), outside the sandbox's private /tmp
+    home = Path("/var/lib") / f"corral-other-user-home-{os.getpid()}"
+    (home / ".ssh").mkdir(parents=True)
+    try:
+        (home / ".ssh" / "id_rsa").write_text("root-ssh-key\n")
+        link = scene / "alice" / "shared"
+        link.symlink_to(home / ".ssh")  # alice: "shared" -> root's ~/.ssh
+        os.chown(link, ALICE, ALICE, follow_symlinks=False)
+        policy = Policy.for_workspace(str(scene / "ws"), home=str(home))
+        policy = policy.replace(
+            backend="bubblewrap",
+            filesystem=policy.filesystem.replace(
+                deny_read=(*policy.filesystem.deny_read, str(scene / "alice")),
+                allow_read=(str(link),),
+            ),
+        )
+        assert f"{home}/.ssh" in policy.filesystem.deny_read
+        script = f"cat {home}/.ssh/id_rsa {link}/id_rsa"
+        request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(scene / "ws"))
+        with pytest.raises(UsageError, match=f"uid {ALICE} can change {scene}/alice on the way"):
+            execute(request, policy, environ={**os.environ, "HOME": str(home)})
+    finally:
+        shutil.rmtree(home)
