@@ -162,9 +162,11 @@ def corral_command(argv0: str, executable: str) -> tuple[str, ...]:
 DELIMITER = "CORRAL_COMMAND_END"
 #: The delimiter of the heredoc inside the sandboxed script (when the cwd carries).
 INNER_DELIMITER = "CORRAL_INNER_END"
-#: The heredoc that carries the host part of a rewritten command, and its variable.
-HOST_DELIMITER = "CORRAL_HOST_END"
+#: The variable that carries the host part of a rewritten command (a single-quoted word).
 HOST_VARIABLE = "__corral_host"
+#: The variables that carry the sandboxed script's constant parts before and after the original.
+PRE_VARIABLE = "__corral_pre"
+POST_VARIABLE = "__corral_post"
 #: The shell variable a heredoc hands the original command over in (never exported).
 VARIABLE = "__corral_command"
 
@@ -180,7 +182,7 @@ def rewrite_command(
     quoting (E2BIG where the original runs) - and no shell word of the
     rewritten command contains it (Claude Code's checks of ``bash -c '<text>'``
     see nothing to check). Without *workspace* the rewritten command is ~120
-    bytes plus the original (with it, ~1150: see :func:`_cwd_carrying`)::
+    bytes plus the original (with it, ~1400: see :func:`_cwd_carrying`)::
 
         IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:
         <original>
@@ -280,18 +282,22 @@ def _delimiter(base: str, lines: set[str]) -> str:
 
 
 #: The sandboxed script's prologue in a kept sandbox (``$CORRAL_SESSION_STATE`` set, see
-#: :mod:`corral.server._kept`): the report goes to the kept state directory, and the exported
-#: variables the previous call of the session left there are sourced - inside the sandbox,
-#: where they were written - keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD``
-#: that names the real directory; an ``EXIT`` trap records ``export -p`` for the next call.
+#: :mod:`corral.server._kept`): the exported variables the previous call of the session left
+#: in the kept state directory are sourced - inside the sandbox, where they were written -
+#: keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD`` that names the real
+#: directory. ``__corral_k`` (this run's id) marks the run kept: on exit status 0 the script's
+#: end writes ``export -p``, ``return``, the id and ``pwd -P`` to ``env`` in one write (each
+#: write-open is a round trip to the write broker); otherwise an ``EXIT`` trap writes
+#: ``export -p`` alone. Sourced by the next call, the file stops at ``return``.
 _KEPT_PROLOGUE = (
     "__corral_s=${CORRAL_SESSION_STATE-}; unset CORRAL_SESSION_STATE\n"
     'if [ -d "$__corral_s" ]; then __corral_d=$__corral_s\n'
     '[ -f "$__corral_s/env" ] && { __corral_v="$SHLVL $CORRAL_SANDBOX_ID"; '
-    '. "$__corral_s/env" 2>/dev/null; SHLVL=${__corral_v% *} '
-    "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>/dev/null; "
+    '. "$__corral_s/env" 2>&-; SHLVL=${__corral_v% *} '
+    "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>&-; "
     "OLDPWD=$__corral_o; }\n"
-    "trap '{ export -p >\"$__corral_s/env\"; } 2>/dev/null' EXIT; fi\n"
+    "__corral_k=$CORRAL_SANDBOX_ID __corral_x=\n"
+    'trap \'[ -n "$__corral_x" ] || { export -p >"$__corral_s/env"; } 2>&-\' EXIT; fi\n'
 )
 
 
@@ -301,8 +307,10 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     The inner script (the heredoc's text, given to ``bash -c``) is the original
     in a second heredoc (:data:`INNER_DELIMITER`; the original's lines never
     equal either delimiter), ``eval``'d, then ``pwd -P`` into ``$__corral_d/cwd`` on
-    exit status 0 (a failed report - a policy that denies writes to the report
-    directory - changes no status and prints nothing of the shell's).
+    exit status 0 - in a kept sandbox at the end of its shell state file instead,
+    after ``return`` and this run's id (:data:`_KEPT_PROLOGUE`) - (a failed report -
+    a policy that denies writes to the report directory - changes no status and
+    prints nothing of the shell's).
 
     corral, not the host shell, handles the report (``--report-fd 3``,
     :mod:`corral.server._cwd_report`): in a fresh sandbox (no server, or a run that
@@ -325,22 +333,35 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     exactly, given back by a shell function (``return``; no subshell). Besides
     corral itself, the host half runs no program: no ``mktemp``, ``head``, ``rm``.
 
-    That host part is itself read from a third heredoc and ``eval``'d, so the
-    only commands Claude Code's own rule matching sees are ``read`` and ``eval``
-    (a user's ``Bash(rm:*)`` deny rule must not match every sandboxed command).
+    Only the original goes through ``read`` (bash reads a heredoc's pipe one byte
+    per ``read(2)``). corral's own constant parts - the inner script's text before
+    and after the original, and the host part - are single-quoted words assigned
+    to variables (:data:`PRE_VARIABLE`, :data:`POST_VARIABLE`,
+    :data:`HOST_VARIABLE`), which bash takes as it parses the command; the host
+    part is then ``eval``'d. So the only commands Claude Code's own rule
+    matching sees are ``read`` and ``eval`` (a user's ``Bash(rm:*)`` deny rule
+    must not match every sandboxed command), and the original is still not
+    escaped at all.
     """
     report = "cwd"
-    script = (
-        f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n{command}\n{inner}\n"
-        "__corral_d=${CORRAL_REPORT_DIR-}; unset CORRAL_REPORT_DIR\n"
+    # the sandboxed script is PRE + the original (with the newline its heredoc adds) + POST
+    pre = f"IFS= read -r -d '' __corral_c <<'{inner}' ||:\n"
+    post = (
+        f"{inner}\n"
+        "__corral_d=${CORRAL_REPORT_DIR-} __corral_k= __corral_x=; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
-        f'[ -z "$__corral_d" ] || {{ pwd -P >"$__corral_d"/{report}; }} 2>/dev/null || :\nexit 0'
+        # kept: one write (each write-open is a round trip to the write broker) - the exports,
+        # and the report after "return" and this run's id (sourced, the file stops at return)
+        'if [ -n "$__corral_k" ]; then __corral_x=1; { { export -p; '
+        'printf \'return\\n%s\\n\' "$__corral_k"; pwd -P; } >"$__corral_s/env"; } 2>&- || :\n'
+        f'elif [ -n "$__corral_d" ]; then {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :; fi\n'
+        "exit 0"
     )
     ws = quote(workspace)
     host = (
         f"{{ __corral_w=$(exec {prefix} --keep --report-fd 3 --shell {SHELL} "
-        f'-c "${{{VARIABLE}%?}}" 3>&1 >&4 4>&-); }} 4>&1\n'
+        f'-c "${PRE_VARIABLE}${VARIABLE}${POST_VARIABLE}" 3>&1 >&4 4>&-); }} 4>&1\n'
         "__corral_s=$?\n"
         'if [ "$__corral_s" = 0 ]; then\n'
         "  case $__corral_w in\n"
@@ -351,11 +372,14 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         '__corral_r() { return "$1"; }\n'
         '__corral_r "$__corral_s"'
     )
-    # the host part travels in a heredoc too, so Claude Code's own rule matching sees only
-    # read and eval (a user's Bash(rm:*) deny rule must not match every sandboxed command)
+    # only the original goes through read (one byte per read(2) from a heredoc's pipe: ~0.5 us
+    # each); corral's constant parts are single-quoted words, which bash takes as it parses.
+    # The host part is a word too, so Claude Code's own rule matching sees only read and eval
+    # (a user's Bash(rm:*) deny rule must not match every sandboxed command)
     return (
-        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{script}\n{delimiter}\n"
-        f"IFS= read -r -d '' {HOST_VARIABLE} <<'{HOST_DELIMITER}' ||:\n{host}\n{HOST_DELIMITER}\n"
+        f"IFS= read -r -d '' {VARIABLE} <<'{delimiter}' ||:\n{command}\n{delimiter}\n"
+        f"{PRE_VARIABLE}={quote(pre)}\n{POST_VARIABLE}={quote(post)}\n"
+        f"{HOST_VARIABLE}={quote(host)}\n"
         f'eval "${HOST_VARIABLE}"'
     )
 

@@ -103,6 +103,26 @@ def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
     return tuple(found)
 
 
+def _with_id(env: tuple[tuple[str, str], ...], sandbox_id: str) -> tuple[tuple[str, str], ...]:
+    """*env* with ``CORRAL_SANDBOX_ID`` set to *sandbox_id* (where it is set)."""
+    return tuple((n, sandbox_id if n == "CORRAL_SANDBOX_ID" else v) for n, v in env)
+
+
+def _id_only_as_variable(plan: LaunchPlan, cwd: str) -> bool:
+    """Whether the plan's sandbox id is nowhere in its environment but ``CORRAL_SANDBOX_ID``
+    (nor in *cwd*): then a plan for another id is this one with that variable replaced."""
+    sid = plan.sandbox_id
+    if not sid:
+        return True
+    found = [n for n, v in plan.env if sid in n or sid in v]
+    return found == ["CORRAL_SANDBOX_ID"] and dict(plan.env)[found[0]] == sid and sid not in cwd
+
+
+def _encoded(env: tuple[tuple[str, str], ...]) -> bytes:
+    """*env* as the init takes it: ``NAME=value`` entries, each ended by a NUL."""
+    return b"\0".join(os.fsencode(f"{name}={value}") for name, value in env) + b"\0"
+
+
 def _helper_index(argv: tuple[str, ...]) -> int:
     """Index of the exec helper's ``--init`` in a bubblewrap plan's argv, or -1."""
     for index in range(len(argv) - 1, 0, -1):
@@ -216,7 +236,7 @@ class Resident:
         self._keeper: _Keeper | None = None
         self.commands = 0  # commands run here so far
         # planned requests by everything but their command (see _plan)
-        self._plans: dict[ExecRequest, tuple[LaunchPlan, str, bytes]] = {}
+        self._plans: dict[ExecRequest, tuple[LaunchPlan, str]] = {}
         self._socket: _socket.socket | None = None
         # the request it was opened with and what its plan looked at (see _looked_at)
         self._looked: tuple[ExecRequest, _Looked | None] | None = None
@@ -341,24 +361,33 @@ class Resident:
         """``(plan, cwd, command, encoded environment)`` of *request*, or ``None`` (not here).
 
         The backend plans each request as for a fresh sandbox. Without
-        credentials in the policy nothing of a plan but the command and its
-        display depends on the command (credentials are chosen by command
-        line), so the plan of a request that differs from an earlier one only
-        in its command is that plan with the command replaced.
+        credentials in the policy nothing of a plan but the command, its
+        display and the sandbox id depends on the command and the id
+        (credentials are chosen by command line; the id is the plan's
+        ``sandbox_id`` and the command's ``CORRAL_SANDBOX_ID``, which
+        :func:`corral.backends.bubblewrap.sandbox_env` sets last), so the plan of
+        a request that differs from an earlier one only in its command and its
+        id (each kept run of an agent session has a new id) is that plan with
+        those replaced. Everything else a plan is made of - the host's paths -
+        was looked at before (:meth:`run`).
         """
         key = None
         if not self._policy.credentials:
-            key = request.replace(argv=("",), shell_command=None, stdin=b"")
+            key = request.replace(argv=("",), shell_command=None, stdin=b"", sandbox_id="")
             cached = self._plans.get(key)
             if cached is not None:
-                plan, cwd, environ = cached
                 from ._request import redact
 
+                plan, cwd = cached
+                if plan.sandbox_id != request.sandbox_id:
+                    plan = plan.replace(
+                        sandbox_id=request.sandbox_id, env=_with_id(plan.env, request.sandbox_id)
+                    )
                 return (
                     plan.replace(display_argv=redact(request.argv, [])),
                     cwd,
                     request.argv,
-                    environ,
+                    _encoded(plan.env),
                 )
         prepared = self._prepared
         plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
@@ -366,12 +395,11 @@ class Resident:
         if split is None or split[0] != self._shape:
             return None
         _shape, cwd, argv = split
-        environ = b"\0".join(os.fsencode(f"{name}={value}") for name, value in plan.env) + b"\0"
-        if key is not None and argv == request.argv:
+        if key is not None and argv == request.argv and _id_only_as_variable(plan, cwd):
             if len(self._plans) >= 64:
                 self._plans.clear()
-            self._plans[key] = (plan, cwd, environ)
-        return plan, cwd, argv, environ
+            self._plans[key] = (plan, cwd)
+        return plan, cwd, argv, _encoded(plan.env)
 
     def _run(
         self,

@@ -31,6 +31,7 @@ __all__ = [
     "checked_directory",
     "make_report_dir",
     "read_report",
+    "read_tagged_report",
     "take_report",
 ]
 
@@ -66,19 +67,51 @@ def read_report(dir_fd: int) -> bytes | None:
 
     At most :data:`MAX_REPORT` + 1 bytes (more is refused by :func:`checked_directory`).
     """
+    return _read_regular(dir_fd, REPORT_FILE, MAX_REPORT + 1, from_end=False)
+
+
+def read_tagged_report(dir_fd: int, name: str, tag: str) -> bytes | None:
+    """The report at the end of the file *name* in *dir_fd*, if it carries *tag*.
+
+    A kept sandbox's shell state file (corral.server._kept) is the ``export -p``
+    its command left, then - only when the command exited 0, in the same write -
+    the line ``return``, the line *tag* (that run's sandbox id) and the report.
+    Sourced by the next command, it stops at ``return``, so the report is never run.
+    Here the report is what follows the last ``\nreturn\nTAG\n`` of the file's tail
+    (a regular file, no link followed; at most :data:`MAX_REPORT` + 1 bytes, as
+    :func:`read_report`). A file another run wrote (its own tag: this run's command
+    exited 0 without the script's end, by ``exec``) reports nothing.
+    """
+    marker = b"\nreturn\n" + os.fsencode(tag) + b"\n"
+    tail = _read_regular(dir_fd, name, MAX_REPORT + 1 + len(marker), from_end=True)
+    if tail is None:
+        return None
+    found = tail.rfind(marker)
+    return None if found < 0 else tail[found + len(marker) :]
+
+
+def _read_regular(dir_fd: int, name: str, size: int, *, from_end: bool) -> bytes | None:
+    """At most *size* bytes of the regular file *name* in *dir_fd* (no link followed): its
+    first ones, or *from_end* its last ones (a ``\n`` put before them when that is the whole
+    file, so that its first line is a line like any other); ``None`` for anything else."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        fd = os.open(REPORT_FILE, flags, dir_fd=dir_fd)
+        fd = os.open(name, flags, dir_fd=dir_fd)
     except OSError:
         return None
     try:
-        if (os.fstat(fd).st_mode & 0o170000) != 0o100000:
+        st = os.fstat(fd)
+        if (st.st_mode & 0o170000) != 0o100000:
             return None
-        return os.read(fd, MAX_REPORT + 1)
+        if not from_end:
+            return os.read(fd, size)
+        start = max(0, st.st_size - size)
+        data = os.pread(fd, size, start)
     except OSError:
         return None
     finally:
         os.close(fd)
+    return b"\n" + data if start == 0 else data
 
 
 def take_report(directory: str) -> bytes | None:

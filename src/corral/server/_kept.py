@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import _thread
 import os
+import stat
 import time
 
-from ._cwd_report import read_report
+from ._cwd_report import read_tagged_report
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_IDLE",
     "DEFAULT_LIMIT",
+    "STATE_FILE",
     "STATE_INSIDE",
     "STATE_VARIABLE",
     "KeptSessions",
@@ -65,6 +67,8 @@ DEFAULT_LIMIT = 8
 STATE_INSIDE = "/tmp/.corral-shell"
 #: the variable that names :data:`STATE_INSIDE` to a kept run ("" in every fresh run)
 STATE_VARIABLE = "CORRAL_SESSION_STATE"
+#: the shell state file under :data:`STATE_INSIDE`: the exports, then the tagged cwd report
+STATE_FILE = "env"
 
 
 class _Kept:
@@ -154,7 +158,9 @@ class KeptSessions:
                 on_start=relay.started,  # type: ignore[arg-type]  # the relay's duck type
                 streams=streams,
             )
-            report = self._take_report(kept.tmp_dir) if outcome is not None else None
+            report = (
+                self._take_report(kept.tmp_dir, request.sandbox_id) if outcome is not None else None
+            )
         finally:
             with self._lock:
                 kept.busy = False
@@ -259,15 +265,20 @@ class KeptSessions:
         return _Kept(resident, tmp_dir), True
 
     @staticmethod
-    def _take_report(tmp_dir: str) -> bytes | None:
-        """The working directory the command wrote to ``STATE_INSIDE/cwd``, if any; removed.
+    def _take_report(tmp_dir: str, sandbox_id: str) -> bytes | None:
+        """The working directory the command reported at the end of ``STATE_INSIDE/env``.
 
-        Untrusted bytes from the sandbox: read without following links, at
-        most 4 KiB + 1 bytes of a regular file (:func:`corral.server._cwd_report.read_report`);
-        ``corral run`` checks the path (:func:`~corral.server._cwd_report.checked_directory`). Whatever
-        the command left under that name (a link, a directory) is removed, so
-        the next command's report is its own. No process of the sandbox runs
-        now (the init swept them all before it reported the end).
+        Untrusted bytes from the sandbox: the tail of a regular file read
+        without following links, and only what follows the marker that names
+        this run's *sandbox_id*
+        (:func:`corral.server._cwd_report.read_tagged_report`); ``corral run``
+        checks the path (:func:`~corral.server._cwd_report.checked_directory`).
+        The file stays (it is the next command's shell state); a report of an
+        earlier run in it names another id. No process of the sandbox runs now
+        (the init swept them all before it reported the end). A state directory
+        the command replaced by a link or a file is removed and made anew, and
+        so is a state file that is not a regular file (a FIFO there would block
+        the next command's write).
         """
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
         state = os.path.join(tmp_dir, os.path.basename(STATE_INSIDE))
@@ -281,14 +292,17 @@ class KeptSessions:
                 pass
             return None
         try:
-            return read_report(dir_fd)
-        finally:
+            report = read_tagged_report(dir_fd, STATE_FILE, sandbox_id)
             try:
-                os.unlink("cwd", dir_fd=dir_fd)
-            except IsADirectoryError:
-                _remove_tree(os.path.join(state, "cwd"))
+                mode = os.stat(STATE_FILE, dir_fd=dir_fd, follow_symlinks=False).st_mode
             except OSError:
-                pass
+                return report
+            if not stat.S_ISREG(mode):
+                # a FIFO would block the next command's write (until its timeout), a link
+                # or a directory fail it: whatever the command left there instead goes
+                _remove_tree(os.path.join(state, STATE_FILE))
+            return report
+        finally:
             os.close(dir_fd)
 
     # ------------------------------------------------------------ release

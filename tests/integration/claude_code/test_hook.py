@@ -151,10 +151,13 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
     assert {k: v for k, v in updated.items() if k != "command"} == {
         k: v for k, v in tool_input.items() if k != "command"
     }
+    # only the original is read from a heredoc; corral's own parts are quoted words
     assert updated["command"].startswith(
-        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\n"
-        "IFS= read -r -d '' __corral_c <<'CORRAL_INNER_END' ||:\nls -la\nCORRAL_INNER_END\n"
+        "IFS= read -r -d '' __corral_command <<'CORRAL_COMMAND_END' ||:\nls -la\n"
+        "CORRAL_COMMAND_END\n__corral_pre='IFS= read -r -d '\\'''\\'' __corral_c <<'\\''"
+        "CORRAL_INNER_END'\\'' ||:\n'\n__corral_post='CORRAL_INNER_END\n"
     )
+    assert updated["command"].endswith('\'\neval "$__corral_host"')
     assert (
         f"$(exec {hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
         "--keep --report-fd 3 --shell bash -c"
@@ -173,7 +176,7 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
 def test_the_rewritten_command_has_no_escaping_cost(world: World, command: str) -> None:
     new = rewritten(world, command)
     # a constant overhead (the cwd report and the kept shell state), nothing per byte
-    assert len(new) <= len(command) + 1400 + len(hook_corral())  # + the session id
+    assert len(new) <= len(command) + 1600 + len(hook_corral())  # + the session id
     original, sandboxed = bash(world, command), bash(world, new)
     assert (sandboxed.returncode, sandboxed.stdout) == (original.returncode, original.stdout)
 
@@ -238,13 +241,22 @@ def test_the_session_id_reaches_the_audit_log(world: World) -> None:
     session=st.text(
         alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",)), min_size=1
     ),
+    workspace=st.text(
+        alphabet=st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
+    ),
 )
-def test_rewrite_passes_any_command_to_corral_exactly(command: str, session: str) -> None:
+def test_rewrite_passes_any_command_to_corral_exactly(
+    command: str, session: str, workspace: str
+) -> None:
     # "corral" is replaced by bash's printf, which prints each argument it
     # receives followed by a NUL: the rewritten line, run by bash, must hand
-    # over the original words exactly.
+    # over the original words exactly - whatever the session id and the workspace path
+    # (both quoted twice: as words of the host part, which is itself a quoted word)
     line = rewrite_command(
-        command, session_id=session, corral=("printf", "%s\\0"), workspace="/nonexistent"
+        command,
+        session_id=session,
+        corral=("printf", "%s\\0"),
+        workspace="/nonexistent/" + workspace,
     )
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]

@@ -10,6 +10,7 @@ kill, a kept sandbox that died (the next call gets a fresh one, never none), idl
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -119,9 +120,15 @@ def test_a_kept_sandbox_cannot_steer_the_next_calls_directory_either(served: Wor
     """The same forged reports as for a fresh sandbox (a link out, ``cd /``, the report
     replaced by a link or a path outside, a newline), through the kept sandbox's report."""
     served.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{served.environ['PATH']}"
-    test_real_cli.test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace(
-        served, claude_cli()
+    # a kept call's report is the tail of its shell state file, after its own id
+    tail = "printf 'return\\n%s\\n%s\\n' \"$CORRAL_SANDBOX_ID\" {outside}"
+    forgeries = (
+        f"{tail} >/tmp/.corral-shell/tail; ln -sfn /tmp/.corral-shell/tail "
+        "/tmp/.corral-shell/env; trap - EXIT; exit 0",
+        f"rm -f /tmp/.corral-shell/env; {tail} >/tmp/.corral-shell/env; trap - EXIT; exit 0",
     )
+    claude_cli()
+    test_real_cli.cannot_steer(served, forgeries)
     assert _sandboxes(served)  # they ran kept
 
 
@@ -259,3 +266,100 @@ def test_a_policy_with_credentials_runs_fresh_each_call(served: World) -> None:
     result = _client(world, "-c", "ls /tmp; cat /proc/1/cmdline")
     assert result.returncode == 0 and b"mark" not in result.stdout, result
     assert b"--serve" not in result.stdout and not _sandboxes(world)
+
+
+def test_each_kept_call_has_its_own_id_and_a_plan_from_the_host_as_it_is(served: World) -> None:
+    """The kept sandbox reuses the plan of an earlier call that differed only in its command
+    and sandbox id (:meth:`corral.pipeline._resident.Resident._plan`): each call still gets
+    its own ``CORRAL_SANDBOX_ID`` (the one its outcome records), and a secret the host
+    creates between two calls is hidden from the next one (the host is looked at anew)."""
+    world = served
+    client_command("corral-client")
+    secret = world.ws("later.key")
+    deny = ("--deny-read", world.ws("*.key"))
+    probe = 'echo "$CORRAL_SANDBOX_ID"; readlink /proc/self/ns/pid; cat later.key'
+    seen = []
+    for call in range(5):
+        if call == 2:
+            World.write(secret, "created later\n")
+        out = os.path.join(world.root, f"outcome-{call}.json")
+        result = _client(world, *deny, "--json-out", out, "-c", probe)
+        assert b"created later" not in result.stdout, result
+        with open(out) as f:
+            recorded = json.load(f)["sandbox_id"]
+        sandbox_id, ns = result.stdout.decode().splitlines()[:2]
+        assert sandbox_id == recorded, (sandbox_id, recorded)
+        seen.append((sandbox_id, ns))
+    assert len({sid for sid, _ns in seen}) == 5  # a new id per call
+    namespaces = [ns for _sid, ns in seen]
+    assert namespaces[0] == namespaces[1]  # kept: the same sandbox (and the cached plan)
+    # the host changed: that call runs fresh, the next opens a new kept sandbox from the
+    # host as it is now, and the one after runs there again
+    assert len({namespaces[1], namespaces[2], namespaces[3]}) == 3
+    assert namespaces[4] == namespaces[3]
+
+
+def _call(world: World, command: str) -> tuple[int, str, str]:
+    """One Bash call of session ``s-kept`` as Claude Code runs it: ``bash -c`` the hook's
+    rewritten command in the workspace; ``(status, stdout, the host shell's directory after)``."""
+    from corral.integrations.claude_code_hook import rewrite_command
+
+    line = rewrite_command(
+        command,
+        session_id="s-kept",
+        corral=client_command("corral-client"),
+        workspace=os.path.realpath(world.workspace),
+    )
+    result = subprocess.run(
+        ["bash", "-c", line + '\necho "$?"; pwd -P'],
+        capture_output=True,
+        cwd=world.workspace,
+        env=world.environ,
+        timeout=30,
+        check=False,
+    )
+    *out, status, host = result.stdout.decode().split("\n")[:-1]
+    return int(status), "\n".join(out), host
+
+
+def test_the_kept_report_is_this_calls_own_and_cannot_steer_the_host(served: World) -> None:
+    """A kept call's cwd report travels in its shell state file, after ``return`` and the
+    call's own sandbox id: a call that exits 0 without the script's end (``exec``) does not
+    carry the previous call's directory, and a tail the command forges with its own id (a
+    directory outside the workspace, a link out of it) or a state file replaced by a link
+    moves the host shell nowhere outside the workspace; nor can a state file that is not a
+    regular file stop the next calls."""
+    world = served
+    workspace = os.path.realpath(world.workspace)
+    outside = os.path.realpath(world.home)
+    os.makedirs(world.ws("sub"))
+    os.symlink(outside, world.ws("out"))
+    assert _call(world, "export KEPT_PROBE=1; cd sub") == (0, "", f"{workspace}/sub")
+    # the state file now ends with the report of that call (its id): the next call's exec
+    # leaves it as it is, and its report is not this call's
+    assert _call(world, 'echo "$KEPT_PROBE"; exec true') == (0, "1", workspace)
+    forged = (
+        "trap - EXIT; "  # the script's own write at exit is gone: only the forged tail is left
+        "printf 'return\\n%s\\n%s\\n' \"$CORRAL_SANDBOX_ID\" {target} >/tmp/.corral-shell/env; "
+        "exit 0"
+    )
+    for target in (outside, world.ws("out"), "/", "$'/tmp\\n'"):
+        assert _call(world, forged.format(target=target)) == (0, "", workspace), target
+    # a tail naming a directory of the workspace is what the command could do by cd anyway
+    assert _call(world, forged.format(target=world.ws("sub"))) == (0, "", f"{workspace}/sub")
+    # the state file replaced by a link to a file with a valid tail: not followed
+    planted = world.ws("tail")  # where the command can write it
+    relink = (
+        'printf "return\\n%s\\n%s\\n" "$CORRAL_SANDBOX_ID" {sub} >{planted}; trap - EXIT; '
+        "ln -sf {planted} /tmp/.corral-shell/env; exit 0"
+    )
+    status, out, host = _call(world, relink.format(sub=world.ws("sub"), planted=planted))
+    assert host == workspace, (status, out)
+    assert _call(world, "pwd") == (0, workspace, workspace)  # and the calls go on
+    # a FIFO (or a directory) left as the state file would block (fail) the next call's
+    # write: the server removes whatever is not a regular file there
+    for plant in ("mkfifo", "mkdir"):
+        planted_state = f"rm -f /tmp/.corral-shell/env; {plant} /tmp/.corral-shell/env; "
+        assert _call(world, planted_state + "trap - EXIT; exit 0")[0] == 0
+        assert _call(world, "export KEPT_AGAIN=1; cd sub") == (0, "", f"{workspace}/sub")
+        assert _call(world, 'echo "$KEPT_AGAIN"') == (0, "1", workspace)

@@ -384,11 +384,24 @@ def test_a_sandboxed_cd_carries_to_the_next_call_as_without_corral(
     assert results[4] == ("Exit code 7", True)
 
 
+#: Forge a fresh sandbox's report: replace it by a link out, then write a path outside.
+FRESH_FORGERIES = (
+    'ln -sfn {outside} "$__corral_d/cwd"; exit 0',
+    'printf "%s\\n" {outside} > "$__corral_d/cwd"; exit 0',
+)
+
+
 def test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace(
     world: World, claude: str
 ) -> None:
     """The sandbox's report of its directory is untrusted: a link out of the workspace, a
     directory outside it, a forged report file and a name with a newline move nothing."""
+    cannot_steer(world, FRESH_FORGERIES)
+
+
+def cannot_steer(world: World, forgeries: tuple[str, str]) -> None:
+    """The calls of the test above, with *forgeries* (``{outside}`` in them: a directory
+    outside the workspace) as the two that forge the report."""
     install(world)
     workspace = os.path.realpath(world.workspace)
     outside = os.path.realpath(world.home)
@@ -400,9 +413,9 @@ def test_the_sandbox_cannot_steer_the_next_calls_directory_outside_the_workspace
             ("Bash", {"command": f"cd {outside}; cd /"}),
             ("Bash", {"command": "pwd"}),
             # forge the report: overwrite it with a link, then with a path outside
-            ("Bash", {"command": f'ln -sfn {outside} "$__corral_d/cwd"; exit 0'}),
+            ("Bash", {"command": forgeries[0].format(outside=outside)}),
             ("Bash", {"command": "pwd"}),
-            ("Bash", {"command": f'printf "%s\\n" {outside} > "$__corral_d/cwd"; exit 0'}),
+            ("Bash", {"command": forgeries[1].format(outside=outside)}),
             ("Bash", {"command": "pwd"}),
             ("Bash", {"command": "mkdir -p $'a\\n/' && cd $'a\\n/' && pwd | wc -l"}),
             ("Bash", {"command": "pwd"}),

@@ -351,7 +351,8 @@ def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
     assert answer["exit"] == 0 and decision["permissionDecision"] == "allow"
     # the original travels in the rewritten command's heredoc (claude_code_hook.rewrite_command)
     assert (
-        f"\necho pwned > {served.victim}\nCORRAL_INNER_END\n" in decision["updatedInput"]["command"]
+        f"\necho pwned > {served.victim}\nCORRAL_COMMAND_END\n"
+        in decision["updatedInput"]["command"]
     )
     assert " run --agent-session s --keep --report-fd 3 " in decision["updatedInput"]["command"]
     assert World.read(served.victim) == "original\n"
