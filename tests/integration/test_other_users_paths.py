@@ -78,6 +78,8 @@ def test_a_path_below_another_users_directory_is_refused_without_any_link(scene:
     (scene / "alice" / "out").mkdir()
     os.chown(scene / "alice" / "out", ALICE, ALICE)
     assert redirectable_by(f"{scene}/alice/out") == (f"{scene}/alice", ALICE)
+    # a path that does not exist yet below her directory: she may create it (as a link)
+    assert redirectable_by(f"{scene}/alice/later/x") == (f"{scene}/alice", ALICE)
     # her own directory in a root-only parent is fine (only root can replace it) ...
     assert redirectable_by(f"{scene}/alice") is None
     # ... and so is root's entry in a sticky world-writable directory, but not hers
@@ -89,6 +91,7 @@ def test_a_path_below_another_users_directory_is_refused_without_any_link(scene:
     os.chown(sticky / "hers", ALICE, ALICE)
     assert redirectable_by(f"{sticky}/root-owned/x") is None
     assert redirectable_by(f"{sticky}/hers/x") == (f"{sticky}/hers", ALICE)
+    assert redirectable_by(f"{sticky}/missing") == (f"{sticky}/missing", -1)  # anyone's to make
     sticky.chmod(0o777)  # without the sticky bit anyone may rename even root's entry
     assert redirectable_by(f"{sticky}/root-owned/x") == (str(sticky), -1)
 

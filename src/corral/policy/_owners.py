@@ -33,7 +33,7 @@ def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
     the directory is writable by its group or everyone. Links are
     followed as the kernel follows them (relative and absolute targets, links
     in targets; at most 40). None when only root and *uid* can change what
-    *path* resolves to (or when a component is missing).
+    *path* resolves to, also by creating a component that is missing now.
     """
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
@@ -46,16 +46,23 @@ def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
         here = posixpath.join(done, part)
         try:
             parent = os.stat(done)
-            entry = os.lstat(here)
         except OSError:
             return None
+        try:
+            entry: os.stat_result | None = os.lstat(here)
+        except OSError:
+            entry = None  # missing: whoever may create it decides what it will be
         if parent.st_uid not in (0, uid):
             return done, parent.st_uid
         if parent.st_mode & 0o022:
             if not parent.st_mode & stat.S_ISVTX:
                 return done, -1
+            if entry is None:  # sticky: anyone may create it
+                return here, -1
             if entry.st_uid not in (0, uid):  # sticky: its owner may rename the entry
                 return here, entry.st_uid
+        if entry is None:
+            return None  # only root or the caller can create it
         if stat.S_ISLNK(entry.st_mode):
             hops += 1
             if hops > 40:
