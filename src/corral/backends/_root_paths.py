@@ -4,18 +4,15 @@ For a root caller, corral resolves the workspace, each ``allowWrite`` path,
 each cache and the caller's home (read-only inside) *by path, with root's
 rights*: the ``--as-user`` stage clones and idmaps them (the sandbox then owns
 what root owns there), the write broker opens them as its roots, Landlock,
-gVisor and the container engines bind or allow them. If another host user can change a directory on the way to such a
-path (``/home/alice/proj/out`` with ``/home/alice`` hers), she can replace a
-component by a symbolic link to any root-owned directory (``/etc``), before
-the run or in the instant between two of those steps, and the sandbox gets
-that directory instead of hers. The policy named a path, not a directory, so
-the only complete rule is about who can change what the path names
-(:mod:`corral.policy._owners`, with root the only owner allowed): then nothing
-on the way can change except by root, before or during the run.
-The final component's own owner does not matter: it is the directory the policy
-granted, and replacing it needs write access to its parent. Checked on every
-run (nothing is remembered); a path that does not exist yet is left to the
-backend's own check (no one but root can create it under a root-only parent).
+gVisor and the container engines bind or allow them. If another host user
+can change a directory on the way to such a path (``/home/alice/proj/out``
+with ``/home/alice`` hers), she can replace a component by a symbolic link to
+any root-owned directory (``/etc``), before the run or in the instant between
+two of those steps, and the sandbox gets that directory instead of hers. The
+policy named a path, not a directory, so the only complete rule is about who
+can change what the path names (:mod:`corral.policy._owners`, with root the
+only owner allowed): then nothing on the way can change except by root,
+before or during the run. Checked on every run; nothing is remembered.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ every directory looked up on the way to a path (each link's target walked in
 turn) is owned by root or the caller and writable by no one else (no group or
 other write bit: an ACL granting write shows in the group bits), or is sticky
 with the looked-up entry root's or the caller's, nobody else can re-point the
-path, before a run or while it starts. See docs/threat-model.md ("Never the
-host's root identity", "Rules of the policy").
+path, before a run or while it starts. The final component's own owner does
+not matter: replacing it needs write access to its parent. See
+docs/threat-model.md ("Never the host's root identity"; "secrets on disk").
 """
 
 from __future__ import annotations
