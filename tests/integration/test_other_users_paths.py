@@ -139,21 +139,15 @@ def test_another_users_link_does_not_re_expose_a_hidden_secret(scene: Path) -> N
         shutil.rmtree(home)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ATK5: the --as-user stage clones a bind source it stages (one the sandbox's uid "
-    "cannot look up) as root, following links: a source another user controls, linked "
-    "below a root-only directory, hands the sandbox what that directory guarded. "
-    "Writable roots and allowRead are refused before (_owners); other bind sources "
-    "(named unix sockets, protect masks in a subdirectory another user owns) are not",
-)
 def test_a_staged_source_another_user_links_below_a_root_only_directory(scene: Path) -> None:
     guarded = scene / "guarded"
     (guarded / "inner").mkdir(parents=True)
     (guarded / "inner" / "file").write_text("behind-a-0700-directory\n")  # 0644 itself
     guarded.chmod(0o700)
     source = scene / "alice" / "src"
-    source.symlink_to(guarded / "inner")  # alice's link; 65533 cannot walk through it
+    # alice's link (or one the sandbox left in an earlier run); 65533 cannot walk through it,
+    # so the stage clones the source as root
+    source.symlink_to(guarded / "inner")
     os.chown(source, ALICE, ALICE, follow_symlinks=False)
     helper = helper_path()
     assert helper is not None
@@ -161,4 +155,7 @@ def test_a_staged_source_another_user_links_below_a_root_only_directory(scene: P
     argv += [shutil.which("bwrap") or "/usr/bin/bwrap", "--ro-bind", "/", "/", "--dev", "/dev"]
     argv += ["--ro-bind", "/dev/shm/0", "/mnt", "--", "/bin/cat", "/mnt/file"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    # root clones what the sandbox's uid cannot reach, so it must not follow her link there
     assert "behind-a-0700-directory" not in done.stdout
+    assert done.returncode == 125
+    assert "must have no symbolic link on its way" in done.stderr
