@@ -1,12 +1,15 @@
 """The corral server's connections: who may talk to it, and what it answers.
 
 One :class:`Connections` belongs to one :class:`~._server.Server`, which
-accepts each connection on a thread of its own and hands it to
-:meth:`Connections.serve`: the peer checks (:func:`~._peers.check_peer`; a
-peer that fails them is refused and nothing of its request is read), the
+accepts each connection and hands it to :meth:`Connections.serve` on one of
+its worker threads (kept for the next connection, so no run starts a
+thread): the peer checks (:func:`~._peers.check_peer`; a peer that fails
+them is refused and nothing of its request is read), the
 request (bounded, with its descriptors), and the answer - ``status``,
 ``stop``, a Claude Code ``hook`` decision, or a ``run``, whose client is
-watched for signals and for going away (which kills its command). A request
+watched for signals and for going away (which kills its command) by the
+server's serve loop (:meth:`Connections.client_readable`), not by a thread
+of its own. A request
 from a client running other code than the server's retires the server.
 
 The server's own lifecycle (the socket path, the serve loop, idleness,
@@ -17,7 +20,6 @@ guarded by the server's ``lock``.
 from __future__ import annotations
 
 import _socket
-import _thread
 import os
 
 from ..pipeline._runner import SignalRelay
@@ -48,15 +50,22 @@ _FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
 
 
 class Session:
-    """One run being served: its connection, client pid and signal relay."""
+    """One run being served: its connection, client pid and signal relay.
 
-    __slots__ = ("conn", "done", "pid", "relay")
+    *watch* is the serve loop's own duplicate of the connection: only the loop
+    reads and closes it, so the run's thread may close *conn* at any time
+    without the loop ever polling a descriptor number that was reused.
+    """
+
+    __slots__ = ("conn", "done", "pid", "reader", "relay", "watch")
 
     def __init__(self, conn: _socket.socket, pid: int) -> None:
         self.conn = conn
         self.pid = pid
         self.relay = SignalRelay()
         self.done = False
+        self.reader = FrameReader()
+        self.watch: _socket.socket | None = None
 
 
 class Connections:
@@ -76,6 +85,7 @@ class Connections:
         self.hooks = 0
         self.refused = 0
         self.own = process_context()
+        self._new_watches: list[Session] = []  # server.lock; taken by the serve loop
 
     def refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
         """Answer with a refusal, then drain what the peer still sends until it hangs up.
@@ -169,7 +179,9 @@ class Connections:
         try:
             conn.settimeout(None)
             conn.sendall(encode({"accepted": True}))
-            _thread.start_new_thread(self._watch_client, (session,))
+            # watched from now, while this thread prepares the run (not once the command
+            # runs: then the write broker's thread needs the interpreter lock)
+            self._watch(session)
             status = self._run(request, session)
             session.done = True
             try:
@@ -179,7 +191,7 @@ class Connections:
         finally:
             session.done = True
             try:
-                conn.shutdown(_socket.SHUT_RDWR)  # wakes the watcher thread
+                conn.shutdown(_socket.SHUT_RDWR)  # the serve loop's watch reads the end
             except OSError:
                 pass
             with self.server.lock:
@@ -283,30 +295,46 @@ class Connections:
             _tell(request.stdio[2], "corral: the corral server was stopped; so was the command\n")
         return status
 
-    def _watch_client(self, session: Session) -> None:
-        """Forward the client's signals; its disconnect kills the sandbox."""
-        reader = FrameReader()
+    def _watch(self, session: Session) -> None:
+        """Have the serve loop watch *session*'s client (from the run's thread)."""
+        session.watch = _socket.socket(fileno=os.dup(session.conn.fileno()))
+        with self.server.lock:
+            self._new_watches.append(session)
+        self.server.wake()
+
+    def new_watches(self) -> list[Session]:
+        """The sessions the serve loop has to start watching (their ``watch`` sockets)."""
+        with self.server.lock:
+            new, self._new_watches = self._new_watches, []
+        return new
+
+    def client_readable(self, session: Session) -> bool:
+        """Serve loop: take what the client sent; False when the watch is over.
+
+        Signal frames are forwarded into the run; the client going away (or
+        sending what is not a frame) kills its command unless the run is done.
+        The caller then closes ``session.watch``.
+        """
+        assert session.watch is not None
         try:
-            while True:
-                try:
-                    data = session.conn.recv(4096)
-                except OSError:
-                    data = b""
-                if not data:
-                    if not session.done:
-                        self.server.log(f"client {session.pid} went away: killing its command")
-                        session.relay.kill()
-                    return
-                try:
-                    messages = reader.feed(data)
-                except WireError as exc:
-                    self.server.log(f"client {session.pid}: {exc}: killing its command")
-                    session.relay.kill()
-                    return
-                for message in messages:
-                    signum = message.get("signal")
-                    if isinstance(signum, int) and signum in _FORWARDED:
-                        session.relay.deliver(signum)
-        except BaseException as exc:
-            self.server.log(f"watching client {session.pid}: {exc!r}")
+            data = session.watch.recv(4096, _socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError:
+            data = b""
+        if not data:
+            if not session.done:
+                self.server.log(f"client {session.pid} went away: killing its command")
+                session.relay.kill()
+            return False
+        try:
+            messages = session.reader.feed(data)
+        except WireError as exc:
+            self.server.log(f"client {session.pid}: {exc}: killing its command")
             session.relay.kill()
+            return False
+        for message in messages:
+            signum = message.get("signal")
+            if isinstance(signum, int) and signum in _FORWARDED:
+                session.relay.deliver(signum)
+        return True

@@ -14,7 +14,7 @@ import _socket
 import os
 import sys
 
-__all__ = ["PeerRefused", "check_peer", "process_context"]
+__all__ = ["PeerRefused", "check_peer", "process_context", "thread_state"]
 
 _SO_PEERCRED = 17
 _SO_PEERPIDFD = 77  # Linux 6.5
@@ -67,14 +67,23 @@ def _read(path: str) -> str:
 
 
 def _status_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
-    wanted = set(names)
+    """The fields *names* of a ``/proc/PID/status`` text, whitespace-normalized; ``""`` if absent.
+
+    Each field is the last line that starts with ``NAME:`` (the kernel writes
+    each once, and escapes the one text a process chooses, its ``Name``, so
+    no line can be forged), found with one search per field rather than by
+    splitting every line: this runs for every connection.
+    """
+    text = "\n" + text
     found = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key in wanted:
-            found[key] = " ".join(value.split())
     for name in names:
-        found.setdefault(name, "")  # a kernel without the field: both sides read ""
+        start = text.rfind(f"\n{name}:")
+        if start < 0:
+            found[name] = ""  # a kernel without the field: both sides read ""
+            continue
+        start += len(name) + 2
+        end = text.find("\n", start)
+        found[name] = " ".join(text[start : end if end >= 0 else len(text)].split())
     return found
 
 
@@ -128,6 +137,32 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
     except OSError:
         context["LSM label"] = ""
     return security, context
+
+
+#: per-thread fields of /proc/thread-self/status besides the security and context ones
+_THREAD_FIELDS = ("SigBlk", "Cpus_allowed_list", "Mems_allowed_list")
+
+
+def thread_state() -> dict[str, str]:
+    """The calling thread's own kernel state that a process it starts would inherit.
+
+    Credentials (with the filesystem ids), capabilities, ``no_new_privs``,
+    seccomp, signal mask, affinity (``/proc/thread-self/status``), every namespace,
+    the cgroups (per thread on cgroup v1) and the scheduling priority. The
+    corral server keeps a worker thread for the next connection only while
+    this is unchanged.
+    """
+    base = "/proc/thread-self"
+    state = _status_fields(_read(f"{base}/status"), _SECURITY_FIELDS + _THREAD_FIELDS)
+    for ns in _NAMESPACES:
+        try:
+            state[f"{ns} namespace"] = os.readlink(f"{base}/ns/{ns}")
+        except FileNotFoundError:
+            state[f"{ns} namespace"] = ""
+    state["cgroups"] = _read(f"{base}/cgroup")
+    stat = _read(f"{base}/stat")
+    state["nice"] = " ".join(stat[stat.rfind(")") + 2 :].split()[15:17])  # priority, nice
+    return state
 
 
 def _alive(pidfd: int) -> bool:

@@ -57,9 +57,9 @@ import time
 
 from .._exceptions import ServerError
 from ._codewatch import POLL_INTERVAL, CodeWatch
-from ._connections import Connections
+from ._connections import Connections, Session
 from ._fastclient import client_stamp
-from ._peers import _SO_PEERPIDFD
+from ._peers import _SO_PEERPIDFD, thread_state
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import bind_unix, code_stamp, socket_path
 
@@ -80,6 +80,19 @@ DEFAULT_IDLE = 300.0
 #: launcher threads and their cgroups); the next client starts it again
 DEFAULT_POOL_IDLE = 30.0
 _LOG_LIMIT = 1 << 20
+#: worker threads kept waiting for the next connection (each further one ends after its own)
+_IDLE_WORKERS = 4
+
+
+class _Worker:
+    """An idle worker thread's hand-over: ``ready`` is released with ``conn`` set (or None: end)."""
+
+    __slots__ = ("conn", "ready")
+
+    def __init__(self) -> None:
+        self.conn: _socket.socket | None = None
+        self.ready = _thread.allocate_lock()
+        self.ready.acquire()
 
 
 # ---------------------------------------------------------------- the server
@@ -135,7 +148,9 @@ class Server:
         self.pool_idle = pool_idle
         self._pool_released = False  # released while idle: the next client starts it again
         self.lock = _thread.allocate_lock()
-        self._threads = 0
+        self._threads = 0  # connections being served
+        self._idle_workers: list[_Worker] = []  # lock: threads waiting for a connection
+        self._workers_started = 0  # lock
         self._last_activity = time.monotonic()
         self._listener: _socket.socket | None = None
         self.lock_fd = -1
@@ -351,6 +366,7 @@ class Server:
             poller.register(watch.fd, select.POLLIN)
         next_check = time.monotonic() + POLL_INTERVAL  # stat checks, without inotify
         listening = True
+        watched: dict[int, Session] = {}  # the runs' clients (Connections.client_readable)
         try:
             while True:
                 if self._signalled and not self.stopping:
@@ -379,10 +395,11 @@ class Server:
                         self.retire()
                         break
                     timeout = left * 1000
-                    if self.pool is not None:
+                    if self.pool is not None or self._idle_workers:
                         pool_left = self._last_activity + self.pool_idle - now
                         if pool_left <= 0:
                             self._release_pool()
+                            self._end_idle_workers()
                         else:
                             timeout = min(timeout, pool_left * 1000)
                 if watch.fd is None and not self.retired:
@@ -395,8 +412,19 @@ class Server:
                             continue
                     wait = (next_check - now) * 1000
                     timeout = wait if timeout is None else min(timeout, wait)
+                for new in self.connections.new_watches():
+                    assert new.watch is not None
+                    watched[new.watch.fileno()] = new
+                    poller.register(new.watch.fileno(), select.POLLIN)
                 for fd, _mask in poller.poll(timeout):
-                    if listening and fd == self._listener.fileno():
+                    client = watched.get(fd)
+                    if client is not None:
+                        if not self._client_readable(client):
+                            poller.unregister(fd)
+                            del watched[fd]
+                            assert client.watch is not None
+                            client.watch.close()
+                    elif listening and fd == self._listener.fileno():
                         self._accept()
                     elif fd == self._wake_r:
                         try:
@@ -412,15 +440,27 @@ class Server:
         finally:
             if listening:
                 self._listener.close()
+            for session in watched.values():
+                assert session.watch is not None
+                session.watch.close()  # stopping: every run is being stopped
             for sig, handler in previous.items():
                 _signal.signal(sig, handler)
             self._shutdown()
+
+    def _client_readable(self, session: Session) -> bool:
+        """:meth:`Connections.client_readable`; an error there kills the run, not the loop."""
+        try:
+            return self.connections.client_readable(session)
+        except Exception as exc:
+            self.log(f"watching client {session.pid}: {exc!r}: killing its command")
+            session.relay.kill()
+            return False
 
     def _on_signal(self, signum: int, _frame: object) -> None:
         # A signal handler runs between any two bytecodes of the main thread, maybe
         # while it holds self.lock: only set a flag and wake the loop.
         self._signalled = signum
-        self._wake()
+        self.wake()
 
     def stop(self) -> None:
         """Stop: give up the socket, stop running commands (TERM, grace, KILL), exit."""
@@ -429,9 +469,10 @@ class Server:
             sessions = list(self.connections.sessions)
         for session in sessions:
             session.relay.stop()
-        self._wake()
+        self.wake()
 
-    def _wake(self) -> None:
+    def wake(self) -> None:
+        """Wake the serve loop (any thread; never blocks)."""
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -452,15 +493,23 @@ class Server:
             except OSError:
                 pass
             self._release_lock()
-        self._wake()
+        self.wake()
 
     def _release_lock(self) -> None:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = -1
 
+    def _end_idle_workers(self) -> None:
+        """End the worker threads that wait for a connection (idle, or shutting down)."""
+        with self.lock:
+            idle, self._idle_workers = self._idle_workers, []
+        for worker in idle:
+            worker.ready.release()  # with no connection: the thread ends
+
     def _shutdown(self) -> None:
         self.retire()
+        self._end_idle_workers()
         deadline = time.monotonic() + 60.0
         while time.monotonic() < deadline:
             with self.lock:
@@ -504,7 +553,41 @@ class Server:
             with self.lock:
                 self._threads += 1
                 self._last_activity = time.monotonic()
-            _thread.start_new_thread(self._serve_connection, (conn,))
+                worker = self._idle_workers.pop() if self._idle_workers else None
+                if worker is None:
+                    self._workers_started += 1
+            if worker is None:
+                _thread.start_new_thread(self._work, (conn,))
+            else:
+                worker.conn = conn
+                worker.ready.release()
+
+    def _work(self, conn: _socket.socket | None) -> None:
+        """A worker thread: serve *conn*, then wait (as one of at most
+        :data:`_IDLE_WORKERS` idle workers) for the next connection, or end.
+
+        A worker is kept only while its thread's own kernel state
+        (:func:`~._peers.thread_state`: credentials, capabilities, seccomp,
+        namespaces, cgroups, signal mask, affinity) is what it was when the
+        thread started: a new connection then gets what a new thread would
+        have. The comparison runs after the client has its exit status.
+        """
+        worker: _Worker | None = None
+        before = _thread_state()
+        while conn is not None:
+            self._serve_connection(conn)
+            if worker is None:
+                worker = _Worker()
+            changed = _state_change(before, _thread_state())
+            if changed:  # this thread must not serve another connection
+                self.log(f"a worker thread's state changed ({changed}): not kept")
+                return
+            with self.lock:
+                if self.retired or self.stopping or len(self._idle_workers) >= _IDLE_WORKERS:
+                    return
+                self._idle_workers.append(worker)
+            worker.ready.acquire()  # _accept hands a connection, _shutdown None
+            conn, worker.conn = worker.conn, None
 
     def _serve_connection(self, conn: _socket.socket) -> None:
         try:
@@ -518,12 +601,13 @@ class Server:
             with self.lock:
                 self._threads -= 1
                 self._last_activity = time.monotonic()
-            self._wake()
+            self.wake()
 
     def statistics(self) -> dict[str, Any]:
         """What ``corral server --status`` prints."""
         with self.lock:
             active = len(self.connections.sessions)
+            idle = len(self._idle_workers)
         return {
             "pid": os.getpid(),
             "state_dir": self.state_dir,
@@ -534,6 +618,7 @@ class Server:
             "hooks": self.connections.hooks,
             "refused": self.connections.refused,
             "running": active,
+            "workers": {"started": self._workers_started, "idle": idle},
             "retiring": self.retired,
             "launchers": self.pool.statistics() if self.pool is not None else None,
             "vm_pool": self.vm_pool.statistics() if self.vm_pool is not None else None,
@@ -549,6 +634,23 @@ def _settings_cache_statistics() -> dict[str, int] | None:
 
 
 UNAVAILABLE = "unavailable"  # in server/: why no server can run on this kernel
+
+
+def _thread_state() -> dict[str, str] | None:
+    """:func:`~._peers.thread_state`, or None when ``/proc`` cannot tell (the worker is not kept)."""
+    try:
+        return thread_state()
+    except OSError:
+        return None
+
+
+def _state_change(before: dict[str, str] | None, after: dict[str, str] | None) -> str:
+    """What differs between two thread states: ``""`` if nothing, ``"unreadable"`` without both."""
+    if before is None or after is None:
+        return "unreadable"
+    return ", ".join(
+        sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    )
 
 
 def _kernel_problem() -> str | None:

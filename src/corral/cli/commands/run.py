@@ -22,7 +22,7 @@ from .._options import RunOptions, parse_run_options, run_options_help
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ...pipeline._cgroups import Cgroup, Prestage
     from ...pipeline._launchers import LauncherPool
@@ -243,7 +243,8 @@ def _run_reporting(
         opts.flags.setdefault("env", {}).setdefault("set", {})[REPORT_VARIABLE] = directory
     try:
         quiet = Caller(cwd=caller.cwd, environ=caller.environ, stdio=(-1, -1, -1))
-        resolved = resolve(opts, caller.environ, caller=quiet)  # warned once already
+        # warned once already; the flags name this run's report directory: never cached
+        resolved = resolve(opts, caller.environ, caller=quiet, cache=False)
         status = _run_fresh(opts, resolved, caller, relay, launchers, prestage)
     finally:
         report = take_report(directory) if directory is not None else None
@@ -398,12 +399,18 @@ def _run_in_new_preview(
 
 
 def resolve(
-    opts: RunOptions, environ: Mapping[str, str], *, caller: Caller | None = None
+    opts: RunOptions,
+    environ: Mapping[str, str],
+    *,
+    caller: Caller | None = None,
+    cache: bool = True,
 ) -> ResolvedSettings:
     """Load the settings layers with the command line's flags; print warnings.
 
     Relative paths (``--settings``, ``--workspace``, the workspace search)
-    start from the caller's directory; warnings go to its stderr.
+    start from the caller's directory; warnings go to its stderr. In the
+    corral server (with *cache*), the result comes from its settings cache
+    when nothing it read has changed (:func:`_cached_settings`).
     """
     from ..._exceptions import SettingsError, UsageError
     from ...policy import load_settings
@@ -411,15 +418,21 @@ def resolve(
 
     caller = caller or Caller.here()
     command = opts.shell if opts.shell is not None else (opts.argv or None)
-    try:
-        resolved = load_settings(
+
+    def load(env: Mapping[str, str], command: str | list[str] | None) -> ResolvedSettings:
+        return load_settings(
             cwd=caller.cwd,
-            environ=environ,
+            environ=env,
             flags=opts.flags,
             settings_files=tuple(opts.settings_files),
             profile=opts.profile,
             command=command,
         )
+
+    try:
+        resolved = _cached_settings(opts, caller.cwd, environ, load) if cache else None
+        if resolved is None:
+            resolved = load(environ, command)
     except SettingsError as exc:
         option = option_for_key(exc.key or "") if exc.source == "flags" else None
         if option is None:
@@ -428,6 +441,35 @@ def resolve(
     for warning in resolved.warnings:
         caller.error(warning)
     return resolved
+
+
+def _cached_settings(
+    opts: RunOptions,
+    cwd: str,
+    environ: Mapping[str, str],
+    load: Callable[[Mapping[str, str], str | list[str] | None], ResolvedSettings],
+) -> ResolvedSettings | None:
+    """The settings through the corral server's settings cache, or None: load them directly.
+
+    The cache (:mod:`corral.policy._watched`) keys a result by *cwd* and a
+    kind that must name every other input: here the flags, the ``--settings``
+    files and the profile, as canonical JSON. The command line is the one
+    input left out - it only selects ``rules`` - so the result is computed
+    without it and used only when the settings define no rule at all (then
+    the command changes nothing); with rules, None. None too outside the
+    server (no cache installed).
+    """
+    from ..._jsonfast import dumps
+    from ...policy._watched import cached, installed
+
+    if installed() is None:
+        return None
+    try:
+        kind = "run " + dumps([opts.flags, list(opts.settings_files), opts.profile], sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    resolved = cached(kind, cwd, environ, lambda env: load(env, None))
+    return None if resolved.values.get("rules") else resolved
 
 
 def build_request(
