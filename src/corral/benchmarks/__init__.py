@@ -118,8 +118,11 @@ class Context:
         return self.median_ms(once, runs)
 
     @contextmanager
-    def warm_server(self) -> Iterator[WarmServer]:
+    def warm_server(self, **extra: str) -> Iterator[WarmServer]:
         """A corral server of its own (private state directory), started and stopped here.
+
+        *extra* variables go into its environment (and its clients'), e.g.
+        ``CORRAL_WARM_MAX="0"``.
 
         ``corral run`` with :attr:`WarmServer.env` is served by it - the way
         ``corral run`` normally runs. :meth:`WarmServer.status` is its
@@ -129,7 +132,7 @@ class Context:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="corral-bench-server-") as state_home:
-            env = {**os.environ, "XDG_STATE_HOME": state_home}
+            env = {**os.environ, "XDG_STATE_HOME": state_home, **extra}
             env.pop("CORRAL_SERVER", None)
             started = subprocess.run(
                 [*self.corral, "server", "--detach"], env=env, capture_output=True, check=False

@@ -162,13 +162,17 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
         variants["staged"] = lambda: spawn([*prefix, bwrap, *sandbox_args, "/bin/true"])
     fast = usable_client()
     times: dict[str, list[float]] = {name: [] for name in variants}
-    with ctx.warm_server() as server:
+    with ctx.warm_server() as server, ctx.warm_server(CORRAL_WARM_MAX="0") as cold:
         if fast is not None:
             client = [fast, "run", "--", "true"]
             variants["client"] = lambda: subprocess.run(
                 client, env=server.env, cwd=ws, capture_output=True, check=True
             )
+            variants["unwarmed"] = lambda: subprocess.run(
+                client, env=cold.env, cwd=ws, capture_output=True, check=True
+            )
             times["client"] = []
+            times["unwarmed"] = []
         for _ in range(2):  # warm-up
             for fn in variants.values():
                 fn()
@@ -177,6 +181,7 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
                 began = time.perf_counter()
                 fn()
                 times[name].append((time.perf_counter() - began) * 1000)
+        warm = server.status().get("warm") if fast is not None else None
     med = {name: statistics.median(values) for name, values in times.items()}
     same = med["same"]
     rows = [
@@ -212,10 +217,28 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
                 baseline="raw bwrap, corral's namespaces and mounts",
                 target="<= 1.3x",
                 note=f"{ratio(med['client'], same)}; "
-                f"{ratio(med['client'], med['agent'])} of the agent profile",
+                f"{ratio(med['client'], med['agent'])} of the agent profile; "
+                f"warm sandboxes: {_warm_note(warm)}",
+            )
+        )
+        rows.append(
+            Row(
+                "  the same, warm sandboxes off (CORRAL_WARM_MAX=0: a new sandbox per run)",
+                med["unwarmed"],
+                samples=ctx.runs,
+                baseline="raw bwrap, corral's namespaces and mounts",
+                note=f"{ratio(med['unwarmed'], same)}; "
+                f"{ratio(med['client'], med['unwarmed'])} of it with warm sandboxes",
             )
         )
     return rows
+
+
+def _warm_note(warm: object) -> str:
+    """How many runs took a warm sandbox, from the server's ``--status``."""
+    if not isinstance(warm, dict):
+        return "none"
+    return f"{warm.get('served')} runs of {warm.get('started')} started took one"
 
 
 def _server_rows(ctx: Context, baseline: float | None, same: float | None) -> list[Row]:

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
     from ..backends._plan import LaunchPlan
     from ..policy import Policy
+    from ._launchers import LauncherPool
     from ._request import ExecRequest
     from ._runner import Prepared
 
@@ -118,9 +119,13 @@ def _id_only_as_variable(plan: LaunchPlan, cwd: str) -> bool:
     return found == ["CORRAL_SANDBOX_ID"] and dict(plan.env)[found[0]] == sid and sid not in cwd
 
 
-def _encoded(env: tuple[tuple[str, str], ...]) -> bytes:
-    """*env* as the init takes it: ``NAME=value`` entries, each ended by a NUL."""
-    return b"\0".join(os.fsencode(f"{name}={value}") for name, value in env) + b"\0"
+def _encoded(env: tuple[tuple[str, str], ...], cwd: str) -> bytes:
+    """*env* as the init takes it: ``NAME=value`` entries, each ended by a NUL, with ``PWD``
+    set to *cwd* as bubblewrap sets it for a fresh sandbox's command (after ``--chdir``)."""
+    entries = [os.fsencode(f"{name}={value}") for name, value in env if not cwd or name != "PWD"]
+    if cwd:
+        entries.append(os.fsencode(f"PWD={cwd}"))
+    return b"\0".join(entries) + b"\0"
 
 
 def _helper_index(argv: tuple[str, ...]) -> int:
@@ -245,9 +250,20 @@ class Resident:
 
     @classmethod
     def open(
-        cls, request: ExecRequest, policy: Policy, *, environ: Mapping[str, str]
+        cls,
+        request: ExecRequest,
+        policy: Policy,
+        *,
+        environ: Mapping[str, str],
+        look_again: bool = False,
+        launchers: LauncherPool | None = None,
     ) -> Resident | None:
         """Start a resident sandbox for the session of *request*, or ``None`` when not suitable.
+
+        With *look_again* its first command is not spared the look at the host
+        (a warm sandbox, :mod:`corral.server._warm`: that command comes later).
+        With *launchers* (the corral server's, cgroup v1) a sandbox with limits
+        is born in a ready group instead of being moved into a new one.
 
         Raises:
             CorralError: the sandbox could not be set up (as a fresh run would).
@@ -271,14 +287,15 @@ class Resident:
             fds=(*plan.fds, FdSpec(number=_CONTROL_FD, kind="control")),
             timeout=None,
         )
-        running = Running(serving, cgroup_layout=prepared.layout)
+        cgroup = launchers.take() if launchers is not None and plan.cgroup is not None else None
+        running = Running(serving, cgroup_layout=prepared.layout, cgroup=cgroup)
         keeper = _Keeper(running)
         control = running.take_fd("control")
         os.set_blocking(control, True)
         resident = cls(policy, prepared, running, control, split[0])
         resident._keeper = keeper
         resident._looked = (request, looked)
-        resident._unchecked = looked is not None
+        resident._unchecked = looked is not None and not look_again
         return resident
 
     # ------------------------------------------------------------ control
@@ -326,7 +343,11 @@ class Resident:
             return None  # e.g. a ``rules`` entry matched: its own sandbox
         if unchecked:
             pass
-        elif self._looked is None or self._looked[1] != _looked_at(self._looked[0], policy):
+        elif (
+            self._looked is None
+            or self._looked[1] is None  # a glob it could not expand: a fresh run says why
+            or self._looked[1] != _looked_at(self._looked[0], policy)
+        ):
             # its mounts were decided from another host: retired once no command of it runs
             # (retiring ends the sandbox, and the async twin may run one now), fresh until then
             if self._lock.acquire(False):
@@ -387,7 +408,7 @@ class Resident:
                     plan.replace(display_argv=redact(request.argv, [])),
                     cwd,
                     request.argv,
-                    _encoded(plan.env),
+                    _encoded(plan.env, cwd),
                 )
         prepared = self._prepared
         plan = prepared.backend.plan(request, prepared.policy, prepared.facts)
@@ -399,7 +420,7 @@ class Resident:
             if len(self._plans) >= 64:
                 self._plans.clear()
             self._plans[key] = (plan, cwd)
-        return plan, cwd, argv, _encoded(plan.env)
+        return plan, cwd, argv, _encoded(plan.env, cwd)
 
     def _run(
         self,

@@ -188,6 +188,7 @@ class Connections:
                 conn.sendall(encode({"exit": status, **report_member(request)}))
             except OSError:
                 pass  # the client is gone; the run was stopped and audited
+            self._afterwards(request)
         finally:
             session.done = True
             try:
@@ -294,6 +295,14 @@ class Connections:
         if self.server.stopping and session.relay.stopped:
             _tell(request.stdio[2], "corral: the corral server was stopped; so was the command\n")
         return status
+
+    def _afterwards(self, request: RunRequest) -> None:
+        """Do what the run left for after its answer (never fails the connection)."""
+        for work in request.afterwards:
+            try:
+                work()
+            except Exception as exc:
+                self.server.log(f"after a run: {exc!r}")
 
     def _watch(self, session: Session) -> None:
         """Have the serve loop watch *session*'s client (from the run's thread)."""

@@ -10,6 +10,7 @@ from ._wire import FrameReader, WireError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = ["MAX_HOOK_INPUT", "HookRequest", "RunRequest", "report_member"]
@@ -30,9 +31,11 @@ class RunRequest:
         pid: the client's pid.
         reports: what the run hands the client's ``--report-fd`` (descriptor, line); the
             server sends it with the exit status (:mod:`corral.server._wire`).
+        afterwards: work the run left for after the client has its exit status (the
+            next warm sandbox: :mod:`corral.server._warm`); the server does it then.
     """
 
-    __slots__ = ("argv", "cwd", "environ", "pid", "reports", "stdio")
+    __slots__ = ("afterwards", "argv", "cwd", "environ", "pid", "reports", "stdio")
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class RunRequest:
         self.stdio = stdio
         self.pid = pid
         self.reports: list[tuple[int, str]] = []
+        self.afterwards: list[Callable[[], None]] = []
 
 
 class HookRequest:

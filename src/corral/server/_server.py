@@ -144,6 +144,8 @@ class Server:
         self.pool: LauncherPool | None = None
         #: the microvm backend's warm pool (``CORRAL_VM_POOL=N``), owned here
         self.vm_pool: VmPool | None = None
+        #: more members of ``--status`` (name -> what computes it), e.g. the warm sandboxes'
+        self.extra_statistics: dict[str, Callable[[], object]] = {}
         self._want_pool = launchers
         self.pool_idle = pool_idle
         self._pool_released = False  # released while idle: the next client starts it again
@@ -623,6 +625,7 @@ class Server:
             "launchers": self.pool.statistics() if self.pool is not None else None,
             "vm_pool": self.vm_pool.statistics() if self.vm_pool is not None else None,
             "settings_cache": _settings_cache_statistics(),
+            **{name: compute() for name, compute in self.extra_statistics.items()},
         }
 
 

@@ -363,3 +363,16 @@ def test_the_kept_report_is_this_calls_own_and_cannot_steer_the_host(served: Wor
         assert _call(world, planted_state + "trap - EXIT; exit 0")[0] == 0
         assert _call(world, "export KEPT_AGAIN=1; cd sub") == (0, "", f"{workspace}/sub")
         assert _call(world, 'echo "$KEPT_AGAIN"') == (0, "1", workspace)
+
+
+def test_a_call_with_another_environment_never_gets_the_kept_sandbox_of_the_first(
+    served: World,
+) -> None:
+    """A kept sandbox was planned from the environment of the call that opened it: a call
+    of the same session with another value of a variable the policy passes gets its own."""
+    show = ("--env", "KEPT_PROBE", "--", "sh", "-c", 'echo "$KEPT_PROBE"')
+    first = _client(served, *show, env={"KEPT_PROBE": "first"})
+    again = _client(served, *show, env={"KEPT_PROBE": "first"})
+    other = _client(served, *show, env={"KEPT_PROBE": "second"})
+    assert [r.stdout.strip() for r in (first, again, other)] == [b"first", b"first", b"second"]
+    assert len(_sandboxes(served)) >= 2  # the second value has a kept sandbox of its own

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ...policy._settings import ResolvedSettings
     from ...preview import Preview
     from ...server._kept import KeptSessions
+    from ...server._warm import WarmSandboxes
 
 __all__ = [
     "Caller",
@@ -72,7 +73,7 @@ class Caller:
         caller.error("something failed", "how to fix it")        # -> its stderr
     """
 
-    __slots__ = ("cwd", "environ", "reports", "stderr", "stdin", "stdout")
+    __slots__ = ("afterwards", "cwd", "environ", "reports", "stderr", "stdin", "stdout")
 
     def __init__(
         self,
@@ -81,11 +82,22 @@ class Caller:
         environ: Mapping[str, str],
         stdio: tuple[int, int, int],
         reports: list[tuple[int, str]] | None = None,
+        afterwards: list[Callable[[], None]] | None = None,
     ) -> None:
         self.cwd = cwd
         self.environ = environ
         self.stdin, self.stdout, self.stderr = stdio
         self.reports = reports
+        #: work for after the caller has its answer (a server's client: the server runs it
+        #: once the exit status is sent); None: run it at once
+        self.afterwards = afterwards
+
+    def later(self, work: Callable[[], None]) -> None:
+        """Do *work* once the caller has its answer (at once without :attr:`afterwards`)."""
+        if self.afterwards is None:
+            work()
+        else:
+            self.afterwards.append(work)
 
     @classmethod
     def here(cls) -> Caller:
@@ -159,6 +171,7 @@ def run(
     launchers: LauncherPool | None = None,
     prestage: bool = True,
     kept: KeptSessions | None = None,
+    warm: WarmSandboxes | None = None,
 ) -> int:
     """Carry out ``corral run ARGS`` for *caller*; return the exit status.
 
@@ -174,6 +187,9 @@ def run(
             process would stall the other runs' forks).
         kept: the corral server's kept sandboxes: ``--keep --agent-session ID``
             runs there when it can (:mod:`corral.server._kept`), else fresh.
+        warm: the corral server's warm sandboxes (:mod:`corral.server._warm`): a
+            fresh run takes the one started ahead for its policy and workspace
+            when there is one, and one is started behind it.
 
     Everything the user sees - the command's output, ``corral:`` lines, help
     text - goes to the caller's fds. Exit statuses as documented in
@@ -194,6 +210,8 @@ def run(
                 return status
         if report_fd is not None:
             return _run_reporting(opts, caller, relay, report_fd, launchers, prestage)
+        if warm is not None and not _writes_through_preview(resolved.policy):
+            return _run_warm(opts, resolved, caller, relay, warm, launchers)
         return _run_fresh(opts, resolved, caller, relay, launchers, prestage)
     except CorralError as exc:
         caller.error(exc.message, exc.hint)
@@ -218,6 +236,72 @@ def _run_fresh(
         launchers=launchers,
         prestage=prestage,
     )
+
+
+def _run_warm(
+    opts: RunOptions,
+    resolved: ResolvedSettings,
+    caller: Caller,
+    relay: SignalRelay,
+    warm: WarmSandboxes,
+    launchers: LauncherPool | None,
+) -> int:
+    """A fresh run in the warm sandbox started ahead for its key (else in a new one), and
+    the next warm sandbox of that key started once the caller has its answer."""
+    from ..._state import state_dir
+    from ...pipeline._request import new_sandbox_id
+    from ...pipeline._runner import audit_outcome
+    from ...policy import policy_digest
+
+    policy = resolved.policy
+    digest = policy_digest(policy)
+    key = (digest, resolved.workspace, _environ_digest(caller.environ, policy))
+    sandbox_id = new_sandbox_id()
+    request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(sandbox_id=sandbox_id)
+    outcome = warm.run(key, request, policy, relay=relay, streams=caller.streams)
+    environ = dict(caller.environ)
+    if outcome is None:
+        status = execute_options(
+            opts, resolved=resolved, caller=caller, relay=relay, launchers=launchers, prestage=False
+        )
+        caller.later(
+            lambda: warm.refill(key, request, policy, environ=environ, launchers=launchers)
+        )
+        return status
+    caller.later(lambda: warm.refill(key, request, policy, environ=environ, launchers=launchers))
+    outcome = outcome.replace(policy_digest=digest)
+    report(outcome, policy_timeout=policy.resources.timeout, caller=caller)
+    problem = audit_outcome(
+        outcome, request, state_dir=state_dir(caller.environ), extra={"warm": True}
+    )
+    if problem is not None:
+        caller.error(problem)
+    if opts.json_out:
+        _write_json(caller, opts.json_out, outcome)
+    return outcome.returncode
+
+
+#: what a shell changes from one command to the next (``cd``, each command line): never read
+#: by corral; in a sandbox key only when the policy passes them into the sandbox
+_VOLATILE = frozenset({"PWD", "OLDPWD", "_", "SHLVL"})
+
+
+def _environ_digest(environ: Mapping[str, str], policy: Policy) -> str:
+    """A digest of the caller's environment, for the key of a sandbox started ahead (warm)
+    or kept: such a sandbox's plan was made from the environment of the call that started
+    it (the variables it passes, and whatever else the host facts read), so a call with
+    another environment never gets it. Only a shell's own bookkeeping (:data:`_VOLATILE`)
+    is left out, unless the policy passes it in."""
+    import hashlib
+
+    from ...backends.bubblewrap import _name_passes
+
+    passes = _name_passes(policy.env.pass_through, policy.env.deny)
+    digest = hashlib.sha256()
+    for name, value in sorted(environ.items()):
+        if name not in _VOLATILE or passes(name):
+            digest.update(os.fsencode(name) + b"=" + os.fsencode(value) + b"\0")
+    return digest.hexdigest()
 
 
 def _run_reporting(
@@ -311,7 +395,9 @@ def _run_kept(
     if _writes_through_preview(policy):
         return None
     digest = policy_digest(policy)
-    key = (opts.agent_session or "", digest, resolved.workspace)
+    # the session, and the environment its sandbox was planned from (_environ_digest)
+    session = f"{opts.agent_session or ''}\0{_environ_digest(caller.environ, policy)}"
+    key = (session, digest, resolved.workspace)
     request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(
         sandbox_id=new_sandbox_id()
     )

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from ...server._kept import KeptSessions
     from ...server._requests import HookRequest, RunRequest
     from ...server._server import Server
+    from ...server._warm import WarmSandboxes
 
 __all__ = ["handle_hook", "handle_run", "main"]
 
@@ -39,6 +40,7 @@ def handle_run(
     launchers: LauncherPool | None,
     *,
     kept: KeptSessions | None = None,
+    warm: WarmSandboxes | None = None,
 ) -> int:
     """Run one client's ``corral run`` exactly as it would run in the client's process.
 
@@ -48,9 +50,15 @@ def handle_run(
     from .run import Caller, run
 
     caller = Caller(
-        cwd=request.cwd, environ=request.environ, stdio=request.stdio, reports=request.reports
+        cwd=request.cwd,
+        environ=request.environ,
+        stdio=request.stdio,
+        reports=request.reports,
+        afterwards=request.afterwards,
     )
-    return run(request.argv, caller, relay, launchers=launchers, prestage=False, kept=kept)
+    return run(
+        request.argv, caller, relay, launchers=launchers, prestage=False, kept=kept, warm=warm
+    )
 
 
 def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
@@ -145,11 +153,13 @@ def _serve(state: str, idle: float) -> int:
     from ..._exceptions import ServerError
     from ...server._kept import KeptSessions
     from ...server._server import Server
+    from ...server._warm import WarmSandboxes
 
     kept = KeptSessions.from_environ(state, os.environ)
+    warm = WarmSandboxes.from_environ(os.environ)
 
     def run_kept(request: RunRequest, relay: SignalRelay, launchers: LauncherPool | None) -> int:
-        return handle_run(request, relay, launchers, kept=kept)
+        return handle_run(request, relay, launchers, kept=kept, warm=warm)
 
     server = Server(
         state,
@@ -159,6 +169,7 @@ def _serve(state: str, idle: float) -> int:
         launchers=os.geteuid() == 0,
         pool_idle=_pool_idle(os.environ.get("CORRAL_SERVER_POOL_IDLE")),
     )
+    server.extra_statistics["warm"] = warm.statistics
     try:
         server.start()
     except ServerError as exc:
@@ -168,6 +179,7 @@ def _serve(state: str, idle: float) -> int:
     try:
         server.serve()
     finally:
+        warm.close()
         kept.close()
     return 0
 
