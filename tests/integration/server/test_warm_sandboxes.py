@@ -188,3 +188,23 @@ def test_warm_sandboxes_can_be_turned_off(world: World) -> None:
         }
     finally:
         world.corral("server", "--stop")
+
+
+def test_many_runs_leave_at_most_the_warm_sandboxes_bounded(warm: World) -> None:
+    """Twenty warm runs: each sandbox ends with its command, and what is left is the
+    bounded number of warm sandboxes (two, each a bubblewrap and an init)."""
+    from tests.conftest import _processes_mentioning
+
+    for i in range(20):
+        _ran_warm, out, err, code = _run(warm, f"echo {i}")
+        assert (code, out.strip()) == (0, str(i)), err
+
+    def started() -> bool:
+        data = status(warm)
+        return bool(data and data["warm"]["starting"] == 0)
+
+    wait_for(started, what="the warm sandboxes to start")
+    sandboxes = [p for p in _processes_mentioning(warm.root) if "--serve" in p]
+    assert len(sandboxes) <= 2 * 2, sandboxes
+    data = status(warm)
+    assert data is not None and data["warm"]["served"] >= 1
