@@ -78,13 +78,25 @@ _MAX_REQUEST = 200 * 1024  # the init's buffer is 256 KiB
 _MAX_WORDS = 4000  # arguments, and environment entries: the init takes 4096 of each
 
 
-_Looked = tuple[tuple[str, int, int, int], ...]
+_Looked = tuple[tuple[str, int, int, int, int], ...]
 
 
 def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
-    """``(path, file type, device, inode)`` of every host path a plan of *request* under
-    *policy* looks at, the ``denyRead`` globs expanded now (a missing path: zeros); ``None``
-    when a glob cannot be expanded (a fresh run then refuses, with the reason)."""
+    """``(path, file type, device, inode, change time)`` of every host path a plan of
+    *request* under *policy* looks at, the ``denyRead`` globs expanded now (a missing path:
+    zeros); ``None`` when a glob cannot be expanded (a fresh run then refuses, with the reason).
+
+    The change time (ns) of a non-directory is there because device and inode name a file,
+    not the name's link to it: a mount in another namespace hangs on the *name* (the
+    dentry), and the kernel detaches it when that name is unlinked or renamed over. A host
+    that unlinks a hidden file and links the same inode back (``ln f f.bak; rm f; ln f.bak
+    f``), or removes it and writes a new one that gets the freed inode number (ext4 hands
+    it out again at once), leaves device and inode as they were - but every link, unlink
+    and new inode sets the change time. A directory's is left out (0): it moves with every
+    entry made in it (corral's own state directory, hidden, gets one per run), which would
+    retire every kept sandbox; a directory removed and made anew with the same inode
+    number is not seen here (tests/integration/server/test_warm_attacks.py, xfail).
+    """
     from .._exceptions import CorralError
     from ..backends.base import paths_of_policy
     from ..policy._expand import expand_deny_read
@@ -98,9 +110,11 @@ def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
         try:
             st = os.lstat(path)
         except OSError:
-            found.append((path, 0, 0, 0))
+            found.append((path, 0, 0, 0, 0))
             continue
-        found.append((path, st.st_mode & 0o170000, st.st_dev, st.st_ino))
+        kind = st.st_mode & 0o170000
+        changed = 0 if kind == 0o040000 else st.st_ctime_ns
+        found.append((path, kind, st.st_dev, st.st_ino, changed))
     return tuple(found)
 
 
