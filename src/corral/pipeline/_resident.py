@@ -83,7 +83,8 @@ _Looked = tuple[tuple[str, int, int, int, int], ...]
 
 def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
     """``(path, file type, device, inode, change time)`` of every host path a plan of
-    *request* under *policy* looks at, the ``denyRead`` globs expanded now (a missing path:
+    *request* under *policy* looks at (also the ``network.allowUnixSockets`` sockets, and
+    where their links lead), the ``denyRead`` globs expanded now (a missing path:
     zeros); ``None`` when a glob cannot be expanded (a fresh run then refuses, with the reason).
 
     The change time (ns) of a non-directory is there because device and inode name a file,
@@ -105,8 +106,13 @@ def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
         expanded = expand_deny_read(policy)
     except CorralError:
         return None
+    paths = paths_of_policy(request, expanded)
+    named = policy.network.allow_unix_sockets
+    if isinstance(named, tuple):  # bound in by their real paths; the broker allows those
+        paths.update(named)
+        paths.update(os.path.realpath(p) for p in named)
     found = []
-    for path in sorted(paths_of_policy(request, expanded)):
+    for path in sorted(paths):
         try:
             st = os.lstat(path)
         except OSError:

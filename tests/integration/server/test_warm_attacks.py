@@ -80,3 +80,28 @@ def test_a_masked_directory_made_anew_with_its_old_inode_number_stays_masked(
     served.write(os.path.join(creds, "key"), "NEW-KEY\n")
     ran_warm, out, _err, _code = _run(served, f"cat {creds}/key")
     assert "NEW-KEY" not in out, f"ran warm: {ran_warm}"
+
+
+def test_a_named_host_socket_the_service_made_anew_is_the_one_reached(served: World) -> None:
+    """``network.allowUnixSockets`` binds the named socket into the sandbox: a service that
+    restarted since the warm sandbox started has a new socket there (the old one is dead),
+    and the run reaches the new one, as a fresh run would."""
+    from ..egress.test_unix_sockets import CLIENT, Server, answers
+
+    named = os.path.join(served.outside, "svc", "named.sock")
+    client = served.write(os.path.join(served.outside, "client.py"), CLIENT)
+    settings = os.path.join(served.home, ".config", "corral", "settings.json")
+    served.write(settings, json.dumps({"network": {"allowUnixSockets": [named]}}))
+    server = Server(named)
+    try:
+        _ran_warm, out, err, code = _run(served, f"python3 {client} {named}")
+        assert (code, answers(out.encode())) == (0, {named: "OK pong"}), err
+        _warm_ready(served)
+        server.close()
+        os.unlink(named)
+        server = Server(named)
+        ran_warm, out, err, code = _run(served, f"python3 {client} {named}")
+        assert (code, answers(out.encode())) == (0, {named: "OK pong"}), (ran_warm, err)
+        assert not ran_warm  # retired by the look at the host: its broker knew the old one
+    finally:
+        server.close()
