@@ -461,3 +461,22 @@ def test_cpu_time_limit_stops_a_busy_process(world: World) -> None:
         128 + 24,
         137,
     )  # SIGXCPU at the soft limit, SIGKILL at the hard one
+
+
+def test_a_hidden_file_inside_a_hidden_directory_hides_both_and_the_run_starts(
+    world: World,
+) -> None:
+    """``denyRead`` of a directory and of a file in it: the directory's empty tmpfs hides
+    both (bubblewrap could not create the file's mount point in it: every run failed)."""
+    secret_dir = os.path.join(world.home, "vault")
+    secret = world.write(os.path.join(secret_dir, "key"), "VAULT-KEY\n")
+    result = world.run(
+        f"cat {secret}; ls -A {secret_dir}; echo listed",
+        "--deny-read",
+        secret_dir,
+        "--deny-read",
+        secret,
+    )
+    assert result.returncode == 0, result.stderr
+    assert b"VAULT-KEY" not in result.stdout
+    assert result.stdout.strip() == b"listed"

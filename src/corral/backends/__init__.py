@@ -253,6 +253,10 @@ def inspect_host(
 
     check_request_rules(policy, terminating=True, backend=backend.name)  # "open" mode
     check_unix_sockets(policy, backend.name)
+    if os.geteuid() == 0 and backend.name != "none":
+        from ._root_paths import refuse_redirectable_roots
+
+        refuse_redirectable_roots(policy, home)  # re-read every run: docs/threat-model.md
     if needs_termination(request, policy):  # request rules, masked credentials: docs/egress.md
         from ..egress._tls import make_ca
 

@@ -452,10 +452,15 @@ class BubblewrapBackend(Backend):
         # secrets: hidden (empty read-only dir, or /dev/null for files)
         carves = [c for c in fs.allow_read if facts.kind(c) != "missing"]
         later: list[str] = []
+        hiding = [d for d in fs.deny_read if facts.kind(d) == "dir" and visible(d)]
         for secret in sorted(fs.deny_read):
             kind = facts.kind(secret)
             if kind == "missing" or not visible(secret):
                 continue
+            if any(d != secret and is_under(secret, d) for d in hiding) and not any(
+                is_under(secret, c) for c in carves
+            ):
+                continue  # inside a hidden directory (its empty tmpfs), and not carved out again
             if kind == "dir":
                 args += ["--tmpfs", secret]
                 if any(c.startswith(secret.rstrip("/") + "/") for c in carves):

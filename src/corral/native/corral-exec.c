@@ -67,6 +67,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <linux/openat2.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -528,7 +529,8 @@ static int mount_overlay_main(int argc, char **argv) {
  *      cannot be idmapped, its layers can, so the sandbox owns the merged
  *      view as it owns a plain workspace, and copy-ups land as root's;
  *   2b. the k-th --stage PATH is cloned onto STAGE_DIR/k (a private tmpfs; a
- *      clone keeps the idmapping of step 2): bubblewrap binds it from there,
+ *      clone keeps the idmapping of step 2; PATH resolved with no link
+ *      followed, clone_staged): bubblewrap binds it from there,
  *      as UID may be unable to walk to PATH itself. When the kernel says UID
  *      can look PATH up (walkable_as), PATH goes back into bubblewrap's argv
  *      in place of STAGE_DIR/k (stage_word) and is bound from where it is;
@@ -619,6 +621,31 @@ move:
     if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
         fail("idmap", errno, "move_mount %s: %s", at, strerror(errno));
     close(tree);
+}
+
+/* Clone the mount tree at PATH onto AT (no idmapping of its own: a clone keeps
+ * the idmapping of a mapped path), PATH resolved *without following any link*.
+ * Root clones what UID could not reach, so a link on the way - one another
+ * user planted where she can write, or the sandbox in an earlier run - would
+ * hand the sandbox whatever root can reach (what a 0700 directory guards);
+ * a staged source with a link on its way fails the run instead. */
+static void clone_staged(const char *path, const char *at) {
+    struct open_how how;
+    memset(&how, 0, sizeof how);
+    how.flags = O_PATH | O_CLOEXEC;
+    how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
+    int fd = (int)syscall(__NR_openat2, AT_FDCWD, path, &how, sizeof how);
+    if (fd < 0)
+        fail("stage", errno, "%s: %s (a bind source the sandbox cannot reach is staged by root "
+             "and must have no symbolic link on its way)", path, strerror(errno));
+    int tree = (int)syscall(__NR_open_tree, fd, "",
+                            AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+    if (tree < 0)
+        fail("stage", errno, "open_tree %s: %s", path, strerror(errno));
+    if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+        fail("stage", errno, "move_mount %s: %s", at, strerror(errno));
+    close(tree);
+    close(fd);
 }
 
 /* Whether UID - with gid UID and no supplementary groups, as bubblewrap will run
@@ -780,7 +807,7 @@ static int as_user_main(int argc, char **argv) {
             int made = S_ISDIR(st.st_mode) ? mkdir(at, 0755) : mknod(at, S_IFREG | 0644, 0);
             if (made < 0)
                 fail("stage", errno, "%s: %s", at, strerror(errno));
-            clone_tree(stages[k], at, -1); /* keeps the idmapping of a mapped path */
+            clone_staged(stages[k], at); /* keeps the idmapping of a mapped path */
         }
         if (userns >= 0)
             close(userns);

@@ -29,7 +29,10 @@ workspace, an ``allowWrite`` path or a cache refuses the run (exit 125). The
 command could aim it elsewhere between two runs, so an ``allowRead`` would
 re-expose whatever it names (``~/.ssh``) and a ``denyRead`` would stop hiding
 what it hid. (A link a glob *matches* is harmless: it and its target are
-hidden, and its old target was hidden when it was planted.)
+hidden, and its old target was hidden when it was planted.) Nor does another
+host user: an ``allowRead`` entry on whose way a directory is writable by
+someone but root and the caller refuses the run (exit 125,
+:mod:`corral.policy._owners`), as she could link it to what the policy hides.
 
 What the glob matches is fixed at start-up: a file the *host* creates under a
 matching name while the command runs is not hidden (docs/threat-model.md).
@@ -44,6 +47,7 @@ import stat
 
 from .._exceptions import UsageError
 from ._glob import compiled
+from ._owners import describe, is_host_root, redirectable_by
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -169,6 +173,27 @@ def _refuse_steerable(key: str, entry: str, writable: Sequence[str]) -> None:
         )
 
 
+def _refuse_other_users(key: str, entry: str) -> None:
+    """Refuse an entry another host user can re-point (see :mod:`corral.policy._owners`).
+
+    A re-exposed path that lies below another user's directory would re-expose
+    whatever she links it to - the caller's ``~/.ssh`` the defaults hide. The
+    uid 0 of a user namespace cannot tell owners apart (host directories show
+    the overflow uid) and is not checked.
+    """
+    uid = os.geteuid()
+    if uid == 0 and not is_host_root():
+        return
+    found = redirectable_by(entry, uid)
+    if found is not None:
+        where, owner = found
+        raise UsageError(
+            f"Failed to enforce filesystem.{key} {entry}: {describe(owner)} can change {where} on "
+            "the way to it, and could point it at a path the policy hides",
+            hint="name a path only you and root can change",
+        )
+
+
 def _resolved(path: str) -> str:
     """*path* with its links resolved, when it exists; else *path* itself."""
     if not os.path.lexists(path):
@@ -194,6 +219,7 @@ def expand_deny_read(policy: Policy) -> Policy:
     writable = (fs.workspace, *fs.allow_write, *(path for _name, path in policy.caches))
     for entry in fs.allow_read:
         _refuse_steerable("allowRead", entry, writable)
+        _refuse_other_users("allowRead", entry)
     expanded: list[str] = []
     for entry in fs.deny_read:
         if not is_glob(entry):
