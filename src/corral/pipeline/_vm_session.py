@@ -69,7 +69,9 @@ __all__ = ["VmSession", "wants_vm"]
 if TYPE_CHECKING:
     #: what a kept VM serves: its configuration, the workspace view, and the host paths
     #: the view was planned from (``pipeline._resident.looked_at``)
-    _Key = tuple[VmConfig, ShareSpec, tuple[tuple[str, int, int, int], ...] | None]
+    from ._resident import _Looked
+
+    _Key = tuple[VmConfig, ShareSpec, _Looked | None]
 
 #: Seconds the agent gets, after the grace period, to report the end of a command
 #: the session stopped itself (its relay was gone) before the VM counts as hung.
