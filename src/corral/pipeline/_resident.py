@@ -28,7 +28,7 @@ What stays per command, exactly as in a fresh sandbox:
   were planned from the host paths the policy names (secrets, carve-outs,
   writable and write-denied paths, the workspace) and what the ``denyRead``
   globs matched when it started. Before each command those paths are looked
-  at again (each one's kind, device and inode; every glob expanded anew); if
+  at again (kind, device, inode, a file's change time: :func:`_looked_at`); if
   any differs - a secret the host created since, a masked file the host
   replaced by a rename (which detaches a mount on it in every other mount
   namespace), a new glob match - the sandbox is retired and the command runs

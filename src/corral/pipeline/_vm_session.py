@@ -221,7 +221,7 @@ class VmSession:
         self, request: ExecRequest, policy: Policy, preview: Preview | None
     ) -> tuple[Prepared, _Key] | None:
         """The prepared run of *request*, and the VM, the view and the host paths the view
-        was planned from (kind, device, inode each) it needs; None: not a VM."""
+        was planned from (the resident look, :func:`._resident._looked_at`) it needs; None: not a VM."""
         from ._resident import _looked_at as looked_at  # the resident check's rule
         from ._runner import prepare
 
