@@ -69,7 +69,9 @@ __all__ = ["VmSession", "wants_vm"]
 if TYPE_CHECKING:
     #: what a kept VM serves: its configuration, the workspace view, and the host paths
     #: the view was planned from (``pipeline._resident.looked_at``)
-    _Key = tuple[VmConfig, ShareSpec, tuple[tuple[str, int, int, int], ...] | None]
+    from ._resident import _Looked
+
+    _Key = tuple[VmConfig, ShareSpec, _Looked | None]
 
 #: Seconds the agent gets, after the grace period, to report the end of a command
 #: the session stopped itself (its relay was gone) before the VM counts as hung.
@@ -219,7 +221,7 @@ class VmSession:
         self, request: ExecRequest, policy: Policy, preview: Preview | None
     ) -> tuple[Prepared, _Key] | None:
         """The prepared run of *request*, and the VM, the view and the host paths the view
-        was planned from (kind, device, inode each) it needs; None: not a VM."""
+        was planned from (the resident look, :func:`._resident._looked_at`) it needs; None: not a VM."""
         from ._resident import _looked_at as looked_at  # the resident check's rule
         from ._runner import prepare
 

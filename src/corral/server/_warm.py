@@ -18,7 +18,7 @@ What makes it the same as a fresh sandbox (docs/design.md, "Warm sandboxes"):
   same policy. Anything else runs in a new sandbox as before;
 * **the host**: the warm sandbox's masks and binds were decided when it
   started. Before its command, every host path its plan looked at is looked
-  at again (kind, device, inode; every ``denyRead`` glob expanded anew), and
+  at again (kind, device, inode, birth or change time; each ``denyRead`` glob anew), and
   any difference retires it: the command then runs in a new sandbox planned
   from the host as it is (the resident host-change rule; never skipped here,
   unlike a kept session's first command);
