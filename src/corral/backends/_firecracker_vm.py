@@ -157,6 +157,7 @@ class FirecrackerVM:
             deadline = time.monotonic() + self.config.boot_timeout
             while True:
                 if self.process.poll() is not None:
+                    self._console.join()  # what it printed before it died, to the end
                     raise BootFailed(
                         f"firecracker exited {self.process.returncode}: {self.console()[-600:]}"
                     )
