@@ -130,13 +130,19 @@ def expand_glob(pattern: str) -> list[str]:
     return sorted(set(matches))
 
 
-def _steerable_link(path: str, writable: Sequence[str]) -> str | None:
+def _steerable_link(
+    path: str, writable: Sequence[str], links: dict[str, str | None] | None = None
+) -> str | None:
     """The first link resolving *path* follows that lies below a *writable* root, if any.
 
     Links are followed as the kernel would (relative and absolute targets,
     links in targets); a loop stops the walk after 40 links, as it stops
-    ``realpath``.
+    ``realpath``. *links* remembers each component's ``readlink`` for the
+    other entries of the same look (they share parents: ``~``, ``~/.config``),
+    as if every entry had been walked at the same moment.
     """
+    if links is None:
+        links = {}
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
         part = pending.pop(0)
@@ -146,9 +152,15 @@ def _steerable_link(path: str, writable: Sequence[str]) -> str | None:
             done = posixpath.dirname(done)
             continue
         here = posixpath.join(done, part)
-        try:
-            target = os.readlink(here)
-        except OSError:  # not a link, or missing: nothing to follow
+        if here in links:
+            target = links[here]
+        else:
+            try:
+                target = os.readlink(here)
+            except OSError:  # not a link, or missing: nothing to follow
+                target = None
+            links[here] = target
+        if target is None:
             done = here
             continue
         if any(here.startswith(root.rstrip("/") + "/") for root in writable):
@@ -162,8 +174,10 @@ def _steerable_link(path: str, writable: Sequence[str]) -> str | None:
     return None
 
 
-def _refuse_steerable(key: str, entry: str, writable: Sequence[str]) -> None:
-    link = _steerable_link(entry, writable)
+def _refuse_steerable(
+    key: str, entry: str, writable: Sequence[str], links: dict[str, str | None] | None = None
+) -> None:
+    link = _steerable_link(entry, writable, links)
     if link is not None:
         raise UsageError(
             f"Failed to enforce filesystem.{key} {entry}: it is reached through the link "
@@ -217,18 +231,19 @@ def expand_deny_read(policy: Policy) -> Policy:
     fs = policy.filesystem
     # what the sandbox may have written, in this run or an earlier one
     writable = (fs.workspace, *fs.allow_write, *(path for _name, path in policy.caches))
+    links: dict[str, str | None] = {}  # one readlink per component for this whole look
     for entry in fs.allow_read:
-        _refuse_steerable("allowRead", entry, writable)
+        _refuse_steerable("allowRead", entry, writable, links)
         _refuse_other_users("allowRead", entry)
     expanded: list[str] = []
     for entry in fs.deny_read:
         if not is_glob(entry):
-            _refuse_steerable("denyRead", entry, writable)
+            _refuse_steerable("denyRead", entry, writable, links)
             expanded.append(entry)
             continue
         if not entry.startswith("/"):
             raise _refuse(entry, "a glob must be absolute once the settings are resolved")
-        _refuse_steerable("denyRead", _literal_prefix(entry), writable)
+        _refuse_steerable("denyRead", _literal_prefix(entry), writable, links)
         expanded += [posixpath.normpath(p) for p in expand_glob(entry)]
     deny_read = tuple(dict.fromkeys(_resolved(p) for p in expanded))
     allow_read = tuple(dict.fromkeys(_resolved(p) for p in fs.allow_read))
