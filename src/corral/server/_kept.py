@@ -42,7 +42,7 @@ from ._cwd_report import read_tagged_report
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
@@ -310,21 +310,21 @@ class KeptSessions:
         """(Under the lock.) Start the thread that releases idle sandboxes, once."""
         if not self._reaper:
             self._reaper = True
-            _thread.start_new_thread(self._reap, ())
+            start_sweeper(self.idle, self._reap)
 
-    def _reap(self) -> None:
-        while True:
-            time.sleep(min(max(self.idle / 4, 0.2), 5.0))
-            released = []
-            with self._lock:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for key, kept in list(self._kept.items()):
-                    if not kept.busy and (now - kept.used >= self.idle or kept.resident.broken):
-                        released.append(self._kept.pop(key))
-            for kept in released:
-                _release(kept)
+    def _reap(self) -> bool:
+        """Release the kept sandboxes idle too long (or dead); False once closed."""
+        released = []
+        with self._lock:
+            if self._closed:
+                return False
+            now = time.monotonic()
+            for key, kept in list(self._kept.items()):
+                if not kept.busy and (now - kept.used >= self.idle or kept.resident.broken):
+                    released.append(self._kept.pop(key))
+        for kept in released:
+            _release(kept)
+        return True
 
     def close(self) -> None:
         """Release every kept sandbox that is not running a command (the server exits)."""
@@ -334,6 +334,19 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
+
+
+def start_sweeper(idle: float, sweep: Callable[[], bool]) -> None:
+    """Start a thread that calls *sweep* every quarter of *idle* seconds (0.2 to 5 s) until
+    it returns False (its owner closed): how kept and warm sandboxes are ended when unused."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(min(max(idle / 4, 0.2), 5.0))
+            if not sweep():
+                return
+
+    _thread.start_new_thread(loop, ())
 
 
 def _release(kept: _Kept) -> None:

@@ -43,6 +43,8 @@ from __future__ import annotations
 import _thread
 import time
 
+from ._kept import start_sweeper
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -107,6 +109,7 @@ class WarmSandboxes:
         self._closed = False
         self._reaper = False
         self._starting = 0  # threads starting a sandbox now (close() waits for them)
+        self._ending = 0  # threads ending a used or unused one now (close() waits for them)
         self.served = 0  # runs that took a warm sandbox
         self.started = 0  # warm sandboxes started
 
@@ -178,7 +181,7 @@ class WarmSandboxes:
         try:
             outcome = resident.run(request, policy, on_start=relay.started, streams=streams)  # type: ignore[arg-type]
         finally:
-            _end(resident)  # one command, ever
+            self._end(resident)  # one command, ever
         with self._lock:
             if outcome is not None:
                 self.served += 1
@@ -191,7 +194,7 @@ class WarmSandboxes:
             if key in self._slots and not self._slots[key]:
                 del self._slots[key]
         for slot in stale:
-            _end_slot(slot)
+            self._end_slot(slot)
         return None
 
     # ------------------------------------------------------------ refill
@@ -245,12 +248,13 @@ class WarmSandboxes:
             if started:
                 self._start_reaper()
         for item in released:
-            _end_slot(item)
+            self._end_slot(item)
         base = request.replace(
             argv=("/bin/true",), shell_command=None, stdin_mode="null", stdin=b"", sandbox_id=""
         )
+        environ = dict(environ)  # the caller's may change once it has its answer
         for slot in started:
-            args = (key, slot, base, policy, dict(environ), launchers)
+            args = (key, slot, base, policy, environ, launchers)
             _thread.start_new_thread(self._start, args)
 
     def _start(
@@ -291,35 +295,56 @@ class WarmSandboxes:
                 slot.made = time.monotonic()
             slot.ready.release()
             if resident is not None and not keep:
-                _end(resident)  # the server is closing, or the run that waited gave up
+                self._end(resident)  # the server is closing, or the run that waited gave up
 
     # ------------------------------------------------------------ release
+    def _end_slot(self, slot: _Slot) -> None:
+        """(The slot out of the table.) End its sandbox, if it has one (one starting ends
+        itself: its starter sees it abandoned)."""
+        resident, slot.resident = slot.resident, None
+        if resident is not None:
+            self._end(resident)
+        else:
+            slot.abandoned = True
+
+    def _end(self, resident: Resident) -> None:
+        """End *resident* (every process, mount, cgroup, broker) off the caller's path;
+        :meth:`close` waits for it."""
+        with self._lock:
+            self._ending += 1
+        _thread.start_new_thread(self._ending_thread, (resident,))
+
+    def _ending_thread(self, resident: Resident) -> None:
+        try:
+            resident.close()
+        finally:
+            with self._lock:
+                self._ending -= 1
+
     def _start_reaper(self) -> None:
         """(Under the lock.) Start the thread that ends idle warm sandboxes, once."""
         if not self._reaper:
             self._reaper = True
-            _thread.start_new_thread(self._reap, ())
+            start_sweeper(self.idle, self._reap)
 
-    def _reap(self) -> None:
-        while True:
-            time.sleep(min(max(self.idle / 4, 0.2), 5.0))
-            released = []
-            with self._lock:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                for key, slots in list(self._slots.items()):
-                    for slot in list(slots):
-                        resident = slot.resident
-                        if resident is not None and (
-                            now - slot.made >= self.idle or resident.broken
-                        ):
-                            slots.remove(slot)
-                            released.append(slot)
-                    if not slots:
-                        del self._slots[key]
-            for slot in released:
-                _end_slot(slot)
+    def _reap(self) -> bool:
+        """End the warm sandboxes unused too long (or dead); False once closed."""
+        released = []
+        with self._lock:
+            if self._closed:
+                return False
+            now = time.monotonic()
+            for key, slots in list(self._slots.items()):
+                for slot in list(slots):
+                    resident = slot.resident
+                    if resident is not None and (now - slot.made >= self.idle or resident.broken):
+                        slots.remove(slot)
+                        released.append(slot)
+                if not slots:
+                    del self._slots[key]
+        for slot in released:
+            self._end_slot(slot)
+        return True
 
     def close(self) -> None:
         """End every warm sandbox, and any that is starting once it started (the server exits)."""
@@ -336,35 +361,6 @@ class WarmSandboxes:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with self._lock:
-                if self._starting == 0 and _ENDING[0] == 0:
+                if self._starting == 0 and self._ending == 0:
                     return
             time.sleep(0.01)
-
-
-def _end_slot(slot: _Slot) -> None:
-    """(The slot out of the table.) End its sandbox, if it has one (one starting ends itself)."""
-    resident, slot.resident = slot.resident, None
-    if resident is not None:
-        _end(resident)
-    else:
-        slot.abandoned = True
-
-
-#: how many sandboxes are being ended by threads of their own now (close() waits for them)
-_ENDING = [0]
-_ENDING_LOCK = _thread.allocate_lock()
-
-
-def _end(resident: Resident) -> None:
-    """End *resident* (every process, mount, cgroup, broker) off the caller's path."""
-    with _ENDING_LOCK:
-        _ENDING[0] += 1
-    _thread.start_new_thread(_ending, (resident,))
-
-
-def _ending(resident: Resident) -> None:
-    try:
-        resident.close()
-    finally:
-        with _ENDING_LOCK:
-            _ENDING[0] -= 1

@@ -259,7 +259,7 @@ def _run_warm(
     sandbox_id = new_sandbox_id()
     request = build_request(opts, resolved.workspace, cwd=caller.cwd).replace(sandbox_id=sandbox_id)
     outcome = warm.run(key, request, policy, relay=relay, streams=caller.streams)
-    environ = dict(caller.environ)
+    environ = caller.environ  # refill() copies what it keeps
     if outcome is None:
         status = execute_options(
             opts, resolved=resolved, caller=caller, relay=relay, launchers=launchers, prestage=False
