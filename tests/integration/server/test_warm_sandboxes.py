@@ -16,6 +16,8 @@ import time
 
 import pytest
 
+from tests.conftest import _processes_mentioning
+
 from ..conftest import World, needs_bwrap
 from .conftest import status, wait_for
 
@@ -144,24 +146,9 @@ def test_a_warm_run_keeps_its_own_timeout_and_kills_its_tree(warm: World) -> Non
     assert time.monotonic() - started < 30
     # nothing of it is left on the host (the world fixture also checks at the end)
     wait_for(
-        lambda: not [p for p in _sleepers() if "317.25" in p],
+        lambda: not _processes_mentioning("sleep 317.25"),  # the sleeps and their shell
         what="the command's processes to go",
     )
-
-
-def _sleepers() -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                words = f.read().split(b"\0")
-        except OSError:
-            continue
-        if words[:1] == [b"sleep"]:
-            found.append(" ".join(w.decode(errors="replace") for w in words))
-    return found
 
 
 def test_no_warm_sandbox_outlives_the_server(warm: World) -> None:
@@ -193,8 +180,6 @@ def test_warm_sandboxes_can_be_turned_off(world: World) -> None:
 def test_many_runs_leave_at_most_the_warm_sandboxes_bounded(warm: World) -> None:
     """Twenty warm runs: each sandbox ends with its command, and what is left is the
     bounded number of warm sandboxes (two, each a bubblewrap and an init)."""
-    from tests.conftest import _processes_mentioning
-
     for i in range(20):
         _ran_warm, out, err, code = _run(warm, f"echo {i}")
         assert (code, out.strip()) == (0, str(i)), err
