@@ -248,9 +248,7 @@ def _run_warm(
 ) -> int:
     """A fresh run in the warm sandbox started ahead for its key (else in a new one), and
     the next warm sandbox of that key started once the caller has its answer."""
-    from ..._state import state_dir
     from ...pipeline._request import new_sandbox_id
-    from ...pipeline._runner import audit_outcome
     from ...policy import policy_digest
 
     policy = resolved.policy
@@ -269,15 +267,9 @@ def _run_warm(
         )
         return status
     caller.later(lambda: warm.refill(key, request, policy, environ=environ, launchers=launchers))
-    outcome = outcome.replace(policy_digest=digest)
-    report(outcome, policy_timeout=policy.resources.timeout, caller=caller)
-    problem = audit_outcome(
-        outcome, request, state_dir=state_dir(caller.environ), extra={"warm": True}
+    outcome = _conclude(
+        opts, caller, outcome, request, digest, policy.resources.timeout, {"warm": True}
     )
-    if problem is not None:
-        caller.error(problem)
-    if opts.json_out:
-        _write_json(caller, opts.json_out, outcome)
     return outcome.returncode
 
 
@@ -386,9 +378,7 @@ def _run_kept(
     :meth:`KeptSessions.run` declines (another backend, the egress proxy,
     credentials, a terminal, the kept sandbox busy or gone).
     """
-    from ..._state import state_dir
     from ...pipeline._request import new_sandbox_id
-    from ...pipeline._runner import audit_outcome
     from ...policy import policy_digest
 
     policy = resolved.policy
@@ -407,13 +397,7 @@ def _run_kept(
     if done is None:
         return None
     outcome, cwd_report = done
-    outcome = outcome.replace(policy_digest=digest)
-    report(outcome, policy_timeout=policy.resources.timeout, caller=caller)
-    problem = audit_outcome(outcome, request, state_dir=state_dir(caller.environ))
-    if problem is not None:
-        caller.error(problem)
-    if opts.json_out:
-        _write_json(caller, opts.json_out, outcome)
+    outcome = _conclude(opts, caller, outcome, request, digest, policy.resources.timeout)
     if report_fd is not None and outcome.returncode == 0:
         _hand_report(caller, report_fd, cwd_report, resolved.workspace)
     return outcome.returncode
@@ -645,8 +629,7 @@ def _execute(
     resolved: ResolvedSettings | None,
     preview: Preview | None,
 ) -> int:
-    from ..._state import state_dir
-    from ...pipeline._runner import audit_outcome, launch, prepare
+    from ...pipeline._runner import launch, prepare
     from ...policy import policy_digest
 
     environ = caller.environ
@@ -668,15 +651,36 @@ def _execute(
     finally:
         if cgroup is not None:
             cgroup.remove()  # a no-op when the engine removed it; else frees it (and a launcher)
-    outcome = outcome.replace(policy_digest=policy_digest(policy))
-    report(outcome, policy_timeout=prepared.plan.timeout, caller=caller)
     extra: dict[str, object] | None = {"preview": preview.id} if preview is not None else None
-    problem = audit_outcome(outcome, request, state_dir=state_dir(environ), extra=extra)
+    outcome = _conclude(
+        opts, caller, outcome, request, policy_digest(policy), prepared.plan.timeout, extra
+    )
+    return outcome.returncode
+
+
+def _conclude(
+    opts: RunOptions,
+    caller: Caller,
+    outcome: Outcome,
+    request: ExecRequest,
+    digest: str,
+    timeout: float | None,
+    extra: dict[str, object] | None = None,
+) -> Outcome:
+    """What every run does once its command ended, however it ran (fresh, kept, warm):
+    the policy digest on the outcome, corral's lines to the caller, the audit record
+    (*extra* in it), ``--json``. Returns the outcome with its digest."""
+    from ..._state import state_dir
+    from ...pipeline._runner import audit_outcome
+
+    outcome = outcome.replace(policy_digest=digest)
+    report(outcome, policy_timeout=timeout, caller=caller)
+    problem = audit_outcome(outcome, request, state_dir=state_dir(caller.environ), extra=extra)
     if problem is not None:
         caller.error(problem)
     if opts.json_out:
         _write_json(caller, opts.json_out, outcome)
-    return outcome.returncode
+    return outcome
 
 
 def report(outcome: Outcome, *, policy_timeout: float | None, caller: Caller | None = None) -> None:
