@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -98,9 +99,23 @@ def _workers(world: World) -> dict[str, int]:
     return workers
 
 
-def test_runs_reuse_kept_workers_and_idle_workers_are_bounded(served: World) -> None:
+@pytest.fixture
+def unwarmed(world: World) -> Iterator[World]:
+    """A served world without warm sandboxes: a worker that answered a run then starts the
+    next warm sandbox, and under load the next sequential run would find it still busy."""
+    del world.environ["CORRAL_SERVER"]
+    world.environ["CORRAL_WARM_MAX"] = "0"
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+        yield world
+    finally:
+        stop(world)
+
+
+def test_runs_reuse_kept_workers_and_idle_workers_are_bounded(unwarmed: World) -> None:
     """Sequential runs are served by one kept worker thread; after a burst of concurrent
     runs at most 4 workers stay."""
+    served = unwarmed
     client = client_command("corral-client")
 
     def run_true(n: int) -> None:
