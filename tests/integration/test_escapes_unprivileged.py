@@ -30,6 +30,7 @@ ESCAPE_MODULES = (
     "tests/integration/test_git_worktree_workspace.py",
     "tests/integration/test_resident_sessions.py",
     "tests/integration/server/test_warm_attacks.py",
+    "tests/integration/server/test_one_server.py",
     "tests/integration/egress/test_unix_sockets.py",
     "tests/integration/test_host_terminals.py",
 )

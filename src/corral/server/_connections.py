@@ -11,6 +11,8 @@ watched for signals and for going away (which kills its command) by the
 server's serve loop (:meth:`Connections.client_readable`), not by a thread
 of its own. A request
 from a client running other code than the server's retires the server.
+On the hub name (:mod:`._hub`) the only request is ``adopt``: serve another
+state directory, whose lock comes with it.
 
 The server's own lifecycle (the socket path, the serve loop, idleness,
 retiring, the pools) stays in :mod:`._server`; state both sides touch is
@@ -113,11 +115,13 @@ class Connections:
         except OSError:
             pass
 
-    def serve(self, conn: _socket.socket) -> None:
+    def serve(self, conn: _socket.socket, front: str | None) -> None:
         """Check the peer, read its request and answer it; every failure is a refusal.
 
-        The caller (the server's connection thread) closes *conn*; the
-        descriptors that arrived with the request are closed here.
+        *front* is the state directory whose socket *conn* came to (None: the
+        hub name, where only ``adopt`` is answered). The caller (the server's
+        connection thread) closes *conn*; the descriptors that arrived with
+        the request are closed here.
         """
         conn.setblocking(True)
         try:
@@ -138,17 +142,40 @@ class Connections:
             self.refuse(conn, f"bad request: {exc}")
             return
         try:
-            self._dispatch(conn, pid, message, fds)
+            if front is None:
+                self._adopt(conn, pid, message, fds)
+            else:
+                self._dispatch(conn, pid, message, fds, front)
         finally:
             for fd in fds:
                 os.close(fd)
 
-    def _dispatch(
+    def _adopt(
         self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int]
+    ) -> None:
+        """Answer ``adopt`` (the only request on the hub name): ``{"adopted": true, "pid"}``."""
+        if message.get("op") != "adopt":
+            self.refuse(conn, f"only 'adopt' is answered here, not {message.get('op')!r}")
+            return
+        if message.get("code") != self.server.stamp or message.get("protocol") != PROTOCOL:
+            self.refuse(conn, "another corral code stamp")
+            return
+        if len(fds) != 1:
+            self.refuse(conn, "'adopt' takes exactly one descriptor: the state directory's lock")
+            return
+        problem = self.server.adopt(message.get("state_dir"), fds[0], pid)
+        if problem is not None:
+            self.server.log(f"not serving {message.get('state_dir')!r} for pid {pid}: {problem}")
+            self.refuse(conn, problem)
+            return
+        conn.sendall(encode({"adopted": True, "pid": os.getpid()}))
+
+    def _dispatch(
+        self, conn: _socket.socket, pid: int, message: dict[str, Any], fds: list[int], front: str
     ) -> None:
         op = message.get("op")
         if op == "status":
-            conn.sendall(encode({"status": self.server.statistics()}))
+            conn.sendall(encode({"status": self.server.statistics(front)}))
             return
         if op == "stop":
             self.server.log(f"stop requested by pid {pid}")

@@ -105,7 +105,7 @@ class KeptSessions:
         self._counter = 0
         self._reaper = False
         self._closed = False
-        self._swept = False
+        self._swept: set[str] = set()  # the sessions directories swept once
         #: keys whose policy a kept sandbox cannot serve (each of their calls runs fresh)
         self._unsuitable: set[tuple[str, str, str]] = set()
 
@@ -231,11 +231,13 @@ class KeptSessions:
             return None, False
         tmp_dir = ""
         try:
-            sessions = ensure_dir(os.path.join(self._state_dir, "sessions"))
-            if not self._swept:  # kept /tmps (and SDK sessions' TMPDIRs) of dead processes
+            # in the caller's state directory, as its own process would (a server serves
+            # every state directory of its configuration: corral.server._hub)
+            sessions = ensure_dir(os.path.join(_state_dir(environ, self._state_dir), "sessions"))
+            if sessions not in self._swept:  # kept /tmps (and SDK TMPDIRs) of dead processes
                 from .._session_dirs import sweep_sessions as _sweep_sessions
 
-                self._swept = True
+                self._swept.add(sessions)
                 _sweep_sessions(sessions)
             tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
             os.mkdir(tmp_dir, 0o700)
@@ -334,6 +336,13 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
+
+
+def _state_dir(environ: Mapping[str, str], default: str) -> str:
+    """The state directory of a caller whose environment is *environ* (else *default*)."""
+    from .._state import state_dir
+
+    return state_dir(environ) if environ else default
 
 
 def start_sweeper(idle: float, sweep: Callable[[], bool]) -> None:

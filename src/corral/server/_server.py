@@ -34,8 +34,11 @@ refused, closed and logged:
   affinity, OOM score adjustment, LSM label. A client that differs is told
   so and runs the command itself.
 
-**Lifecycle**: one server per state directory (an ``flock`` on
-``server/lock`` owns the socket path). It exits after ``idle`` seconds
+**Lifecycle**: a state directory is served by one server at a time (an
+``flock`` on ``server/lock`` owns the socket path), and one server serves
+every state directory of its user and configuration: a server started for
+another directory hands that directory over to the running one
+(:mod:`._hub`) and exits. It exits after ``idle`` seconds
 without a client (``CORRAL_SERVER_IDLE``, default 300), on SIGTERM or
 ``corral server --stop`` (running commands are stopped as on a timeout),
 and retires - gives up the socket path, finishes what runs, exits - as soon
@@ -59,6 +62,7 @@ from .._exceptions import ServerError
 from ._codewatch import POLL_INTERVAL, CodeWatch
 from ._connections import Connections, Session
 from ._fastclient import client_stamp
+from ._hub import MAX_DIRECTORIES, Front, bind_hub, hand_over, take_lock
 from ._peers import _SO_PEERPIDFD, thread_state
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import bind_unix, code_stamp, socket_path
@@ -85,12 +89,14 @@ _IDLE_WORKERS = 4
 
 
 class _Worker:
-    """An idle worker thread's hand-over: ``ready`` is released with ``conn`` set (or None: end)."""
+    """An idle worker thread's hand-over: ``ready`` is released with ``conn`` set (or None: end)
+    and ``front`` the state directory it came to (None: the hub name)."""
 
-    __slots__ = ("conn", "ready")
+    __slots__ = ("conn", "front", "ready")
 
     def __init__(self) -> None:
         self.conn: _socket.socket | None = None
+        self.front: str | None = None
         self.ready = _thread.allocate_lock()
         self.ready.acquire()
 
@@ -113,6 +119,11 @@ class Server:
         pool_idle: seconds without a client before the launcher pool is
             released (started again by the next client): an idle server
             holds no parked launcher and no prepared cgroup.
+        config: the server's :func:`~._hub.configuration`: :meth:`start`
+            hands the state directory over to a running server of this
+            configuration when there is one (:attr:`handed_to`), and a server
+            that starts serves further directories handed over to it
+            (:meth:`adopt`). None: this server serves its own directory only.
 
     Example::
 
@@ -130,8 +141,16 @@ class Server:
         idle: float = DEFAULT_IDLE,
         launchers: bool = True,
         pool_idle: float = DEFAULT_POOL_IDLE,
+        config: str | None = None,
     ) -> None:
         self.state_dir = state_dir
+        self.config = config
+        #: the pid of the running server :meth:`start` handed the directory to (0: none)
+        self.handed_to = 0
+        #: further state directories handed over to this server (lock), by directory
+        self.adopted: dict[str, Front] = {}
+        self._new_fronts: list[Front] = []  # lock: adopted, not yet polled by the serve loop
+        self._hub: _socket.socket | None = None
         self.directory = os.path.join(state_dir, "server")
         self.path = socket_path(state_dir)
         self.handler = handler
@@ -216,12 +235,21 @@ class Server:
             _mark_unavailable(self.directory, problem)
             raise ServerError(f"Failed to start: {problem}")
         _mark_unavailable(self.directory, None)
+        if self.config is not None and self._hand_over():
+            return
         try:
             self._slot = take_slot()
         except ServerError as exc:
             self._release_lock()
             mark_busy(self.directory, exc.message)
             raise
+        if self.config is not None:
+            self._hub = bind_hub(self.config)
+            # another server took the name first (two started at once): it serves us too
+            if self._hub is None and self._hand_over():
+                self._slot[0].close()
+                self._slot = None
+                return
         try:
             self.watch = CodeWatch(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         except OSError as exc:
@@ -234,11 +262,65 @@ class Server:
             f"listening on {self.path} (pid {os.getpid()}, idle {self.idle:g}s, code {self.stamp}, "
             f"server slot {self._slot[1]} of {MAX_SERVERS})"
         )
+        if self.config is not None:
+            self.log(
+                "other state directories of this configuration are handed over to this server"
+                if self._hub is not None
+                else "another process holds the hub name: serving this state directory only"
+            )
         if self.watch.fallback:
             self.log(self.watch.fallback)
         if self._want_pool:
             self._start_pool()
         self._warm_up()
+
+    def _hand_over(self) -> bool:
+        """Hand the state directory (its lock) over to the running server of this
+        configuration; True if it took it (then this server is done)."""
+        pid, why = hand_over(self.state_dir, self.lock_fd, self.config or "")
+        if not pid:
+            self.log(f"serving {self.state_dir} here: {why}")
+            return False
+        self.handed_to = pid
+        self._release_lock()
+        mark_busy(self.directory, None)
+        self.log(f"handed {self.state_dir} over to the corral server pid {pid}; its log says more")
+        return True
+
+    def adopt(self, state_dir: object, lock_fd: int, pid: int) -> str | None:
+        """Serve *state_dir* too, whose ``server/lock`` the descriptor *lock_fd* holds
+        (from :func:`~._hub.hand_over`, by client *pid*); None when done, else why not.
+
+        See :func:`~._hub.take_lock` for what is checked; the server must not be
+        shutting down nor serve :data:`~._hub.MAX_DIRECTORIES` directories already.
+        """
+        taken = take_lock(state_dir, lock_fd)
+        if isinstance(taken, str):
+            return taken
+        directory, fd = taken
+        with self.lock:
+            problem = None
+            if self.retired or self.stopping:
+                problem = "the server is shutting down"
+            elif directory == self.state_dir or directory in self.adopted:
+                problem = "the server serves this state directory already"
+            elif len(self.adopted) + 1 >= MAX_DIRECTORIES:
+                problem = f"the server serves {MAX_DIRECTORIES} state directories already"
+            else:
+                try:
+                    front = Front(directory, fd)
+                except OSError as exc:
+                    problem = f"cannot listen on {socket_path(directory)}: {exc.strerror}"
+                else:
+                    self.adopted[directory] = front
+                    self._new_fronts.append(front)
+                    count = len(self.adopted) + 1
+            if problem is not None:
+                os.close(fd)
+                return problem
+        self.wake()
+        self.log(f"serving {directory} too (handed over by pid {pid}): {count} state directories")
+        return None
 
     def _listen(self) -> None:
         try:
@@ -360,7 +442,14 @@ class Server:
             sig: _signal.signal(sig, self._on_signal) for sig in (1, 2, 15)
         }  # SIGHUP, SIGINT, SIGTERM
         poller = select.poll()
-        poller.register(self._listener.fileno(), select.POLLIN)
+        # the sockets this server accepts on, and the state directory each serves (None: the hub)
+        listeners: dict[int, tuple[_socket.socket, str | None]] = {
+            self._listener.fileno(): (self._listener, self.state_dir)
+        }
+        if self._hub is not None:
+            listeners[self._hub.fileno()] = (self._hub, None)
+        for fd in listeners:
+            poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         assert self.watch is not None
         watch = self.watch
@@ -378,12 +467,14 @@ class Server:
                     active = self._threads
                     retired = self.retired
                 if retired and listening:
-                    # retired by any thread: stop polling the listener, then close it
-                    # (connections still in its backlog are reset: those clients run
+                    # retired by any thread: stop polling the listeners, then close them
+                    # (connections still in their backlogs are reset: those clients run
                     # the command themselves)
                     listening = False
-                    poller.unregister(self._listener.fileno())
-                    self._listener.close()
+                    for fd, (sock, _front) in listeners.items():
+                        poller.unregister(fd)
+                        sock.close()
+                    listeners.clear()
                 if self.stopping:
                     break
                 if self.retired and active == 0:
@@ -414,6 +505,10 @@ class Server:
                             continue
                     wait = (next_check - now) * 1000
                     timeout = wait if timeout is None else min(timeout, wait)
+                if listening:
+                    for front in self._take_new_fronts():
+                        listeners[front.listener.fileno()] = (front.listener, front.state_dir)
+                        poller.register(front.listener.fileno(), select.POLLIN)
                 for new in self.connections.new_watches():
                     assert new.watch is not None
                     watched[new.watch.fileno()] = new
@@ -426,8 +521,8 @@ class Server:
                             del watched[fd]
                             assert client.watch is not None
                             client.watch.close()
-                    elif listening and fd == self._listener.fileno():
-                        self._accept()
+                    elif listening and fd in listeners:
+                        self._accept(*listeners[fd])
                     elif fd == self._wake_r:
                         try:
                             os.read(self._wake_r, 4096)
@@ -440,14 +535,22 @@ class Server:
                             self.log(f"corral's code changed on disk ({changed}): retiring")
                             self.retire()
         finally:
-            if listening:
-                self._listener.close()
+            for sock, _front in listeners.values():
+                sock.close()
+            for front in self._take_new_fronts():
+                front.listener.close()
             for session in watched.values():
                 assert session.watch is not None
                 session.watch.close()  # stopping: every run is being stopped
             for sig, handler in previous.items():
                 _signal.signal(sig, handler)
             self._shutdown()
+
+    def _take_new_fronts(self) -> list[Front]:
+        """The state directories adopted since the serve loop last looked (their listeners)."""
+        with self.lock:
+            new, self._new_fronts = self._new_fronts, []
+        return new
 
     def _client_readable(self, session: Session) -> bool:
         """:meth:`Connections.client_readable`; an error there kills the run, not the loop."""
@@ -501,6 +604,8 @@ class Server:
         if self.lock_fd >= 0:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = -1
+        for front in self.adopted.values():
+            front.release()
 
     def _end_idle_workers(self) -> None:
         """End the worker threads that wait for a connection (idle, or shutting down)."""
@@ -538,11 +643,11 @@ class Server:
                 self._log = None
 
     # ------------------------------------------------------------ connections
-    def _accept(self) -> None:
-        assert self._listener is not None
+    def _accept(self, listener: _socket.socket, front: str | None) -> None:
+        """Hand each connection waiting on *listener* (serving *front*) to a worker thread."""
         while not self.retired:
             try:
-                fd, _addr = self._listener._accept()  # type: ignore[attr-defined]
+                fd, _addr = listener._accept()  # type: ignore[attr-defined]
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
@@ -559,13 +664,14 @@ class Server:
                 if worker is None:
                     self._workers_started += 1
             if worker is None:
-                _thread.start_new_thread(self._work, (conn,))
+                _thread.start_new_thread(self._work, (conn, front))
             else:
                 worker.conn = conn
+                worker.front = front
                 worker.ready.release()
 
-    def _work(self, conn: _socket.socket | None) -> None:
-        """A worker thread: serve *conn*, then wait (as one of at most
+    def _work(self, conn: _socket.socket | None, front: str | None) -> None:
+        """A worker thread: serve *conn* (which came to *front*), then wait (as one of at most
         :data:`_IDLE_WORKERS` idle workers) for the next connection, or end.
 
         A worker is kept only while its thread's own kernel state
@@ -577,7 +683,7 @@ class Server:
         worker: _Worker | None = None
         before = _thread_state()
         while conn is not None:
-            self._serve_connection(conn)
+            self._serve_connection(conn, front)
             if worker is None:
                 worker = _Worker()
             changed = _state_change(before, _thread_state())
@@ -590,10 +696,11 @@ class Server:
                 self._idle_workers.append(worker)
             worker.ready.acquire()  # _accept hands a connection, _shutdown None
             conn, worker.conn = worker.conn, None
+            front = worker.front
 
-    def _serve_connection(self, conn: _socket.socket) -> None:
+    def _serve_connection(self, conn: _socket.socket, front: str | None) -> None:
         try:
-            self.connections.serve(conn)
+            self.connections.serve(conn, front)
         except BaseException as exc:
             import traceback
 
@@ -605,14 +712,16 @@ class Server:
                 self._last_activity = time.monotonic()
             self.wake()
 
-    def statistics(self) -> dict[str, Any]:
-        """What ``corral server --status`` prints."""
+    def statistics(self, state_dir: str | None = None) -> dict[str, Any]:
+        """What ``corral server --status`` prints (asked through *state_dir*'s socket)."""
         with self.lock:
             active = len(self.connections.sessions)
             idle = len(self._idle_workers)
+            directories = 1 + len(self.adopted)
         return {
             "pid": os.getpid(),
-            "state_dir": self.state_dir,
+            "state_dir": state_dir or self.state_dir,
+            "state_dirs": directories,
             "started": self.started,
             "code": self.stamp,
             "idle_timeout": self.idle,

@@ -1,9 +1,10 @@
 """How many corral servers one user may run at once, and what a client does when none may start.
 
-Every state directory has its own server (one ``flock`` per directory), so a
-test suite or a multi-tenant host with hundreds of state directories would
-start hundreds of servers, each with its interpreter, launcher pool and
-inotify instance. A server therefore holds one of :data:`MAX_SERVERS`
+The state directories of one configuration share one server
+(:mod:`._hub`), but servers of different configurations (other
+environments, other installations) are separate processes, each with its
+interpreter, launcher pool and inotify instance; hundreds of them would
+exhaust the user's inotify instances. A server therefore holds one of :data:`MAX_SERVERS`
 **slots** of its user for its whole life: an abstract unix socket named
 ``corral-server/<uid>/<n>`` (Linux frees it when the process exits, however
 it exits, and it needs no file anywhere). A server that finds every slot
@@ -63,7 +64,7 @@ def take_slot() -> tuple[_socket.socket, int]:
         return sock, number
     raise ServerError(
         f"Failed to start: {MAX_SERVERS} corral servers already run for uid {uid} "
-        "(one per state directory in use)",
+        "(one per configuration in use)",
         hint="stop some with corral server --stop, or wait until they are idle",
     )
 

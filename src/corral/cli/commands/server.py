@@ -151,6 +151,7 @@ def main(args: list[str]) -> int:
 
 def _serve(state: str, idle: float) -> int:
     from ..._exceptions import ServerError
+    from ...server._hub import configuration
     from ...server._kept import KeptSessions
     from ...server._server import Server
     from ...server._warm import WarmSandboxes
@@ -168,6 +169,7 @@ def _serve(state: str, idle: float) -> int:
         idle=idle,
         launchers=os.geteuid() == 0,
         pool_idle=_pool_idle(os.environ.get("CORRAL_SERVER_POOL_IDLE")),
+        config=configuration(os.environ, idle),
     )
     server.extra_statistics["warm"] = warm.statistics
     try:
@@ -175,6 +177,8 @@ def _serve(state: str, idle: float) -> int:
     except ServerError as exc:
         server.log(f"not started: {exc.message}")  # a detached server has no terminal
         raise
+    if server.handed_to:  # the running server of this configuration serves the directory now
+        return 0
     _prepare_hooks(server)
     try:
         server.serve()
@@ -221,8 +225,11 @@ def _status(state: str, *, as_json: bool) -> int:
         return 1
     since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(status["started"]))
     pool = status.get("launchers")
+    also = int(status.get("state_dirs", 1)) - 1
     lines = [
-        f"corral server pid {status['pid']} for {status['state_dir']}, since {since}",
+        f"corral server pid {status['pid']} for {status['state_dir']}"
+        + (f" (and {also} other state directories)" if also > 0 else "")
+        + f", since {since}",
         f"  served {status['served']}, refused {status['refused']}, running {status['running']}"
         + (" (retiring)" if status.get("retiring") else ""),
         f"  idle timeout {status['idle_timeout']:g}s; code {status['code']}",
@@ -266,18 +273,21 @@ def _detach(state: str, idle: str | None) -> int:
         return 0
     pid = spawn_server(state, os.environ, idle=idle)
     deadline = time.monotonic() + 30.0
+    exited = False  # with status 0: it handed the directory over to a running server
     while time.monotonic() < deadline:
         status = request_status(state)
         if status is not None:
             sys.stdout.write(f"started the corral server (pid {status['pid']})\n")
             return 0
-        finished, wait_status = os.waitpid(pid, os.WNOHANG)
-        if finished:
-            log = os.path.join(state, "server", "server.log")
-            raise ServerError(
-                f"Failed to start the corral server (exit status "
-                f"{os.waitstatus_to_exitcode(wait_status)})",
-                hint=f"see {log}, or run 'corral server' in the foreground",
-            )
+        if not exited:
+            finished, wait_status = os.waitpid(pid, os.WNOHANG)
+            code = os.waitstatus_to_exitcode(wait_status) if finished else 0
+            if code != 0:
+                log = os.path.join(state, "server", "server.log")
+                raise ServerError(
+                    f"Failed to start the corral server (exit status {code})",
+                    hint=f"see {log}, or run 'corral server' in the foreground",
+                )
+            exited = bool(finished)
         time.sleep(0.02)
     raise ServerError("Failed to start the corral server: it did not answer within 30s")
