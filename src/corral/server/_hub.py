@@ -193,6 +193,16 @@ class Front:
         self.lock_fd = lock_fd
         self.socket_ino = os.lstat(self.path).st_ino
 
+    def current(self) -> bool:
+        """Whether the directory's ``server/lock`` is still the file this front holds (False:
+        the state directory was removed, or removed and made again)."""
+        try:
+            named = os.lstat(os.path.join(self.directory, "lock"))
+            held = os.fstat(self.lock_fd)
+        except OSError:
+            return False
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
     def release(self) -> None:
         """Give up the socket path (when it is still ours) and the lock (the server holds ``lock``)."""
         try:

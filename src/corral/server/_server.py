@@ -150,6 +150,7 @@ class Server:
         #: further state directories handed over to this server (lock), by directory
         self.adopted: dict[str, Front] = {}
         self._new_fronts: list[Front] = []  # lock: adopted, not yet polled by the serve loop
+        self._dead_fronts: list[Front] = []  # lock: given up, for the serve loop to close
         self._hub: _socket.socket | None = None
         self.directory = os.path.join(state_dir, "server")
         self.path = socket_path(state_dir)
@@ -299,6 +300,7 @@ class Server:
             return taken
         directory, fd = taken
         with self.lock:
+            removed = [] if self.retired or self.stopping else self._give_up_removed()
             problem = None
             if self.retired or self.stopping:
                 problem = "the server is shutting down"
@@ -315,12 +317,23 @@ class Server:
                     self.adopted[directory] = front
                     self._new_fronts.append(front)
                     count = len(self.adopted) + 1
-            if problem is not None:
-                os.close(fd)
-                return problem
-        self.wake()
+        for gone in removed:
+            self.log(f"no longer serving {gone}: it was removed (its lock file is gone)")
+        self.wake()  # the serve loop polls the new listener and closes the removed ones
+        if problem is not None:
+            os.close(fd)
+            return problem
         self.log(f"serving {directory} too (handed over by pid {pid}): {count} state directories")
         return None
+
+    def _give_up_removed(self) -> list[str]:
+        """Stop serving the adopted directories removed since (a test's temporary ones), under
+        :attr:`lock`; returns them. They count no more, one made again at the same path is
+        adopted anew, and the serve loop closes their listeners and locks."""
+        removed = [directory for directory, front in self.adopted.items() if not front.current()]
+        for directory in removed:
+            self._dead_fronts.append(self.adopted.pop(directory))
+        return removed
 
     def _listen(self) -> None:
         try:
@@ -509,6 +522,11 @@ class Server:
                     for front in self._take_new_fronts():
                         listeners[front.listener.fileno()] = (front.listener, front.state_dir)
                         poller.register(front.listener.fileno(), select.POLLIN)
+                for front in self._take_dead_fronts():
+                    if listeners.pop(front.listener.fileno(), None) is not None:
+                        poller.unregister(front.listener.fileno())
+                    front.listener.close()
+                    front.release()
                 for new in self.connections.new_watches():
                     assert new.watch is not None
                     watched[new.watch.fileno()] = new
@@ -539,6 +557,9 @@ class Server:
                 sock.close()
             for front in self._take_new_fronts():
                 front.listener.close()
+            for front in self._take_dead_fronts():
+                front.listener.close()
+                front.release()
             for session in watched.values():
                 assert session.watch is not None
                 session.watch.close()  # stopping: every run is being stopped
@@ -551,6 +572,12 @@ class Server:
         with self.lock:
             new, self._new_fronts = self._new_fronts, []
         return new
+
+    def _take_dead_fronts(self) -> list[Front]:
+        """The state directories given up since (removed while served): to close and release."""
+        with self.lock:
+            dead, self._dead_fronts = self._dead_fronts, []
+        return dead
 
     def _client_readable(self, session: Session) -> bool:
         """:meth:`Connections.client_readable`; an error there kills the run, not the loop."""

@@ -219,3 +219,49 @@ def test_the_hub_name_answers_only_adopt(world: World) -> None:
         assert b"only 'adopt' is answered here" in reply, reply
     finally:
         _stop_all(env)
+
+
+def _held_locks(pid: int) -> list[str]:
+    """The ``server/lock`` files the process *pid* holds open (``(deleted)`` when removed)."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if "/server/lock" in target:
+            held.append(target)
+    return held
+
+
+def test_a_deleted_state_directory_is_given_up_when_it_comes_back(world: World) -> None:
+    # b is served by a's server, then removed (a test's temporary directory) and made
+    # again: the server must serve the new b, not keep the dead one's lock and listener
+    # (or every deleted directory would count towards MAX_DIRECTORIES, hold two
+    # descriptors, and its successor run a server of its own)
+    envs = [_env(world, name) for name in ("a", "b")]
+    try:
+        for env in envs:
+            assert _corral(env, "server", "--detach").returncode == 0
+        first = _status(envs[1])
+        assert first is not None and first["state_dirs"] == 2
+        shared = first["pid"]
+        assert isinstance(shared, int)
+        subprocess.run(["rm", "-rf", envs[1]["XDG_STATE_HOME"]], check=True)
+        result = _corral(envs[1], "server", "--detach")
+        assert result.returncode == 0, result.stderr
+        again = _status(envs[1])
+        assert again is not None
+        assert again["pid"] == shared and again["state_dirs"] == 2, again
+        assert not any(lock.endswith("(deleted)") for lock in _held_locks(shared))
+        result = subprocess.run(
+            [*corral_command(), "run", "--", "true"],
+            env=envs[1],
+            cwd=world.workspace,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0 and result.stderr == b"", result.stderr
+    finally:
+        _stop_all(*envs)
