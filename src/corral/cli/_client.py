@@ -133,6 +133,8 @@ def main(args: list[str], *, console: bool = False) -> int:
             pending[:0] = handoff[1]
         else:
             result = _through_server(args, state, environ, pending, link)
+        if result == _NO_SERVER and _joined(state, environ):
+            result = _through_server(args, state, environ, pending, link)
         if isinstance(result, int):
             if console:
                 _exit_now(result)
@@ -175,6 +177,20 @@ def start_server_later(state: str, environ: Mapping[str, str]) -> None:
             from ..server._slots import mark_busy
 
             mark_busy(os.path.join(state, "server"), f"cannot start a process: {exc}")
+
+
+def _joined(state: str, environ: Mapping[str, str]) -> bool:
+    """Whether the running server of this client's configuration serves *state* now
+    (:func:`corral.server._hub.join`), when this client may start a server at all."""
+    if not _may_start_server(state, environ):
+        return False
+    from ..server._hub import join, server_idle
+
+    try:
+        idle = server_idle(environ.get("CORRAL_SERVER_IDLE"))
+    except ValueError:
+        return False  # a server would not start either
+    return join(state, environ, idle)
 
 
 def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:

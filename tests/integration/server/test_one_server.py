@@ -219,3 +219,32 @@ def test_the_hub_name_answers_only_adopt(world: World) -> None:
         assert b"only 'adopt' is answered here" in reply, reply
     finally:
         _stop_all(env)
+
+
+def test_the_first_run_in_a_new_state_directory_is_served_by_the_running_server(
+    world: World,
+) -> None:
+    first, new = _env(world, "a"), _env(world, "b")
+    try:
+        assert _corral(first, "server", "--detach").returncode == 0
+        shared = _status(first)
+        assert shared is not None
+        clients = [corral_command()] + ([[fast]] if (fast := fast_client_path()) else [])
+        for number, client in enumerate(clients):
+            env = _env(world, f"new-{number}")
+            result = subprocess.run(
+                [*client, "run", "--", "sh", "-c", "echo first"],
+                env=env,
+                cwd=world.workspace,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
+            assert result.returncode == 0 and result.stdout == b"first\n", result.stderr
+            status = _status(env)
+            # served at once: the directory joined the running server, none was started
+            assert status is not None and status["pid"] == shared["pid"], status
+            assert status["served"] == shared["served"] + number + 1  # type: ignore[operator]
+        assert _status(new) is None  # no run there: not served
+    finally:
+        _stop_all(first)
