@@ -81,7 +81,6 @@ _PER_CALL = frozenset({"XDG_STATE_HOME", "_", "PWD", "OLDPWD", "SHLVL"})
 DEFAULT_IDLE = 300.0
 #: state directories one server serves at most (two descriptors each)
 MAX_DIRECTORIES = 256
-_TIMEOUT = 10.0
 
 
 def server_idle(value: str | None) -> float:
@@ -176,7 +175,8 @@ def join(state_dir: str, environ: Mapping[str, str], idle: float) -> bool:
     if fd < 0:
         return False
     try:
-        pid, _why = hand_over(state_dir, fd, configuration(environ, idle))
+        # a client waits less than a starting server: its command is waiting
+        pid, _why = hand_over(state_dir, fd, configuration(environ, idle), timeout=5.0)
     finally:
         os.close(fd)
     return pid > 0
@@ -199,8 +199,13 @@ def bind_hub(config: str) -> _socket.socket | None:
     return sock
 
 
-def hand_over(state_dir: str, lock_fd: int, config: str) -> tuple[int, str]:
+def hand_over(
+    state_dir: str, lock_fd: int, config: str, *, timeout: float = 30.0
+) -> tuple[int, str]:
     """Ask the running server of *config* to serve *state_dir*, whose lock *lock_fd* holds.
+
+    *timeout* bounds the wait for its answer (a server still starting answers
+    once its serve loop runs).
 
     Returns ``(pid, "")`` when it took the directory (the caller closes its
     copy of the lock and exits), else ``(0, why not)``: no such server, it
@@ -208,7 +213,7 @@ def hand_over(state_dir: str, lock_fd: int, config: str) -> tuple[int, str]:
     """
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
-        sock.settimeout(_TIMEOUT)
+        sock.settimeout(timeout)
         try:
             sock.connect(_address(config))
         except OSError:
