@@ -51,8 +51,6 @@ import _socket
 import os
 import sys
 
-from ._peers import PeerRefused, check_peer, process_context
-from ._requests import _MSG_CMSG_CLOEXEC, _fds_of
 from ._wire import PROTOCOL, FrameReader, WireError, bind_unix, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
@@ -162,23 +160,30 @@ def join(state_dir: str, environ: Mapping[str, str], idle: float) -> bool:
     What a server started for *state_dir* would do first (take the
     directory's lock, :func:`hand_over`), without starting one: the next
     request to the directory's socket is served. False when there is no such
-    server (a failed connect to an abstract name: ~20 us after the lock),
-    the directory is locked (a server is starting) or anything fails; the
-    caller then goes on as before.
+    server (a failed connect to an abstract name: ~20 us, and nothing else
+    is imported or touched), the directory is locked (a server is starting)
+    or anything fails; the caller then goes on as before. A connection that
+    comes to nothing (the lock is taken) is logged by the server as a bad
+    request, and harms nothing.
     """
+    sock = _connect(configuration(environ, idle), 5.0)  # a client's command is waiting
+    if sock is None:
+        return False  # no server of this configuration: the usual ~20 us
     from .._exceptions import ServerError
 
     try:
-        fd = lock_directory(prepare_directory(state_dir))
-    except (OSError, ServerError):
-        return False
-    if fd < 0:
-        return False
-    try:
-        # a client waits less than a starting server: its command is waiting
-        pid, _why = hand_over(state_dir, fd, configuration(environ, idle), timeout=5.0)
+        try:
+            fd = lock_directory(prepare_directory(state_dir))
+        except (OSError, ServerError):
+            return False
+        if fd < 0:
+            return False
+        try:
+            pid, _why = _hand_over_on(sock, state_dir, fd)
+        finally:
+            os.close(fd)
     finally:
-        os.close(fd)
+        sock.close()
     return pid > 0
 
 
@@ -211,13 +216,32 @@ def hand_over(
     copy of the lock and exits), else ``(0, why not)``: no such server, it
     failed the peer checks, or it declined.
     """
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    sock = _connect(config, timeout)
+    if sock is None:
+        return 0, "no server of this configuration runs"
     try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(_address(config))
-        except OSError:
-            return 0, "no server of this configuration runs"
+        return _hand_over_on(sock, state_dir, lock_fd)
+    finally:
+        sock.close()
+
+
+def _connect(config: str, timeout: float) -> _socket.socket | None:
+    """A socket connected to the hub name of *config*, or None when nothing listens there."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(_address(config))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _hand_over_on(sock: _socket.socket, state_dir: str, lock_fd: int) -> tuple[int, str]:
+    """:func:`hand_over` on *sock*, connected to the hub name: check the peer, then ask."""
+    from ._peers import PeerRefused, check_peer, process_context
+
+    try:
         try:
             pid, pidfd = check_peer(sock, process_context())
         except (PeerRefused, OSError) as exc:
@@ -233,14 +257,14 @@ def hand_over(
         reply = _reply(sock)
     except (OSError, WireError) as exc:
         return 0, f"the hand-over failed: {exc}"
-    finally:
-        sock.close()
     if reply.get("adopted") is True and reply.get("pid") == pid:
         return pid, ""
     return 0, str(reply.get("refused", "no answer"))
 
 
 def _reply(sock: _socket.socket) -> dict[str, object]:
+    from ._requests import _MSG_CMSG_CLOEXEC, _fds_of
+
     reader = FrameReader()
     while True:
         data, ancdata, _flags, _addr = sock.recvmsg(65536, _socket.CMSG_SPACE(4), _MSG_CMSG_CLOEXEC)

@@ -103,14 +103,17 @@ for state in states:
             here += [line.strip() for line in f if " here: " in line]
     except OSError:
         pass
-served, pids = 0, {}
+served, pids, unanswered = 0, {}, []
 for state in live:
     status = subprocess.run([*corral, "server", "--status", "--json"], env=env_of(state),
                             capture_output=True)
     data = json.loads(status.stdout or b"null") or {}
-    if data.get("pid") not in pids:  # one server's count, asked through any of its directories
-        served += data.get("served", 0)
-    pids[data.get("pid")] = data.get("state_dirs")
+    if "pid" not in data:
+        unanswered.append([state, status.returncode, status.stderr.decode(errors="replace")])
+        continue
+    if data["pid"] not in pids:  # one server's count, asked through any of its directories
+        served += data["served"]
+    pids[data["pid"]] = data["state_dirs"]
 for state in states:
     subprocess.run([*corral, "server", "--stop"], env=env_of(state), capture_output=True)
 deadline = time.monotonic() + 60
@@ -118,6 +121,7 @@ while servers() and time.monotonic() < deadline:
     time.sleep(0.1)
 print(json.dumps({"results": results, "most": most[0], "settled": settled, "served": served,
                   "listening": len(live), "directories": sorted(pids.values()), "here": here,
+                  "unanswered": unanswered,
                   "left": sorted(servers())}))
 """
 
@@ -168,6 +172,7 @@ def _check(data: dict[str, object]) -> None:
     assert 0 < int(data["most"]) <= MAX_SERVERS + PARALLEL  # type: ignore[call-overload]
     # every directory is served, by one server (two started at once: one hands over)
     assert data["listening"] == STATE_DIRS
+    assert data["unanswered"] == []
     assert data["settled"] == [1, 1], (data["settled"], data["here"])
     assert data["directories"] == [STATE_DIRS], data["directories"]
     # the second round (and part of the first) went through it
