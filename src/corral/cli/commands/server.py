@@ -165,6 +165,10 @@ def _serve(state: str, idle: float) -> int:
         server.log(f"not started: {exc.message}")  # a detached server has no terminal
         raise
     if server.handed_to:  # the running server of this configuration serves the directory now
+        sys.stdout.write(
+            f"the corral server pid {server.handed_to} serves {state} now (one server serves "
+            "every state directory of a configuration); this process is done\n"
+        )
         return 0
     _prepare_hooks(server)
     try:
