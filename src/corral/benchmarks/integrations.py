@@ -300,8 +300,8 @@ def run(ctx: Context) -> list[Row]:
                 samples=ctx.runs,
                 baseline="raw bwrap",
                 note=f"{ratio(shell_kept, raw)}; {shell_kept - client_kept:+.2f} ms against the row "
-                "above: the sandbox "
-                "starts bash in place of /bin/true (true is bash's builtin; interleaved with it)",
+                "above: the sandbox starts bash in place of /bin/true (true is bash's builtin; "
+                "interleaved with it)",
             )
         )
         rows.append(
