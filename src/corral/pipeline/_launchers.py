@@ -1,4 +1,8 @@
-"""Ready per-run cgroups with a launcher thread inside (cgroup v1, the corral server).
+"""Ready per-run cgroups with a launcher thread inside (cgroup v1).
+
+The corral server keeps a pool of them (:class:`LauncherPool`); an in-process
+``corral run`` parks one :class:`Launcher` in its own group at its start
+(:class:`corral.pipeline._cgroups.Prestage`).
 
 On cgroup v1 the first ``cgroup.procs`` write of a process waits for an RCU
 grace period (7-22 ms measured; see :class:`corral.pipeline._cgroups.Prestage`):
