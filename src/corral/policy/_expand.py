@@ -66,7 +66,7 @@ MAX_MATCHES = 512
 
 def is_glob(path: str) -> bool:
     """Whether *path* holds glob syntax (``*``, ``?``, ``[``)."""
-    return any(c in path for c in "*?[")
+    return "*" in path or "?" in path or "[" in path
 
 
 def _literal_prefix(pattern: str) -> str:
@@ -143,8 +143,15 @@ def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str |
     ``realpath``. *view* answers each component (one ``lstat``, and one
     ``readlink`` for a link, for all the entries of the same look: they share
     parents, ``~``, ``~/.config``), as if every entry had been walked at the
-    same moment.
+    same moment. A path whose parent an earlier walk of the look found no link
+    on (:attr:`HostView.plain`) has only its last component left to look at.
     """
+    plain = view.plain
+    parent, _, name = path.rpartition("/")
+    if name and name != "." and name != ".." and (not parent or parent in plain):
+        if _target(path, view) is None:
+            plain.add(path)
+            return None
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
         part = pending.pop(0)
@@ -154,11 +161,9 @@ def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str |
             done = posixpath.dirname(done)
             continue
         here = done + part if done.endswith("/") else f"{done}/{part}"
-        try:
-            target = view.readlink(here)
-        except OSError:  # no longer a link: nothing to follow
-            target = None
+        target = _target(here, view)
         if target is None:  # not a link, or missing: nothing to follow
+            plain.add(here)  # *done* holds no link: nor does *here*
             done = here
             continue
         if any(here.startswith(root.rstrip("/") + "/") for root in writable):
@@ -170,6 +175,14 @@ def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str |
             done = "/"
         pending[:0] = [p for p in target.split("/") if p]
     return None
+
+
+def _target(path: str, view: HostView) -> str | None:
+    """Where the link *path* leads; ``None`` when it is no link (or no longer one)."""
+    try:
+        return view.readlink(path)
+    except OSError:
+        return None
 
 
 def _refuse_steerable(key: str, entry: str, writable: Sequence[str], view: HostView) -> None:

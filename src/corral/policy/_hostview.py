@@ -36,11 +36,15 @@ _UNSEEN = object()
 class HostView:
     """The host's paths as one look sees them (see the module docstring)."""
 
-    __slots__ = ("_links", "_stats")
+    __slots__ = ("_links", "_stats", "plain")
 
     def __init__(self) -> None:
         self._stats: dict[str, os.stat_result | None] = {}
         self._links: dict[str, str] = {}
+        #: Paths (``/a/b``: no empty, ``.`` or ``..`` component) a walk found no link on:
+        #: each component answered "not a link" (or missing) by this view. A walk to a path
+        #: below one of them follows no link before it reaches its last component.
+        self.plain: set[str] = set()
 
     def lstat(self, path: str) -> os.stat_result | None:
         """``os.lstat(path)``, or ``None`` where it fails; the first answer for *path*."""

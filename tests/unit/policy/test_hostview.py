@@ -17,7 +17,7 @@ from pathlib import Path
 from corral.pipeline._request import ExecRequest
 from corral.pipeline._resident import _looked_at
 from corral.policy import Policy
-from corral.policy._expand import _resolved, expand_deny_read
+from corral.policy._expand import _resolved, _steerable_link, expand_deny_read
 from corral.policy._hostview import HostView
 
 
@@ -147,3 +147,18 @@ def test_each_look_sees_the_host_as_it_is_now(tmp_path: Path) -> None:
     os.symlink("a", tmp_path / "home")
     assert view.realpath(deny[0]) == str(tmp_path / "b" / "secret")
     assert HostView().realpath(deny[0]) == str(tmp_path / "a" / "secret")
+
+
+def test_a_shared_view_steers_no_walk_otherwise(tmp_path: Path) -> None:
+    # the steerable-link walk skips the parent of a path an earlier walk of the same look
+    # found no link on: every verdict equals the one a walk of its own view gives
+    paths = _tree(tmp_path)
+    writable = (str(tmp_path / "real"),)  # real/sub/back and real/sub/root steer
+    os.symlink("../real/sub/back", tmp_path / "real" / "via")
+    paths += [str(tmp_path / "real" / p) for p in ("via/secret", "sub/x", "sub/back", "via")]
+    expected = {path: _steerable_link(path, writable, HostView()) for path in paths}
+    assert expected[str(tmp_path / "real/sub/back/secret")] == str(tmp_path / "real/sub/back")
+    for order in (paths, sorted(paths), sorted(paths, key=len), sorted(paths, reverse=True)):
+        view = HostView()
+        for path in order:
+            assert _steerable_link(path, writable, view) == expected[path], path
