@@ -148,10 +148,10 @@ def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str |
     """
     plain = view.plain
     parent, _, name = path.rpartition("/")
-    if name and name != "." and name != ".." and (not parent or parent in plain):
-        if _target(path, view) is None:
-            plain.add(path)
-            return None
+    below_plain = name not in ("", ".", "..") and (not parent or parent in plain)
+    if below_plain and _target(path, view) is None:
+        plain.add(path)
+        return None
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
         part = pending.pop(0)
