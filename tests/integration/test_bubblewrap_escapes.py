@@ -378,6 +378,22 @@ def test_fork_bomb_is_contained_by_the_pids_limit(world: World) -> None:
 
 
 @needs_root
+def test_the_pids_budget_is_the_same_when_the_sandbox_is_born_in_its_group(world: World) -> None:
+    # in-process, the sandbox is born in its group (a launcher thread parked there at the
+    # start): limits written before the spawn, bubblewrap's outer process counted and
+    # compensated - the command's own budget is what it was when the sandbox was moved in
+    code = (
+        "import os, time\nn = 0\nwhile n < 100:\n"
+        "    try:\n        pid = os.fork()\n    except OSError as exc:\n"
+        "        print(n, exc.errno)\n        break\n"
+        "    if pid == 0:\n        time.sleep(3)\n        os._exit(0)\n    n += 1"
+    )
+    result = world.corral("run", "--pids", "12", "--", PROBE_PYTHON, "-c", code)
+    # pids.max 12: the sandbox's init, the command, 10 children; then EAGAIN
+    assert result.stdout.split() == [b"10", b"11"], result
+
+
+@needs_root
 def test_memory_limit_kills_with_137(world: World) -> None:
     result = world.run(_py("x = [bytearray(1 << 20) for _ in range(1024)]"), "--memory", "64M")
     assert result.returncode == 137

@@ -146,6 +146,29 @@ def test_a_secret_the_host_creates_or_replaces_stays_hidden(world: World) -> Non
         assert kept in again.stdout and kept != ns  # a new kept sandbox, from the host as it is
 
 
+def test_a_secret_reached_through_a_link_the_host_repoints_stays_hidden(world: World) -> None:
+    # the look before each command resolves the link anew (one look's answers are never
+    # kept for the next): a denyRead entry whose link the host re-points between two
+    # commands hides its new target in the very next command
+    for name in ("a", "b"):
+        World.write(os.path.join(world.outside, name, "secret"), f"secret of {name}\n")
+    link = os.path.join(world.outside, "home")
+    os.symlink("a", link)
+    deny = [os.path.join(link, "secret")]
+    with Sandbox(workspace=world.workspace, environ=world.environ, deny_read=deny) as sbx:
+        ns = sbx.exec(_NS).stdout
+        both = f"cat {world.outside}/a/secret {world.outside}/b/secret; {_NS}"
+        read = sbx.exec(both)
+        assert b"secret of a" not in read.stdout and b"secret of b" in read.stdout
+        assert ns in read.stdout  # resident
+        os.unlink(link)
+        os.symlink("b", link)
+        read = sbx.exec(both)
+        assert b"secret of b" not in read.stdout, read.stdout
+        assert b"secret of a" in read.stdout  # the policy names home/secret: b's now
+        assert ns not in read.stdout  # retired: planned from the host as it is now
+
+
 def test_a_session_dropped_without_close_ends_its_sandbox(world: World) -> None:
     import gc
 

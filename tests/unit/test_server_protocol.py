@@ -106,6 +106,40 @@ def test_this_process_passes_its_own_peer_check() -> None:
         b.close()
 
 
+def test_threads_that_end_during_the_check_do_not_fail_it() -> None:
+    """A peer starting and ending threads (a server during its start) passes its check.
+
+    Its threads end between the listing of ``/proc/PID/task`` and the read of
+    their status; the check skips them (nothing of them is left) and checks the rest.
+    """
+    import threading
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            t = threading.Thread(target=lambda: None)
+            t.start()
+            t.join()
+
+    churners = [threading.Thread(target=churn) for _ in range(4)]
+    for t in churners:
+        t.start()
+    a, b = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        own = process_context()
+        for _ in range(300):
+            pid, pidfd = check_peer(a, own)
+            os.close(pidfd)
+            assert pid == os.getpid()
+    finally:
+        stop.set()
+        for t in churners:
+            t.join()
+        a.close()
+        b.close()
+
+
 def test_a_context_difference_is_not_a_security_refusal() -> None:
     security, context = process_context()
     context = {**context, "Umask": "0777"}

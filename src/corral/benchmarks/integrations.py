@@ -23,7 +23,10 @@ Rows (medians, all measured in this run):
   sandbox (``--keep``, :mod:`corral.server._kept`); one more row runs the same
   call without ``--keep``: a fresh sandbox per call, in the same run; and
   ``corral-client run -- true`` with and without ``--keep`` (no hook, no
-  shell around it);
+  shell around it); and, interleaved with the ``--keep`` row, the same with
+  ``--shell bash -c true`` (the sandbox's bash) and ``bash -c <rewritten>``
+  without the hook (the host bash and corral's script around the command):
+  the kept call piece by piece;
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start): in the session's resident sandbox (the default) and in
   a fresh sandbox per command (``CORRAL_RESIDENT=0``), next to raw bwrap and
@@ -177,13 +180,24 @@ def run(ctx: Context) -> list[Row]:
             fresh_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast], keep=False)
             _check_kept(ctx, server.env, [fast])
             client_fresh = ctx.median_cmd_ms([fast, "run", "--", "true"], env=server.env)
-            kept_argv = [fast, "run", "--agent-session", "bench-kept", "--keep", "--", "true"]
-            client_kept = ctx.median_cmd_ms(kept_argv, env=server.env)
+            kept = [fast, "run", "--agent-session", "bench-kept", "--keep"]
+            answer = _hook(ctx, bash_call, server.env, [fast])
+            rewritten = str(answer["hookSpecificOutput"]["updatedInput"]["command"])  # type: ignore[index]
+            # the kept call piece by piece, interleaved: the client and the init's fork, then
+            # the sandbox's bash, then the whole rewritten command (host bash, corral's script)
+            client_kept, shell_kept, rewritten_kept = _interleaved_ms(
+                ctx,
+                [
+                    _command(ctx, [*kept, "--", "true"], server.env),
+                    _command(ctx, [*kept, "--shell", "bash", "-c", "true"], server.env),
+                    _command(ctx, ["bash", "-c", rewritten], server.env),
+                ],
+            )
         status = server.status()
     per_row = ctx.runs + 2  # 2 warm-up runs and the samples
     expected = (
-        (7 * per_row + 1) if fast is not None else 3 * per_row,
-        (3 * per_row + 1) if fast is not None else 0,
+        (9 * per_row + 1) if fast is not None else 3 * per_row,
+        (3 * per_row + 2) if fast is not None else 0,
     )
     if (status.get("served"), status.get("hooks")) != expected:
         raise RuntimeError(
@@ -279,6 +293,28 @@ def run(ctx: Context) -> list[Row]:
                 note=f"{ratio(client_kept, raw)}; {ratio(client_kept, client_fresh)} of fresh",
             )
         )
+        rows.append(
+            Row(
+                "corral-client run --agent-session S --keep --shell bash -c true (kept sandbox)",
+                shell_kept,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(shell_kept, raw)}; {shell_kept - client_kept:+.2f} ms against the row "
+                "above: the sandbox starts bash in place of /bin/true (true is bash's builtin; "
+                "interleaved with it)",
+            )
+        )
+        rows.append(
+            Row(
+                "bash -c <the hook's rewritten command> (kept sandbox, no hook)",
+                rewritten_kept,
+                samples=ctx.runs,
+                baseline="raw bwrap",
+                note=f"{ratio(rewritten_kept, raw)}; {rewritten_kept - shell_kept:+.2f} ms against "
+                "the row above: the host bash and corral's script around the command "
+                "(interleaved with it)",
+            )
+        )
     rows += _sdk_rows(ctx, raw)
     return rows
 
@@ -295,6 +331,13 @@ def _interleaved_ms(ctx: Context, fns: Sequence[Callable[[], object]]) -> list[f
             fn()
             samples.append((time.perf_counter() - start) * 1000)
     return [statistics.median(samples) for samples in times]
+
+
+def _command(ctx: Context, argv: list[str], env: dict[str, str]) -> Callable[[], object]:
+    """Run *argv* in the workspace with *env*, output discarded; raise if it fails."""
+    return lambda: subprocess.run(
+        argv, cwd=ctx.workspace, env=env, stdout=subprocess.DEVNULL, check=True
+    )
 
 
 def _end_to_end_ms(

@@ -101,15 +101,21 @@ def main(args: list[str], *, console: bool = False) -> int:
     """``corral run ARGS``: through the server when possible, else in this process.
 
     With *console* (the ``corral`` command itself, not an embedding caller)
-    a run the server carried out ends this process right away with its
-    status (``os._exit`` after flushing stdout and stderr): the client holds
-    nothing that needs finalising, and the interpreter's teardown would cost
-    ~2 ms of the start-up budget.
+    the run ends this process right away with its status (``os._exit`` after
+    flushing stdout and stderr; an in-process run after it started the
+    server for next time): the interpreter's teardown would cost ~2 ms of the
+    start-up budget. Nothing is left to finalise by then: the run's sandbox
+    was reaped and its cgroup removed, its audit record and ``--json`` file
+    were written with ``os.write`` or closed files, and the threads it
+    started (launcher, broker, proxy) are done or daemons.
     """
     environ = os.environ
     handoff = take_handoff(environ)
     if environ.get("CORRAL_SERVER", "") in ("off", "0") or args[:1] in (["-h"], ["--help"]):
-        return _in_process(args, [])
+        status = _in_process(args, [])
+        if console:
+            _exit_now(status)
+        return status
     import _signal  # type: ignore[import-not-found]  # not signal: it imports enum
 
     from .._state import state_dir
@@ -133,6 +139,8 @@ def main(args: list[str], *, console: bool = False) -> int:
             pending[:0] = handoff[1]
         else:
             result = _through_server(args, state, environ, pending, link)
+        if result == _NO_SERVER and _joined(state, environ):
+            result = _through_server(args, state, environ, pending, link)
         if isinstance(result, int):
             if console:
                 _exit_now(result)
@@ -150,6 +158,8 @@ def main(args: list[str], *, console: bool = False) -> int:
             _signal.signal(sig, handler)
     if result in (_NO_SERVER, _STALE) and busy is None:
         start_server_later(state, environ)
+    if console:
+        _exit_now(status)
     return status
 
 
@@ -175,6 +185,20 @@ def start_server_later(state: str, environ: Mapping[str, str]) -> None:
             from ..server._slots import mark_busy
 
             mark_busy(os.path.join(state, "server"), f"cannot start a process: {exc}")
+
+
+def _joined(state: str, environ: Mapping[str, str]) -> bool:
+    """Whether the running server of this client's configuration serves *state* now
+    (:func:`corral.server._hub.join`), when this client may start a server at all."""
+    if not _may_start_server(state, environ):
+        return False
+    from ..server._hub import join, server_idle
+
+    try:
+        idle = server_idle(environ.get("CORRAL_SERVER_IDLE"))
+    except ValueError:
+        return False  # a server would not start either
+    return join(state, environ, idle)
 
 
 def _may_start_server(state: str, environ: Mapping[str, str]) -> bool:

@@ -459,12 +459,17 @@ class Prestage:
     On cgroup v1 the first ``cgroup.procs`` write after a quiet period waits
     for an RCU grace period (``cgroup_threadgroup_rwsem`` entering writer
     mode: 7-22 ms on the CI machine) while holding ``cgroup_mutex``, and every
-    other cgroup operation queues behind it. So at the very start of
-    ``corral run`` this creates the run's groups (fast) and starts that wait
-    in a thread with a no-op move of our own pid into our own group. corral
-    meanwhile loads its settings, plans, and starts bubblewrap; moving the
-    sandbox into the group then waits only for what is left of the grace
-    period instead of a whole one.
+    other cgroup operation queues behind it. So at the very start of an
+    in-process ``corral run`` this creates the run's groups (fast) and, on v1,
+    parks one launcher thread inside them (:mod:`corral.pipeline._launchers`:
+    a ``tasks`` write of one thread takes no such lock). The group handed out
+    by :meth:`take` then has a ``spawner``: bubblewrap is born inside the
+    group, with the run's limits already written, and no move is needed.
+
+    On v2 (a thread cannot sit in another group than its process) it starts
+    the wait instead, in a thread, with a no-op move of our own pid into our
+    own group; corral meanwhile loads its settings, plans, and starts
+    bubblewrap, and the sandbox's move waits for what is left.
 
     Example::
 
@@ -476,12 +481,15 @@ class Prestage:
         stage.finish()           # before exiting: lets a discarded group go
     """
 
-    __slots__ = ("_discarded", "_done", "_group", "_lock")
+    __slots__ = ("_discarded", "_done", "_group", "_launcher", "_lock")
 
     def __init__(self, name: str) -> None:
         import _thread
 
+        from ._launchers import PARKED_CONTROLLERS, Launcher
+
         self._group: Cgroup | None = None
+        self._launcher: Launcher | None = None
         self._discarded: Cgroup | None = None
         self._lock = _thread.allocate_lock()
         self._done = _thread.allocate_lock()
@@ -494,13 +502,16 @@ class Prestage:
                 group = Cgroup(layout, {}, name)
                 try:
                     if layout.version == 1:
-                        group.ensure_dirs({"memory", "pids"})
+                        group.ensure_dirs(set(PARKED_CONTROLLERS))
                     else:
                         group.set_limits(memory=None, pids=None, cpus=None, freezer=False)
                     self._group = group
                 except OSError:
                     group.remove()
-                target = _own_procs_file()
+                if self._group is not None and set(PARKED_CONTROLLERS) <= set(group.dirs):
+                    self._launcher = Launcher(group)  # v1: born inside, no move at all
+                else:
+                    target = _own_procs_file()
         except OSError:
             pass
         if target is None:
@@ -521,13 +532,25 @@ class Prestage:
                 leftover.remove()
 
     def take(self) -> Cgroup | None:
-        """The prepared group (the caller owns it from now on), without waiting."""
+        """The prepared group (the caller owns it from now on).
+
+        With a launcher parked inside (v1) the group's ``spawner`` starts a
+        process from that thread and its ``on_remove`` lets the thread go;
+        this waits for the thread to be parked (two ``tasks`` writes, started
+        at construction). A launcher that could not park is dropped: the
+        group is then moved into as usual.
+        """
         group, self._group = self._group, None
+        launcher, self._launcher = self._launcher, None
+        if group is not None and launcher is not None:
+            group.on_remove = launcher.release
+            if launcher.wait_parked():
+                group.spawner = launcher.spawn
         return group
 
     def discard(self) -> None:
         """The run needs no cgroup: remove the group now or when the thread is done."""
-        group, self._group = self._group, None
+        group = self.take()
         if group is None:
             return
         with self._lock:

@@ -1,4 +1,8 @@
-"""Ready per-run cgroups with a launcher thread inside (cgroup v1, the corral server).
+"""Ready per-run cgroups with a launcher thread inside (cgroup v1).
+
+The corral server keeps a pool of them (:class:`LauncherPool`); an in-process
+``corral run`` parks one :class:`Launcher` in its own group at its start
+(:class:`corral.pipeline._cgroups.Prestage`).
 
 On cgroup v1 the first ``cgroup.procs`` write of a process waits for an RCU
 grace period (7-22 ms measured; see :class:`corral.pipeline._cgroups.Prestage`):
@@ -54,12 +58,13 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["LauncherPool"]
+__all__ = ["PARKED_CONTROLLERS", "Launcher", "LauncherPool"]
 
-_PARKED_CONTROLLERS = ("memory", "pids")  # the default limits; others are joined on demand
+#: the default limits' controllers, joined when a launcher parks; others are joined on demand
+PARKED_CONTROLLERS = ("memory", "pids")
 
 
-class _Launcher:
+class Launcher:
     """One thread, parked in one group, that starts one run's first process."""
 
     def __init__(self, group: Cgroup) -> None:
@@ -79,7 +84,7 @@ class _Launcher:
     # ----------------------------------------------------------- the thread
     def _main(self) -> None:
         try:
-            for controller in _PARKED_CONTROLLERS:
+            for controller in PARKED_CONTROLLERS:
                 self._join(controller)
         except BaseException as exc:
             self.error = exc
@@ -208,14 +213,14 @@ class LauncherPool:
     """
 
     def __init__(self, layout: CgroupLayout, *, size: int = 2) -> None:
-        if layout.version != 1 or not set(_PARKED_CONTROLLERS) <= set(layout.parents):
+        if layout.version != 1 or not set(PARKED_CONTROLLERS) <= set(layout.parents):
             raise ValueError("a launcher pool needs cgroup v1 with the memory and pids controllers")
         self.layout = layout
         self.size = size
         self.errors: list[str] = []  # why refills failed (the server logs them)
         self.served = 0
         self.missed = 0
-        self._ready: list[_Launcher] = []
+        self._ready: list[Launcher] = []
         self._lock = _thread.allocate_lock()
         self._wake = _thread.allocate_lock()
         self._wake.acquire()
@@ -323,17 +328,17 @@ class LauncherPool:
     def _open(self) -> bool:
         return not self._closed
 
-    def _new_launcher(self) -> _Launcher | None:
+    def _new_launcher(self) -> Launcher | None:
         self._counter += 1
         name = f"corral-{os.getpid()}-launch-{self._counter}"
         group = Cgroup(self.layout, {}, name)
         try:
-            group.ensure_dirs(set(_PARKED_CONTROLLERS))
+            group.ensure_dirs(set(PARKED_CONTROLLERS))
         except OSError as exc:
             group.remove()
             self.errors.append(f"Failed to create {name}: {exc}")
             return None
-        launcher = _Launcher(group)
+        launcher = Launcher(group)
         if not launcher.wait_parked():
             self.errors.append(f"Failed to park a launcher in {name}: {launcher.error}")
             group.remove()

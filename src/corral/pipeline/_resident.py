@@ -102,21 +102,22 @@ def _looked_at(request: ExecRequest, policy: Policy) -> _Looked | None:
     from .._exceptions import CorralError
     from ..backends.base import paths_of_policy
     from ..policy._expand import expand_deny_read
+    from ..policy._hostview import HostView
 
+    view = HostView()  # this look's own: each path asked of the kernel once, now
     try:
-        expanded = expand_deny_read(policy)
+        expanded = expand_deny_read(policy, view)
     except CorralError:
         return None
     paths = paths_of_policy(request, expanded)
     named = policy.network.allow_unix_sockets
     if isinstance(named, tuple):  # bound in by their real paths; the broker allows those
         paths.update(named)
-        paths.update(os.path.realpath(p) for p in named)
+        paths.update(view.realpath(p) for p in named)
     found = []
     for path in sorted(paths):
-        try:
-            st = os.lstat(path)
-        except OSError:
+        st = view.lstat(path)
+        if st is None:
             found.append((path, 0, 0, 0, 0))
             continue
         kind = st.st_mode & 0o170000

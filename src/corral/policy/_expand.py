@@ -47,6 +47,7 @@ import stat
 
 from .._exceptions import UsageError
 from ._glob import compiled
+from ._hostview import HostView
 from ._owners import describe, is_host_root, redirectable_by
 
 TYPE_CHECKING = False
@@ -65,7 +66,7 @@ MAX_MATCHES = 512
 
 def is_glob(path: str) -> bool:
     """Whether *path* holds glob syntax (``*``, ``?``, ``[``)."""
-    return any(c in path for c in "*?[")
+    return "*" in path or "?" in path or "[" in path
 
 
 def _literal_prefix(pattern: str) -> str:
@@ -87,13 +88,17 @@ def _refuse(pattern: str, why: str) -> UsageError:
     )
 
 
-def expand_glob(pattern: str) -> list[str]:
+def expand_glob(pattern: str, view: HostView | None = None) -> list[str]:
     """The existing host paths the absolute glob *pattern* matches (see the module docstring).
+
+    A matching link's target is resolved through *view* (a new one if not given).
 
     Raises:
         UsageError: the walk or the matches exceed their bounds.
     """
     glob = compiled(pattern)
+    if view is None:
+        view = HostView()
     start = _literal_prefix(pattern)
     matches: list[str] = []
     visited = 0
@@ -119,8 +124,8 @@ def expand_glob(pattern: str) -> list[str]:
                 if glob.matches(path):
                     matches.append(path)
                     if stat.S_ISLNK(mode):
-                        target = os.path.realpath(path)
-                        if os.path.lexists(target):
+                        target = view.realpath(path)
+                        if view.lstat(target) is not None:
                             matches.append(target)
                     if len(matches) > MAX_MATCHES:
                         raise _refuse(pattern, f"it matches more than {MAX_MATCHES} paths")
@@ -130,19 +135,23 @@ def expand_glob(pattern: str) -> list[str]:
     return sorted(set(matches))
 
 
-def _steerable_link(
-    path: str, writable: Sequence[str], links: dict[str, str | None] | None = None
-) -> str | None:
+def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str | None:
     """The first link resolving *path* follows that lies below a *writable* root, if any.
 
     Links are followed as the kernel would (relative and absolute targets,
     links in targets); a loop stops the walk after 40 links, as it stops
-    ``realpath``. *links* remembers each component's ``readlink`` for the
-    other entries of the same look (they share parents: ``~``, ``~/.config``),
-    as if every entry had been walked at the same moment.
+    ``realpath``. *view* answers each component (one ``lstat``, and one
+    ``readlink`` for a link, for all the entries of the same look: they share
+    parents, ``~``, ``~/.config``), as if every entry had been walked at the
+    same moment. A path whose parent an earlier walk of the look found no link
+    on (:attr:`HostView.plain`) has only its last component left to look at.
     """
-    if links is None:
-        links = {}
+    plain = view.plain
+    parent, _, name = path.rpartition("/")
+    below_plain = name not in ("", ".", "..") and (not parent or parent in plain)
+    if below_plain and _target(path, view) is None:
+        plain.add(path)
+        return None
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
         part = pending.pop(0)
@@ -151,16 +160,10 @@ def _steerable_link(
         if part == "..":
             done = posixpath.dirname(done)
             continue
-        here = posixpath.join(done, part)
-        if here in links:
-            target = links[here]
-        else:
-            try:
-                target = os.readlink(here)
-            except OSError:  # not a link, or missing: nothing to follow
-                target = None
-            links[here] = target
-        if target is None:
+        here = done + part if done.endswith("/") else f"{done}/{part}"
+        target = _target(here, view)
+        if target is None:  # not a link, or missing: nothing to follow
+            plain.add(here)  # *done* holds no link: nor does *here*
             done = here
             continue
         if any(here.startswith(root.rstrip("/") + "/") for root in writable):
@@ -174,10 +177,16 @@ def _steerable_link(
     return None
 
 
-def _refuse_steerable(
-    key: str, entry: str, writable: Sequence[str], links: dict[str, str | None] | None = None
-) -> None:
-    link = _steerable_link(entry, writable, links)
+def _target(path: str, view: HostView) -> str | None:
+    """Where the link *path* leads; ``None`` when it is no link (or no longer one)."""
+    try:
+        return view.readlink(path)
+    except OSError:
+        return None
+
+
+def _refuse_steerable(key: str, entry: str, writable: Sequence[str], view: HostView) -> None:
+    link = _steerable_link(entry, writable, view)
     if link is not None:
         raise UsageError(
             f"Failed to enforce filesystem.{key} {entry}: it is reached through the link "
@@ -187,7 +196,7 @@ def _refuse_steerable(
         )
 
 
-def _refuse_other_users(key: str, entry: str) -> None:
+def _refuse_other_users(key: str, entry: str, view: HostView) -> None:
     """Refuse an entry another host user can re-point (see :mod:`corral.policy._owners`).
 
     A re-exposed path that lies below another user's directory would re-expose
@@ -198,7 +207,7 @@ def _refuse_other_users(key: str, entry: str) -> None:
     uid = os.geteuid()
     if uid == 0 and not is_host_root():
         return
-    found = redirectable_by(entry, uid)
+    found = redirectable_by(entry, uid, view)
     if found is not None:
         where, owner = found
         raise UsageError(
@@ -208,21 +217,23 @@ def _refuse_other_users(key: str, entry: str) -> None:
         )
 
 
-def _resolved(path: str) -> str:
+def _resolved(path: str, view: HostView) -> str:
     """*path* with its links resolved, when it exists; else *path* itself."""
-    if not os.path.lexists(path):
+    if view.lstat(path) is None:
         return path
-    real = os.path.realpath(path)
-    return real if os.path.lexists(real) else path
+    real = view.realpath(path)
+    return real if real == path or view.lstat(real) is not None else path
 
 
-def expand_deny_read(policy: Policy) -> Policy:
+def expand_deny_read(policy: Policy, view: HostView | None = None) -> Policy:
     """*policy* with each ``denyRead`` glob replaced by the host paths it matches now.
 
     Literal entries are kept; a glob that matches nothing adds nothing. Every
     ``denyRead`` and ``allowRead`` entry that exists is replaced by its path
     with links resolved (see the module docstring). Returns *policy* itself
-    when nothing changes.
+    when nothing changes. The host is seen through *view*: one look's
+    answers, shared with the caller's other checks of the same look (a new
+    one if not given; never one kept from an earlier look).
 
     Raises:
         UsageError: a glob cannot be expanded within the bounds, or an entry is
@@ -231,22 +242,23 @@ def expand_deny_read(policy: Policy) -> Policy:
     fs = policy.filesystem
     # what the sandbox may have written, in this run or an earlier one
     writable = (fs.workspace, *fs.allow_write, *(path for _name, path in policy.caches))
-    links: dict[str, str | None] = {}  # one readlink per component for this whole look
+    if view is None:
+        view = HostView()
     for entry in fs.allow_read:
-        _refuse_steerable("allowRead", entry, writable, links)
-        _refuse_other_users("allowRead", entry)
+        _refuse_steerable("allowRead", entry, writable, view)
+        _refuse_other_users("allowRead", entry, view)
     expanded: list[str] = []
     for entry in fs.deny_read:
         if not is_glob(entry):
-            _refuse_steerable("denyRead", entry, writable, links)
+            _refuse_steerable("denyRead", entry, writable, view)
             expanded.append(entry)
             continue
         if not entry.startswith("/"):
             raise _refuse(entry, "a glob must be absolute once the settings are resolved")
-        _refuse_steerable("denyRead", _literal_prefix(entry), writable, links)
-        expanded += [posixpath.normpath(p) for p in expand_glob(entry)]
-    deny_read = tuple(dict.fromkeys(_resolved(p) for p in expanded))
-    allow_read = tuple(dict.fromkeys(_resolved(p) for p in fs.allow_read))
+        _refuse_steerable("denyRead", _literal_prefix(entry), writable, view)
+        expanded += [posixpath.normpath(p) for p in expand_glob(entry, view)]
+    deny_read = tuple(dict.fromkeys(_resolved(p, view) for p in expanded))
+    allow_read = tuple(dict.fromkeys(_resolved(p, view) for p in fs.allow_read))
     if deny_read == fs.deny_read and allow_read == fs.allow_read:
         return policy
     return policy.replace(filesystem=fs.replace(deny_read=deny_read, allow_read=allow_read))

@@ -18,6 +18,8 @@ import os
 import posixpath
 import stat
 
+from ._hostview import HostView
+
 __all__ = ["describe", "is_host_root", "redirectable_by"]
 
 
@@ -26,7 +28,9 @@ def describe(who: int) -> str:
     return "its group or other users" if who < 0 else f"uid {who}"
 
 
-def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
+def redirectable_by(
+    path: str, uid: int = 0, view: HostView | None = None
+) -> tuple[str, int] | None:
     """``(directory, who)`` of the first step on the way to *path* another user controls.
 
     "Another user" is anyone but root and *uid* (the caller); *who* is the
@@ -35,7 +39,11 @@ def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
     followed as the kernel follows them (relative and absolute targets, links
     in targets; at most 40). None when only root and *uid* can change what
     *path* resolves to, also by creating a component that is missing now.
+    The host is seen through *view* (one look's answers, shared with its other
+    checks; a new one if not given).
     """
+    if view is None:
+        view = HostView()
     done, pending, hops = "/", [p for p in path.split("/") if p], 0
     while pending:
         part = pending.pop(0)
@@ -44,15 +52,11 @@ def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
         if part == "..":
             done = posixpath.dirname(done)  # *done* holds no link: this is the kernel's ".."
             continue
-        here = posixpath.join(done, part)
-        try:
-            parent = os.stat(done)
-        except OSError:
+        here = done + part if done.endswith("/") else f"{done}/{part}"
+        parent = view.stat(done)
+        if parent is None:
             return None
-        try:
-            entry: os.stat_result | None = os.lstat(here)
-        except OSError:
-            entry = None  # missing: whoever may create it decides what it will be
+        entry = view.lstat(here)  # None: missing, whoever may create it decides what it will be
         if parent.st_uid not in (0, uid):
             return done, parent.st_uid
         if parent.st_mode & 0o022:
@@ -68,7 +72,7 @@ def redirectable_by(path: str, uid: int = 0) -> tuple[str, int] | None:
             hops += 1
             if hops > 40:
                 return None  # the kernel refuses it too (ELOOP)
-            target = os.readlink(here)
+            target = view.readlink(here) or ""  # a link: it has a target
             if target.startswith("/"):
                 done = "/"
             pending[:0] = [p for p in target.split("/") if p]

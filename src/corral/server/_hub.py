@@ -18,7 +18,8 @@ with one interpreter, launcher pool and inotify instance.
 
 **Configuration** (:func:`configuration`): the code stamp, the uid, the idle
 timeout and the server's whole environment except ``XDG_STATE_HOME``, which
-only names the state directory. A spawned server's environment is its first
+only names the state directory, and what a shell sets per command (``_``,
+``PWD``, ``OLDPWD``, ``SHLVL``), which a server does not read. A spawned server's environment is its first
 client's; everything a server reads from its own environment (idle and
 kept/warm bounds, the micro-VM pool, where the probe cache lies) is thus the
 same as the new directory's own server would have read, and a run is served
@@ -47,30 +48,143 @@ not; at worst a squatter makes each directory run its own server.
 from __future__ import annotations
 
 import _socket
-import hashlib
 import os
 import sys
 
-from ._peers import PeerRefused, check_peer, process_context
-from ._requests import _MSG_CMSG_CLOEXEC, _fds_of
 from ._wire import PROTOCOL, FrameReader, WireError, bind_unix, code_stamp, encode, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["MAX_DIRECTORIES", "Front", "bind_hub", "configuration", "hand_over", "take_lock"]
+__all__ = [
+    "DEFAULT_IDLE",
+    "MAX_DIRECTORIES",
+    "Front",
+    "bind_hub",
+    "configuration",
+    "hand_over",
+    "join",
+    "lock_directory",
+    "prepare_directory",
+    "server_idle",
+    "take_lock",
+]
 
+#: what differs between two calls of one shell and no server reads: the state directory,
+#: and what the shell sets per command (``_``: the command's path; ``PWD``, ``OLDPWD``,
+#: ``SHLVL``: a server moves to ``/`` and runs each command with its client's environment)
+_PER_CALL = frozenset({"XDG_STATE_HOME", "_", "PWD", "OLDPWD", "SHLVL"})
+#: seconds a server waits without a client before it exits (``CORRAL_SERVER_IDLE``, ``--idle``)
+DEFAULT_IDLE = 300.0
 #: state directories one server serves at most (two descriptors each)
 MAX_DIRECTORIES = 256
-_TIMEOUT = 10.0
+
+
+def server_idle(value: str | None) -> float:
+    """A server's idle timeout from ``--idle`` / ``CORRAL_SERVER_IDLE`` (unset or empty: the default).
+
+    Raises:
+        ValueError: not a number of seconds above 0.
+    """
+    if not value:
+        return DEFAULT_IDLE
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"not a number of seconds: {value!r}") from None
+    if seconds <= 0:
+        raise ValueError(f"must be more than 0 seconds: {value!r}")
+    return seconds
 
 
 def configuration(environ: Mapping[str, str], idle: float) -> str:
     """The configuration a server's state directories share (see the module docstring)."""
-    names = sorted(f"{k}={v}" for k, v in environ.items() if k != "XDG_STATE_HOME")
+    try:  # not hashlib: it loads OpenSSL (~3 ms), and clients compute this too
+        from _sha256 import sha256  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # Python 3.12+
+        from _sha2 import sha256  # type: ignore[import-not-found,no-redef,unused-ignore]
+    names = sorted(f"{k}={v}" for k, v in environ.items() if k not in _PER_CALL)
     text = "\0".join([code_stamp(), str(os.getuid()), repr(idle), *names])
-    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    digest: str = sha256(text.encode("utf-8", "surrogateescape")).hexdigest()
+    return digest[:32]
+
+
+def prepare_directory(state_dir: str) -> str:
+    """Create *state_dir*'s ``server/`` (mode 0700) if needed and check it; return its path.
+
+    Raises:
+        ServerError: it cannot be created, or is not a directory owned by this
+            uid with mode 0700 (another user could reach the socket).
+    """
+    import stat
+
+    from .._exceptions import ServerError
+    from .._state import ensure_dir
+
+    directory = os.path.join(state_dir, "server")
+    ensure_dir(state_dir)
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ServerError(f"Failed to create {directory}: {exc.strerror}") from exc
+    st = os.lstat(directory)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ServerError(
+            f"Failed to use {directory}: it must be a directory owned by uid "
+            f"{os.getuid()} with mode 0700",
+            hint=f"remove it (rm -rf {directory}) and start again",
+        )
+    return directory
+
+
+def lock_directory(directory: str) -> int:
+    """A descriptor holding the ``flock`` of *directory*'s ``lock`` (close-on-exec); -1 when
+    another process holds it (a server serves the directory, or is starting to)."""
+    import fcntl
+
+    fd = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return -1
+    return fd
+
+
+def join(state_dir: str, environ: Mapping[str, str], idle: float) -> bool:
+    """From a client: have the running server of its configuration serve *state_dir* now.
+
+    What a server started for *state_dir* would do first (take the
+    directory's lock, :func:`hand_over`), without starting one: the next
+    request to the directory's socket is served. False when there is no such
+    server (a failed connect to an abstract name: ~20 us, and nothing else
+    is imported or touched), the directory is locked (a server is starting)
+    or anything fails; the caller then goes on as before. A connection that
+    comes to nothing (the lock is taken) is logged by the server as a bad
+    request, and harms nothing.
+    """
+    sock = _connect(configuration(environ, idle), 5.0)  # a client's command is waiting
+    if sock is None:
+        return False  # no server of this configuration: the usual ~20 us
+    from .._exceptions import ServerError
+
+    try:
+        try:
+            fd = lock_directory(prepare_directory(state_dir))
+        except (OSError, ServerError):
+            return False
+        if fd < 0:
+            return False
+        try:
+            pid, _why = _hand_over_on(sock, state_dir, fd)
+        finally:
+            os.close(fd)
+    finally:
+        sock.close()
+    return pid > 0
 
 
 def _address(config: str) -> str:
@@ -90,20 +204,44 @@ def bind_hub(config: str) -> _socket.socket | None:
     return sock
 
 
-def hand_over(state_dir: str, lock_fd: int, config: str) -> tuple[int, str]:
+def hand_over(
+    state_dir: str, lock_fd: int, config: str, *, timeout: float = 30.0
+) -> tuple[int, str]:
     """Ask the running server of *config* to serve *state_dir*, whose lock *lock_fd* holds.
+
+    *timeout* bounds the wait for its answer (a server still starting answers
+    once its serve loop runs).
 
     Returns ``(pid, "")`` when it took the directory (the caller closes its
     copy of the lock and exits), else ``(0, why not)``: no such server, it
     failed the peer checks, or it declined.
     """
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    sock = _connect(config, timeout)
+    if sock is None:
+        return 0, "no server of this configuration runs"
     try:
-        sock.settimeout(_TIMEOUT)
-        try:
-            sock.connect(_address(config))
-        except OSError:
-            return 0, "no server of this configuration runs"
+        return _hand_over_on(sock, state_dir, lock_fd)
+    finally:
+        sock.close()
+
+
+def _connect(config: str, timeout: float) -> _socket.socket | None:
+    """A socket connected to the hub name of *config*, or None when nothing listens there."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(_address(config))
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _hand_over_on(sock: _socket.socket, state_dir: str, lock_fd: int) -> tuple[int, str]:
+    """:func:`hand_over` on *sock*, connected to the hub name: check the peer, then ask."""
+    from ._peers import PeerRefused, check_peer, process_context
+
+    try:
         try:
             pid, pidfd = check_peer(sock, process_context())
         except (PeerRefused, OSError) as exc:
@@ -119,14 +257,14 @@ def hand_over(state_dir: str, lock_fd: int, config: str) -> tuple[int, str]:
         reply = _reply(sock)
     except (OSError, WireError) as exc:
         return 0, f"the hand-over failed: {exc}"
-    finally:
-        sock.close()
     if reply.get("adopted") is True and reply.get("pid") == pid:
         return pid, ""
     return 0, str(reply.get("refused", "no answer"))
 
 
 def _reply(sock: _socket.socket) -> dict[str, object]:
+    from ._requests import _MSG_CMSG_CLOEXEC, _fds_of
+
     reader = FrameReader()
     while True:
         data, ancdata, _flags, _addr = sock.recvmsg(65536, _socket.CMSG_SPACE(4), _MSG_CMSG_CLOEXEC)

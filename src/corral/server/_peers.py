@@ -108,7 +108,12 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
     per_task = set()
     status = ""
     for tid in os.listdir(f"{base}/task"):
-        text = _read(f"{base}/task/{tid}/status")
+        try:
+            text = _read(f"{base}/task/{tid}/status")
+        except (FileNotFoundError, ProcessLookupError):
+            if tid == leader:
+                raise  # the process is gone
+            continue  # a thread that ended since the listing: nothing of it is left to check
         per_task.add(tuple(sorted(_status_fields(text, _SECURITY_FIELDS).items())))
         if tid == leader:
             status = text

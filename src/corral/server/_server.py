@@ -62,7 +62,16 @@ from .._exceptions import ServerError
 from ._codewatch import POLL_INTERVAL, CodeWatch
 from ._connections import Connections, Session
 from ._fastclient import client_stamp
-from ._hub import MAX_DIRECTORIES, Front, bind_hub, hand_over, take_lock
+from ._hub import (
+    DEFAULT_IDLE,
+    MAX_DIRECTORIES,
+    Front,
+    bind_hub,
+    hand_over,
+    lock_directory,
+    prepare_directory,
+    take_lock,
+)
 from ._peers import _SO_PEERPIDFD, thread_state
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
 from ._wire import bind_unix, code_stamp, socket_path
@@ -79,7 +88,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_IDLE", "Server"]
 
-DEFAULT_IDLE = 300.0
 #: seconds without a client after which the launcher pool is released (parked
 #: launcher threads and their cgroups); the next client starts it again
 DEFAULT_POOL_IDLE = 30.0
@@ -196,39 +204,12 @@ class Server:
             ServerError: another server owns the state directory, the
                 directory is unsafe, or the socket cannot be created.
         """
-        from .._state import ensure_dir
-
         os.chdir("/")  # never hold the workspace (or anything else) open
-        ensure_dir(self.state_dir)
-        try:
-            os.mkdir(self.directory, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise ServerError(f"Failed to create {self.directory}: {exc.strerror}") from exc
-        st = os.lstat(self.directory)
-        import stat
-
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise ServerError(
-                f"Failed to use {self.directory}: it must be a directory owned by uid "
-                f"{os.getuid()} with mode 0700",
-                hint=f"remove it (rm -rf {self.directory}) and start again",
-            )
+        prepare_directory(self.state_dir)
         self._open_log()
-        import fcntl
-
-        self.lock_fd = os.open(
-            os.path.join(self.directory, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
-        try:
-            fcntl.flock(self.lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.lock_fd)
-            self.lock_fd = -1
-            raise ServerError(
-                f"Failed to start: a corral server already serves {self.state_dir}"
-            ) from None
+        self.lock_fd = lock_directory(self.directory)
+        if self.lock_fd < 0:
+            raise ServerError(f"Failed to start: a corral server already serves {self.state_dir}")
         self._open_log(rotate=True)
         problem = _kernel_problem()
         if problem is not None:

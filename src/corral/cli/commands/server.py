@@ -80,20 +80,6 @@ def handle_hook(request: HookRequest) -> tuple[bytes, bytes, int]:
     return result.stdout, result.stderr, result.status
 
 
-def _idle(value: str | None) -> float:
-    from ...server._server import DEFAULT_IDLE
-
-    if not value:
-        return DEFAULT_IDLE
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"not a number of seconds: {value!r}") from None
-    if seconds <= 0:
-        raise ValueError(f"must be more than 0 seconds: {value!r}")
-    return seconds
-
-
 def _pool_idle(value: str | None) -> float:
     """``CORRAL_SERVER_POOL_IDLE``: seconds before an idle server releases its launcher pool."""
     from ...server._server import DEFAULT_POOL_IDLE
@@ -109,6 +95,7 @@ def main(args: list[str]) -> int:
     """Entry point."""
     from ..._exceptions import ServerError
     from ..._state import state_dir
+    from ...server._hub import server_idle
 
     parser = argparse.ArgumentParser(
         prog="corral server",
@@ -132,7 +119,7 @@ def main(args: list[str]) -> int:
         return 0 if exc.code == 0 else EXIT_USAGE
     state = os.path.abspath(ns.state_dir) if ns.state_dir else state_dir()
     try:
-        idle = _idle(ns.idle if ns.idle is not None else os.environ.get("CORRAL_SERVER_IDLE"))
+        idle = server_idle(ns.idle if ns.idle is not None else os.environ.get("CORRAL_SERVER_IDLE"))
     except ValueError as exc:
         print_error(f"--idle / CORRAL_SERVER_IDLE: {exc}")
         return EXIT_USAGE
@@ -178,6 +165,10 @@ def _serve(state: str, idle: float) -> int:
         server.log(f"not started: {exc.message}")  # a detached server has no terminal
         raise
     if server.handed_to:  # the running server of this configuration serves the directory now
+        sys.stdout.write(
+            f"the corral server pid {server.handed_to} serves {state} now (one server serves "
+            "every state directory of a configuration); this process is done\n"
+        )
         return 0
     _prepare_hooks(server)
     try:
