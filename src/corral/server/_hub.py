@@ -65,10 +65,12 @@ __all__ = [
     "configuration",
     "hand_over",
     "join",
+    "listen_at",
     "lock_directory",
     "prepare_directory",
     "server_idle",
     "take_lock",
+    "unlink_ours",
 ]
 
 #: what differs between two calls of one shell and no server reads: the state directory,
@@ -117,8 +119,6 @@ def prepare_directory(state_dir: str) -> str:
         ServerError: it cannot be created, or is not a directory owned by this
             uid with mode 0700 (another user could reach the socket).
     """
-    import stat
-
     from .._exceptions import ServerError
     from .._state import ensure_dir
 
@@ -130,14 +130,20 @@ def prepare_directory(state_dir: str) -> str:
         pass
     except OSError as exc:
         raise ServerError(f"Failed to create {directory}: {exc.strerror}") from exc
-    st = os.lstat(directory)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not _private(os.lstat(directory)):
         raise ServerError(
             f"Failed to use {directory}: it must be a directory owned by uid "
             f"{os.getuid()} with mode 0700",
             hint=f"remove it (rm -rf {directory}) and start again",
         )
     return directory
+
+
+def _private(st: os.stat_result) -> bool:
+    """Whether *st* (an ``lstat``) is a directory owned by this uid that no one else may enter."""
+    import stat
+
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o077
 
 
 def lock_directory(directory: str) -> int:
@@ -300,7 +306,7 @@ def take_lock(state_dir: object, lock_fd: int) -> tuple[str, int] | str:
         named = os.lstat(os.path.join(directory, "lock"))
     except OSError as exc:
         return f"cannot check {directory}: {exc.strerror}"
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+    if not _private(st):
         return f"{directory} must be a directory owned by uid {os.getuid()} with mode 0700"
     if not stat.S_ISREG(held.st_mode) or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino):
         return "the descriptor is not the state directory's lock"
@@ -327,7 +333,7 @@ class Front:
         self.state_dir = state_dir
         self.directory = os.path.join(state_dir, "server")
         self.path = socket_path(state_dir)
-        self.listener = _listen_at(self.path)
+        self.listener = listen_at(self.path)
         self.lock_fd = lock_fd
         self.socket_ino = os.lstat(self.path).st_ino
 
@@ -343,22 +349,31 @@ class Front:
 
     def release(self) -> None:
         """Give up the socket path (when it is still ours) and the lock (the server holds ``lock``)."""
-        try:
-            if os.lstat(self.path).st_ino == self.socket_ino:
-                os.unlink(self.path)
-        except OSError:
-            pass
+        unlink_ours(self.path, self.socket_ino)
         if self.lock_fd >= 0:
             os.close(self.lock_fd)  # releases the flock
             self.lock_fd = -1
 
 
-def _listen_at(path: str) -> _socket.socket:
+def unlink_ours(path: str, ino: int) -> None:
+    """Remove the socket *path* if it is still the one bound with inode *ino* (the caller
+    still holds its directory's lock); a socket another server made there stays."""
+    try:
+        if os.lstat(path).st_ino == ino:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def listen_at(path: str) -> _socket.socket:
     """A non-blocking listener on the unix socket *path* (mode 0600), replacing a dead one.
 
-    The caller holds the directory's lock; the umask is not touched (other
-    threads run): the socket is 0600 at once after ``bind``, and until then
-    it lies in the 0700 ``server/`` directory.
+    The caller holds the directory's lock. The umask is left to the caller
+    (a running server has other threads): the socket is 0600 at once after
+    ``bind``, and until then it lies in the 0700 ``server/`` directory.
+
+    Raises:
+        OSError: the socket cannot be made.
     """
     try:
         os.unlink(path)

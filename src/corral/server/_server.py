@@ -68,13 +68,15 @@ from ._hub import (
     Front,
     bind_hub,
     hand_over,
+    listen_at,
     lock_directory,
     prepare_directory,
     take_lock,
+    unlink_ours,
 )
 from ._peers import _SO_PEERPIDFD, thread_state
 from ._slots import MAX_SERVERS, mark_busy, take_slot, write_record
-from ._wire import bind_unix, code_stamp, socket_path
+from ._wire import code_stamp, socket_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -317,25 +319,15 @@ class Server:
         return removed
 
     def _listen(self) -> None:
-        try:
-            os.unlink(self.path)  # we hold the lock: a socket left here is a dead server's
-        except FileNotFoundError:
-            pass
-        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         previous = os.umask(0o177)  # single-threaded here; the socket is born 0600
         try:
-            bind_unix(listener, self.path)
+            self._listener = listen_at(self.path)  # we hold the lock: a socket left is dead
         except OSError as exc:
-            listener.close()
             self._release_lock()
             raise ServerError(f"Failed to listen on {self.path}: {exc.strerror}") from exc
         finally:
             os.umask(previous)
-        os.chmod(self.path, 0o600)
         self._socket_ino = os.lstat(self.path).st_ino
-        listener.listen(64)
-        listener.setblocking(False)
-        self._listener = listener
 
     def _start_pool(self) -> None:
         from ..pipeline._cgroups import probe
@@ -600,11 +592,7 @@ class Server:
             if self.retired:
                 return
             self.retired = True
-            try:
-                if os.lstat(self.path).st_ino == self._socket_ino:
-                    os.unlink(self.path)  # ours: we still hold the lock
-            except OSError:
-                pass
+            unlink_ours(self.path, self._socket_ino)  # we still hold the lock
             self._release_lock()
         self.wake()
 
