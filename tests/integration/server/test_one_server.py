@@ -33,10 +33,24 @@ def _env(world: World, name: str, **extra: str) -> dict[str, str]:
     return env
 
 
-def _corral(env: dict[str, str], *args: str, cwd: str = "/") -> subprocess.CompletedProcess[bytes]:
+def _corral(
+    env: dict[str, str], *args: str, cwd: str = "/", client: list[str] | None = None
+) -> subprocess.CompletedProcess[bytes]:
+    """*client* (default: the Python ``corral``) with *args*, output captured."""
     return subprocess.run(
-        [*corral_command(), *args], env=env, cwd=cwd, capture_output=True, timeout=120, check=False
+        [*(client or corral_command()), *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        timeout=120,
+        check=False,
     )
+
+
+def _clients() -> list[list[str]]:
+    """The Python client, and the compiled one when it is built."""
+    fast = fast_client_path()
+    return [corral_command()] + ([[fast]] if fast else [])
 
 
 def _status(env: dict[str, str]) -> dict[str, object] | None:
@@ -88,15 +102,17 @@ def test_state_directories_of_one_configuration_share_one_server(world: World) -
 
         # runs through b's socket: served, and recorded in b's state directory only
         served_before = statuses[1]["served"]  # type: ignore[index]
-        clients = [corral_command()] + ([[fast]] if (fast := fast_client_path()) else [])
+        clients = _clients()
         for client in clients:
-            result = subprocess.run(
-                [*client, "run", "--", "sh", "-c", "echo served-in-b"],
-                env=envs[1],
+            result = _corral(
+                envs[1],
+                "run",
+                "--",
+                "sh",
+                "-c",
+                "echo served-in-b",
                 cwd=world.workspace,
-                capture_output=True,
-                timeout=120,
-                check=False,
+                client=client,
             )
             assert result.returncode == 0, result.stderr
             assert result.stdout == b"served-in-b\n"
@@ -183,14 +199,7 @@ def test_a_squatted_hub_name_gets_nothing(world: World) -> None:
         # each directory is served, by a server of its own
         assert all(s is not None and s["state_dirs"] == 1 for s in statuses), statuses
         assert len({s["pid"] for s in statuses if s is not None}) == 2
-        result = subprocess.run(
-            [*corral_command(), "run", "--", "true"],
-            env=envs[1],
-            cwd=world.workspace,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        result = _corral(envs[1], "run", "--", "true", cwd=world.workspace)
         assert result.returncode == 0 and _warnings(result.stderr) == [], result.stderr
         deadline = time.monotonic() + 10
         while not os.path.exists(log) and time.monotonic() < deadline:
@@ -238,16 +247,10 @@ def test_the_first_run_in_a_new_state_directory_is_served_by_the_running_server(
         assert _corral(first, "server", "--detach").returncode == 0
         shared = _status(first)
         assert shared is not None
-        clients = [corral_command()] + ([[fast]] if (fast := fast_client_path()) else [])
-        for number, client in enumerate(clients):
+        for number, client in enumerate(_clients()):
             env = _env(world, f"new-{number}")
-            result = subprocess.run(
-                [*client, "run", "--", "sh", "-c", "echo first"],
-                env=env,
-                cwd=world.workspace,
-                capture_output=True,
-                timeout=120,
-                check=False,
+            result = _corral(
+                env, "run", "--", "sh", "-c", "echo first", cwd=world.workspace, client=client
             )
             assert result.returncode == 0 and result.stdout == b"first\n", result.stderr
             status = _status(env)
@@ -292,14 +295,7 @@ def test_a_deleted_state_directory_is_given_up_when_it_comes_back(world: World) 
         assert again is not None
         assert again["pid"] == shared and again["state_dirs"] == 2, again
         assert not any(lock.endswith("(deleted)") for lock in _held_locks(shared))
-        result = subprocess.run(
-            [*corral_command(), "run", "--", "true"],
-            env=envs[1],
-            cwd=world.workspace,
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
+        result = _corral(envs[1], "run", "--", "true", cwd=world.workspace)
         assert result.returncode == 0 and _warnings(result.stderr) == [], result.stderr
     finally:
         _stop_all(*envs)
