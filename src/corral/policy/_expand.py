@@ -47,7 +47,7 @@ import stat
 
 from .._exceptions import UsageError
 from ._glob import compiled
-from ._hostview import HostView
+from ._hostview import HostView, child
 from ._owners import describe, is_host_root, redirectable_by
 
 TYPE_CHECKING = False
@@ -160,7 +160,7 @@ def _steerable_link(path: str, writable: Sequence[str], view: HostView) -> str |
         if part == "..":
             done = posixpath.dirname(done)
             continue
-        here = done + part if done.endswith("/") else f"{done}/{part}"
+        here = child(done, part)
         target = _target(here, view)
         if target is None:  # not a link, or missing: nothing to follow
             plain.add(here)  # *done* holds no link: nor does *here*

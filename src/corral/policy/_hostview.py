@@ -28,9 +28,15 @@ import os
 import posixpath
 import stat
 
-__all__ = ["HostView"]
+__all__ = ["HostView", "child"]
 
 _UNSEEN = object()
+
+
+def child(done: str, name: str) -> str:
+    """The path of *name* in the directory *done* (absolute, normal): ``posixpath.join``
+    for one plain component, without its generality (walks call it per component)."""
+    return done + name if done.endswith("/") else f"{done}/{name}"
 
 
 class HostView:
@@ -118,7 +124,7 @@ class HostView:
             if name == "..":
                 done = posixpath.dirname(done)
                 continue
-            here = done + name if done.endswith("/") else f"{done}/{name}"
+            here = child(done, name)
             target = self.readlink(here)
             if target is None:  # no link (or missing: what follows is kept as written)
                 done = here

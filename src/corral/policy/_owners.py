@@ -18,7 +18,7 @@ import os
 import posixpath
 import stat
 
-from ._hostview import HostView
+from ._hostview import HostView, child
 
 __all__ = ["describe", "is_host_root", "redirectable_by"]
 
@@ -52,7 +52,7 @@ def redirectable_by(
         if part == "..":
             done = posixpath.dirname(done)  # *done* holds no link: this is the kernel's ".."
             continue
-        here = done + part if done.endswith("/") else f"{done}/{part}"
+        here = child(done, part)
         parent = view.stat(done)
         if parent is None:
             return None
