@@ -6,7 +6,7 @@ import os
 import stat
 
 from ..pipeline._outcome import Violation
-from ..policy._glob import PathPattern
+from ..policy._glob import PathPattern, components
 from ._broker_abi import (
     _FD_METADATA_CALLS,
     _RENAME_WALK_LIMIT,
@@ -66,7 +66,21 @@ class _Policy(_Resolver):
         and a rename, which :meth:`~._broker_emulate._Emulator._rename` lands
         after validating the content).
         """
+        # each row is tried in order, but only where its literal segments are all among the
+        # path's components: a row that cannot match is skipped without running the matcher
+        # (most names a run writes match none of the protect rows' literals)
+        relative = absolute = None
         for pattern, label in self._patterns:
+            if pattern.absolute:
+                if absolute is None:
+                    absolute = components(sandbox_path)
+                if not pattern.could_match_parts(absolute):
+                    continue
+            else:
+                if relative is None:
+                    relative = components(rel)
+                if not pattern.could_match_parts(relative):
+                    continue
             if pattern.matches(sandbox_path if pattern.absolute else rel):
                 if (
                     resolved is not None

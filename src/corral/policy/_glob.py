@@ -19,7 +19,7 @@ budget"), and the grammar above is small.
 
 from __future__ import annotations
 
-__all__ = ["PathPattern", "compiled", "match_word", "validate_pattern"]
+__all__ = ["PathPattern", "compiled", "components", "match_word", "validate_pattern"]
 
 
 def validate_pattern(pattern: str) -> str | None:
@@ -138,7 +138,7 @@ class PathPattern:
         hooks.could_match_below("vendor")                     # True
     """
 
-    __slots__ = ("_segments", "absolute", "pattern")
+    __slots__ = ("_segments", "absolute", "literals", "pattern")
 
     def __init__(self, pattern: str) -> None:
         problem = validate_pattern(pattern)
@@ -154,6 +154,10 @@ class PathPattern:
                 continue
             collapsed.append(segment)
         self._segments = tuple(collapsed)
+        #: The segments without ``*``, ``?`` or ``[``: each matches exactly one path
+        #: component equal to it, so a path matches only if every one of them is among
+        #: its components (:meth:`could_match_parts`).
+        self.literals = frozenset(s for s in collapsed if not any(c in s for c in "*?["))
 
     def __repr__(self) -> str:
         return f"PathPattern({self.pattern!r})"
@@ -168,6 +172,11 @@ class PathPattern:
         """Whether *path* (``/``-separated; relative unless the pattern is absolute) matches."""
         parts = tuple(s for s in path.strip("/").split("/") if s)
         return self._match(0, parts, 0)
+
+    def could_match_parts(self, parts: frozenset[str]) -> bool:
+        """False only when no path whose components are *parts* can match (a cheap
+        necessary condition: every literal segment is one of them); see :func:`components`."""
+        return self.literals <= parts
 
     def could_match_below(self, directory: str) -> bool:
         """Whether some path strictly below *directory* could match this pattern.
@@ -206,6 +215,12 @@ class PathPattern:
             si += 1
             pi += 1
         return si < len(segments)
+
+
+def components(path: str) -> frozenset[str]:
+    """The components of *path* as :meth:`PathPattern.matches` splits it, for
+    :meth:`PathPattern.could_match_parts`."""
+    return frozenset(s for s in path.split("/") if s)
 
 
 #: Compiled patterns by their text; see :func:`compiled`.

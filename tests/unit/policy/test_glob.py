@@ -127,3 +127,45 @@ def test_path_patterns_are_values() -> None:
 def test_invalid_path_patterns_are_refused() -> None:
     with pytest.raises(ValueError, match=r"invalid pattern '\[x': unclosed"):
         PathPattern("[x")
+
+
+def test_the_literal_prefilter_never_skips_a_match() -> None:
+    """``could_match_parts`` is a necessary condition of ``matches``: the write broker skips
+    a row it rules out, so it must never rule out a path the row matches. Random patterns
+    (literals, ``*``, ``?``, classes, ``**``) against random paths over the same names."""
+    import random
+
+    from corral.policy._glob import components
+
+    rng = random.Random(20261125)
+    names = ["a", "b", ".git", "hooks", "config", "x.pem", "[", "]", "a]", "ab"]
+    pieces = ["*", "?", "[ab]", "[!a]", "a*", "*.pem", "**", "[]]"]
+    checked = matched = skipped = 0
+    for _ in range(4000):
+        pattern = "/".join(
+            rng.choice(names if rng.random() < 0.6 else pieces) for _ in range(rng.randint(1, 4))
+        )
+        if validate_pattern(pattern) is not None:
+            continue
+        glob = PathPattern(pattern)
+        for _ in range(10):
+            path = "/".join(rng.choice(names) for _ in range(rng.randint(1, 5)))
+            checked += 1
+            possible = glob.could_match_parts(components(path))
+            if glob.matches(path):
+                matched += 1
+                assert possible, (pattern, path)
+            elif not possible:
+                skipped += 1
+    assert checked > 30000 and matched > 1000 and skipped > 10000  # both sides exercised
+
+
+def test_the_literal_prefilter_rules_out_paths_without_the_literals() -> None:
+    from corral.policy._glob import components
+
+    hooks = PathPattern("**/.git/hooks/**")
+    assert hooks.literals == {".git", "hooks"}
+    assert not hooks.could_match_parts(components("src/app.py"))
+    assert not hooks.could_match_parts(components("vendor/.git/config"))
+    assert hooks.could_match_parts(components("vendor/.git/hooks/pre-commit"))
+    assert PathPattern("**/*.pem").literals == frozenset()  # no literal: always tried
