@@ -12,17 +12,19 @@ argv it receives and lists the staged clone.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from corral._exceptions import LaunchFailed
 from corral.backends import helper_path
 from corral.backends.bubblewrap import ROOT_SANDBOX_ID
 from corral.pipeline._request import ExecRequest
-from corral.pipeline._runner import execute
-from corral.policy import Policy
+from corral.pipeline._runner import execute, launch, prepare
+from corral.policy import Policy, ResourceLimits
 from tests.conftest import needs_bwrap, needs_root
 
 pytestmark = [needs_root, needs_bwrap]
@@ -119,3 +121,69 @@ def test_a_sandbox_over_both_kinds_of_source_reads_and_writes(
         assert written.read_text() == "w\n"
         assert written.stat().st_uid == 0  # stored as the caller's, through the idmapping
         written.unlink()
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """An open directory under /dev/shm, where the stage mounts its private tmpfs."""
+    path = Path("/dev/shm") / f"corral-stage-{os.getpid()}"
+    path.mkdir(mode=0o755)
+    (path / "s.txt").write_text("s")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_source_under_the_stage_directory_is_staged_from_the_host(
+    dirs: tuple[Path, Path], shm_dir: Path
+) -> None:
+    """The stage's tmpfs on /dev/shm would hide a source there (or part of one above it)
+    from bubblewrap: such a source is always cloned - before the tmpfs exists - never
+    bound from where it is, even when the sandbox's uid can reach it."""
+    _open_dir, inner = dirs
+    words, listing, _uid = _stage(str(inner), str(shm_dir))
+    assert words.split()[4] == "/dev/shm/1"
+    assert listing == "s.txt"  # the host's directory, not the (empty) staging tmpfs
+    words = _stage(str(inner), "/dev")[0]  # above it: staged too
+    assert words.split()[4] == "/dev/shm/1"
+
+
+def test_a_workspace_under_dev_shm_runs_beside_a_staged_source(
+    dirs: tuple[Path, Path], shm_dir: Path
+) -> None:
+    _open_dir, inner = dirs
+    policy = Policy.for_workspace(str(shm_dir), home=os.path.expanduser("~"))
+    policy = policy.replace(
+        backend="bubblewrap",
+        filesystem=policy.filesystem.replace(
+            allow_write=(*policy.filesystem.allow_write, str(inner))
+        ),
+    )
+    script = f"cat s.txt {inner}/i.txt && echo w > new.txt"
+    request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(shm_dir))
+    outcome = execute(request, policy, environ=dict(os.environ))
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout == b"si"
+    assert (shm_dir / "new.txt").read_text() == "w\n"
+
+
+def test_a_sandbox_that_dies_in_its_set_up_says_why(tmp_path: Path) -> None:
+    """bubblewrap failing early in its set-up (a bind source gone after the plan was made):
+    the error is bubblewrap's reason - the sandbox is usually gone before it could join its
+    cgroup, which used to surface as the failed move of a process that no longer exists."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    policy = Policy.for_workspace(str(workspace), home=os.path.expanduser("~"))
+    policy = policy.replace(backend="bubblewrap", resources=ResourceLimits(memory=256 << 20))
+    request = ExecRequest.from_argv(["true"], cwd=str(workspace))
+    prepared = prepare(request, policy, environ=dict(os.environ))
+    if prepared.layout is None:
+        pytest.skip("no cgroup layout for a memory limit here")
+    gone = tmp_path / "gone"  # never made: bubblewrap's first mount fails
+    argv = list(prepared.plan.argv)
+    at = next(i for i, word in enumerate(argv) if os.path.basename(word) == "bwrap") + 1
+    argv[at:at] = ["--ro-bind", str(gone), "/mnt"]
+    prepared.plan = prepared.plan.replace(argv=tuple(argv))
+    with pytest.raises(LaunchFailed) as failed:
+        launch(prepared, request)
+    message = str(failed.value)
+    assert "Can't find source path" in message and str(gone) in message, message

@@ -629,8 +629,12 @@ move:
  * user planted where she can write, or the sandbox in an earlier run - would
  * hand the sandbox whatever root can reach (what a 0700 directory guards);
  * a staged source with a link on its way fails the run instead. */
-static void clone_staged(const char *path, const char *at) {
+/* A detached clone of the tree at PATH (resolved with no link followed); *IS_DIR
+ * says whether it is a directory. Taken before STAGE_DIR's tmpfs is mounted, so a
+ * source at, under or above STAGE_DIR is cloned as the host has it. */
+static int clone_staged(const char *path, int *is_dir) {
     struct open_how how;
+    struct stat st;
     memset(&how, 0, sizeof how);
     how.flags = O_PATH | O_CLOEXEC;
     how.resolve = RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS;
@@ -638,14 +642,25 @@ static void clone_staged(const char *path, const char *at) {
     if (fd < 0)
         fail("stage", errno, "%s: %s (a bind source the sandbox cannot reach is staged by root "
              "and must have no symbolic link on its way)", path, strerror(errno));
+    if (fstat(fd, &st) < 0)
+        fail("stage", errno, "%s: %s", path, strerror(errno));
+    *is_dir = S_ISDIR(st.st_mode);
     int tree = (int)syscall(__NR_open_tree, fd, "",
                             AT_EMPTY_PATH | OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
     if (tree < 0)
         fail("stage", errno, "open_tree %s: %s", path, strerror(errno));
-    if (syscall(__NR_move_mount, tree, "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
-        fail("stage", errno, "move_mount %s: %s", at, strerror(errno));
-    close(tree);
     close(fd);
+    return tree;
+}
+
+/* Whether PATH is STAGE_DIR, lies under it, or above it (but is not "/"): the
+ * staging tmpfs would hide it (or a part of it) from bubblewrap, so it is always
+ * staged - cloned before that tmpfs exists - never bound from where it is. */
+static int near_stage_dir(const char *path) {
+    size_t n = strlen(path), d = strlen(STAGE_DIR);
+    if (strncmp(path, STAGE_DIR, d) == 0 && (path[d] == '\0' || path[d] == '/'))
+        return 1; /* STAGE_DIR or below it */
+    return n > 1 && n < d && strncmp(STAGE_DIR, path, n) == 0 && STAGE_DIR[n] == '/';
 }
 
 /* Whether UID - with gid UID and no supplementary groups, as bubblewrap will run
@@ -785,29 +800,38 @@ static int as_user_main(int argc, char **argv) {
                 fail("as-user", errno, "drop supplementary groups: %s", strerror(errno));
             for (int k = 0; k < nstages; k++) {
                 int word = stages[k][0] == '/' ? stage_word(argv, i, argc, k) : -1;
-                if (word >= 0 && walkable_as(uid, stages[k])) {
+                if (word >= 0 && !near_stage_dir(stages[k]) && walkable_as(uid, stages[k])) {
                     argv[word] = (char *)stages[k];
                     skip[k] = 1;
                 }
             }
         }
-        for (int k = 0; k < nstages; k++)
-            staged += !skip[k];
+        /* every clone first (each keeps the idmapping of a mapped path), then the
+         * tmpfs, then each clone moved onto its place in it */
+        int trees[MAX_STAGES], is_dir[MAX_STAGES];
+        for (int k = 0; k < nstages; k++) {
+            trees[k] = -1;
+            if (skip[k])
+                continue;
+            if (stages[k][0] != '/')
+                fail("stage", EINVAL, "%s: not an absolute path", stages[k]);
+            trees[k] = clone_staged(stages[k], &is_dir[k]);
+            staged++;
+        }
         if (staged > 0 && mount("tmpfs", STAGE_DIR, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC,
                                 "mode=0755") < 0)
             fail("stage", errno, "tmpfs on %s: %s", STAGE_DIR, strerror(errno));
         for (int k = 0; k < nstages; k++) {
             char at[64];
-            struct stat st;
-            if (skip[k])
+            if (trees[k] < 0)
                 continue;
             snprintf(at, sizeof at, STAGE_DIR "/%d", k);
-            if (stages[k][0] != '/' || stat(stages[k], &st) < 0)
-                fail("stage", errno ? errno : EINVAL, "%s: %s", stages[k], strerror(errno));
-            int made = S_ISDIR(st.st_mode) ? mkdir(at, 0755) : mknod(at, S_IFREG | 0644, 0);
+            int made = is_dir[k] ? mkdir(at, 0755) : mknod(at, S_IFREG | 0644, 0);
             if (made < 0)
                 fail("stage", errno, "%s: %s", at, strerror(errno));
-            clone_staged(stages[k], at); /* keeps the idmapping of a mapped path */
+            if (syscall(__NR_move_mount, trees[k], "", AT_FDCWD, at, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                fail("stage", errno, "move_mount %s: %s", at, strerror(errno));
+            close(trees[k]);
         }
         if (userns >= 0)
             close(userns);

@@ -7,6 +7,7 @@ Everything here happens before the command may start; any failure is a
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -352,6 +353,10 @@ class _Setup(_State):
                 try:
                     self._cgroup.attach(pid)
                 except OSError as exc:
+                    if exc.errno == errno.ESRCH:  # it died in its set-up: say why
+                        raise self._setup_failure(
+                            "the sandbox exited before it could join its cgroup"
+                        ) from exc
                     raise LaunchFailed(
                         f"Failed to move the sandbox into its cgroup: {exc}"
                     ) from exc
