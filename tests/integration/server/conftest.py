@@ -86,6 +86,20 @@ def client(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def unwarmed(world: World) -> Iterator[World]:
+    """A served world without warm sandboxes (``CORRAL_WARM_MAX=0``): what a test sees of
+    the server is then the run it made, not the warm sandbox started behind it (a worker
+    starting one, a warm sandbox's broker holding the workspace open)."""
+    del world.environ["CORRAL_SERVER"]
+    world.environ["CORRAL_WARM_MAX"] = "0"
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+        yield world
+    finally:
+        stop(world)
+
+
+@pytest.fixture
 def served(world: World) -> Iterator[World]:
     """A world with a running corral server; ``corral run`` uses it."""
     del world.environ["CORRAL_SERVER"]

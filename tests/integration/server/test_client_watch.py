@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -97,19 +96,6 @@ def _workers(world: World) -> dict[str, int]:
     assert data is not None
     workers: dict[str, int] = data["workers"]
     return workers
-
-
-@pytest.fixture
-def unwarmed(world: World) -> Iterator[World]:
-    """A served world without warm sandboxes: a worker that answered a run then starts the
-    next warm sandbox, and under load the next sequential run would find it still busy."""
-    del world.environ["CORRAL_SERVER"]
-    world.environ["CORRAL_WARM_MAX"] = "0"
-    assert world.corral("server", "--detach").returncode == 0
-    try:
-        yield world
-    finally:
-        stop(world)
 
 
 def test_runs_reuse_kept_workers_and_idle_workers_are_bounded(unwarmed: World) -> None:

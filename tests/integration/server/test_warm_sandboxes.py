@@ -158,6 +158,41 @@ def test_no_warm_sandbox_outlives_the_server(warm: World) -> None:
     # the served fixture then checks the server left no process and no cgroup behind
 
 
+def test_the_workspace_is_held_only_while_its_warm_sandbox_waits(world: World) -> None:
+    """A warm sandbox's write broker holds its workspace (an ``O_PATH`` descriptor of the
+    supervised root) while it waits for a run; once it ends unused (``CORRAL_WARM_IDLE``),
+    the server holds nothing of the workspace open."""
+    del world.environ["CORRAL_SERVER"]
+    world.environ["CORRAL_WARM_IDLE"] = "1"
+    assert world.corral("server", "--detach").returncode == 0
+    try:
+        _ran_warm, _out, err, code = _run(world, "true")
+        assert code == 0, err
+        _warm_ready(world)
+        data = status(world)
+        assert data is not None
+        pid = data["pid"]
+
+        def workspace_fds() -> list[str]:
+            held = []
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+                except FileNotFoundError:
+                    pass
+            return [path for path in held if path.startswith(world.workspace)]
+
+        wait_for(workspace_fds, what="the warm sandbox's broker to hold the workspace")
+
+        def ended() -> bool:
+            data = status(world)
+            return bool(data and data["warm"]["ready"] == 0 and not workspace_fds())
+
+        wait_for(ended, what="the unused warm sandbox to end and let go of the workspace")
+    finally:
+        world.corral("server", "--stop")
+
+
 def test_warm_sandboxes_can_be_turned_off(world: World) -> None:
     del world.environ["CORRAL_SERVER"]
     world.environ["CORRAL_WARM_MAX"] = "0"
