@@ -42,8 +42,11 @@ def hook_server() -> Iterator[dict[str, str]]:
         "LANG": "C.UTF-8",
         "XDG_STATE_HOME": os.path.join(root, "state"),
         # every test's world is another workspace: a kept sandbox per test would outlive it
-        # (the world fixture fails on that); kept sessions are tested in test_kept_sessions.py
+        # (the world fixture fails on that); kept sessions are tested in test_kept_sessions.py.
+        # So would the warm sandbox a served fresh run starts behind it (a rewritten command
+        # that cannot be kept runs fresh): tested in server/test_warm_sandboxes.py
         "CORRAL_KEPT_MAX": "0",
+        "CORRAL_WARM_MAX": "0",
     }
 
     def server(*args: str) -> subprocess.CompletedProcess[bytes]:
@@ -70,6 +73,7 @@ def via(request: pytest.FixtureRequest, world: World) -> str:
         world.environ.update(request.getfixturevalue("hook_server"))
         del world.environ["CORRAL_SERVER"]
         world.environ["CORRAL_KEPT_MAX"] = "0"  # also for a server a client starts (see above)
+        world.environ["CORRAL_WARM_MAX"] = "0"
     return name
 
 
