@@ -315,11 +315,15 @@ class _Emulator(_Connector, _PtyPeer):
 
     @staticmethod
     def _umask_of(pid: int) -> int:
+        """The ``Umask:`` of ``/proc/PID/status`` (one read: it is near the top), else 022."""
         try:
-            with open(f"/proc/{pid}/status", "rb") as f:
-                for line in f:
-                    if line.startswith(b"Umask:"):
-                        return int(line.split()[1], 8)
+            fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                data = os.read(fd, 8192)
+            finally:
+                os.close(fd)
+            start = data.index(b"\nUmask:") + 7
+            return int(data[start : data.index(b"\n", start)], 8)
         except (OSError, ValueError):
             pass
         return 0o022
