@@ -146,8 +146,8 @@ class Context:
                     [*self.corral, "server", "--stop"], env=env, capture_output=True, check=False
                 )
 
-    def raw_bwrap_ms(self) -> float | None:
-        """Median of raw ``bwrap`` with the agent profile running ``true``; None without bwrap.
+    def raw_bwrap_argv(self) -> list[str] | None:
+        """Raw ``bwrap`` with the agent profile running ``true``; None without bwrap.
 
         The profile of docs/design.md: the same namespaces as corral's sandbox,
         read-only root, private /dev, /proc and /tmp, the workspace bound.
@@ -160,7 +160,12 @@ class Context:
         ws = self.workspace
         mounts = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         rest = ["--bind", ws, ws, "--unshare-all", "--die-with-parent", "--new-session", "true"]
-        return self.median_cmd_ms([bwrap, *mounts, *rest])
+        return [bwrap, *mounts, *rest]
+
+    def raw_bwrap_ms(self) -> float | None:
+        """Median of :meth:`raw_bwrap_argv`; None without bwrap."""
+        argv = self.raw_bwrap_argv()
+        return None if argv is None else self.median_cmd_ms(argv)
 
 
 class WarmServer:

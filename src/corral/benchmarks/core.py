@@ -23,9 +23,12 @@ raw bwrap with the agent profile; raw bwrap with corral's namespaces and every
 mount of corral's default plan, running ``/bin/true`` directly; the same behind
 the ``--as-user`` stage (root); and ``corral-client run -- true`` through a
 warm server - its target is <= 1.3x of raw bwrap with the same namespaces and
-mounts. And the cold start: the first ``corral run -- true`` after ``corral
-server --stop`` (it starts a server), target <= 1.5x of a warm run plus the
-interpreter's start.
+mounts; and, in the same rounds, ``python -c pass`` and the Python client's
+``corral run -- true``, whose target (<= 1.3x of ``python -c pass`` + raw
+bwrap) is then also taken against baselines of the same rounds. And the
+cold start: the first ``corral run -- true`` after ``corral server --stop``
+(it starts a server), target <= 1.5x of a warm run plus the interpreter's
+start.
 """
 
 from __future__ import annotations
@@ -173,6 +176,15 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
             )
             times["client"] = []
             times["unwarmed"] = []
+        python_client = [*ctx.corral, "run", "--", "true"]
+        variants["python"] = lambda: subprocess.run(
+            [ctx.python, "-c", "pass"], cwd=ws, capture_output=True, check=True
+        )
+        variants["python client"] = lambda: subprocess.run(
+            python_client, env=server.env, cwd=ws, capture_output=True, check=True
+        )
+        times["python"] = []
+        times["python client"] = []
         for _ in range(2):  # warm-up
             for fn in variants.values():
                 fn()
@@ -231,6 +243,18 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
                 f"{ratio(med['client'], med['unwarmed'])} of it with warm sandboxes",
             )
         )
+    baseline = med["python"] + med["agent"]
+    rows.append(
+        Row(
+            "corral run -- true (Python client, warm server, default policy), interleaved",
+            med["python client"],
+            samples=ctx.runs,
+            baseline="python -c pass + raw bwrap (agent profile), the same rounds",
+            target="<= 1.3x",
+            note=f"{ratio(med['python client'], baseline)} of {baseline:.2f} ms "
+            f"(python -c pass {med['python']:.2f} ms in the same rounds)",
+        )
+    )
     return rows
 
 

@@ -26,7 +26,9 @@ Rows (medians, all measured in this run):
   shell around it); and, interleaved with the ``--keep`` row, the same with
   ``--shell bash -c true`` (the sandbox's bash) and ``bash -c <rewritten>``
   without the hook (the host bash and corral's script around the command):
-  the kept call piece by piece;
+  the kept call piece by piece; and the target's row (hook + rewritten ``true``
+  in the kept sandbox, <= 2x raw bwrap) once more, interleaved with raw bwrap,
+  so that its baseline comes from the same rounds;
 * ``SDK session exec``: ``Sandbox.exec(["true"])`` in an open session (no
   interpreter start): in the session's resident sandbox (the default) and in
   a fresh sandbox per command (``CORRAL_RESIDENT=0``), next to raw bwrap and
@@ -193,11 +195,23 @@ def run(ctx: Context) -> list[Row]:
                     _command(ctx, ["bash", "-c", rewritten], server.env),
                 ],
             )
+            # the target's row with its baseline in the same rounds: a baseline measured at
+            # the suite's start drifts with the machine (a third between runs, here)
+            raw_argv = ctx.raw_bwrap_argv()
+            if raw_argv is not None:
+                raw_paired, kept_paired = _interleaved_ms(
+                    ctx,
+                    [
+                        _command(ctx, raw_argv, dict(os.environ)),
+                        _tool_call(ctx, bash_call, server.env, hook=[fast]),
+                    ],
+                )
         status = server.status()
     per_row = ctx.runs + 2  # 2 warm-up runs and the samples
+    paired = fast is not None and raw is not None
     expected = (
-        (9 * per_row + 1) if fast is not None else 3 * per_row,
-        (3 * per_row + 2) if fast is not None else 0,
+        (9 * per_row + 1 + paired * per_row) if fast is not None else 3 * per_row,
+        (3 * per_row + 2 + paired * per_row) if fast is not None else 0,
     )
     if (status.get("served"), status.get("hooks")) != expected:
         raise RuntimeError(
@@ -315,6 +329,19 @@ def run(ctx: Context) -> list[Row]:
                 "(interleaved with it)",
             )
         )
+        if paired:
+            rows.append(
+                Row(
+                    "hook + rewritten true, kept sandbox, interleaved with raw bwrap "
+                    "(agent profile)",
+                    kept_paired,
+                    samples=ctx.runs,
+                    baseline="raw bwrap, the same rounds",
+                    target="<= 2x",
+                    note=f"{ratio(kept_paired, raw_paired)} of raw bwrap in the same rounds "
+                    f"({raw_paired:.2f} ms)",
+                )
+            )
     rows += _sdk_rows(ctx, raw)
     return rows
 
@@ -349,7 +376,20 @@ def _end_to_end_ms(
     rewritten: str | None = None,
     keep: bool = True,
 ) -> float:
-    """Median of one Bash tool call: the hook, then bash running its rewritten command.
+    """Median of one Bash tool call (:func:`_tool_call`)."""
+    return ctx.median_ms(_tool_call(ctx, payload, env, hook=hook, rewritten=rewritten, keep=keep))
+
+
+def _tool_call(
+    ctx: Context,
+    payload: bytes,
+    env: dict[str, str] | None,
+    *,
+    hook: list[str] | None = None,
+    rewritten: str | None = None,
+    keep: bool = True,
+) -> Callable[[], None]:
+    """One Bash tool call: the hook, then bash running its rewritten command.
 
     *rewritten* replaces the hook's command (the same words with another corral);
     without *keep* the rewritten command runs without ``--keep`` (a fresh sandbox
@@ -364,7 +404,7 @@ def _end_to_end_ms(
             command = command.replace(" --keep ", " ", 1)
         subprocess.run(["bash", "-c", command], cwd=ctx.workspace, env=env, check=True)
 
-    return ctx.median_ms(once)
+    return once
 
 
 def _check_kept(ctx: Context, env: dict[str, str], hook: list[str]) -> None:
