@@ -91,6 +91,14 @@ def test_bytes_that_are_no_frame_kill_the_command(served: World) -> None:
         assert "killing its command" in f.read()
 
 
+#: A worker goes back to the idle list only after its client has the exit status (it
+#: compares its thread's state first), so a client connecting at once can race it and be
+#: given a new thread. The tests of worker reuse pause this long between sequential runs:
+#: what they test is that a worker is kept and reused, not how fast it gets back to the
+#: idle list on a loaded machine.
+_SETTLE = 0.2
+
+
 def _workers(world: World) -> dict[str, int]:
     data = status(world)
     assert data is not None
@@ -113,14 +121,9 @@ def test_runs_reuse_kept_workers_and_idle_workers_are_bounded(unwarmed: World) -
         ]
         assert [p.wait(timeout=60) for p in procs] == [0] * n
 
-    # A worker goes back to the idle list only after its client has the exit status (it
-    # compares its thread's state first), so a client connecting at once can race it and
-    # be given a new thread. The pause lets the kept worker settle: what is tested is
-    # that it is kept and reused, not how fast it gets there on a loaded machine.
-    settle = 0.2
     for _ in range(5):
         run_true(1)
-        time.sleep(settle)
+        time.sleep(_SETTLE)
     # the one worker serves this status request too: none is idle while it answers
     assert _workers(served) == {"started": 1, "idle": 0}
     run_true(8)
@@ -189,6 +192,7 @@ def test_a_worker_whose_thread_a_run_changed_is_not_kept(world: World) -> None:
             assert result.returncode == 0, result.stderr
             thread, blocked = result.stdout.split()
             seen.append((thread, int(blocked, 16)))
+            time.sleep(_SETTLE)
     finally:
         server.terminate()
         server.communicate(timeout=30)
