@@ -31,8 +31,15 @@ def _children() -> list[int]:
     return found
 
 
-def _corral_cgroups(pids: set[int]) -> list[str]:
-    """cgroups named by corral processes among *pids* (names are ``corral-<pid>-<sandbox>``)."""
+#: corral's cgroups on the host when this module was imported: groups an earlier, killed
+#: corral left behind (named after a pid this run may reuse: pid_max is 32768 here) are not
+#: this run's leaks
+_EXISTING: frozenset[str] = frozenset()
+
+
+def _corral_cgroups(pids: set[int] | None) -> list[str]:
+    """cgroups named by corral processes among *pids* (names are ``corral-<pid>-<sandbox>``;
+    ``None``: any pid), less those that existed before this module ran."""
     found = []
     for base in (
         "/sys/fs/cgroup/memory",
@@ -46,11 +53,14 @@ def _corral_cgroups(pids: set[int]) -> list[str]:
                 for d in dirs
                 if d.startswith("corral-")
                 and d.split("-")[1].isdigit()
-                and int(d.split("-")[1]) in pids
+                and (pids is None or int(d.split("-")[1]) in pids)
             ]
             if directory.count("/") > 7:
                 dirs[:] = []
-    return found
+    return [path for path in found if path not in _EXISTING]
+
+
+_EXISTING = frozenset(_corral_cgroups(None))
 
 
 def _private_tmp(world: World) -> str:
