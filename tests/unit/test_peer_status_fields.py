@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 
-from corral.server._peers import _CONTEXT_FIELDS, _SECURITY_FIELDS, _read, _status_fields
+from corral._procfs import read_text, status_fields
+from corral.server._peers import _CONTEXT_FIELDS, _SECURITY_FIELDS
 
 _FIELDS = _SECURITY_FIELDS + _CONTEXT_FIELDS + ("Name", "Pid", "NoSuchField")
 
@@ -26,10 +27,10 @@ def test_every_status_file_on_this_host_parses_as_line_by_line() -> None:
         if not pid.isdigit():
             continue
         try:
-            text = _read(f"/proc/{pid}/status")
+            text = read_text(f"/proc/{pid}/status")
         except OSError:
             continue  # exited meanwhile
-        assert _status_fields(text, _FIELDS) == _by_lines(text, _FIELDS), pid
+        assert status_fields(text, _FIELDS) == _by_lines(text, _FIELDS), pid
         checked += 1
     assert checked > 5
 
@@ -44,9 +45,9 @@ def test_a_process_name_cannot_forge_a_field() -> None:
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:
         assert child.stdout is not None and child.stdout.readline() == b"ready\n"
-        text = _read(f"/proc/{child.pid}/status")
+        text = read_text(f"/proc/{child.pid}/status")
         assert "4242" in text  # the name is there, escaped
-        uid = _status_fields(text, ("Uid",))["Uid"]
+        uid = status_fields(text, ("Uid",))["Uid"]
         assert uid.split() == [str(os.getuid())] * 4
     finally:
         child.kill()

@@ -315,18 +315,13 @@ class _Emulator(_Connector, _PtyPeer):
 
     @staticmethod
     def _umask_of(pid: int) -> int:
-        """The ``Umask:`` of ``/proc/PID/status`` (one read: it is near the top), else 022."""
+        """The ``Umask:`` of ``/proc/PID/status``, else 022."""
+        from .._procfs import read_text, status_fields
+
         try:
-            fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                data = os.read(fd, 8192)
-            finally:
-                os.close(fd)
-            start = data.index(b"\nUmask:") + 7
-            return int(data[start : data.index(b"\n", start)], 8)
+            return int(status_fields(read_text(f"/proc/{pid}/status"), ("Umask",))["Umask"], 8)
         except (OSError, ValueError):
-            pass
-        return 0o022
+            return 0o022
 
     def _map_id(self, pid: int, map_name: str, value: int) -> int:
         """Map a uid/gid from the target's user namespace to the owner stored on disk

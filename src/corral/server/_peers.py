@@ -14,6 +14,8 @@ import _socket
 import os
 import sys
 
+from .._procfs import read_text, status_fields
+
 __all__ = ["PeerRefused", "check_peer", "process_context", "thread_state"]
 
 _SO_PEERCRED = 17
@@ -52,41 +54,6 @@ class PeerRefused(Exception):
         self.security = security
 
 
-def _read(path: str) -> str:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        chunks = []
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode("utf-8", "replace")
-
-
-def _status_fields(text: str, names: tuple[str, ...]) -> dict[str, str]:
-    """The fields *names* of a ``/proc/PID/status`` text, whitespace-normalized; ``""`` if absent.
-
-    Each field is the last line that starts with ``NAME:`` (the kernel writes
-    each once, and escapes the one text a process chooses, its ``Name``, so
-    no line can be forged), found with one search per field rather than by
-    splitting every line: this runs for every connection.
-    """
-    text = "\n" + text
-    found = {}
-    for name in names:
-        start = text.rfind(f"\n{name}:")
-        if start < 0:
-            found[name] = ""  # a kernel without the field: both sides read ""
-            continue
-        start += len(name) + 2
-        end = text.find("\n", start)
-        found[name] = " ".join(text[start : end if end >= 0 else len(text)].split())
-    return found
-
-
 def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, str]]:
     """``(security, context)`` of a process, as the peer checks compare them.
 
@@ -109,12 +76,12 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
     status = ""
     for tid in os.listdir(f"{base}/task"):
         try:
-            text = _read(f"{base}/task/{tid}/status")
+            text = read_text(f"{base}/task/{tid}/status")
         except (FileNotFoundError, ProcessLookupError):
             if tid == leader:
                 raise  # the process is gone
             continue  # a thread that ended since the listing: nothing of it is left to check
-        per_task.add(tuple(sorted(_status_fields(text, _SECURITY_FIELDS).items())))
+        per_task.add(tuple(sorted(status_fields(text, _SECURITY_FIELDS).items())))
         if tid == leader:
             status = text
             continue  # the leader's namespaces are the process's, read above
@@ -128,17 +95,17 @@ def process_context(pid: int | str = "self") -> tuple[dict[str, str], dict[str, 
         security["threads"] = "threads differ in credentials, seccomp or namespaces"
     for key, value in next(iter(per_task)):
         security[key] = value
-    context = _status_fields(status or _read(f"{base}/status"), _CONTEXT_FIELDS)
+    context = status_fields(status or read_text(f"{base}/status"), _CONTEXT_FIELDS)
     root = os.stat(f"{base}/root")
     context["root directory"] = f"{root.st_dev}:{root.st_ino}"
-    context["cgroups"] = _read(f"{base}/cgroup")
-    context["rlimits"] = _read(f"{base}/limits")
-    context["oom_score_adj"] = _read(f"{base}/oom_score_adj").strip()
-    stat = _read(f"{base}/stat")
+    context["cgroups"] = read_text(f"{base}/cgroup")
+    context["rlimits"] = read_text(f"{base}/limits")
+    context["oom_score_adj"] = read_text(f"{base}/oom_score_adj").strip()
+    stat = read_text(f"{base}/stat")
     words = stat[stat.rfind(")") + 2 :].split()
     context["nice"] = words[16] if len(words) > 16 else ""
     try:
-        context["LSM label"] = _read(f"{base}/attr/current").strip("\0\n ")
+        context["LSM label"] = read_text(f"{base}/attr/current").strip("\0\n ")
     except OSError:
         context["LSM label"] = ""
     return security, context
@@ -158,14 +125,14 @@ def thread_state() -> dict[str, str]:
     this is unchanged.
     """
     base = "/proc/thread-self"
-    state = _status_fields(_read(f"{base}/status"), _SECURITY_FIELDS + _THREAD_FIELDS)
+    state = status_fields(read_text(f"{base}/status"), _SECURITY_FIELDS + _THREAD_FIELDS)
     for ns in _NAMESPACES:
         try:
             state[f"{ns} namespace"] = os.readlink(f"{base}/ns/{ns}")
         except FileNotFoundError:
             state[f"{ns} namespace"] = ""
-    state["cgroups"] = _read(f"{base}/cgroup")
-    stat = _read(f"{base}/stat")
+    state["cgroups"] = read_text(f"{base}/cgroup")
+    stat = read_text(f"{base}/stat")
     state["nice"] = " ".join(stat[stat.rfind(")") + 2 :].split()[15:17])  # priority, nice
     return state
 
