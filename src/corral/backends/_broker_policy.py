@@ -69,19 +69,15 @@ class _Policy(_Resolver):
         # each row is tried in order, but only where its literal segments are all among the
         # path's components: a row that cannot match is skipped without running the matcher
         # (most names a run writes match none of the protect rows' literals)
-        relative = absolute = None
+        parts: dict[bool, frozenset[str]] = {}  # by pattern.absolute: each split once
         for pattern, label in self._patterns:
-            if pattern.absolute:
-                if absolute is None:
-                    absolute = components(sandbox_path)
-                if not pattern.could_match_parts(absolute):
-                    continue
-            else:
-                if relative is None:
-                    relative = components(rel)
-                if not pattern.could_match_parts(relative):
-                    continue
-            if pattern.matches(sandbox_path if pattern.absolute else rel):
+            path = sandbox_path if pattern.absolute else rel
+            have = parts.get(pattern.absolute)
+            if have is None:
+                have = parts[pattern.absolute] = components(path)
+            if not pattern.could_match_parts(have):
+                continue
+            if pattern.matches(path):
                 if (
                     resolved is not None
                     and label in self._git_rows
