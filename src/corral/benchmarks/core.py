@@ -164,7 +164,6 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
     if prefix:
         variants["staged"] = lambda: spawn([*prefix, bwrap, *sandbox_args, "/bin/true"])
     fast = usable_client()
-    times: dict[str, list[float]] = {name: [] for name in variants}
     with ctx.warm_server() as server, ctx.warm_server(CORRAL_WARM_MAX="0") as cold:
         if fast is not None:
             client = [fast, "run", "--", "true"]
@@ -174,8 +173,6 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
             variants["unwarmed"] = lambda: subprocess.run(
                 client, env=cold.env, cwd=ws, capture_output=True, check=True
             )
-            times["client"] = []
-            times["unwarmed"] = []
         python_client = [*ctx.corral, "run", "--", "true"]
         variants["python"] = lambda: subprocess.run(
             [ctx.python, "-c", "pass"], cwd=ws, capture_output=True, check=True
@@ -183,8 +180,7 @@ def _anatomy_rows(ctx: Context) -> list[Row]:
         variants["python client"] = lambda: subprocess.run(
             python_client, env=server.env, cwd=ws, capture_output=True, check=True
         )
-        times["python"] = []
-        times["python client"] = []
+        times: dict[str, list[float]] = {name: [] for name in variants}
         for _ in range(2):  # warm-up
             for fn in variants.values():
                 fn()

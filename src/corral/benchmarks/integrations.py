@@ -147,7 +147,7 @@ def run(ctx: Context) -> list[Row]:
             note=ratio(alone, run_true),
         )
     )
-    total = _end_to_end_ms(ctx, bash_call, None)
+    total = ctx.median_ms(_tool_call(ctx, bash_call, None))
     rows.append(
         Row(
             "hook + rewritten command, end to end (in-process)",
@@ -167,10 +167,13 @@ def run(ctx: Context) -> list[Row]:
         corral=ctx.corral,
         workspace=os.path.realpath(ctx.workspace),  # as the hook rewrites: the cwd carries
     )
+    paired = False  # the kept call measured interleaved with raw bwrap
     with ctx.warm_server() as server:
         served = ctx.median_cmd_ms([*ctx.corral, "run", "--", "true"], env=server.env)
-        python_total = _end_to_end_ms(ctx, bash_call, server.env, rewritten=python_rewrite)
-        served_total = _end_to_end_ms(ctx, bash_call, server.env)
+        python_total = ctx.median_ms(
+            _tool_call(ctx, bash_call, server.env, rewritten=python_rewrite)
+        )
+        served_total = ctx.median_ms(_tool_call(ctx, bash_call, server.env))
         noop_hook = list(NOOP_HOOK)
         hooks = [lambda: _hook(ctx, bash_call, server.env, noop_hook)]
         if fast is not None:
@@ -178,8 +181,10 @@ def run(ctx: Context) -> list[Row]:
         noop, *fast_decisions = _interleaved_ms(ctx, hooks)
         if fast is not None:
             fast_decision = fast_decisions[0]
-            fast_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast])
-            fresh_total = _end_to_end_ms(ctx, bash_call, server.env, hook=[fast], keep=False)
+            fast_total = ctx.median_ms(_tool_call(ctx, bash_call, server.env, hook=[fast]))
+            fresh_total = ctx.median_ms(
+                _tool_call(ctx, bash_call, server.env, hook=[fast], keep=False)
+            )
             _check_kept(ctx, server.env, [fast])
             client_fresh = ctx.median_cmd_ms([fast, "run", "--", "true"], env=server.env)
             kept = [fast, "run", "--agent-session", "bench-kept", "--keep"]
@@ -206,9 +211,9 @@ def run(ctx: Context) -> list[Row]:
                         _tool_call(ctx, bash_call, server.env, hook=[fast]),
                     ],
                 )
+                paired = True
         status = server.status()
     per_row = ctx.runs + 2  # 2 warm-up runs and the samples
-    paired = fast is not None and raw is not None
     expected = (
         (9 * per_row + 1 + paired * per_row) if fast is not None else 3 * per_row,
         (3 * per_row + 2 + paired * per_row) if fast is not None else 0,
@@ -365,19 +370,6 @@ def _command(ctx: Context, argv: list[str], env: dict[str, str]) -> Callable[[],
     return lambda: subprocess.run(
         argv, cwd=ctx.workspace, env=env, stdout=subprocess.DEVNULL, check=True
     )
-
-
-def _end_to_end_ms(
-    ctx: Context,
-    payload: bytes,
-    env: dict[str, str] | None,
-    *,
-    hook: list[str] | None = None,
-    rewritten: str | None = None,
-    keep: bool = True,
-) -> float:
-    """Median of one Bash tool call (:func:`_tool_call`)."""
-    return ctx.median_ms(_tool_call(ctx, payload, env, hook=hook, rewritten=rewritten, keep=keep))
 
 
 def _tool_call(
