@@ -31,15 +31,8 @@ def _children() -> list[int]:
     return found
 
 
-#: corral's cgroups on the host when this module was imported: groups an earlier, killed
-#: corral left behind (named after a pid this run may reuse: pid_max is 32768 here) are not
-#: this run's leaks
-_EXISTING: frozenset[str] = frozenset()
-
-
-def _corral_cgroups(pids: set[int] | None) -> list[str]:
-    """cgroups named by corral processes among *pids* (names are ``corral-<pid>-<sandbox>``;
-    ``None``: any pid), less those that existed before this module ran."""
+def _named_cgroups() -> list[tuple[str, int]]:
+    """corral's cgroups on the host with the pid each is named after (``corral-<pid>-...``)."""
     found = []
     for base in (
         "/sys/fs/cgroup/memory",
@@ -49,18 +42,25 @@ def _corral_cgroups(pids: set[int] | None) -> list[str]:
     ):
         for directory, dirs, _files in os.walk(base):
             found += [
-                os.path.join(directory, d)
+                (os.path.join(directory, d), int(d.split("-")[1]))
                 for d in dirs
-                if d.startswith("corral-")
-                and d.split("-")[1].isdigit()
-                and (pids is None or int(d.split("-")[1]) in pids)
+                if d.startswith("corral-") and d.split("-")[1].isdigit()
             ]
             if directory.count("/") > 7:
                 dirs[:] = []
-    return [path for path in found if path not in _EXISTING]
+    return found
 
 
-_EXISTING = frozenset(_corral_cgroups(None))
+#: corral's cgroups on the host when this module was imported: groups an earlier, killed
+#: corral left behind (named after a pid this run may reuse: pid_max is 32768 here) are not
+#: this run's leaks
+_EXISTING = frozenset(path for path, _pid in _named_cgroups())
+
+
+def _corral_cgroups(pids: set[int]) -> list[str]:
+    """cgroups named by corral processes among *pids*, less those that existed before this
+    module ran."""
+    return [path for path, pid in _named_cgroups() if pid in pids and path not in _EXISTING]
 
 
 def _private_tmp(world: World) -> str:

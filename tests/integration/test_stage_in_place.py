@@ -22,6 +22,7 @@ import pytest
 from corral._exceptions import LaunchFailed
 from corral.backends import helper_path
 from corral.backends.bubblewrap import ROOT_SANDBOX_ID
+from corral.pipeline._outcome import Outcome
 from corral.pipeline._request import ExecRequest
 from corral.pipeline._runner import execute, launch, prepare
 from corral.policy import Policy, ResourceLimits
@@ -101,20 +102,26 @@ def test_an_ambiguous_word_is_staged(dirs: tuple[Path, Path]) -> None:
     assert listing == "o.txt"
 
 
+def _run_beside(workspace: Path, writable: Path, script: str) -> Outcome:
+    """*script* run by ``sh`` in a bubblewrap sandbox of *workspace* that may also write
+    *writable* (an ``allowWrite`` directory)."""
+    policy = Policy.for_workspace(str(workspace), home=os.path.expanduser("~"))
+    policy = policy.replace(
+        backend="bubblewrap",
+        filesystem=policy.filesystem.replace(
+            allow_write=(*policy.filesystem.allow_write, str(writable))
+        ),
+    )
+    request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(workspace))
+    return execute(request, policy, environ=dict(os.environ))
+
+
 def test_a_sandbox_over_both_kinds_of_source_reads_and_writes(
     dirs: tuple[Path, Path],
 ) -> None:
     open_dir, inner = dirs
-    policy = Policy.for_workspace(str(open_dir), home=os.path.expanduser("~"))
-    policy = policy.replace(
-        backend="bubblewrap",
-        filesystem=policy.filesystem.replace(
-            allow_write=(*policy.filesystem.allow_write, str(inner))
-        ),
-    )
     script = f"cat o.txt {inner}/i.txt && echo w > new.txt && echo w > {inner}/new.txt"
-    request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(open_dir))
-    outcome = execute(request, policy, environ=dict(os.environ))
+    outcome = _run_beside(open_dir, inner, script)
     assert outcome.returncode == 0, outcome.stderr
     assert outcome.stdout == b"oi"
     for written in (open_dir / "new.txt", inner / "new.txt"):
@@ -151,16 +158,7 @@ def test_a_workspace_under_dev_shm_runs_beside_a_staged_source(
     dirs: tuple[Path, Path], shm_dir: Path
 ) -> None:
     _open_dir, inner = dirs
-    policy = Policy.for_workspace(str(shm_dir), home=os.path.expanduser("~"))
-    policy = policy.replace(
-        backend="bubblewrap",
-        filesystem=policy.filesystem.replace(
-            allow_write=(*policy.filesystem.allow_write, str(inner))
-        ),
-    )
-    script = f"cat s.txt {inner}/i.txt && echo w > new.txt"
-    request = ExecRequest.from_argv(["/bin/sh", "-c", script], cwd=str(shm_dir))
-    outcome = execute(request, policy, environ=dict(os.environ))
+    outcome = _run_beside(shm_dir, inner, f"cat s.txt {inner}/i.txt && echo w > new.txt")
     assert outcome.returncode == 0, outcome.stderr
     assert outcome.stdout == b"si"
     assert (shm_dir / "new.txt").read_text() == "w\n"

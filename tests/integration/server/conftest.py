@@ -37,6 +37,17 @@ def wait_for(predicate: Any, timeout: float = 20.0, what: str = "the condition")
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def held_open(pid: int, prefix: str) -> list[str]:
+    """What the process *pid* holds open under *prefix*."""
+    held = []
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:  # a descriptor the process closes between the listing and the look
+            held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except FileNotFoundError:
+            pass
+    return [path for path in held if path.startswith(prefix)]
+
+
 def server_cgroups(pid: int) -> list[str]:
     """cgroup directories named after server *pid* (``corral-<pid>-...``)."""
     found = []

@@ -28,7 +28,14 @@ from tests.conftest import (
     needs_bwrap,
     needs_root,
 )
-from tests.integration.server.conftest import gone, server_cgroups, status, stop, wait_for
+from tests.integration.server.conftest import (
+    gone,
+    held_open,
+    server_cgroups,
+    status,
+    stop,
+    wait_for,
+)
 
 pytestmark = needs_bwrap
 
@@ -412,17 +419,6 @@ def test_status_and_stop_when_none_runs(world: World) -> None:
     assert result.returncode == 0 and b"no corral server" in result.stdout
 
 
-def _held_open(pid: int, prefix: str) -> list[str]:
-    """What the process *pid* holds open under *prefix*."""
-    held = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:  # a descriptor the server closes between the listing and the look
-            held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except FileNotFoundError:
-            pass
-    return [path for path in held if path.startswith(prefix)]
-
-
 def test_the_server_holds_nothing_of_the_clients_open(unwarmed: World) -> None:
     """Once a run is answered, nothing of it is left open in the server (a warm sandbox
     started behind a run holds its workspace while it waits: see the next test)."""
@@ -432,7 +428,7 @@ def test_the_server_holds_nothing_of_the_clients_open(unwarmed: World) -> None:
     assert served.run("echo x").returncode == 0
     pid = data["pid"]
     assert os.readlink(f"/proc/{pid}/cwd") == "/"
-    assert not _held_open(pid, served.workspace)
+    assert not held_open(pid, served.workspace)
     server_dir = os.path.join(served.state_dir, "server")
     assert os.stat(server_dir).st_mode & 0o777 == 0o700
     assert os.stat(os.path.join(server_dir, "server.sock")).st_mode & 0o777 == 0o600

@@ -19,7 +19,7 @@ import pytest
 from tests.conftest import _processes_mentioning
 
 from ..conftest import World, needs_bwrap
-from .conftest import status, wait_for
+from .conftest import held_open, status, wait_for
 
 pytestmark = needs_bwrap
 
@@ -173,20 +173,14 @@ def test_the_workspace_is_held_only_while_its_warm_sandbox_waits(world: World) -
         assert data is not None
         pid = data["pid"]
 
-        def workspace_fds() -> list[str]:
-            held = []
-            for fd in os.listdir(f"/proc/{pid}/fd"):
-                try:
-                    held.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-                except FileNotFoundError:
-                    pass
-            return [path for path in held if path.startswith(world.workspace)]
-
-        wait_for(workspace_fds, what="the warm sandbox's broker to hold the workspace")
+        wait_for(
+            lambda: held_open(pid, world.workspace),
+            what="the warm sandbox's broker to hold the workspace",
+        )
 
         def ended() -> bool:
             data = status(world)
-            return bool(data and data["warm"]["ready"] == 0 and not workspace_fds())
+            return bool(data and data["warm"]["ready"] == 0 and not held_open(pid, world.workspace))
 
         wait_for(ended, what="the unused warm sandbox to end and let go of the workspace")
     finally:
