@@ -8,6 +8,7 @@ the server: ``corral`` (Python) and ``corral-client`` (compiled).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -35,6 +36,32 @@ def wait_for(predicate: Any, timeout: float = 20.0, what: str = "the condition")
             return value
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+_SLEEPS = itertools.count()
+
+
+def sleep_duration(seconds: int) -> str:
+    """A ``sleep`` argument worth about *seconds* that no other process on the host uses.
+
+    :func:`sleeping` scans every process of the host: a plain ``sleep 300`` of
+    another test run, a helper or a user would read as this test's survivor.
+    """
+    return f"{seconds}.{os.getpid()}{next(_SLEEPS):03d}"
+
+
+def sleeping(duration: str) -> bool:
+    """Whether any process on the host runs ``sleep <duration>``."""
+    wanted = f"sleep\x00{duration}\x00".encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read() == wanted:
+                        return True
+            except OSError:
+                continue  # gone between the listing and the look
+    return False
 
 
 def held_open(pid: int, prefix: str) -> list[str]:

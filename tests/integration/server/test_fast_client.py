@@ -22,7 +22,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import PROBE_PYTHON, World, client_command, corral_command, needs_bwrap
-from tests.integration.server.conftest import gone, server_cgroups, status, stop, wait_for
+from tests.integration.server.conftest import (
+    gone,
+    server_cgroups,
+    sleep_duration,
+    sleeping,
+    status,
+    stop,
+    wait_for,
+)
 
 pytestmark = needs_bwrap
 
@@ -353,22 +361,15 @@ def test_a_copy_of_the_fast_client_is_a_foreign_client(served: World) -> None:
     assert _counts(served)[0] == 1
 
 
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 @pytest.mark.parametrize("client", ["corral", "corral-client"])
 def test_a_server_lost_after_accepting_is_exit_125_and_no_second_run(
     served: World, client: str
 ) -> None:
     data = status(served)
     assert data is not None
+    duration = sleep_duration(300)
     proc = subprocess.Popen(
-        [*client_command(client), "run", "-c", "echo started >> runs; exec sleep 300"],
+        [*client_command(client), "run", "-c", f"echo started >> runs; exec sleep {duration}"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.PIPE,
@@ -388,12 +389,7 @@ def test_a_server_lost_after_accepting_is_exit_125_and_no_second_run(
         b"corral: hint: see " + os.path.join(served.state_dir, "server").encode() + b"/"
         b"server.log; CORRAL_SERVER=off runs corral without the server\n"
     )
-    wait_for(
-        lambda: (
-            not any(_cmdline(p) == b"sleep\x00300\x00" for p in os.listdir("/proc") if p.isdigit())
-        ),
-        what="the sandbox to die with the server",
-    )
+    wait_for(lambda: not sleeping(duration), what="the sandbox to die with the server")
     assert World.read(served.ws("runs")) == "started\n"  # never a second run
     # a killed server leaves its socket and its ready launcher groups: clean up
     wait_for(lambda: gone(data["pid"]), what="the server to exit")

@@ -32,6 +32,8 @@ from tests.integration.server.conftest import (
     gone,
     held_open,
     server_cgroups,
+    sleep_duration,
+    sleeping,
     status,
     stop,
     wait_for,
@@ -121,12 +123,13 @@ def test_a_fork_bomb_is_contained_and_its_groups_removed(served: World) -> None:
     data = status(served)
     assert data is not None
     started = time.monotonic()
+    duration = sleep_duration(30)
     result = served.run(
-        "i=0; while [ $i -lt 300 ]; do sleep 30 & i=$((i+1)); done; wait", "--pids", "40"
+        f"i=0; while [ $i -lt 300 ]; do sleep {duration} & i=$((i+1)); done; wait", "--pids", "40"
     )
     assert time.monotonic() - started < 25
     assert b"fork" in result.stderr.lower(), result.stderr  # "Cannot fork" from the shell
-    assert not any(_cmdline(p) == b"sleep\x0030\x00" for p in os.listdir("/proc") if p.isdigit())
+    assert not sleeping(duration)
     # only the pool's ready groups remain while the server runs
     assert all("-launch-" in path for path in server_cgroups(data["pid"]))
 
@@ -203,17 +206,10 @@ def test_sigint_reaches_the_commands_handler(served: World, client: str) -> None
     assert _served(served) == 1
 
 
-def _cmdline(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
 def test_killing_the_client_kills_the_sandbox(served: World, client: str) -> None:
+    duration = sleep_duration(300)
     proc = subprocess.Popen(
-        [*client_command(client), "run", "-c", "echo $$ > pid; exec sleep 300"],
+        [*client_command(client), "run", "-c", f"echo $$ > pid; exec sleep {duration}"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.DEVNULL,
@@ -224,9 +220,7 @@ def test_killing_the_client_kills_the_sandbox(served: World, client: str) -> Non
     proc.kill()
     proc.wait()
     wait_for(
-        lambda: (
-            not any(_cmdline(p) == b"sleep\x00300\x00" for p in os.listdir("/proc") if p.isdigit())
-        ),
+        lambda: not sleeping(duration),
         timeout=10,
         what="the sandbox to die with its client",
     )
@@ -395,8 +389,9 @@ def test_a_server_of_older_code_refuses_and_retires(world: World, client: str) -
 def test_sigterm_stops_the_server_and_its_running_commands(served: World, client: str) -> None:
     data = status(served)
     assert data is not None
+    duration = sleep_duration(300)
     proc = subprocess.Popen(
-        [*client_command(client), "run", "-c", "echo started; exec sleep 300"],
+        [*client_command(client), "run", "-c", f"echo started; exec sleep {duration}"],
         cwd=served.workspace,
         env=served.environ,
         stdout=subprocess.PIPE,
@@ -408,7 +403,7 @@ def test_sigterm_stops_the_server_and_its_running_commands(served: World, client
     assert proc.returncode == 143, err
     assert b"the corral server was stopped; so was the command" in err
     wait_for(lambda: gone(data["pid"]), what="the server to exit")
-    assert not any(_cmdline(p) == b"sleep\x00300\x00" for p in os.listdir("/proc") if p.isdigit())
+    assert not sleeping(duration)
     assert server_cgroups(data["pid"]) == []
 
 
