@@ -185,3 +185,38 @@ def test_a_sandbox_that_dies_in_its_set_up_says_why(tmp_path: Path) -> None:
         launch(prepared, request)
     message = str(failed.value)
     assert "Can't find source path" in message and str(gone) in message, message
+
+
+def test_a_source_linked_into_the_stage_directory_never_shows_another_clone(
+    dirs: tuple[Path, Path],
+) -> None:
+    """A source the sandbox's uid can reach, named through a link into /dev/shm (here
+    ``open/ln/0`` with ``ln -> /dev/shm``), was bound by its text "in place": in the stage's
+    namespace that text resolves into the staging tmpfs, onto the clone of *another* staged
+    source (``/dev/shm/0``, a root-only directory), whose files the sandbox then read without
+    the masks bound over their own destination. The run must fail instead (a staged source
+    with a link on its way). Runs in a private mount namespace with its own tmpfs on
+    /dev/shm, so the host's /dev/shm is not touched."""
+    open_dir, inner = dirs
+    (inner / "secret").write_text("TOPSECRET")
+    (inner / "secret").chmod(0o644)  # the sandbox's uid may read it, but only where bound
+    link = open_dir / "ln"
+    link.symlink_to("/dev/shm")
+    helper = helper_path()
+    assert helper is not None
+    alias = f"{link}/0"
+    script = (
+        "mount --make-rprivate / && mount -t tmpfs tmpfs /dev/shm && mkdir -m 755 /dev/shm/0 && "
+        'exec "$@"'
+    )
+    words = ["--ro-bind", "/dev/shm/0", "/dest0", "--ro-bind", "/dev/shm/1", "/dest1"]
+    argv = ["unshare", "-m", "sh", "-c", script, "sh", helper, "--as-user", str(ROOT_SANDBOX_ID)]
+    argv += ["--stage", str(inner), "--stage", alias, "--", "/bin/sh", "-c"]
+    argv += ['cat "$5/secret"', "sh", *words]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    finally:
+        link.unlink()
+        (inner / "secret").unlink()
+    assert "TOPSECRET" not in done.stdout, done.stdout
+    assert done.returncode != 0 and "symbolic link" in done.stderr, done.stderr
