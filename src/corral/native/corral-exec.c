@@ -663,6 +663,19 @@ static int near_stage_dir(const char *path) {
     return n > 1 && n < d && strncmp(STAGE_DIR, path, n) == 0 && STAGE_DIR[n] == '/';
 }
 
+/* Whether PATH, its links followed, is near STAGE_DIR (see near_stage_dir), or cannot be
+ * resolved: bound by its text, it would resolve in the stage's namespace into the staging
+ * tmpfs - onto the clone of *another* staged source when it names STAGE_DIR/<k>. Such a
+ * source is staged instead, where the link on its way fails the run (clone_staged). */
+static int resolves_near_stage_dir(const char *path) {
+    char *real = realpath(path, NULL);
+    if (real == NULL)
+        return 1;
+    int near = near_stage_dir(real);
+    free(real);
+    return near;
+}
+
 /* Whether UID - with gid UID and no supplementary groups, as bubblewrap will run
  * - can look PATH up, asked of the kernel itself: the filesystem ids switch to
  * UID (which drops the filesystem capabilities from the effective set) for one
@@ -800,7 +813,8 @@ static int as_user_main(int argc, char **argv) {
                 fail("as-user", errno, "drop supplementary groups: %s", strerror(errno));
             for (int k = 0; k < nstages; k++) {
                 int word = stages[k][0] == '/' ? stage_word(argv, i, argc, k) : -1;
-                if (word >= 0 && !near_stage_dir(stages[k]) && walkable_as(uid, stages[k])) {
+                if (word >= 0 && !near_stage_dir(stages[k]) && !resolves_near_stage_dir(stages[k]) &&
+                    walkable_as(uid, stages[k])) {
                     argv[word] = (char *)stages[k];
                     skip[k] = 1;
                 }
