@@ -482,3 +482,128 @@ for flags in (0, 1, 2):  # plain, RENAME_NOREPLACE, RENAME_EXCHANGE
     with open(world.ws("made", ".git", "config"), encoding="utf-8") as f:
         assert "fsmonitor" not in f.read()
     assert_safe(world)
+
+
+#: Sandbox A of the two-broker race: toggles ``d/refs`` (the name that makes ``d`` shaped)
+#: until ``stop``; it holds still while ``pause`` exists, and keeps ``refs`` while a config
+#: exists; then its run lasts until ``DONE`` (its git check at its end would judge ``d``).
+_TOGGLER = r"""
+import os, time
+os.makedirs("d/objects")
+open("d/HEAD", "w").write("ref: refs/heads/main\n")
+open("READY", "w").close()
+end = time.monotonic() + 40
+while not os.path.exists("stop") and time.monotonic() < end:
+    if os.path.exists("pause"):
+        open("paused", "w").close()
+        while os.path.exists("pause") and not os.path.exists("stop"):
+            time.sleep(0.005)
+        os.unlink("paused")
+        continue
+    try:
+        os.mkdir("d/refs")
+    except OSError:
+        pass
+    if not os.path.exists("d/config"):
+        try:
+            os.rmdir("d/refs")
+        except OSError:
+            pass
+end = time.monotonic() + 60
+while not os.path.exists("DONE") and time.monotonic() < end:
+    time.sleep(0.05)
+"""
+
+#: Sandbox B: creates ``d/config`` (its broker checked ``d`` not shaped); when afterwards
+#: ``d`` is shaped and ``config`` is still the file B holds (A's broker judged ``d`` between
+#: B's broker's check and its create), writes the payload through it, plants ``w/.git``
+#: and an index, says ``WON`` and lasts until ``DONE``.
+_CREATOR = r"""
+import os, subprocess, sys, time
+payload = open(sys.argv[1]).read()
+subprocess.run("git init -q /tmp/ix && cd /tmp/ix && touch f && git add f", shell=True, check=True)
+index = open("/tmp/ix/.git/index", "rb").read()
+while not os.path.exists("READY"):
+    time.sleep(0.01)
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    try:
+        fd = os.open("d/config", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        try:
+            os.unlink("d/config")
+        except OSError:
+            pass
+        continue
+    def current():
+        try:
+            return os.path.isdir("d/refs") and os.fstat(fd).st_ino == os.stat("d/config").st_ino
+        except OSError:
+            return False
+    if current():
+        open("pause", "w").close()
+        while not os.path.exists("paused"):
+            time.sleep(0.005)
+        if current():
+            open("stop", "w").close()
+            os.write(fd, payload.encode())
+            os.close(fd)
+            os.makedirs("w")
+            open("w/.git", "w").write("gitdir: ../d\n")
+            open("w/f", "w").close()
+            open("d/index", "wb").write(index)
+            open("WON", "w").close()
+            break
+        os.unlink("pause")
+    os.close(fd)
+    try:
+        os.unlink("d/config")
+    except OSError:
+        pass
+open("stop", "w").close()
+end = time.monotonic() + 60
+while not os.path.exists("DONE") and time.monotonic() < end:
+    time.sleep(0.05)
+"""
+
+
+def test_a_directory_shaped_by_another_sandbox_is_inert_while_both_runs_last(
+    world: World,
+) -> None:
+    """Two sandboxes on one workspace have two write brokers. One broker's check that a
+    directory is not shaped like a gitdir (so a ``config`` may be created there) and its
+    create must not let the other broker's shaping of that directory in between: else the
+    first holds a writable descriptor to the config of a repository-shaped directory, and
+    the host's ``git status`` (an editor polling) runs its fsmonitor while the runs last."""
+    import time
+
+    from tests.conftest import PROBE_PYTHON, client_command
+
+    cfg = World.write(os.path.join(world.outside, "cfg"), payload_config(world))
+    run = [*client_command("corral"), "run", "--", PROBE_PYTHON, "-c"]
+    spawn = {
+        "cwd": world.workspace,
+        "env": dict(world.environ),
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    a = subprocess.Popen([*run, _TOGGLER], **spawn)  # type: ignore[call-overload]
+    b = subprocess.Popen([*run, _CREATOR, cfg], **spawn)  # type: ignore[call-overload]
+    try:
+        deadline = time.monotonic() + 90
+        while not os.path.exists(world.ws("stop")) and b.poll() is None:
+            assert time.monotonic() < deadline, "the race never ended"
+            time.sleep(0.05)
+        time.sleep(0.2)
+        if os.path.isdir(world.ws("w")):
+            host_git(world, world.ws("w"), "status")  # the user's editor polls git meanwhile
+        assert not os.path.exists(marker(world)), "the host's git ran planted code mid-run"
+    finally:
+        World.write(world.ws("DONE"), "")
+        for child in (a, b):
+            try:
+                child.communicate(timeout=60)
+            finally:
+                child.kill()
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr, b.stderr)
+    assert_safe(world)
