@@ -32,8 +32,10 @@ Design (docs/design.md, "The write broker"):
      ``SECCOMP_IOCTL_NOTIF_ADDFD``) is returned to the target.
 
 4. One broker thread serves one sandbox and handles notifications one at a
-   time, so no name operation of the sandbox can interleave between a check
-   and the operation it approved.
+   time, and holds its roots' locks (:mod:`._broker_lock`) from the
+   resolution of a notification's names to the end of the operation it
+   approved, so no name operation - of this sandbox, or of another sandbox's
+   broker on the same roots - can interleave between a check and its act.
 5. Every operation it performs is journaled (:class:`~._gitcheck.Journal`):
    a repository the run created is exempt from the ``protect`` rows about
    git, and when the run is over (:meth:`Broker.stop`) the git check
@@ -79,6 +81,7 @@ from ._broker_abi import (
     _Root,
 )
 from ._broker_emulate import _Emulator
+from ._broker_lock import RootLocks
 from ._gitcheck import Journal
 from ._plan import BrokerSpec
 
@@ -87,6 +90,10 @@ if TYPE_CHECKING:
     import ctypes
 
 __all__ = ["Broker"]
+
+#: Notifications answered without acting on a supervised root's names, so without its
+#: locks: ``connect`` (a named socket; no name changes) and ``ioctl`` (``TIOCGPTPEER``).
+_UNLOCKED = frozenset({"connect", "ioctl"})
 
 
 #: Compiled rows by the spec's pattern rows; see :func:`_compiled_rows`.
@@ -152,6 +159,7 @@ class Broker(_Emulator):
         self.journal = Journal()
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []
+        self._locks = RootLocks()
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC)
         # _thread, not threading: the import alone would cost ~3 ms of start-up
         self._done = _thread.allocate_lock()
@@ -185,6 +193,7 @@ class Broker(_Emulator):
         for sandbox_path, host_path in self._spec.roots:
             fd = os.open(prefix + host_path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             self._roots.append(_Root(sandbox_path, fd))
+            self._locks.add_root(fd)
         # Longest sandbox path first, so nested roots win.
         self._roots.sort(key=lambda r: len(r.sandbox_path), reverse=True)
         for root in self._roots:
@@ -233,6 +242,7 @@ class Broker(_Emulator):
                 for root in self._roots:
                     os.close(root.host_fd)
                 self._roots = []
+                self._locks.close()
                 if _exited(pid) or _hung_up(self._listener):
                     return None  # the sandbox is over: nothing left to supervise
                 if time.monotonic() > deadline:
@@ -271,6 +281,7 @@ class Broker(_Emulator):
                     pass
         self._listener = self._wake_r = self._wake_w = -1
         self._roots = []
+        self._locks.close()
         self._mem_fds.clear()
 
     def checkpoint(self) -> None:
@@ -383,7 +394,14 @@ class Broker(_Emulator):
         name = self._names.get(nr, "")
         try:
             try:
-                result = self._dispatch(name, pid, notif_id, args)
+                if name in _UNLOCKED:
+                    result = self._dispatch(name, pid, notif_id, args)
+                else:
+                    self._lock_roots(name, pid)
+                    try:
+                        result = self._dispatch(name, pid, notif_id, args)
+                    finally:
+                        self._locks.release()
             except _Continue:
                 if not (self._spec.confine_metadata and name in _METADATA_CALLS):
                     raise
@@ -418,6 +436,24 @@ class Broker(_Emulator):
             self._send_fd(notif_id, result)
         else:
             self._respond(notif_id, result, 0, 0)
+
+    def _lock_roots(self, name: str, pid: int) -> None:
+        """Take the roots' locks for one operation (:class:`~._broker_lock.RootLocks`);
+        a lock held elsewhere past the bound fails the operation (EAGAIN), reported."""
+        try:
+            self._locks.acquire()
+        except OSError as exc:
+            if exc.errno == errno.EAGAIN:
+                self.violations.append(
+                    Violation(
+                        kind="fs-write",
+                        target=", ".join(r.sandbox_path for r in self._roots),
+                        rule=f"broker: {exc.strerror}",
+                        operation=name,
+                        pid=pid,
+                    )
+                )
+            raise
 
     def _respond(self, notif_id: int, val: int, error: int, flags: int) -> None:
         import fcntl
