@@ -139,3 +139,80 @@ def test_untrusted_project_cannot_unprotect(world: World) -> None:
     result = world.run("echo pwned > sub.bashrc; mkdir -p s; echo pwned > s/.bashrc; true")
     assert not os.path.exists(world.ws("s", ".bashrc"))
     assert b"ignoring filesystem.protect" in result.stderr
+
+
+#: Sandbox A: takes the flock of its own workspace root (the lock every broker on that
+#: root takes around each operation) and holds it until told on stdin.
+_ROOT_LOCK_HOLDER = r"""
+import fcntl, os, sys
+fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+#: Sandbox B on the same workspace: one write while A holds the lock (how it ended, after
+#: how long), then, when told, the same write again.
+_LATE_WRITER = r"""
+import os, sys, time
+def attempt():
+    start = time.monotonic()
+    try:
+        with open("late.txt", "w") as f:
+            f.write("written")
+        outcome = "ok"
+    except OSError as exc:
+        outcome = str(exc.errno)
+    print(outcome, round(time.monotonic() - start, 2), flush=True)
+attempt()
+sys.stdin.readline()
+attempt()
+"""
+
+
+def test_a_sandbox_holding_its_workspace_roots_lock_delays_another_sandbox_boundedly(
+    world: World,
+) -> None:
+    """Brokers lock a supervised root around each operation (docs/threat-model.md, "Shapes
+    under other names, while the run lasts"); a sandbox may take that lock itself. Another
+    sandbox's write on the workspace then waits at most LOCK_BOUND and fails closed
+    (EAGAIN, nothing written), its broker keeps serving, and the write works once the
+    holder lets go."""
+    import errno
+    import subprocess
+
+    from corral.backends._broker_lock import LOCK_BOUND
+    from tests.conftest import client_command
+
+    run = [*client_command("corral"), "run", "--", PROBE_PYTHON, "-c"]
+    spawn = {
+        "cwd": world.workspace,
+        "env": dict(world.environ),
+        "stdin": subprocess.PIPE,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    outside_before = sorted(os.listdir(world.outside))
+    holder = subprocess.Popen([*run, _ROOT_LOCK_HOLDER], **spawn)  # type: ignore[call-overload]
+    writer = None
+    try:
+        assert holder.stdout.readline() == b"held\n", holder.stderr.read()
+        writer = subprocess.Popen([*run, _LATE_WRITER], **spawn)  # type: ignore[call-overload]
+        outcome, seconds = writer.stdout.readline().split()
+        assert int(outcome) == errno.EAGAIN, (outcome, seconds)
+        assert LOCK_BOUND - 0.5 <= float(seconds) < LOCK_BOUND + 20
+        assert not os.path.exists(world.ws("late.txt"))
+        holder.communicate(b"\n", timeout=60)
+        assert holder.returncode == 0, holder.stderr
+        writer.stdin.write(b"\n")
+        writer.stdin.flush()
+        assert writer.stdout.readline().split()[0] == b"ok"
+        _out, err = writer.communicate(timeout=60)
+        assert writer.returncode == 0, err
+    finally:
+        for child in (holder, writer):
+            if child is not None:
+                child.kill()
+                child.wait()
+    assert World.read(world.ws("late.txt")) == "written"
+    assert sorted(os.listdir(world.outside)) == outside_before

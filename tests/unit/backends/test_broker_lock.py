@@ -1,0 +1,171 @@
+"""The supervised roots' lock (``_broker_lock.RootLocks``): which brokers exclude each other.
+
+Each ``RootLocks`` stands for one broker; two of them in one process hold distinct open
+file descriptions, so their flocks conflict exactly as two brokers' in two processes do
+(one test takes the lock in another process to show that too).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from corral.backends._broker_lock import LOCK_BOUND, RootLocks
+
+#: A short bound for the tests (the broker's own is LOCK_BOUND).
+BOUND = 0.3
+
+
+def broker_on(*paths: str) -> RootLocks:
+    locks = RootLocks()
+    for path in paths:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            locks.add_root(fd)
+        finally:
+            os.close(fd)
+    return locks
+
+
+def held_elsewhere(locks: RootLocks) -> bool:
+    """Whether *locks* cannot be taken now (some other holder), after waiting BOUND."""
+    start = time.monotonic()
+    try:
+        locks.acquire(BOUND)
+    except OSError as exc:
+        failed: OSError | None = exc
+    else:
+        failed = None
+        locks.release()
+    if failed is None:
+        return False
+    assert failed.errno == errno.EAGAIN
+    assert BOUND <= time.monotonic() - start < BOUND + 5
+    return True
+
+
+def test_two_brokers_on_one_root_exclude_each_other_until_release(tmp_path: object) -> None:
+    root = str(tmp_path)
+    a, b = broker_on(root), broker_on(root)
+    try:
+        a.acquire()
+        assert held_elsewhere(b)
+        a.release()
+        assert not held_elsewhere(b)
+        b.acquire()
+        assert held_elsewhere(a)  # both ways
+        b.release()
+    finally:
+        a.close()
+        b.close()
+
+
+@pytest.mark.parametrize("outer_first", [True, False])
+def test_nested_roots_exclude_each_other(tmp_path: object, outer_first: bool) -> None:
+    """A sandbox started in /p and one started in /p/sub both write /p/sub/d."""
+    outer = str(tmp_path)
+    inner = os.path.join(outer, "sub", "deeper")
+    os.makedirs(inner)
+    first, second = (broker_on(outer), broker_on(inner))
+    if not outer_first:
+        first, second = second, first
+    try:
+        first.acquire()
+        assert held_elsewhere(second)
+        first.release()
+        assert not held_elsewhere(second)
+    finally:
+        first.close()
+        second.close()
+
+
+def test_sibling_roots_do_not_wait_for_each_other(tmp_path: object) -> None:
+    base = str(tmp_path)
+    os.makedirs(os.path.join(base, "a"))
+    os.makedirs(os.path.join(base, "b"))
+    a, b = broker_on(os.path.join(base, "a")), broker_on(os.path.join(base, "b"))
+    try:
+        a.acquire()
+        b.acquire(BOUND)  # shared locks on the common ancestors only
+        b.release()
+        a.release()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_broker_with_a_root_inside_another_of_its_roots_takes_its_own_locks(
+    tmp_path: object,
+) -> None:
+    """The workspace and an allowWrite inside it: one fd, locked exclusively, no self-conflict."""
+    outer = str(tmp_path)
+    inner = os.path.join(outer, "cache")
+    os.makedirs(inner)
+    locks, other = broker_on(inner, outer), broker_on(outer)
+    try:
+        locks.acquire(BOUND)
+        assert held_elsewhere(other)
+        locks.release()
+    finally:
+        locks.close()
+        other.close()
+
+
+def test_a_lock_another_process_holds_fails_the_operation_within_the_bound(
+    tmp_path: object,
+) -> None:
+    root = str(tmp_path)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys\n"
+            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('held', flush=True)\n"
+            "sys.stdin.readline()\n",
+            root,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    locks = broker_on(root)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert held_elsewhere(locks)
+        holder.communicate(b"\n", timeout=30)  # the holder exits: its lock goes
+        locks.acquire(BOUND)
+        locks.release()
+    finally:
+        holder.kill()
+        holder.wait()
+        locks.close()
+    assert 1 <= LOCK_BOUND <= 30  # long past any broker's operation, short of a hang
+
+
+def test_the_walk_stops_at_a_mount_boundary() -> None:
+    """A root on another filesystem than its parent directory does not lock that parent."""
+    base = "/dev/shm"
+    if not os.path.isdir(base) or os.stat(base).st_dev == os.stat("/dev").st_dev:
+        pytest.skip("/dev/shm is no separate mount here")
+    if not os.access(base, os.W_OK):
+        pytest.skip("/dev/shm is not writable")
+    root = tempfile.mkdtemp(dir=base)
+    parent = os.open("/dev", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    locks = broker_on(root)
+    try:
+        import fcntl
+
+        fcntl.flock(parent, fcntl.LOCK_EX | fcntl.LOCK_NB)  # someone holds /dev
+        locks.acquire(BOUND)  # not an ancestor this broker locks: another filesystem
+        locks.release()
+    finally:
+        os.close(parent)
+        locks.close()
+        os.rmdir(root)
