@@ -104,6 +104,11 @@ class RootLocks:
         self._fds[key] = (fd, op)
         self._order = [self._fds[k] for k in sorted(self._fds)]
 
+    @property
+    def count(self) -> int:
+        """How many directories are locked around each operation."""
+        return len(self._order)
+
     def acquire(self, bound: float = LOCK_BOUND) -> None:
         """Take every lock, in order.
 

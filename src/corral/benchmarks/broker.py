@@ -19,6 +19,11 @@ run does after its command when the broker ran - next to the median
 ratio. That run includes its own check: without it, a run would take the
 difference. A run that writes nothing in the workspace pays nothing: the
 check is skipped when the journal is empty.
+
+The roots' lock: one uncontended acquire and release of the flocks a broker
+on the workspace holds around each operation it performs (its root and
+ancestors; see :mod:`corral.backends._broker_lock`), which the per-operation
+rows above are too noisy to show.
 """
 
 from __future__ import annotations
@@ -109,8 +114,42 @@ def run(ctx: Context) -> list[Row]:
             f"per operation; {OPS_FILES * 2} operations",
         )
     )
+    rows.append(_lock_row(ctx))
     rows += _check_rows(ctx, env)
     return rows
+
+
+def _lock_row(ctx: Context) -> Row:
+    """What the supervised roots' lock adds to each operation the broker performs: one
+    acquire and release of :class:`~corral.backends._broker_lock.RootLocks` on the
+    workspace (its root and ancestors, as a broker on it locks them), uncontended."""
+    from ..backends._broker_lock import RootLocks
+
+    locks = RootLocks()
+    fd = os.open(ctx.workspace, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        locks.add_root(fd)
+    finally:
+        os.close(fd)
+    rounds, count = 1000, locks.count
+
+    def take() -> None:
+        for _ in range(rounds):
+            locks.acquire()
+            locks.release()
+
+    try:
+        per_op_us = ctx.median_ms(take) * 1000 / rounds
+    finally:
+        locks.close()
+    return Row(
+        "the roots' lock per supervised operation",
+        per_op_us,
+        unit="us",
+        samples=ctx.runs,
+        note=f"flock and unlock of the workspace and its ancestors ({count} directories),"
+        " uncontended",
+    )
 
 
 def _check_rows(ctx: Context, env: dict[str, str]) -> list[Row]:
