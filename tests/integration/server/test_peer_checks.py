@@ -355,7 +355,8 @@ def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
         f"\necho pwned > {served.victim}\nCORRAL_COMMAND_END\n"
         in decision["updatedInput"]["command"]
     )
-    assert " run --agent-session s --keep --report-fd 3 " in decision["updatedInput"]["command"]
+    assert " run --agent-session s --workspace " in decision["updatedInput"]["command"]
+    assert " --keep --report-fd 3 " in decision["updatedInput"]["command"]
     assert World.read(served.victim) == "original\n"
     after = status(served)
     assert after is not None
