@@ -58,7 +58,7 @@ def test_the_project_path_ends_at_a_link_inside_a_work_tree(tmp_path: Path) -> N
 
 
 def test_a_link_outside_any_work_tree_on_the_project_path_is_followed(tmp_path: Path) -> None:
-    home, project, _other = _tree(tmp_path)
+    home, _project, _other = _tree(tmp_path)
     os.symlink(home, str(tmp_path / "alias"))  # like /home -> /usr/home: no sandbox writes there
     aliased = str(tmp_path / "alias" / "proj")
     assert anchored_cwd(f"{aliased}/src", aliased, home) == f"{aliased}/src"
