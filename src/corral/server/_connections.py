@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import _socket
 import os
+import time
 
 from ..pipeline._runner import SignalRelay
 from ._peers import PeerRefused, check_peer, process_context
@@ -47,6 +48,9 @@ if TYPE_CHECKING:
 __all__ = ["Connections", "Session"]
 
 _REQUEST_TIMEOUT = 30.0
+#: how long a refused peer's connection is drained at most (in all), and how many at once
+_DRAIN_SECONDS = 2.0
+_MAX_DRAINING = 16
 # what corral run forwards: HUP, INT, QUIT, TERM, WINCH, and CONT, TSTP (Ctrl-Z, fg)
 _FORWARDED = frozenset({1, 2, 3, 15, 18, 20, 28})
 
@@ -87,6 +91,7 @@ class Connections:
         self.hooks = 0
         self.refused = 0
         self.own = process_context()
+        self._draining = 0  # server.lock: refused connections being drained (refuse)
         self._new_watches: list[Session] = []  # server.lock; taken by the serve loop
 
     def refuse(self, conn: _socket.socket, reason: str, *, stale: bool = False) -> None:
@@ -94,26 +99,47 @@ class Connections:
 
         Closing a unix socket with unread data resets the connection, and the
         client would never read the answer. The drain keeps nothing (fds that
-        arrive are closed at once) and ends after 2 s or 16 MiB.
+        arrive are closed at once) and ends after 2 s in all (however slowly
+        the peer sends) or 16 MiB; at most :data:`_MAX_DRAINING` connections
+        drain at once, the others are closed as soon as the refusal is sent.
+        So a refused peer - another user or a sandbox on the hub name, which
+        anyone in the network namespace can reach - never holds one of the
+        server's threads and descriptors for longer than that.
         """
         with self.server.lock:
             self.refused += 1
+            drain = self._draining < _MAX_DRAINING
+            if drain:
+                self._draining += 1
         try:
             conn.sendall(encode({"refused": reason, "stale": stale}))
             conn.shutdown(_socket.SHUT_WR)
-            conn.settimeout(2.0)
-            received = 0
-            while received < MAX_FRAME:
-                data, ancdata, _flags, _addr = conn.recvmsg(
-                    65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
-                )
-                for fd in _fds_of(ancdata):
-                    os.close(fd)
-                if not data:
-                    break
-                received += len(data)
+            if drain:
+                self._drain(conn)
         except OSError:
             pass
+        finally:
+            if drain:
+                with self.server.lock:
+                    self._draining -= 1
+
+    @staticmethod
+    def _drain(conn: _socket.socket) -> None:
+        deadline = time.monotonic() + _DRAIN_SECONDS
+        received = 0
+        while received < MAX_FRAME:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            conn.settimeout(left)
+            data, ancdata, _flags, _addr = conn.recvmsg(
+                65536, _socket.CMSG_SPACE(4 * 16), _MSG_CMSG_CLOEXEC
+            )
+            for fd in _fds_of(ancdata):
+                os.close(fd)
+            if not data:
+                return
+            received += len(data)
 
     def serve(self, conn: _socket.socket, front: str | None) -> None:
         """Check the peer, read its request and answer it; every failure is a refusal.

@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -413,3 +414,88 @@ def test_malformed_hook_requests_are_refused(served: World, kind: str, reason: s
     assert reply["stale"] is False and reply["refused"] == f"bad request: {reason}", reply
     data = status(served)
     assert data is not None and data["hooks"] == 0
+
+
+HOLDER = r"""
+import socket, sys, time
+name, count, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+held = []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect("\0" + name)
+    s.setblocking(False)
+    held.append(s)
+print("holding", flush=True)
+closed = set()
+end = time.monotonic() + seconds
+while time.monotonic() < end and len(closed) < count:
+    for i, s in enumerate(held):
+        try:
+            s.recv(65536)  # the refusal
+        except OSError:
+            pass
+        try:
+            s.send(b"x")  # one byte now and then: a per-recv timeout would never end
+        except OSError:
+            closed.add(i)
+    time.sleep(0.5)
+print(len(closed), flush=True)
+"""
+
+
+def _hub_name(pid: int) -> str:
+    """The ``corral-hub/...`` abstract name the server *pid* listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/unix", encoding="utf-8") as f:
+        for line in f:
+            words = line.split()
+            if len(words) >= 8 and words[6] in inodes and words[7].startswith("@corral-hub/"):
+                return words[7][1:]
+    raise AssertionError(f"server {pid} listens on no hub name")
+
+
+@needs_root
+def test_another_user_holding_hub_connections_costs_the_server_nothing(served: World) -> None:
+    """The hub name is open to every user: 60 connections that trickle a byte every half
+    second must not keep the server's threads and descriptors (ATK11: with a per-recv drain
+    timeout they were kept forever, and enough of them exhausted the server's descriptors,
+    so that every client of the user hung)."""
+    info = status(served)
+    assert info is not None
+    pid = info["pid"]
+    assert served.corral("run", "--", "true").returncode == 0  # the baseline has its warm sandbox
+    time.sleep(1)
+    baseline = len(os.listdir(f"/proc/{pid}/fd"))
+    script = World.write(os.path.join(served.outside, "holder.py"), HOLDER)
+    os.chmod(script, 0o644)
+    holder = subprocess.Popen(
+        [
+            *("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"),
+            *(PROBE_PYTHON, script, _hub_name(pid), "60", "20"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline() == b"holding\n", holder.stderr
+        time.sleep(4)  # past the 2 s a refused connection may be drained
+        held = len(os.listdir(f"/proc/{pid}/fd"))
+        assert held < baseline + 20, (baseline, held)
+        result = served.corral("run", "--", "sh", "-c", "echo served")
+        assert result.returncode == 0 and result.stdout == b"served\n", result.stderr
+        out, err = holder.communicate(timeout=60)
+        assert out == b"60\n", (out, err)  # the server closed every one of them
+    finally:
+        holder.kill()
+        holder.communicate()
+    after = status(served)
+    assert after is not None and after["pid"] == pid
+    assert "refused a peer: uid 65534" in _log(served)
