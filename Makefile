@@ -12,10 +12,17 @@ $(BIN)/python:
 	$(BIN)/pip install -q -e '.[dev]'
 
 native: src/corral/_bin/corral-exec src/corral/_bin/corral-client src/corral/_bin/corral-vm-agent src/corral/_bin/corral-vm-relay  ## build the native programs in place (editable installs)
-src/corral/_bin/%: src/corral/native/%.c
+# A program is native/NAME.c and, for one split by concern, every .c of its own directory
+# (setup.py's PROGRAMS says which: exec/ for corral-exec, client/ for corral-client); the
+# headers there are prerequisites too.
+NATIVE = src/corral/native
+NATIVE_CFLAGS = -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+src/corral/_bin/corral-exec: $(wildcard $(NATIVE)/exec/*.c $(NATIVE)/exec/*.h)
+src/corral/_bin/corral-client: $(wildcard $(NATIVE)/client/*.c $(NATIVE)/client/*.h)
+src/corral/_bin/%: $(NATIVE)/%.c
 	mkdir -p src/corral/_bin
-	$(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -static -o $@ $< \
-	  || $(CC) -O2 -Wall -Wextra -Werror -D_FORTIFY_SOURCE=2 -fstack-protector-strong -o $@ $<
+	$(CC) $(NATIVE_CFLAGS) -static -o $@ $(filter %.c,$^) \
+	  || $(CC) $(NATIVE_CFLAGS) -o $@ $(filter %.c,$^)
 
 fmt:
 	$(BIN)/ruff format src tests bench

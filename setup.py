@@ -3,13 +3,13 @@
 Everything else about the package lives in pyproject.toml. Both are linked
 statically when the C library allows it:
 
-* the exec helper (src/corral/native/corral-exec.c) applies seccomp, Landlock
-  and rlimits right before exec inside the sandbox; see docs/design.md ("The
-  exec helper") for why it is native code. Statically linked, it also runs
-  inside container and VM root filesystems.
-* the fast client (src/corral/native/corral-client.c) serves `corral run` and
-  the Claude Code hook through the corral server without an interpreter's
-  start-up; see docs/design.md ("The fast client").
+* the exec helper (src/corral/native/corral-exec.c and exec/) applies seccomp,
+  Landlock and rlimits right before exec inside the sandbox; see docs/design.md
+  ("The exec helper") for why it is native code. Statically linked, it also
+  runs inside container and VM root filesystems.
+* the fast client (src/corral/native/corral-client.c and client/) serves
+  `corral run` and the Claude Code hook through the corral server without an
+  interpreter's start-up; see docs/design.md ("The fast client").
 * the guest agent (src/corral/native/corral-vm-agent.c) is pid 1 of the
   ``microvm`` backend's guests; see docs/backends/microvm.md.
 * the micro-VM relay (src/corral/native/corral-vm-relay.c) is the host side of
@@ -33,12 +33,29 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
-PROGRAMS = ("corral-exec", "corral-client", "corral-vm-agent", "corral-vm-relay")
+NATIVE = Path("src/corral/native")
+#: each program -> the directory of native/ that holds the rest of its sources (None: one file)
+PROGRAMS = {
+    "corral-exec": "exec",
+    "corral-client": "client",
+    "corral-vm-agent": None,
+    "corral-vm-relay": None,
+}
 CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror", "-D_FORTIFY_SOURCE=2", "-fstack-protector-strong"]
 
 
+def program_sources(name: str) -> list[str]:
+    """The C files of program *name*: native/<name>.c (its main), then every .c of its directory.
+
+    The Makefile's ``native`` rule compiles the same files.
+    """
+    directory = PROGRAMS[name]
+    rest = sorted((NATIVE / directory).glob("*.c")) if directory else []
+    return [str(NATIVE / f"{name}.c"), *(str(path) for path in rest)]
+
+
 def compile_program(name: str, out: Path) -> None:
-    """Compile src/corral/native/<name>.c to *out*, statically if possible."""
+    """Compile program *name* (see program_sources) to *out*, statically if possible."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         raise SystemExit(
@@ -46,7 +63,7 @@ def compile_program(name: str, out: Path) -> None:
             "Install one (Debian/Ubuntu: apt-get install gcc libc6-dev) or set CORRAL_SKIP_NATIVE=1."
         )
     out.parent.mkdir(parents=True, exist_ok=True)
-    base = [cc, *CFLAGS, "-o", str(out), str(Path("src/corral/native") / f"{name}.c")]
+    base = [cc, *CFLAGS, "-o", str(out), *program_sources(name)]
     for extra in (["-static"], []):
         result = subprocess.run([*base, *extra], capture_output=True, text=True, check=False)
         if result.returncode == 0:

@@ -251,3 +251,23 @@ def test_connect_to_a_long_path_whose_directory_is_missing_is_file_not_found(
             connect_unix(sock, path)
     finally:
         sock.close()
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "reason"),
+    [
+        ("argv", ["sh", "-c", "a\0b"], "argv must not contain a NUL byte"),
+        ("cwd", "/tmp\0/etc", "cwd must not contain a NUL byte"),
+        ("env", {"PATH": "/bin\0/usr/bin"}, "env must not contain a NUL byte"),
+        ("env", {"A\0B": "c"}, "env must not contain a NUL byte"),
+    ],
+)
+def test_a_run_request_with_a_nul_byte_is_refused_before_anything_uses_it(
+    field: str, value: object, reason: str
+) -> None:
+    """No system call takes a NUL byte: such a request is a bad request up front, not an
+    internal error of the server later (ATK11)."""
+    from corral.server._requests import _run_request
+
+    message = {"argv": ["true"], "cwd": "/", "env": {}, "pid": 7, field: value}
+    assert _run_request(message, [0, 1, 2], 7) == reason

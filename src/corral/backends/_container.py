@@ -558,7 +558,7 @@ class ContainerBackend(Backend):
                 args += ["--preserve-fds", str(preserved)]
                 command = [*helper, "--", *request.argv]
             else:
-                # the session's pid 1: corral's helper, not dumpable (see --hold in corral-exec.c)
+                # the session's pid 1: corral's helper, not dumpable (see --hold in native/exec/init.c)
                 command = [SANDBOX_HELPER, "--hold"]
         if session is not None:
             args.append(cname)

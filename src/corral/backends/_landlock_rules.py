@@ -3,7 +3,7 @@
 Everything here is pure: :mod:`corral.backends.landlock` feeds it facts
 gathered beforehand (the kernel's ABI, the listings of a few directories)
 and hands the encoded spec to the exec helper (``--landlock-fd``), which
-applies it right before ``exec`` (see ``native/corral-exec.c`` for the
+applies it right before ``exec`` (see ``native/exec/common.c`` for the
 binary format).
 
 **Hiding a path inside a readable tree.** A Landlock rule grants access to a

@@ -82,7 +82,7 @@ FD_STATUS, FD_SECCOMP, FD_NOTIFY_BPF, FD_NOTIFY_SOCK, FD_INFO, FD_BLOCK = 3, 4, 
 FD_TRUST = 9  # the CA bundle with the egress proxy's per-run CA (--ro-bind-data)
 #: Where the ``--as-user`` stage clones bind sources (its own tmpfs, in its own
 #: mount namespace; bubblewrap gives the sandbox a fresh /dev). Mirrors STAGE_DIR
-#: in corral-exec.c.
+#: in native/exec/identity.c.
 STAGE_DIR = "/dev/shm"
 
 #: Where the exec helper appears inside the sandbox (bound read-only; the

@@ -59,7 +59,7 @@ from ._shell import quote
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from ..policy import ResolvedSettings
@@ -73,6 +73,7 @@ __all__ = [
     "SHELL_TOOLS",
     "UNSANDBOXABLE",
     "HookError",
+    "anchored_cwd",
     "corral_command",
     "decide",
     "expand_user",
@@ -360,7 +361,7 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
     )
     ws = quote(workspace)
     host = (
-        f"{{ __corral_w=$(exec {prefix} --keep --report-fd 3 --shell {SHELL} "
+        f"{{ __corral_w=$(exec {prefix} --workspace {ws} --keep --report-fd 3 --shell {SHELL} "
         f'-c "${PRE_VARIABLE}${VARIABLE}${POST_VARIABLE}" 3>&1 >&4 4>&-); }} 4>&1\n'
         "__corral_s=$?\n"
         'if [ "$__corral_s" = 0 ]; then\n'
@@ -402,6 +403,74 @@ def _field(mapping: Mapping[str, Any], name: str, where: str, *, optional: bool 
     if not isinstance(value, str) or not value:
         raise HookError(f"the hook input has no {where}{name} string")
     return value
+
+
+def anchored_cwd(cwd: str, project: str | None, home: str) -> str:
+    """Where a Bash call's workspace and settings are found from: never through a link a
+    sandboxed command can re-point.
+
+    *project* is Claude Code's project directory (``CLAUDE_PROJECT_DIR`` in the
+    hook's environment), the directory the user started it in. The call's own
+    *cwd* is the path text Claude Code keeps for its shell, and every directory
+    in the project's workspace is writable by the project's sandboxes: one of
+    them (a background call running next to this one) can replace a directory
+    with a link to another repository, and the text then leads there - and so
+    would the workspace found from it. So:
+
+    * *project*'s own path counts up to its first link that lies in a git work
+      tree (a directory at or below one that holds ``.git``, but not *home* or
+      ``/``, as :func:`corral.policy.find_workspace` counts them): such a link
+      is in some project's workspace, where a sandbox can re-point it;
+    * a *cwd* at or below *project* counts up to (not including) its first
+      component below *project* that is a link (a Claude Code worktree,
+      ``.claude/worktrees/NAME``, is a plain directory: its own workspace);
+    * a *cwd* outside *project* (where Claude Code's shell lands when a carried
+      ``cd`` was re-pointed) counts as *project*: the call runs there with the
+      project's workspace, read-only where it is not in it.
+
+    Without a usable *project* (unset, not absolute) *cwd* is returned as it is.
+    """
+    if not project or not project.startswith("/"):
+        return cwd
+    top = _followed(posixpath.normpath(project), "/", lambda parent: _in_work_tree(parent, home))
+    if top != posixpath.normpath(project):
+        return top
+    here = posixpath.normpath(cwd)
+    if here != top and not here.startswith(top.rstrip("/") + "/"):
+        return top
+    return _followed(here[len(top) :], top, lambda _parent: True)
+
+
+def _followed(path: str, start: str, counts: Callable[[str], bool]) -> str:
+    """*start* joined with *path*'s components up to the first that is a link (or missing)
+    in a directory for which *counts* is true."""
+    import stat
+
+    done = start
+    for part in path.split("/"):
+        if not part:
+            continue
+        step = posixpath.join(done, part)
+        try:
+            link = stat.S_ISLNK(os.lstat(step).st_mode)
+        except OSError:
+            break  # missing: nothing below it to find a workspace from
+        if link and counts(done):
+            break
+        done = step
+    return done
+
+
+def _in_work_tree(directory: str, home: str) -> bool:
+    """Whether *directory* or a directory above it (not *home*, not ``/``) holds ``.git``."""
+    stop = {"/", posixpath.normpath(home)}
+    while directory not in stop:
+        try:
+            os.lstat(posixpath.join(directory, ".git"))
+            return True
+        except OSError:
+            directory = posixpath.dirname(directory)
+    return False
 
 
 def parse_payload(data: bytes) -> dict[str, Any]:

@@ -4,7 +4,7 @@ A fresh sandbox per command costs a bubblewrap start (namespaces, mounts,
 the ``--as-user`` stage, the filters): ~10-30 ms. A session (SDK
 :class:`~corral.Sandbox`, MCP ``sandbox_create``) instead keeps one sandbox
 whose pid 1 is the exec helper in ``--init --serve`` mode
-(``native/corral-exec.c``, ``serve_main``): every filter is installed once,
+(``native/exec/serve.c``, ``cx_serve_main``): every filter is installed once,
 and each command is one fork and exec of that init, in the same namespaces and
 under the same filters.
 

@@ -1,6 +1,6 @@
 """The compiled fast client, ``_bin/corral-client``: where it is and how it falls back.
 
-``corral-client`` (``native/corral-client.c``) serves ``corral run`` and
+``corral-client`` (``native/corral-client.c`` and ``native/client/``) serves ``corral run`` and
 ``corral hook claude-code`` through the corral server without starting an
 interpreter (docs/design.md, "The fast client"). Whenever the server cannot
 serve, it execs corral's *Python* command line - and a compiled program

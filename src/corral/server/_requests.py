@@ -139,10 +139,14 @@ def _context(message: dict[str, Any], pid: int) -> tuple[str, dict[str, str]] | 
     env = message.get("env")
     if not isinstance(cwd, str) or not cwd.startswith("/"):
         return "cwd must be an absolute path"
+    if "\0" in cwd:
+        return "cwd must not contain a NUL byte"  # no system call could take it
     if not isinstance(env, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         return "env must map strings to strings"
+    if any("\0" in k or "\0" in v for k, v in env.items()):
+        return "env must not contain a NUL byte"
     if message.get("pid") != pid:
         return "the request's pid is not the connecting process's"
     return cwd, env
@@ -153,6 +157,8 @@ def _run_request(message: dict[str, Any], fds: list[int], pid: int) -> RunReques
     argv = message.get("argv")
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         return "argv must be a list of strings"
+    if any("\0" in a for a in argv):
+        return "argv must not contain a NUL byte"
     context = _context(message, pid)
     if isinstance(context, str):
         return context

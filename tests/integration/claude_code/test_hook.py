@@ -164,7 +164,7 @@ def test_bash_is_allowed_with_the_whole_tool_input_and_a_rewritten_command(
     assert updated["command"].endswith('\'\neval "$__corral_host"')
     assert (
         f"$(exec {hook_corral()} run --agent-session 3f1c9a1e-5b7d-4c2e-9f00-0a1b2c3d4e5f "
-        "--keep --report-fd 3 --shell bash -c"
+        f"--workspace {world.workspace} --keep --report-fd 3 --shell bash -c"
     ) in updated["command"]
 
 
@@ -264,10 +264,11 @@ def test_rewrite_passes_any_command_to_corral_exactly(
     )
     result = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30, check=True)
     words = result.stdout.decode().split("\0")[:-1]
-    assert words[:3] + words[6:9] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
-    assert words[3:5] == ["--keep", "--report-fd"] and len(words) == 10
+    assert words[:3] + words[8:11] == ["run", "--agent-session", session, "--shell", "bash", "-c"]
+    assert words[3:5] == ["--workspace", "/nonexistent/" + workspace]  # the hook's, pinned
+    assert words[5:7] == ["--keep", "--report-fd"] and len(words) == 12
     # the sandboxed script hands the original to eval exactly (eval shadowed to print it)
-    script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[9]
+    script = "eval() { printf '%s' \"$1\"; return 1; }\n" + words[11]
     inner = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30, check=False)
     assert inner.stdout.decode() == command
 
@@ -324,6 +325,39 @@ def test_a_cd_carries_and_the_host_half_runs_no_program_but_corral(world: World,
     execs = [line for line in lines if line.split()[0] == child and "execve(" in line]
     assert execs[0].split('"')[1] == hook_corral(), execs
     assert not [line for line in lines if any(f'/{p}"' in line for p in ("mktemp", "head", "rm"))]
+
+
+@pytest.mark.parametrize("case", ["link-below-the-project", "project-through-a-link", "outside"])
+def test_a_directory_a_sandbox_can_re_point_never_becomes_the_next_calls_workspace(
+    world: World, via: str, case: str
+) -> None:
+    """Claude Code keeps its shell's directory as path text, and a sandboxed command (a
+    background call next to this one) can replace any directory of the workspace with a link
+    to another repository: the next call then starts there, and a workspace found from where
+    it starts would be that repository (ATK10: found by realpath, the outside repository
+    became writable). The workspace comes from the project (``CLAUDE_PROJECT_DIR``) instead,
+    followed only up to a link inside a work tree; where the call starts outside it, it runs
+    there read-only."""
+    outside = world.outside
+    os.makedirs(os.path.join(outside, ".git"))  # another of the user's repositories
+    link = world.ws("sub")
+    os.symlink(outside, link)  # what the other sandbox left (its broker allows the link)
+    cwd = {"link-below-the-project": link, "project-through-a-link": link, "outside": outside}
+    project = link if case == "project-through-a-link" else world.workspace
+    world.environ["CLAUDE_PROJECT_DIR"] = project
+    code, out, err = run_hook(
+        world, via, {**payload(world, "Bash", {"command": "touch pwned"}), "cwd": cwd[case]}
+    )
+    assert code == 0 and out is not None, err
+    command = out["hookSpecificOutput"]["updatedInput"]["command"]
+    assert f"--workspace {world.workspace} " in command
+    before = sorted(os.listdir(outside))
+    result = subprocess.run(  # started where Claude Code starts it: the path text, resolved
+        ["bash", "-c", command], capture_output=True, env=world.environ, cwd=cwd[case], timeout=60
+    )
+    assert result.returncode != 0, result.stdout  # read-only there
+    assert sorted(os.listdir(outside)) == before  # nothing made outside the workspace
+    assert not os.path.exists(world.ws("pwned"))  # nor, by the cwd's text, in it
 
 
 def test_the_carried_cd_never_runs_the_users_cd_function(world: World) -> None:

@@ -502,7 +502,15 @@ server.serve()
 
 
 def _sanitized_client(world: World) -> str:
-    source = os.path.join(SRC, "corral", "native", "corral-client.c")
+    native = os.path.join(SRC, "corral", "native")
+    # the program's main file and its directory's (as setup.py's program_sources)
+    rest = sorted(
+        name for name in os.listdir(os.path.join(native, "client")) if name.endswith(".c")
+    )
+    sources = [
+        os.path.join(native, "corral-client.c"),
+        *(os.path.join(native, "client", name) for name in rest),
+    ]
     binary = os.path.join(world.root, "asan", "corral-client")
     os.makedirs(os.path.dirname(binary))
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -521,7 +529,7 @@ def _sanitized_client(world: World) -> str:
             "-Werror",
             "-o",
             binary,
-            source,
+            *sources,
         ],
         capture_output=True,
         check=False,

@@ -355,7 +355,8 @@ def test_the_hook_op_answers_but_never_runs_anything(served: World) -> None:
         f"\necho pwned > {served.victim}\nCORRAL_COMMAND_END\n"
         in decision["updatedInput"]["command"]
     )
-    assert " run --agent-session s --keep --report-fd 3 " in decision["updatedInput"]["command"]
+    assert " run --agent-session s --workspace " in decision["updatedInput"]["command"]
+    assert " --keep --report-fd 3 " in decision["updatedInput"]["command"]
     assert World.read(served.victim) == "original\n"
     after = status(served)
     assert after is not None
@@ -376,6 +377,10 @@ elif kind == "stdin":
     request["stdin"] = "\ud800"
 elif kind == "pid":
     request["pid"] = 1
+elif kind == "cwd":
+    request["cwd"] = "/tmp\0/etc"
+elif kind == "env":
+    request["env"] = {"A": "b\0c"}
 s = socket.socket(socket.AF_UNIX)
 s.connect(path)
 body = json.dumps(request).encode()
@@ -397,6 +402,8 @@ print(reply[4:].decode())
         ("integration", "unknown hook '../../bin/sh'"),
         ("stdin", "stdin must decode to bytes (UTF-8 with surrogate escapes)"),
         ("pid", "the request's pid is not the connecting process's"),
+        ("cwd", "cwd must not contain a NUL byte"),
+        ("env", "env must not contain a NUL byte"),
     ],
 )
 def test_malformed_hook_requests_are_refused(served: World, kind: str, reason: str) -> None:

@@ -95,13 +95,22 @@ def answer(
     try:
         from ..._exceptions import CorralError
         from ..._jsonfast import dumps
-        from ...integrations.claude_code_hook import HookError, decide, parse_payload
+        from ...integrations.claude_code_hook import (
+            HookError,
+            anchored_cwd,
+            decide,
+            parse_payload,
+        )
         from ...policy import load_settings
+        from ...policy._locations import default_home
         from ...policy._watched import cached
 
         try:
             payload = parse_payload(data)
-            cwd = payload["cwd"]
+            # the project's, never from a directory a sandboxed command can re-point
+            cwd = anchored_cwd(
+                payload["cwd"], environ.get("CLAUDE_PROJECT_DIR"), default_home(environ)
+            )
             resolved = cached(
                 "settings", cwd, environ, lambda env: load_settings(cwd=cwd, environ=env)
             )
