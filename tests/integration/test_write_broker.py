@@ -151,34 +151,26 @@ print("held", flush=True)
 sys.stdin.readline()
 """
 
-#: Sandbox B on the same workspace: one write while A holds the lock (how it ended, after
-#: how long), then, when told, the same write again.
+#: Sandbox B on the same workspace: one write while A holds the directory's flock (how it
+#: ended, after how long).
 _LATE_WRITER = r"""
-import os, sys, time
-def attempt():
-    start = time.monotonic()
-    try:
-        with open("late.txt", "w") as f:
-            f.write("written")
-        outcome = "ok"
-    except OSError as exc:
-        outcome = str(exc.errno)
-    print(outcome, round(time.monotonic() - start, 2), flush=True)
-attempt()
-sys.stdin.readline()
-attempt()
+import os, time
+start = time.monotonic()
+try:
+    with open("late.txt", "w") as f:
+        f.write("written")
+    outcome = "ok"
+except OSError as exc:
+    outcome = str(exc.errno)
+print(outcome, round(time.monotonic() - start, 2), flush=True)
 """
 
 
-def test_a_sandbox_holding_its_workspace_roots_lock_delays_another_sandbox_boundedly(
-    world: World,
-) -> None:
-    """Brokers lock a supervised root around each operation (docs/threat-model.md, "Shapes
-    under other names, while the run lasts"); a sandbox may take that lock itself. Another
-    sandbox's write on the workspace then waits at most LOCK_BOUND and fails closed
-    (EAGAIN, nothing written), its broker keeps serving, and the write works once the
-    holder lets go."""
-    import errno
+def test_a_sandbox_flocking_its_workspace_root_holds_up_no_other_sandbox(world: World) -> None:
+    """Brokers lock each supervised root around each operation (docs/threat-model.md, "Shapes
+    under other names, while the run lasts"), but not on the directory itself: a flock
+    there, which any process that can read the workspace may take (a sandbox, another local
+    user), delays no write of another sandbox on that workspace."""
     import subprocess
 
     from corral.backends._broker_lock import LOCK_BOUND
@@ -192,27 +184,16 @@ def test_a_sandbox_holding_its_workspace_roots_lock_delays_another_sandbox_bound
         "stdout": subprocess.PIPE,
         "stderr": subprocess.PIPE,
     }
-    outside_before = sorted(os.listdir(world.outside))
     holder = subprocess.Popen([*run, _ROOT_LOCK_HOLDER], **spawn)  # type: ignore[call-overload]
-    writer = None
     try:
         assert holder.stdout.readline() == b"held\n", holder.stderr.read()
-        writer = subprocess.Popen([*run, _LATE_WRITER], **spawn)  # type: ignore[call-overload]
-        outcome, seconds = writer.stdout.readline().split()
-        assert int(outcome) == errno.EAGAIN, (outcome, seconds)
-        assert LOCK_BOUND - 0.5 <= float(seconds) < LOCK_BOUND + 20
-        assert not os.path.exists(world.ws("late.txt"))
+        writer = subprocess.run([*run, _LATE_WRITER], **{**spawn, "stdin": None}, timeout=120)  # type: ignore[call-overload]
+        outcome, seconds = writer.stdout.split()
+        assert outcome == b"ok", writer.stderr
+        assert float(seconds) < LOCK_BOUND / 2  # never waited for the holder's lock
         holder.communicate(b"\n", timeout=60)
         assert holder.returncode == 0, holder.stderr
-        writer.stdin.write(b"\n")
-        writer.stdin.flush()
-        assert writer.stdout.readline().split()[0] == b"ok"
-        _out, err = writer.communicate(timeout=60)
-        assert writer.returncode == 0, err
     finally:
-        for child in (holder, writer):
-            if child is not None:
-                child.kill()
-                child.wait()
+        holder.kill()
+        holder.communicate()
     assert World.read(world.ws("late.txt")) == "written"
-    assert sorted(os.listdir(world.outside)) == outside_before

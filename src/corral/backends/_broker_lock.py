@@ -11,27 +11,42 @@ directory between this broker's "not shaped" check and its create of
 
 Design. Around the whole handling of a notification that can act - the
 resolution of its names, every check and the operation they approve - a
-broker holds ``flock`` locks on directories every broker of the same roots
-locks too: ``LOCK_EX`` on each supervised root, and ``LOCK_SH`` on each of
-its ancestors (same filesystem, same owner as the root, never ``/``), so a
+broker holds ``flock`` locks that every broker of the same directories takes
+too: ``LOCK_EX`` for each supervised root, and ``LOCK_SH`` for each of its
+ancestors (same filesystem, same owner as the root, never ``/``), so a
 broker whose root lies *above* another broker's root (a sandbox started in
 ``/p`` beside one started in ``/p/sub``) excludes it, while brokers of
-sibling roots (``/p/a``, ``/p/b``) do not wait for each other. A flock lives
-on the inode and is shared by every process, user and mount namespace (bind
-mounts, a podman container's broker) on the host; it needs no lock files.
-Locks are taken in one global order - by ``(st_dev, st_ino)`` - so brokers
-with overlapping sets cannot deadlock.
+sibling roots (``/p/a``, ``/p/b``) do not wait for each other. Locks are
+taken in one global order - by the directory's ``(st_dev, st_ino)`` - so
+brokers with overlapping sets cannot deadlock.
 
-Limit. Anyone who can open such a directory can hold its lock (a sandbox
-its own workspace root): a broker never waits longer than
-:data:`LOCK_BOUND` for it, then fails that operation (``EAGAIN``) and keeps
-serving, so the holder only delays, boundedly, writes it could not make.
+The lock of a directory is not taken on the directory itself (anyone who
+can read it could hold that - another local user on a world-readable
+workspace or home, stalling every write of this user's sandboxes) but on a
+file named after its ``(st_dev, st_ino)`` in the user's private lock
+directory, ``~/.cache/corral/locks`` of the user's *passwd* home (0700,
+owned by the user, never reached through a link; the same for every corral
+process of the user, whatever its environment). A regular file opened
+read-write also takes ``flock`` on NFS. A root caller's sandboxes run as
+another uid and cannot open it at all. Where no such directory can be made
+(no home, one owned by someone else, a link planted there), the locks are
+this process's own (:data:`_LOCAL`): brokers of one corral server, or of one
+program using the SDK, still act as one; brokers in other processes then do
+not exclude each other.
+
+Limit. A sandboxed process of the same user that can open its own lock file
+(an unprivileged caller whose home the policy leaves readable) can hold it:
+a broker never waits longer than :data:`LOCK_BOUND`, then fails that
+operation (``EAGAIN``) and keeps serving, so the holder only delays,
+boundedly, writes of that user's own sandboxes.
 """
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
+import stat
 import time
 from fcntl import LOCK_EX, LOCK_NB, LOCK_SH, LOCK_UN, flock
 
@@ -62,8 +77,9 @@ class RootLocks:
     __slots__ = ("_fds", "_order")
 
     def __init__(self) -> None:
-        self._fds: dict[tuple[int, int], tuple[int, int]] = {}  # (dev, ino) -> (fd, op)
-        self._order: list[tuple[int, int]] = []  # (fd, op), by (dev, ino)
+        # (dev, ino) -> (its lock file's fd, or this process's lock: _lock_file; op)
+        self._fds: dict[tuple[int, int], tuple[int | _thread.LockType, int]] = {}
+        self._order: list[tuple[int | _thread.LockType, int]] = []  # by (dev, ino)
 
     def add_root(self, root_fd: int) -> None:
         """Lock the directory *root_fd* (any fd of it, ``O_PATH`` too) and its ancestors.
@@ -73,35 +89,39 @@ class RootLocks:
         stops at a mount boundary, at a directory owned by another user than
         the root's, at ``/``, or where a directory cannot be opened.
         """
-        fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=root_fd)
-        root = os.fstat(fd)
-        self._put(root, fd, LOCK_EX)
-        current, st = fd, root
-        for _ in range(_MAX_ANCESTORS):
-            try:
-                parent = os.open("..", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=current)
-            except OSError:
-                return
-            up = os.fstat(parent)
-            if (
-                up.st_dev != st.st_dev
-                or up.st_uid != root.st_uid
-                or (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino)
-                or _is_top(parent, up)
-            ):
-                os.close(parent)
-                return
-            self._put(up, parent, LOCK_SH)
-            current, st = parent, up
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        current = os.open(".", flags, dir_fd=root_fd)
+        root = st = os.fstat(current)
+        self._put(root, LOCK_EX)
+        try:
+            for _ in range(_MAX_ANCESTORS):
+                try:
+                    parent = os.open("..", flags, dir_fd=current)
+                except OSError:
+                    return
+                os.close(current)
+                current = parent
+                up = os.fstat(parent)
+                if (
+                    up.st_dev != st.st_dev
+                    or up.st_uid != root.st_uid
+                    or (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino)
+                    or _is_top(parent, up)
+                ):
+                    return
+                self._put(up, LOCK_SH)
+                st = up
+        finally:
+            os.close(current)
 
-    def _put(self, st: os.stat_result, fd: int, op: int) -> None:
+    def _put(self, st: os.stat_result, op: int) -> None:
+        """Lock the directory *st* with *op* around each operation."""
         key = (st.st_dev, st.st_ino)
         had = self._fds.get(key)
-        if had is not None:
-            # one fd per directory; exclusive wins (a root that is another root's ancestor)
-            os.close(fd)
-            fd, op = had[0], (LOCK_EX if LOCK_EX in (op, had[1]) else LOCK_SH)
-        self._fds[key] = (fd, op)
+        if had is not None:  # exclusive wins (a root that is another root's ancestor)
+            self._fds[key] = (had[0], LOCK_EX if LOCK_EX in (op, had[1]) else LOCK_SH)
+        else:
+            self._fds[key] = (_lock_file(key), op)
         self._order = [self._fds[k] for k in sorted(self._fds)]
 
     @property
@@ -121,8 +141,9 @@ class RootLocks:
         for taken, (fd, op) in enumerate(self._order):
             while True:
                 try:
-                    flock(fd, op | LOCK_NB)
-                    break
+                    if _take(fd, op):
+                        break
+                    raise BlockingIOError
                 except BlockingIOError:
                     now = time.monotonic()
                     if not deadline:
@@ -145,15 +166,16 @@ class RootLocks:
 
     def _release(self, count: int) -> None:
         for fd, _op in reversed(self._order[:count]):
-            flock(fd, LOCK_UN)
+            _drop(fd)
 
     def close(self) -> None:
         """Close every fd (idempotent); a lock still held goes with it."""
         for fd, _op in self._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if isinstance(fd, int):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         self._fds.clear()
         self._order = []
 
@@ -165,3 +187,91 @@ def _is_top(fd: int, st: os.stat_result) -> bool:
     except OSError:
         return True
     return (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino)
+
+
+#: Locks by directory for this process, where no private lock file can be had (see the
+#: module docstring): exclusive only. Never removed (one small lock per directory used).
+_LOCAL: dict[tuple[int, int], _thread.LockType] = {}
+_LOCAL_GUARD = _thread.allocate_lock()
+#: The private lock directory's fd (``None``: none could be had; unset: not looked for yet).
+_DIRECTORY: list[int | None] = []
+
+
+def _lock_directory() -> int | None:
+    """An fd of ``~/.cache/corral/locks`` of this user's passwd home, made 0700 where it is
+    missing; ``None`` when a part of it is not this user's own directory (or a link)."""
+    if _DIRECTORY:
+        return _DIRECTORY[0]
+    found: int | None = None
+    try:
+        import pwd
+
+        home = pwd.getpwuid(os.getuid()).pw_dir
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for name in (".cache", "corral", "locks"):
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                below = os.open(
+                    name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+                os.close(fd)
+                fd = below
+                st = os.fstat(fd)
+                if st.st_uid != os.getuid() or (name == "locks" and st.st_mode & 0o077):
+                    raise PermissionError(f"{name} is not this user's private directory")
+            found, fd = fd, -1
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    except (OSError, KeyError):
+        found = None
+    with _LOCAL_GUARD:
+        if not _DIRECTORY:
+            _DIRECTORY.append(found)
+        elif found is not None:
+            os.close(found)
+    return _DIRECTORY[0]
+
+
+def _lock_file(key: tuple[int, int]) -> int | _thread.LockType:
+    """The lock of the directory *key*: its private lock file, opened read-write (a
+    regular file of this user's, never a link), else this process's own lock."""
+    directory = _lock_directory()
+    if directory is not None:
+        try:
+            fd = os.open(
+                f"{key[0]:x}-{key[1]:x}",
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                0o600,
+                dir_fd=directory,
+            )
+        except OSError:
+            pass
+        else:
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                return fd
+            os.close(fd)
+    with _LOCAL_GUARD:
+        return _LOCAL.setdefault(key, _thread.allocate_lock())
+
+
+def _take(lock: int | _thread.LockType, op: int) -> bool:
+    """Try to take *lock* (*op*: shared or exclusive) without waiting."""
+    if isinstance(lock, int):
+        try:
+            flock(lock, op | LOCK_NB)
+        except BlockingIOError:
+            return False
+        return True
+    return bool(lock.acquire(False))  # this process's own: exclusive
+
+
+def _drop(lock: int | _thread.LockType) -> None:
+    if isinstance(lock, int):
+        flock(lock, LOCK_UN)
+    else:
+        lock.release()

@@ -117,21 +117,32 @@ def test_a_broker_with_a_root_inside_another_of_its_roots_takes_its_own_locks(
         other.close()
 
 
+def lock_file(directory: str) -> str:
+    """The private lock file of *directory* (``~/.cache/corral/locks/<dev>-<ino>``)."""
+    import pwd
+
+    st = os.stat(directory)
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    return os.path.join(home, ".cache", "corral", "locks", f"{st.st_dev:x}-{st.st_ino:x}")
+
+
+_HOLD = (
+    "import fcntl, os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDONLY)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('held', flush=True)\n"
+    "sys.stdin.readline()\n"
+)
+
+
 def test_a_lock_another_process_holds_fails_the_operation_within_the_bound(
     tmp_path: object,
 ) -> None:
     root = str(tmp_path)
+    broker_on(root).close()  # the lock file exists once a broker looked at the root
+    assert oct(os.stat(os.path.dirname(lock_file(root))).st_mode & 0o777) == "0o700"
     holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, os, sys\n"
-            "fd = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            "print('held', flush=True)\n"
-            "sys.stdin.readline()\n",
-            root,
-        ],
+        [sys.executable, "-c", _HOLD, lock_file(root)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
@@ -149,6 +160,23 @@ def test_a_lock_another_process_holds_fails_the_operation_within_the_bound(
     assert 1 <= LOCK_BOUND <= 30  # long past any broker's operation, short of a hang
 
 
+def test_a_lock_on_the_directory_itself_delays_nothing(tmp_path: object) -> None:
+    """Anyone who can read a workspace can flock the directory itself (another local user,
+    a sandbox): the brokers' locks are private files, so that holds up no write."""
+    root = str(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLD, root], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    locks = broker_on(root)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"held\n"
+        assert not held_elsewhere(locks)
+    finally:
+        holder.kill()
+        holder.communicate()
+        locks.close()
+
+
 def test_the_walk_stops_at_a_mount_boundary() -> None:
     """A root on another filesystem than its parent directory does not lock that parent."""
     base = "/dev/shm"
@@ -157,12 +185,13 @@ def test_the_walk_stops_at_a_mount_boundary() -> None:
     if not os.access(base, os.W_OK):
         pytest.skip("/dev/shm is not writable")
     root = tempfile.mkdtemp(dir=base)
-    parent = os.open("/dev", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    broker_on("/dev").close()  # /dev's lock file exists
+    parent = os.open(lock_file("/dev"), os.O_RDONLY | os.O_CLOEXEC)
     locks = broker_on(root)
     try:
         import fcntl
 
-        fcntl.flock(parent, fcntl.LOCK_EX | fcntl.LOCK_NB)  # someone holds /dev
+        fcntl.flock(parent, fcntl.LOCK_EX | fcntl.LOCK_NB)  # some broker holds /dev
         locks.acquire(BOUND)  # not an ancestor this broker locks: another filesystem
         locks.release()
     finally:
