@@ -170,10 +170,13 @@ def test_a_sandbox_flocking_its_workspace_root_holds_up_no_other_sandbox(world: 
     """Brokers lock each supervised root around each operation (docs/threat-model.md, "Shapes
     under other names, while the run lasts"), but not on the directory itself: a flock
     there, which any process that can read the workspace may take (a sandbox, another local
-    user), delays no write of another sandbox on that workspace."""
+    user), delays no write of another sandbox on that workspace. Without a private lock
+    directory (a user without a home) the lock is the directory's own: the write then
+    waits at most LOCK_BOUND and fails closed."""
+    import errno
     import subprocess
 
-    from corral.backends._broker_lock import LOCK_BOUND
+    from corral.backends._broker_lock import LOCK_BOUND, _lock_directory
     from tests.conftest import client_command
 
     run = [*client_command("corral"), "run", "--", PROBE_PYTHON, "-c"]
@@ -189,11 +192,17 @@ def test_a_sandbox_flocking_its_workspace_root_holds_up_no_other_sandbox(world: 
         assert holder.stdout.readline() == b"held\n", holder.stderr.read()
         writer = subprocess.run([*run, _LATE_WRITER], **{**spawn, "stdin": None}, timeout=120)  # type: ignore[call-overload]
         outcome, seconds = writer.stdout.split()
-        assert outcome == b"ok", writer.stderr
-        assert float(seconds) < LOCK_BOUND / 2  # never waited for the holder's lock
+        if _lock_directory() is not None:
+            assert outcome == b"ok", writer.stderr
+            assert float(seconds) < LOCK_BOUND / 2  # never waited for the holder's lock
+        else:  # no private lock directory (uid 65534: no home): the directory's own flock
+            assert int(outcome) == errno.EAGAIN, writer.stderr  # held: bounded, closed
+            assert LOCK_BOUND - 0.5 <= float(seconds) < LOCK_BOUND + 20
+            assert not os.path.exists(world.ws("late.txt"))
         holder.communicate(b"\n", timeout=60)
         assert holder.returncode == 0, holder.stderr
     finally:
         holder.kill()
         holder.communicate()
-    assert World.read(world.ws("late.txt")) == "written"
+    if _lock_directory() is not None:
+        assert World.read(world.ws("late.txt")) == "written"

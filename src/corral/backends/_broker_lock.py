@@ -29,10 +29,10 @@ owned by the user, never reached through a link; the same for every corral
 process of the user, whatever its environment). A regular file opened
 read-write also takes ``flock`` on NFS. A root caller's sandboxes run as
 another uid and cannot open it at all. Where no such directory can be made
-(no home, one owned by someone else, a link planted there), the locks are
-this process's own (:data:`_LOCAL`): brokers of one corral server, or of one
-program using the SDK, still act as one; brokers in other processes then do
-not exclude each other.
+(no home - uid 65534's is ``/nonexistent`` -, one owned by someone else, a
+link planted there), the lock is ``flock`` on the directory itself: brokers
+still exclude each other everywhere, but then anyone who can read the
+directory can hold its lock (the limit below, for that user only).
 
 Limit. A sandboxed process of the same user that can open its own lock file
 (an unprivileged caller whose home the policy leaves readable) can hold it:
@@ -77,9 +77,9 @@ class RootLocks:
     __slots__ = ("_fds", "_order")
 
     def __init__(self) -> None:
-        # (dev, ino) -> (its lock file's fd, or this process's lock: _lock_file; op)
-        self._fds: dict[tuple[int, int], tuple[int | _thread.LockType, int]] = {}
-        self._order: list[tuple[int | _thread.LockType, int]] = []  # by (dev, ino)
+        # (dev, ino) -> (the fd to flock for it: _lock_file; op)
+        self._fds: dict[tuple[int, int], tuple[int, int]] = {}
+        self._order: list[tuple[int, int]] = []  # by (dev, ino)
 
     def add_root(self, root_fd: int) -> None:
         """Lock the directory *root_fd* (any fd of it, ``O_PATH`` too) and its ancestors.
@@ -92,7 +92,7 @@ class RootLocks:
         flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
         current = os.open(".", flags, dir_fd=root_fd)
         root = st = os.fstat(current)
-        self._put(root, LOCK_EX)
+        self._put(root, LOCK_EX, current)
         try:
             for _ in range(_MAX_ANCESTORS):
                 try:
@@ -109,19 +109,19 @@ class RootLocks:
                     or _is_top(parent, up)
                 ):
                     return
-                self._put(up, LOCK_SH)
+                self._put(up, LOCK_SH, parent)
                 st = up
         finally:
             os.close(current)
 
-    def _put(self, st: os.stat_result, op: int) -> None:
-        """Lock the directory *st* with *op* around each operation."""
+    def _put(self, st: os.stat_result, op: int, directory: int) -> None:
+        """Lock the directory *st* (open as *directory*) with *op* around each operation."""
         key = (st.st_dev, st.st_ino)
         had = self._fds.get(key)
         if had is not None:  # exclusive wins (a root that is another root's ancestor)
             self._fds[key] = (had[0], LOCK_EX if LOCK_EX in (op, had[1]) else LOCK_SH)
         else:
-            self._fds[key] = (_lock_file(key), op)
+            self._fds[key] = (_lock_file(key, directory), op)
         self._order = [self._fds[k] for k in sorted(self._fds)]
 
     @property
@@ -171,11 +171,10 @@ class RootLocks:
     def close(self) -> None:
         """Close every fd (idempotent); a lock still held goes with it."""
         for fd, _op in self._fds.values():
-            if isinstance(fd, int):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         self._fds.clear()
         self._order = []
 
@@ -189,10 +188,7 @@ def _is_top(fd: int, st: os.stat_result) -> bool:
     return (up.st_dev, up.st_ino) == (st.st_dev, st.st_ino)
 
 
-#: Locks by directory for this process, where no private lock file can be had (see the
-#: module docstring): exclusive only. Never removed (one small lock per directory used).
-_LOCAL: dict[tuple[int, int], _thread.LockType] = {}
-_LOCAL_GUARD = _thread.allocate_lock()
+_GUARD = _thread.allocate_lock()
 #: The private lock directory's fd (``None``: none could be had; unset: not looked for yet).
 _DIRECTORY: list[int | None] = []
 
@@ -228,7 +224,7 @@ def _lock_directory() -> int | None:
                 os.close(fd)
     except (OSError, KeyError):
         found = None
-    with _LOCAL_GUARD:
+    with _GUARD:
         if not _DIRECTORY:
             _DIRECTORY.append(found)
         elif found is not None:
@@ -236,17 +232,18 @@ def _lock_directory() -> int | None:
     return _DIRECTORY[0]
 
 
-def _lock_file(key: tuple[int, int]) -> int | _thread.LockType:
-    """The lock of the directory *key*: its private lock file, opened read-write (a
-    regular file of this user's, never a link), else this process's own lock."""
-    directory = _lock_directory()
-    if directory is not None:
+def _lock_file(key: tuple[int, int], directory: int) -> int:
+    """An fd to ``flock`` for the directory *key* (open as *directory*): its private lock
+    file, opened read-write (a regular file of this user's, never a link), else a new fd
+    of the directory itself."""
+    private = _lock_directory()
+    if private is not None:
         try:
             fd = os.open(
                 f"{key[0]:x}-{key[1]:x}",
                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
                 0o600,
-                dir_fd=directory,
+                dir_fd=private,
             )
         except OSError:
             pass
@@ -255,23 +252,17 @@ def _lock_file(key: tuple[int, int]) -> int | _thread.LockType:
             if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
                 return fd
             os.close(fd)
-    with _LOCAL_GUARD:
-        return _LOCAL.setdefault(key, _thread.allocate_lock())
+    return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
 
 
-def _take(lock: int | _thread.LockType, op: int) -> bool:
-    """Try to take *lock* (*op*: shared or exclusive) without waiting."""
-    if isinstance(lock, int):
-        try:
-            flock(lock, op | LOCK_NB)
-        except BlockingIOError:
-            return False
-        return True
-    return bool(lock.acquire(False))  # this process's own: exclusive
+def _take(lock: int, op: int) -> bool:
+    """Try to ``flock`` *lock* (*op*: shared or exclusive) without waiting."""
+    try:
+        flock(lock, op | LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
-def _drop(lock: int | _thread.LockType) -> None:
-    if isinstance(lock, int):
-        flock(lock, LOCK_UN)
-    else:
-        lock.release()
+def _drop(lock: int) -> None:
+    flock(lock, LOCK_UN)
