@@ -376,7 +376,12 @@ def test_a_server_lost_after_accepting_is_exit_125_and_no_second_run(
         stderr=subprocess.PIPE,
     )
     try:
-        wait_for(lambda: os.path.exists(served.ws("runs")), what="the command to start")
+        # its line written, not only its file made: the shell creates `runs` (through the
+        # write broker) a moment before it writes to it
+        wait_for(
+            lambda: os.path.exists(served.ws("runs")) and World.read(served.ws("runs")) != "",
+            what="the command to start",
+        )
         os.kill(data["pid"], signal.SIGKILL)
         _out, err = proc.communicate(timeout=30)
     finally:
