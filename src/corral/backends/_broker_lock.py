@@ -141,9 +141,8 @@ class RootLocks:
         for taken, (fd, op) in enumerate(self._order):
             while True:
                 try:
-                    if _take(fd, op):
-                        break
-                    raise BlockingIOError
+                    flock(fd, op | LOCK_NB)
+                    break
                 except BlockingIOError:
                     now = time.monotonic()
                     if not deadline:
@@ -166,7 +165,7 @@ class RootLocks:
 
     def _release(self, count: int) -> None:
         for fd, _op in reversed(self._order[:count]):
-            _drop(fd)
+            flock(fd, LOCK_UN)
 
     def close(self) -> None:
         """Close every fd (idempotent); a lock still held goes with it."""
@@ -253,16 +252,3 @@ def _lock_file(key: tuple[int, int], directory: int) -> int:
                 return fd
             os.close(fd)
     return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
-
-
-def _take(lock: int, op: int) -> bool:
-    """Try to ``flock`` *lock* (*op*: shared or exclusive) without waiting."""
-    try:
-        flock(lock, op | LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
-def _drop(lock: int) -> None:
-    flock(lock, LOCK_UN)

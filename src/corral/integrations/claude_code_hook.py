@@ -418,8 +418,8 @@ def anchored_cwd(cwd: str, project: str | None, home: str) -> str:
     would the workspace found from it. So:
 
     * *project*'s own path counts up to its first link that lies in a git work
-      tree (a directory at or below one that holds ``.git``, but not *home* or
-      ``/``, as :func:`corral.policy.find_workspace` counts them): such a link
+      tree (a directory with a :func:`~corral.policy._settings.git_top_level`,
+      as :func:`corral.policy.find_workspace` counts it): such a link
       is in some project's workspace, where a sandbox can re-point it;
     * a *cwd* at or below *project* counts up to (not including) its first
       component below *project* that is a link (a Claude Code worktree,
@@ -432,8 +432,11 @@ def anchored_cwd(cwd: str, project: str | None, home: str) -> str:
     """
     if not project or not project.startswith("/"):
         return cwd
-    top = _followed(posixpath.normpath(project), "/", lambda parent: _in_work_tree(parent, home))
-    if top != posixpath.normpath(project):
+    from ..policy._settings import git_top_level
+
+    project = posixpath.normpath(project)
+    top = _followed(project, "/", lambda parent: git_top_level(parent, home=home) is not None)
+    if top != project:
         return top
     here = posixpath.normpath(cwd)
     if here != top and not here.startswith(top.rstrip("/") + "/"):
@@ -459,18 +462,6 @@ def _followed(path: str, start: str, counts: Callable[[str], bool]) -> str:
             break
         done = step
     return done
-
-
-def _in_work_tree(directory: str, home: str) -> bool:
-    """Whether *directory* or a directory above it (not *home*, not ``/``) holds ``.git``."""
-    stop = {"/", posixpath.normpath(home)}
-    while directory not in stop:
-        try:
-            os.lstat(posixpath.join(directory, ".git"))
-            return True
-        except OSError:
-            directory = posixpath.dirname(directory)
-    return False
 
 
 def parse_payload(data: bytes) -> dict[str, Any]:

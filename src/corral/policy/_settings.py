@@ -169,7 +169,15 @@ def find_workspace(cwd: str, *, home: str) -> tuple[str, str]:
     Looks for ``.git`` (directory or file) without running git. ``.git`` in
     *home* or ``/`` is ignored: a dotfiles repository is not a project.
     """
-    directory = cwd
+    top = git_top_level(cwd, home=home)
+    if top is not None:
+        return top, "detected: git top-level"
+    return cwd, "detected: current directory"
+
+
+def git_top_level(directory: str, *, home: str) -> str | None:
+    """The nearest directory at or above *directory* that holds ``.git`` (a directory or a
+    file; git is not run), never *home* or ``/``; ``None`` when there is none."""
     stop = {"/", posixpath.normpath(home)}
     while directory not in stop:
         depends_on(posixpath.join(directory, ".git"))
@@ -178,9 +186,9 @@ def find_workspace(cwd: str, *, home: str) -> tuple[str, str]:
         except OSError:
             pass
         else:
-            return directory, "detected: git top-level"
+            return directory
         directory = posixpath.dirname(directory)
-    return cwd, "detected: current directory"
+    return None
 
 
 def _settle_workspace(

@@ -55,6 +55,19 @@ static void note_signal(int sig) {
 
 sigset_t cx_init_set, cx_init_old_mask;
 
+/* Exit as the command ended (WSTATUS from waitpid): its status, or 128 + the signal that
+ * killed it, which is also named on the status fd ("S<n>"). */
+static void exit_as(int wstatus) __attribute__((noreturn));
+static void exit_as(int wstatus) {
+    if (WIFSIGNALED(wstatus)) {
+        char line[16];
+        int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
+        cx_status_write(line, (size_t)n);
+        _exit(128 + WTERMSIG(wstatus));
+    }
+    _exit(WEXITSTATUS(wstatus));
+}
+
 /* As early as possible: pid 1 gets only signals it handles, so handle (and
  * block) the ones corral forwards; one sent before the command exists then
  * waits for it. */
@@ -120,13 +133,7 @@ void cx_run_as_init(void) {
                 break;
             if (pid != child)
                 continue; /* an orphan the command left behind */
-            if (WIFSIGNALED(wstatus)) {
-                char line[16];
-                int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(wstatus));
-                cx_status_write(line, (size_t)n);
-                _exit(128 + WTERMSIG(wstatus));
-            }
-            _exit(WEXITSTATUS(wstatus));
+            exit_as(wstatus);
         }
     }
 }
@@ -296,13 +303,7 @@ void cx_run_as_reaper(void) {
             ended = 1;
         }
     }
-    if (WIFSIGNALED(command_status)) {
-        char line[16];
-        int n = snprintf(line, sizeof line, "S%d\n", WTERMSIG(command_status));
-        cx_status_write(line, (size_t)n);
-        _exit(128 + WTERMSIG(command_status));
-    }
-    _exit(WEXITSTATUS(command_status));
+    exit_as(command_status);
 }
 
 /*
