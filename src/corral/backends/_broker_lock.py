@@ -27,15 +27,16 @@ file named after its ``(st_dev, st_ino)`` in the user's private lock
 directory, ``~/.cache/corral/locks`` of the user's *passwd* home (0700,
 owned by the user, never reached through a link; the same for every corral
 process of the user, whatever its environment). A regular file opened
-read-write also takes ``flock`` on NFS. A root caller's sandboxes run as
-another uid and cannot open it at all. Where no such directory can be made
+read-write also takes ``flock`` on NFS. Where no such directory can be made
 (no home - uid 65534's is ``/nonexistent`` -, one owned by someone else, a
 link planted there), the lock is ``flock`` on the directory itself: brokers
 still exclude each other everywhere, but then anyone who can read the
 directory can hold its lock (the limit below, for that user only).
 
-Limit. A sandboxed process of the same user that can open its own lock file
-(an unprivileged caller whose home the policy leaves readable) can hold it:
+Limit. A sandboxed process that can read its caller's lock file can hold it
+(``flock`` needs only a read-only descriptor): an unprivileged caller's
+sandbox whose home the policy leaves readable, and a root caller's, whose
+home is mapped into the sandbox (ATK12; the lock directory is not hidden yet):
 a broker never waits longer than :data:`LOCK_BOUND`, then fails that
 operation (``EAGAIN``) and keeps serving, so the holder only delays,
 boundedly, writes of that user's own sandboxes.
