@@ -112,3 +112,51 @@ def test_a_read_only_worktree_workspace_can_read_its_repository(world: World) ->
     result = world.run("git log --format=%s -1; touch x", "--read-only", cwd=worktree)
     assert result.stdout.decode().startswith("init\n"), result.stderr
     assert result.returncode != 0 and not os.path.exists(os.path.join(worktree, "x"))
+
+
+def test_a_git_file_a_sandbox_planted_never_makes_another_repositorys_git_dir_writable(
+    world: World,
+) -> None:
+    """ATK12: a sandbox plants ``sub/.git`` naming another repository's git directory
+    (as ``--separate-git-dir`` would, or as one of its real worktrees); the git check
+    lets it stand (it leads to a git directory the sandbox cannot write), and the next
+    run started in ``sub`` finds ``sub`` its workspace. That run must not get the other
+    repository's git directory writable: nothing there vouches for ``sub``."""
+    other = os.path.join(world.outside, "other")
+    os.makedirs(other)
+    for args in (("init", "-q"), ("commit", "-q", "--allow-empty", "-m", "init")):
+        assert host_git(world, other, *args).returncode == 0
+    elsewhere = os.path.join(world.outside, "elsewhere")
+    assert host_git(world, other, "worktree", "add", "-q", elsewhere).returncode == 0
+    common = os.path.join(other, ".git")
+    plants = {"sub1": common, "sub2": os.path.join(common, "worktrees", "elsewhere")}
+    planted = world.run(
+        "".join(f"mkdir {d} && printf 'gitdir: %s\\n' {g} > {d}/.git\n" for d, g in plants.items())
+    )
+    assert planted.returncode == 0, planted.stderr
+    for name, gitdir in plants.items():  # the plant stands: the attack is the next run
+        with open(os.path.join(world.workspace, name, ".git"), encoding="utf-8") as f:
+            assert f.read() == f"gitdir: {gitdir}\n"
+
+    def snapshot() -> dict[str, bytes]:
+        found = {}
+        for top, _dirs, files in os.walk(common):
+            for name in files:
+                path = os.path.join(top, name)
+                found[path] = read_bytes(path)
+        return found
+
+    before = snapshot()
+    head = host_git(world, other, "rev-parse", "HEAD").stdout.decode().strip()
+    for name in plants:
+        attack = (
+            f"echo {head} > {common}/refs/heads/planted && echo ESCAPED ref\n"
+            f"mkdir -p {common}/objects/ab && echo x > {common}/objects/ab/cd && echo ESCAPED obj\n"
+            f"echo ref: refs/heads/planted > {common}/HEAD && echo ESCAPED HEAD\n"
+            "exit 0\n"
+        )
+        result = world.run(attack, cwd=os.path.join(world.workspace, name))
+        assert result.returncode == 0, result.stderr
+        assert b"ESCAPED" not in result.stdout, (name, result.stdout)
+    assert snapshot() == before
+    assert host_git(world, other, "status").returncode == 0

@@ -61,11 +61,21 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
 
     *workspace* is a linked worktree when its ``.git`` is a regular file
     ``gitdir: G`` (absolute, or relative to the workspace) naming a directory
-    outside the workspace; the shared directory is what ``G/commondir`` names
-    (relative to ``G``), or ``G`` itself without one (``--separate-git-dir``).
-    Returns the resolved shared directory when ``G`` lies inside it (the
-    usual ``<common>/worktrees/NAME``), else None: an unusual layout is left
-    alone (git fails in the sandbox as it does without this).
+    outside the workspace, the shared directory is what ``G/commondir`` names
+    (relative to ``G``) with ``G`` strictly inside it (the usual
+    ``<common>/worktrees/NAME``), and ``G`` *vouches* for the workspace: its
+    ``gitdir`` file (written by ``git worktree add``, absolute or relative to
+    ``G``) names this ``.git`` file. Returns the resolved shared directory,
+    else None: an unusual layout (``--separate-git-dir``, where no file
+    vouches) is left alone, and git fails in the sandbox as it does without
+    this.
+
+    Why the vouching: the ``.git`` file is in the workspace, where an earlier
+    sandbox could have written it (a repository the run creates is its own),
+    naming any repository of the user's. The back-pointer lies in the shared
+    directory, which a sandbox can write only if it could already write that
+    directory - so a planted ``.git`` file never makes a git directory
+    writable that its planter could not write (docs/threat-model.md, "Git").
     """
     line = _read_pointer(posixpath.join(workspace, ".git"))
     if line is None or not line.startswith("gitdir:"):
@@ -80,13 +90,22 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
     if _inside(gitdir, real_workspace):
         return None  # already writable as part of the workspace
     common_line = _read_pointer(posixpath.join(gitdir, "commondir"))
-    common = gitdir if common_line is None else posixpath.join(gitdir, common_line)
+    if common_line is None:
+        return None  # no shared directory named (--separate-git-dir): nothing vouches
+    common = posixpath.join(gitdir, common_line)
     depends_on(common)
     common = os.path.realpath(common)
-    if not os.path.isdir(common) or not _inside(gitdir, common):
+    if not os.path.isdir(common) or gitdir == common or not _inside(gitdir, common):
         return None
     if _inside(real_workspace, common) or common == "/":
         return None  # a workspace inside its own git directory: not a worktree layout
+    back = _read_pointer(posixpath.join(gitdir, "gitdir"))
+    if back is None:
+        return None
+    back = posixpath.join(gitdir, back)
+    depends_on(back)
+    if os.path.realpath(back) != posixpath.join(real_workspace, ".git"):
+        return None  # the git directory does not know this worktree: a planted .git file
     return common
 
 

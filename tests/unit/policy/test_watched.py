@@ -400,4 +400,7 @@ def test_a_workspace_turned_into_a_linked_worktree_is_handed_off_at_once(hook: H
     (common / "worktrees" / "ws" / "commondir").write_text("../..\n")
     os.rmdir(hook.workspace / ".git")
     (hook.workspace / ".git").write_text(f"gitdir: {common}/worktrees/ws\n")
+    # nothing vouches for it yet (a planted .git file): not a worktree
+    assert "--command-file" not in _rewritten(hook)
+    (common / "worktrees" / "ws" / "gitdir").write_text(f"{hook.workspace}/.git\n")
     assert "--command-file" in _rewritten(hook)
