@@ -228,7 +228,12 @@ HANDOFF_MAX_AGE = 24 * 3600.0
 
 
 def handoff_command(
-    command: str, *, session_id: str, corral: Sequence[str], env: Mapping[str, str]
+    command: str,
+    *,
+    session_id: str,
+    corral: Sequence[str],
+    env: Mapping[str, str],
+    workspace: str,
 ) -> str:
     """A rewritten command that names neither the original nor any shell syntax.
 
@@ -239,8 +244,12 @@ def handoff_command(
     original goes into a new private file in corral's state directory
     (``hook-commands/``, hidden from every sandbox by the default secret
     paths), and the rewritten command is the simple command
-    ``/abs/corral-client run --agent-session ID --keep --shell bash --command-file FILE``
-    (in the session's kept sandbox, see :mod:`corral.server._kept`).
+    ``/abs/corral-client run --agent-session ID --keep --shell bash --workspace WS
+    --command-file FILE`` (in the session's kept sandbox, see
+    :mod:`corral.server._kept`). The workspace is named, as in
+    :func:`rewrite_command`: corral must not find it again from where the
+    shell is by then, which a sandboxed command can re-point (see
+    :func:`anchored_cwd`).
     Claude Code's own shell does not run the original, so a ``cd`` does not
     carry to the next call here (docs/integrations.md, "Limits"). Files older
     than :data:`HANDOFF_MAX_AGE` are removed as new ones are written.
@@ -273,6 +282,7 @@ def handoff_command(
     except OSError as exc:
         raise HookError(f"cannot hand the command to corral: {exc}") from None
     words = [*corral, "run", "--agent-session", session_id, "--keep", "--shell", SHELL]
+    words += ["--workspace", workspace]
     return " ".join(quote(word) for word in [*words, "--command-file", path])
 
 
@@ -670,7 +680,11 @@ def _shell_decision(
     worktree, real_workspace = _workspace_layout(resolved.workspace)
     if worktree:
         rewritten = handoff_command(
-            command, session_id=payload["session_id"], corral=corral, env=env
+            command,
+            session_id=payload["session_id"],
+            corral=corral,
+            env=env,
+            workspace=real_workspace,
         )
     else:
         rewritten = rewrite_command(

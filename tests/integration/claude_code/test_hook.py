@@ -625,6 +625,40 @@ def test_in_a_linked_worktree_the_command_is_handed_over_in_a_private_file(
     assert world.read(world.victim) == "original\n"
 
 
+def test_a_worktree_hand_off_never_finds_its_workspace_where_it_starts(
+    world: World, via: str
+) -> None:
+    """ATK12: the hand-off in a linked worktree named no workspace, so corral found it from
+    where the shell started - a directory a sandbox of the worktree can replace with a link
+    to another repository between the hook's look and the run. It is named now."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.invalid"]
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    for args in (["init", "-q"], ["commit", "-q", "--allow-empty", "-m", "init"]):
+        subprocess.run([*git, *args], cwd=repo, env=world.environ, check=True)
+    tree = os.path.join(repo, ".claude", "worktrees", "X")
+    subprocess.run([*git, "worktree", "add", "-q", tree], cwd=repo, env=world.environ, check=True)
+    sub = os.path.join(tree, "sub")
+    os.makedirs(sub)
+    world.environ["CLAUDE_PROJECT_DIR"] = tree
+    data = payload(world, "Bash", {"command": "touch pwned", "description": "d"}, cwd=sub)
+    code, out, err = run_hook(world, via, data)
+    assert code == 0 and out is not None, err
+    new = out["hookSpecificOutput"]["updatedInput"]["command"]
+    assert f"--workspace {os.path.realpath(tree)} " in new, new
+    outside = world.outside
+    os.makedirs(os.path.join(outside, ".git"))  # another of the user's repositories
+    os.rmdir(sub)
+    os.symlink(outside, sub)  # what a sandbox of the worktree could do meanwhile
+    before = sorted(os.listdir(outside))
+    result = subprocess.run(  # started where Claude Code starts it: the path text, resolved
+        ["bash", "-c", new], capture_output=True, env=world.environ, cwd=sub, timeout=60
+    )
+    assert result.returncode != 0, result.stdout  # read-only there
+    assert sorted(os.listdir(outside)) == before  # nothing made in the other repository
+    assert not os.path.exists(os.path.join(tree, "pwned"))
+
+
 @pytest.mark.parametrize(
     ("tool", "tool_input"),
     [
