@@ -206,3 +206,64 @@ def test_a_sandbox_flocking_its_workspace_root_holds_up_no_other_sandbox(world: 
         holder.communicate()
     if _lock_directory() is not None:
         assert World.read(world.ws("late.txt")) == "written"
+
+
+#: Sandbox A: tries to take the broker's lock of its workspace root through the private
+#: lock file (argv[1]), and holds it, if it could, until told on stdin.
+_LOCK_FILE_HOLDER = r"""
+import fcntl, os, sys
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    print("held", flush=True)
+except OSError as exc:
+    print("refused", exc.errno, flush=True)
+try:
+    print("listed", len(os.listdir(os.path.dirname(sys.argv[1]))), flush=True)
+except OSError as exc:
+    print("unlisted", exc.errno, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_sandbox_never_holds_the_brokers_private_lock_file(world: World) -> None:
+    """ATK12: the brokers' private lock files lie in the caller's home, which a sandbox
+    can read (a root caller's home is mapped into it): a sandbox holding its root's lock
+    file would stall every write of the user's other sandboxes on that workspace for
+    LOCK_BOUND each. Every plan hides the lock directory."""
+    import subprocess
+
+    from corral.backends._broker_lock import LOCK_BOUND, lock_directory
+    from tests.conftest import client_command
+
+    locks = lock_directory()
+    if locks is None:
+        pytest.skip("this user has no private lock directory (no home): nothing to hide")
+    first = world.run("echo first > first.txt")  # the broker makes the root's lock file
+    assert first.returncode == 0, first.stderr
+    st = os.stat(world.workspace)
+    lock_file = os.path.join(locks, f"{st.st_dev:x}-{st.st_ino:x}")
+    assert os.path.isfile(lock_file)
+    run = [*client_command("corral"), "run", "--", PROBE_PYTHON, "-c"]
+    spawn = {
+        "cwd": world.workspace,
+        "env": dict(world.environ),
+        "stdin": subprocess.PIPE,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    holder = subprocess.Popen([*run, _LOCK_FILE_HOLDER, lock_file], **spawn)  # type: ignore[call-overload]
+    try:
+        tried = holder.stdout.readline()
+        assert tried.startswith(b"refused "), (tried, holder.stderr.read())
+        assert holder.stdout.readline() in (b"listed 0\n", b"unlisted 2\n", b"unlisted 13\n")
+        writer = subprocess.run([*run, _LATE_WRITER], **{**spawn, "stdin": None}, timeout=120)  # type: ignore[call-overload]
+        outcome, seconds = writer.stdout.split()
+        assert outcome == b"ok", writer.stderr
+        assert float(seconds) < LOCK_BOUND / 2
+        holder.communicate(b"\n", timeout=60)
+        assert holder.returncode == 0, holder.stderr
+    finally:
+        holder.kill()
+        holder.communicate()
+    assert World.read(world.ws("late.txt")) == "written"

@@ -33,13 +33,15 @@ link planted there), the lock is ``flock`` on the directory itself: brokers
 still exclude each other everywhere, but then anyone who can read the
 directory can hold its lock (the limit below, for that user only).
 
-Limit. A sandboxed process that can read its caller's lock file can hold it
-(``flock`` needs only a read-only descriptor): an unprivileged caller's
-sandbox whose home the policy leaves readable, and a root caller's, whose
-home is mapped into the sandbox (ATK12; the lock directory is not hidden yet):
-a broker never waits longer than :data:`LOCK_BOUND`, then fails that
-operation (``EAGAIN``) and keeps serving, so the holder only delays,
-boundedly, writes of that user's own sandboxes.
+No sandbox reaches the lock directory: every plan hides it and makes it
+read-only where it lies in a writable area (:func:`lock_directory`; a
+process that could open a lock file could hold it - ``flock`` needs only a
+read-only descriptor - and one that could replace it would split the
+brokers). Should a lock be held anyway (the fallback's directory flock), a
+broker never waits longer than :data:`LOCK_BOUND`, then fails that operation
+(``EAGAIN``) and keeps serving: the holder only delays, boundedly, writes.
+Lock files are never removed: removing one another broker holds would let
+the next broker lock a new file beside it.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ import stat
 import time
 from fcntl import LOCK_EX, LOCK_NB, LOCK_SH, LOCK_UN, flock
 
-__all__ = ["LOCK_BOUND", "RootLocks"]
+__all__ = ["LOCK_BOUND", "RootLocks", "lock_directory"]
 
 #: How long a broker waits for its roots' locks before failing the operation with EAGAIN.
 #: Brokers hold them for one operation (well under a millisecond: the longest, a shape
@@ -189,16 +191,36 @@ def _is_top(fd: int, st: os.stat_result) -> bool:
 
 
 _GUARD = _thread.allocate_lock()
-#: The private lock directory's fd (``None``: none could be had; unset: not looked for yet).
-_DIRECTORY: list[int | None] = []
+#: The private lock directory's fd and path (``None``: none could be had; unset: not
+#: looked for yet).
+_DIRECTORY: list[tuple[int, str] | None] = []
+
+
+def lock_directory() -> str | None:
+    """The path of this user's private lock directory (made where it is missing), or
+    ``None`` where none can be had.
+
+    Every plan hides it from the sandbox, and makes it read-only where it lies in a
+    writable area (:func:`corral.pipeline._runner.prepare`): a sandboxed process that
+    could open a lock file could hold it, and one that could replace a lock file
+    would split the brokers that lock through it.
+    """
+    found = _private_directory()
+    return None if found is None else found[1]
 
 
 def _lock_directory() -> int | None:
-    """An fd of ``~/.cache/corral/locks`` of this user's passwd home, made 0700 where it is
-    missing; ``None`` when a part of it is not this user's own directory (or a link)."""
+    found = _private_directory()
+    return None if found is None else found[0]
+
+
+def _private_directory() -> tuple[int, str] | None:
+    """An fd and the path of ``~/.cache/corral/locks`` of this user's passwd home, made
+    0700 where it is missing; ``None`` when a part of it is not this user's own directory
+    (or a link)."""
     if _DIRECTORY:
         return _DIRECTORY[0]
-    found: int | None = None
+    found: tuple[int, str] | None = None
     try:
         import pwd
 
@@ -218,7 +240,7 @@ def _lock_directory() -> int | None:
                 st = os.fstat(fd)
                 if st.st_uid != os.getuid() or (name == "locks" and st.st_mode & 0o077):
                     raise PermissionError(f"{name} is not this user's private directory")
-            found, fd = fd, -1
+            found, fd = (fd, os.path.realpath(os.path.join(home, ".cache/corral/locks"))), -1
         finally:
             if fd >= 0:
                 os.close(fd)
@@ -228,7 +250,7 @@ def _lock_directory() -> int | None:
         if not _DIRECTORY:
             _DIRECTORY.append(found)
         elif found is not None:
-            os.close(found)
+            os.close(found[0])
     return _DIRECTORY[0]
 
 

@@ -175,6 +175,37 @@ def _policy_for_preview(policy: Policy, spec: PreviewSpec, state_dir: str) -> Po
     return policy.replace(filesystem=fs.replace(workspace=spec.workspace, deny_read=deny_read))
 
 
+def _hide_broker_locks(policy: Policy) -> Policy:
+    """*policy* with the user's private broker lock directory hidden (and read-only where
+    it lies in a writable area), whatever built the policy.
+
+    A sandboxed process that could open a lock file could hold it and stall every
+    write broker of the user's sandboxes for :data:`~corral.backends._broker_lock.LOCK_BOUND`
+    per operation; one that could replace it would split the brokers that lock
+    through it (``backends/_broker_lock.py``). A root caller's sandbox sees its
+    caller's home, so the default secret paths alone do not keep it out.
+    """
+    from ..backends._broker_lock import lock_directory
+
+    locks = lock_directory()
+    if locks is None:
+        return policy
+    fs = policy.filesystem
+
+    def under(path: str, area: str) -> bool:
+        return path == area or path.startswith(area.rstrip("/") + "/")
+
+    deny_read, deny_write = fs.deny_read, fs.deny_write
+    if not any(under(locks, d) for d in deny_read):
+        deny_read = (*deny_read, locks)
+    writable = (fs.workspace, *fs.allow_write, *(path for _name, path in policy.caches))
+    if any(under(locks, w) or under(w, locks) for w in writable):
+        deny_write = (*deny_write, *(p for p in (locks, locks + "/**") if p not in deny_write))
+    if (deny_read, deny_write) == (fs.deny_read, fs.deny_write):
+        return policy
+    return policy.replace(filesystem=fs.replace(deny_read=deny_read, deny_write=deny_write))
+
+
 def prepare(
     request: ExecRequest,
     policy: Policy,
@@ -205,6 +236,7 @@ def prepare(
         from ..policy._expand import expand_deny_read
 
         policy = expand_deny_read(policy)  # globs -> the paths they match now (bounded walk)
+        policy = _hide_broker_locks(policy)
     if policy.backend != "auto":
         from ..backends import select_backend
 

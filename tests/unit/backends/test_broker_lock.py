@@ -198,3 +198,40 @@ def test_the_walk_stops_at_a_mount_boundary() -> None:
         os.close(parent)
         locks.close()
         os.rmdir(root)
+
+
+@pytest.mark.parametrize("placement", ["elsewhere", "in-allow-write", "contains-workspace"])
+def test_every_plan_hides_the_private_lock_directory(
+    monkeypatch: pytest.MonkeyPatch, placement: str
+) -> None:
+    """``prepare`` hides the lock directory from every policy, whatever built it, and makes
+    it read-only where it overlaps a writable area (a sandbox that could open a lock file
+    could hold it; one that could replace it would split the brokers)."""
+    from corral.backends import _broker_lock
+    from corral.pipeline._runner import _hide_broker_locks
+    from corral.policy import default_policy
+
+    locks = "/home/u/.cache/corral/locks"
+    monkeypatch.setattr(_broker_lock, "lock_directory", lambda: locks)
+    workspace = {"contains-workspace": locks + "/ws"}.get(placement, "/srv/ws")
+    policy = default_policy(workspace, home="/home/u")
+    if placement == "in-allow-write":
+        fs = policy.filesystem
+        policy = policy.replace(filesystem=fs.replace(allow_write=("/home/u/.cache",)))
+    hidden = _hide_broker_locks(policy).filesystem
+    assert locks in hidden.deny_read
+    read_only = placement != "elsewhere"
+    assert (locks in hidden.deny_write and locks + "/**" in hidden.deny_write) == read_only
+    assert _hide_broker_locks(_hide_broker_locks(policy)) == _hide_broker_locks(policy)
+
+
+def test_without_a_private_lock_directory_the_policy_is_unchanged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from corral.backends import _broker_lock
+    from corral.pipeline._runner import _hide_broker_locks
+    from corral.policy import default_policy
+
+    monkeypatch.setattr(_broker_lock, "lock_directory", lambda: None)
+    policy = default_policy("/srv/ws", home="/home/u")
+    assert _hide_broker_locks(policy) is policy
