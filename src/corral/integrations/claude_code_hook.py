@@ -292,23 +292,25 @@ def _delimiter(base: str, lines: set[str]) -> str:
     return base
 
 
-#: The sandboxed script's prologue in a kept sandbox (``$CORRAL_SESSION_STATE`` set, see
-#: :mod:`corral.server._kept`): the exported variables the previous call of the session left
-#: in the kept state directory are sourced - inside the sandbox, where they were written -
-#: keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and a ``PWD`` that names the real
-#: directory. ``__corral_k`` (this run's id) marks the run kept: on exit status 0 the script's
-#: end writes ``export -p``, ``return``, the id and ``pwd -P`` to ``env`` in one write (each
-#: write-open is a round trip to the write broker); otherwise an ``EXIT`` trap writes
-#: ``export -p`` alone. Sourced by the next call, the file stops at ``return``.
+#: The sandboxed script's prologue in a kept sandbox (``$CORRAL_SESSION_STATE`` is ``63``,
+#: the descriptor of the session's state channel, see :mod:`corral.server._kept`): the
+#: exported variables the previous call of the session left there are sourced - inside the
+#: sandbox, where they were written - keeping this run's ``SHLVL``, ``CORRAL_SANDBOX_ID`` and
+#: a ``PWD`` that names the real directory. ``__corral_k`` (this run's id) marks the run
+#: kept: on exit status 0 the script's end writes ``export -p``, ``return``, the id and
+#: ``pwd -P`` to the channel in one write; otherwise an ``EXIT`` trap writes ``export -p``
+#: alone. Sourced by the next call, the state stops at ``return``. ``/dev/fd/63`` is a new
+#: open file description (read from the start), ``>&63`` writes at the channel's own offset,
+#: after what the call was given; neither is an open for writing (a round trip to the write
+#: broker each).
 _KEPT_PROLOGUE = (
     "__corral_s=${CORRAL_SESSION_STATE-}; unset CORRAL_SESSION_STATE\n"
-    'if [ -d "$__corral_s" ]; then __corral_d=$__corral_s\n'
-    '[ -f "$__corral_s/env" ] && { __corral_v="$SHLVL $CORRAL_SANDBOX_ID"; '
-    '. "$__corral_s/env" 2>&-; SHLVL=${__corral_v% *} '
+    'if [ "$__corral_s" = 63 ]; then __corral_v="$SHLVL $CORRAL_SANDBOX_ID"; '
+    ". /dev/fd/63 2>&-; SHLVL=${__corral_v% *} "
     "CORRAL_SANDBOX_ID=${__corral_v#* } __corral_o=${OLDPWD-}; cd -P . 2>&-; "
-    "OLDPWD=$__corral_o; }\n"
+    "OLDPWD=$__corral_o\n"
     "__corral_k=$CORRAL_SANDBOX_ID __corral_x=\n"
-    'trap \'[ -n "$__corral_x" ] || { export -p >"$__corral_s/env"; } 2>&-\' EXIT; fi\n'
+    "trap '[ -n \"$__corral_x\" ] || { export -p >&63; } 2>&-' EXIT; fi\n"
 )
 
 
@@ -362,10 +364,10 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         "__corral_d=${CORRAL_REPORT_DIR-} __corral_k= __corral_x=; unset CORRAL_REPORT_DIR\n"
         f"{_KEPT_PROLOGUE}"
         'eval "${__corral_c%?}" || exit\n'
-        # kept: one write (each write-open is a round trip to the write broker) - the exports,
-        # and the report after "return" and this run's id (sourced, the file stops at return)
+        # kept: one write to the state channel - the exports, and the report after "return"
+        # and this run's id (sourced by the next call, the state stops at return)
         'if [ -n "$__corral_k" ]; then __corral_x=1; { { export -p; '
-        'printf \'return\\n%s\\n\' "$__corral_k"; pwd -P; } >"$__corral_s/env"; } 2>&- || :\n'
+        "printf 'return\\n%s\\n' \"$__corral_k\"; pwd -P; } >&63; } 2>&- || :\n"
         f'elif [ -n "$__corral_d" ]; then {{ pwd -P >"$__corral_d"/{report}; }} 2>&- || :; fi\n'
         "exit 0"
     )

@@ -373,8 +373,12 @@ class Resident:
         *,
         on_start: Callable[[ResidentCommand], None] | None = None,
         streams: tuple[int, int, int] = (0, 1, 2),
+        state_fd: int | None = None,
     ) -> Outcome | None:
         """Run *request* under *policy* here; ``None`` if it must run in a fresh sandbox instead.
+
+        *state_fd*, when given, reaches the command as its descriptor 63 (the same open
+        file description: a kept session's shell state channel, :mod:`corral.server._kept`).
 
         Raises:
             CorralError: the request cannot be planned (as a fresh run would
@@ -422,7 +426,7 @@ class Resident:
         ):
             return None
         try:
-            return self._run(plan, request, body, on_start, streams)
+            return self._run(plan, request, body, on_start, streams, state_fd)
         finally:
             self._lock.release()
 
@@ -477,6 +481,7 @@ class Resident:
         body: bytes,
         on_start: Callable[[ResidentCommand], None] | None,
         streams: tuple[int, int, int],
+        state_fd: int | None = None,
     ) -> Outcome | None:
         import select
 
@@ -499,6 +504,8 @@ class Resident:
                 theirs.append(w)
                 ours.append(r)
                 outs.append(_Stream(r, None if request.capture else streams[index]))
+            if state_fd is not None:
+                theirs.append(os.dup(state_fd))
             started, wall = time.monotonic(), time.time()
             self.control(body, tuple(theirs))
             for fd in theirs:

@@ -31,7 +31,7 @@ __all__ = [
     "checked_directory",
     "make_report_dir",
     "read_report",
-    "read_tagged_report",
+    "tagged_report",
     "take_report",
 ]
 
@@ -67,33 +67,31 @@ def read_report(dir_fd: int) -> bytes | None:
 
     At most :data:`MAX_REPORT` + 1 bytes (more is refused by :func:`checked_directory`).
     """
-    return _read_regular(dir_fd, REPORT_FILE, MAX_REPORT + 1, from_end=False)
+    return _read_regular(dir_fd, REPORT_FILE, MAX_REPORT + 1)
 
 
-def read_tagged_report(dir_fd: int, name: str, tag: str) -> bytes | None:
-    """The report at the end of the file *name* in *dir_fd*, if it carries *tag*.
+def tagged_report(state: bytes, tag: str) -> bytes | None:
+    """The report at the end of a kept call's shell *state*, if it carries *tag*.
 
-    A kept sandbox's shell state file (corral.server._kept) is the ``export -p``
-    its command left, then - only when the command exited 0, in the same write -
-    the line ``return``, the line *tag* (that run's sandbox id) and the report.
-    Sourced by the next command, it stops at ``return``, so the report is never run.
-    Here the report is what follows the last ``\nreturn\nTAG\n`` of the file's tail
-    (a regular file, no link followed; at most :data:`MAX_REPORT` + 1 bytes, as
-    :func:`read_report`). A file another run wrote (its own tag: this run's command
-    exited 0 without the script's end, by ``exec``) reports nothing.
+    A kept sandbox's shell state (what its call wrote to the state channel,
+    corral.server._kept) is the ``export -p`` its command left, then - only when
+    the command exited 0, in the same write - the line ``return``, the line *tag*
+    (that run's sandbox id) and the report. Sourced by the next command, it stops
+    at ``return``, so the report is never run. Here the report is what follows the
+    last ``\nreturn\nTAG\n`` of the state's tail (at most :data:`MAX_REPORT` + 1
+    bytes after it, as :func:`read_report`). A state without this run's tag (the
+    command exited 0 without the script's end, by ``exec``) reports nothing.
     """
     marker = b"\nreturn\n" + os.fsencode(tag) + b"\n"
-    tail = _read_regular(dir_fd, name, MAX_REPORT + 1 + len(marker), from_end=True)
-    if tail is None:
-        return None
+    size = MAX_REPORT + 1 + len(marker)
+    tail = b"\n" + state if len(state) <= size else state[-size:]
     found = tail.rfind(marker)
     return None if found < 0 else tail[found + len(marker) :]
 
 
-def _read_regular(dir_fd: int, name: str, size: int, *, from_end: bool) -> bytes | None:
-    """At most *size* bytes of the regular file *name* in *dir_fd* (no link followed): its
-    first ones, or *from_end* its last ones (a ``\n`` put before them when that is the whole
-    file, so that its first line is a line like any other); ``None`` for anything else."""
+def _read_regular(dir_fd: int, name: str, size: int) -> bytes | None:
+    """At most *size* first bytes of the regular file *name* in *dir_fd* (no link
+    followed); ``None`` for anything else."""
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
         fd = os.open(name, flags, dir_fd=dir_fd)
@@ -103,15 +101,11 @@ def _read_regular(dir_fd: int, name: str, size: int, *, from_end: bool) -> bytes
         st = os.fstat(fd)
         if (st.st_mode & 0o170000) != 0o100000:
             return None
-        if not from_end:
-            return os.read(fd, size)
-        start = max(0, st.st_size - size)
-        data = os.pread(fd, size, start)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
-    return b"\n" + data if start == 0 else data
 
 
 def take_report(directory: str) -> bytes | None:

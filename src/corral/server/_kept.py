@@ -13,10 +13,20 @@ sessions either (the session id is part of the key).
 
 Each kept sandbox has a private host directory mounted as its ``/tmp``
 (``<state dir>/sessions/<server pid>-kept-<n>``, mode 0700, removed when the
-sandbox is released; a dead server's are swept by the next first open). The
-shell state the hook's rewritten command carries lives there, under
-:data:`STATE_INSIDE`: only the sandbox's own commands read it, so it is never
-sourced outside the sandbox nor by another session (see
+sandbox is released; a dead server's are swept by the next first open).
+
+The shell state the hook's rewritten command carries (its exports, then its
+tagged cwd report) travels on a *state channel*: each kept call gets a new
+``memfd`` as its descriptor :data:`STATE_FD` (named in :data:`STATE_VARIABLE`),
+holding what the previous call of the key left, with its offset at the end.
+The script sources ``/dev/fd/63`` (a new open file description, from the
+start) and writes its new state with ``>&63`` (at the shared offset: after
+the old state). After the call the server keeps what was written past the old
+state (at most :data:`MAX_STATE` bytes) for the next call, and reads the
+report from its tail. No open for writing in the sandbox (each is a round trip
+to the write broker) and no file on the user's disk; nothing the sandbox can
+link, replace or leave as a FIFO; and the state is only ever sourced inside
+this key's sandbox (see
 :func:`corral.integrations.claude_code_hook.rewrite_command`).
 
 Bounds: a kept sandbox unused for :data:`DEFAULT_IDLE` seconds
@@ -35,10 +45,9 @@ from __future__ import annotations
 
 import _thread
 import os
-import stat
 import time
 
-from ._cwd_report import read_tagged_report
+from ._cwd_report import tagged_report
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -53,8 +62,8 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_IDLE",
     "DEFAULT_LIMIT",
-    "STATE_FILE",
-    "STATE_INSIDE",
+    "MAX_STATE",
+    "STATE_FD",
     "STATE_VARIABLE",
     "KeptSessions",
 ]
@@ -63,22 +72,24 @@ __all__ = [
 DEFAULT_IDLE = 300.0
 #: how many kept sandboxes one server holds at most
 DEFAULT_LIMIT = 8
-#: the sandbox-private directory the hook's shell state lives in (under the kept ``/tmp``)
-STATE_INSIDE = "/tmp/.corral-shell"
-#: the variable that names :data:`STATE_INSIDE` to a kept run ("" in every fresh run)
+#: the kept command's descriptor of its state channel (``corral-exec --serve``'s CX_STATE_FD)
+STATE_FD = 63
+#: the variable that names :data:`STATE_FD` to a kept run ("" in every fresh run)
 STATE_VARIABLE = "CORRAL_SESSION_STATE"
-#: the shell state file under :data:`STATE_INSIDE`: the exports, then the tagged cwd report
-STATE_FILE = "env"
+#: the most shell state one call may leave for the next (more: nothing carries)
+MAX_STATE = 1 << 20
 
 
 class _Kept:
-    __slots__ = ("busy", "resident", "tmp_dir", "used")
+    __slots__ = ("busy", "resident", "state", "tmp_dir", "used")
 
     def __init__(self, resident: Resident, tmp_dir: str) -> None:
         self.resident = resident
         self.tmp_dir = tmp_dir
         self.busy = False
         self.used = time.monotonic()
+        #: what the last call left on the state channel (the sandbox's own, untrusted claim)
+        self.state = b""
 
 
 class KeptSessions:
@@ -149,19 +160,27 @@ class KeptSessions:
         kept = self._take(key, request, policy, environ)
         if kept is None:
             return None
+        channel = -1
         try:
+            try:
+                channel = _state_channel(kept.state)
+            except OSError:
+                return None  # no memfd to be had (out of descriptors): a fresh sandbox
             outcome = kept.resident.run(
                 request.replace(
-                    tmp_dir=kept.tmp_dir, env=(*request.env, (STATE_VARIABLE, STATE_INSIDE))
+                    tmp_dir=kept.tmp_dir, env=(*request.env, (STATE_VARIABLE, str(STATE_FD)))
                 ),
                 policy,
                 on_start=relay.started,  # type: ignore[arg-type]  # the relay's duck type
                 streams=streams,
+                state_fd=channel,
             )
-            report = (
-                self._take_report(kept.tmp_dir, request.sandbox_id) if outcome is not None else None
-            )
+            report = None
+            if outcome is not None:
+                report = self._take_state(kept, channel, request.sandbox_id)
         finally:
+            if channel >= 0:
+                os.close(channel)
             with self._lock:
                 kept.busy = False
                 kept.used = time.monotonic()
@@ -241,7 +260,6 @@ class KeptSessions:
                 _sweep_sessions(sessions)
             tmp_dir = os.path.join(sessions, f"{os.getpid()}-kept-{number}")
             os.mkdir(tmp_dir, 0o700)
-            os.mkdir(os.path.join(tmp_dir, os.path.basename(STATE_INSIDE)), 0o700)
         except (CorralError, OSError):
             if tmp_dir:
                 _remove_tree(tmp_dir)
@@ -252,7 +270,7 @@ class KeptSessions:
             stdin_mode="null",
             stdin=b"",
             tmp_dir=tmp_dir,
-            env=(*request.env, (STATE_VARIABLE, STATE_INSIDE)),
+            env=(*request.env, (STATE_VARIABLE, "")),
         )
         resident = None
         try:
@@ -267,45 +285,31 @@ class KeptSessions:
         return _Kept(resident, tmp_dir), True
 
     @staticmethod
-    def _take_report(tmp_dir: str, sandbox_id: str) -> bytes | None:
-        """The working directory the command reported at the end of ``STATE_INSIDE/env``.
+    def _take_state(kept: _Kept, channel: int, sandbox_id: str) -> bytes | None:
+        """Keep what the call wrote on its state *channel* for the next call; the working
+        directory it reported at its end, or None.
 
-        Untrusted bytes from the sandbox: the tail of a regular file read
-        without following links, and only what follows the marker that names
-        this run's *sandbox_id*
-        (:func:`corral.server._cwd_report.read_tagged_report`); ``corral run``
-        checks the path (:func:`~corral.server._cwd_report.checked_directory`).
-        The file stays (it is the next command's shell state); a report of an
-        earlier run in it names another id. No process of the sandbox runs now
-        (the init swept them all before it reported the end). A state directory
-        the command replaced by a link or a file is removed and made anew, and
-        so is a state file that is not a regular file (a FIFO there would block
-        the next command's write).
+        Untrusted bytes from the sandbox: what was written past the state the call was
+        given, at most :data:`MAX_STATE` bytes (more: the next call gets no state), and
+        the report only what follows the marker that names this run's *sandbox_id*
+        (:func:`corral.server._cwd_report.tagged_report`); ``corral run`` checks the
+        path (:func:`~corral.server._cwd_report.checked_directory`). A call that wrote
+        nothing (it was killed, or closed the channel) leaves the state it was given,
+        as a failed write of the state file did. No process of the sandbox runs now
+        (the init swept them all before it reported the end), though one may have
+        passed the descriptor on to nothing that outlives it.
         """
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-        state = os.path.join(tmp_dir, os.path.basename(STATE_INSIDE))
+        start = len(kept.state)
         try:
-            dir_fd = os.open(state, flags | os.O_DIRECTORY)
+            size = os.fstat(channel).st_size
+            written = b"" if size - start > MAX_STATE else os.pread(channel, MAX_STATE, start)
         except OSError:
-            _remove_tree(state)  # replaced by a link or a file: the next command gets a new one
-            try:
-                os.mkdir(state, 0o700)
-            except OSError:
-                pass
-            return None
-        try:
-            report = read_tagged_report(dir_fd, STATE_FILE, sandbox_id)
-            try:
-                mode = os.stat(STATE_FILE, dir_fd=dir_fd, follow_symlinks=False).st_mode
-            except OSError:
-                return report
-            if not stat.S_ISREG(mode):
-                # a FIFO would block the next command's write (until its timeout), a link
-                # or a directory fail it: whatever the command left there instead goes
-                _remove_tree(os.path.join(state, STATE_FILE))
-            return report
-        finally:
-            os.close(dir_fd)
+            written, size = b"", start
+        if written:
+            kept.state = written
+        elif size - start > MAX_STATE:
+            kept.state = b""
+        return tagged_report(written, sandbox_id) if written else None
 
     # ------------------------------------------------------------ release
     def _start_reaper(self) -> None:
@@ -336,6 +340,19 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
+
+
+def _state_channel(state: bytes) -> int:
+    """A new memfd holding *state*, its offset at the end (the call writes after it)."""
+    fd = os.memfd_create("corral-shell-state", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(state)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _state_dir(environ: Mapping[str, str], default: str) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import _processes_mentioning, client_command
+from tests.conftest import PROBE_PYTHON, _processes_mentioning, client_command
 
 from ..conftest import World, corral_executable, needs_bwrap
 from . import test_real_cli
@@ -120,12 +120,11 @@ def test_a_kept_sandbox_cannot_steer_the_next_calls_directory_either(served: Wor
     """The same forged reports as for a fresh sandbox (a link out, ``cd /``, the report
     replaced by a link or a path outside, a newline), through the kept sandbox's report."""
     served.environ["PATH"] = f"{os.path.dirname(corral_executable())}:{served.environ['PATH']}"
-    # a kept call's report is the tail of its shell state file, after its own id
+    # a kept call's report is the tail of its shell state, after its own id
     tail = "printf 'return\\n%s\\n%s\\n' \"$CORRAL_SANDBOX_ID\" {outside}"
     forgeries = (
-        f"{tail} >/tmp/.corral-shell/tail; ln -sfn /tmp/.corral-shell/tail "
-        "/tmp/.corral-shell/env; trap - EXIT; exit 0",
-        f"rm -f /tmp/.corral-shell/env; {tail} >/tmp/.corral-shell/env; trap - EXIT; exit 0",
+        f"{tail} >&63; trap - EXIT; exit 0",
+        f"{tail} >/dev/fd/63; trap - EXIT; exit 0",
     )
     claude_cli()
     test_real_cli.cannot_steer(served, forgeries)
@@ -323,46 +322,43 @@ def _call(world: World, command: str) -> tuple[int, str, str]:
 
 
 def test_the_kept_report_is_this_calls_own_and_cannot_steer_the_host(served: World) -> None:
-    """A kept call's cwd report travels in its shell state file, after ``return`` and the
-    call's own sandbox id: a call that exits 0 without the script's end (``exec``) does not
-    carry the previous call's directory, and a tail the command forges with its own id (a
-    directory outside the workspace, a link out of it) or a state file replaced by a link
-    moves the host shell nowhere outside the workspace; nor can a state file that is not a
-    regular file stop the next calls."""
+    """A kept call's cwd report travels on its state channel (descriptor 63), after
+    ``return`` and the call's own sandbox id: a call that exits 0 without the script's end
+    (``exec``) does not carry the previous call's directory, a tail the command forges with
+    its own id (a directory outside the workspace, a link out of it) moves the host shell
+    nowhere outside the workspace, and a command that rewinds, truncates, closes or floods
+    the channel stops none of the next calls."""
     world = served
     workspace = os.path.realpath(world.workspace)
     outside = os.path.realpath(world.home)
     os.makedirs(world.ws("sub"))
     os.symlink(outside, world.ws("out"))
     assert _call(world, "export KEPT_PROBE=1; cd sub") == (0, "", f"{workspace}/sub")
-    # the state file now ends with the report of that call (its id): the next call's exec
-    # leaves it as it is, and its report is not this call's
+    # the previous call's report is in the state this call is given: its exec leaves it as
+    # it is, and that report is not this call's
     assert _call(world, 'echo "$KEPT_PROBE"; exec true') == (0, "1", workspace)
     forged = (
         "trap - EXIT; "  # the script's own write at exit is gone: only the forged tail is left
-        "printf 'return\\n%s\\n%s\\n' \"$CORRAL_SANDBOX_ID\" {target} >/tmp/.corral-shell/env; "
+        "printf 'return\\n%s\\n%s\\n' \"$CORRAL_SANDBOX_ID\" {target} >&63; "
         "exit 0"
     )
     for target in (outside, world.ws("out"), "/", "$'/tmp\\n'"):
         assert _call(world, forged.format(target=target)) == (0, "", workspace), target
     # a tail naming a directory of the workspace is what the command could do by cd anyway
     assert _call(world, forged.format(target=world.ws("sub"))) == (0, "", f"{workspace}/sub")
-    # the state file replaced by a link to a file with a valid tail: not followed
-    planted = world.ws("tail")  # where the command can write it
-    relink = (
-        'printf "return\\n%s\\n%s\\n" "$CORRAL_SANDBOX_ID" {sub} >{planted}; trap - EXIT; '
-        "ln -sf {planted} /tmp/.corral-shell/env; exit 0"
+    # the channel rewound and truncated (through /proc), closed, or flooded past MAX_STATE
+    python = f"{PROBE_PYTHON} -c"
+    abuses = (
+        f"{python} 'import os; os.ftruncate(63, 0)'; trap - EXIT; exit 0",
+        "exec 63>&-; trap - EXIT; exit 0",
+        f"{python} 'import os; os.write(63, bytes(2 << 20))'; trap - EXIT; exit 0",
+        "mkfifo /tmp/f 2>/dev/null; trap - EXIT; exit 0",
     )
-    status, out, host = _call(world, relink.format(sub=world.ws("sub"), planted=planted))
-    assert host == workspace, (status, out)
-    assert _call(world, "pwd") == (0, workspace, workspace)  # and the calls go on
-    # a FIFO (or a directory) left as the state file would block (fail) the next call's
-    # write: the server removes whatever is not a regular file there
-    for plant in ("mkfifo", "mkdir"):
-        planted_state = f"rm -f /tmp/.corral-shell/env; {plant} /tmp/.corral-shell/env; "
-        assert _call(world, planted_state + "trap - EXIT; exit 0")[0] == 0
+    for abuse in abuses:
+        assert _call(world, abuse)[0] == 0, abuse
         assert _call(world, "export KEPT_AGAIN=1; cd sub") == (0, "", f"{workspace}/sub")
         assert _call(world, 'echo "$KEPT_AGAIN"') == (0, "1", workspace)
+    assert _sandboxes(world)  # all of it ran kept
 
 
 def test_a_call_with_another_environment_never_gets_the_kept_sandbox_of_the_first(

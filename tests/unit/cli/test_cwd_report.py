@@ -13,7 +13,7 @@ from corral.server._cwd_report import (
     MAX_REPORT,
     checked_directory,
     make_report_dir,
-    read_tagged_report,
+    tagged_report,
     take_report,
 )
 
@@ -123,35 +123,22 @@ def test_report_fd_must_be_a_descriptor_number_of_3_or_more(given: str, tmp_path
         os.close(read)
 
 
-def test_a_tagged_report_is_the_tail_after_this_runs_marker_only(
-    tmp_path: Path, workspace: str
-) -> None:
-    """A kept sandbox's state file: exports, then ``return``, the run's id, the report."""
+def test_a_tagged_report_is_the_tail_after_this_runs_marker_only(workspace: str) -> None:
+    """A kept sandbox's shell state: exports, then ``return``, the run's id, the report."""
     sub = f"{workspace}/sub".encode()
     # exported values are the command's: one may even hold a marker line for this id
     exports = b'declare -x A="x\nreturn\nsbx-1\n/forged"\n' * 600  # larger than the window
-    state = tmp_path / "state"
-    state.mkdir()
-    dir_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
 
     def report(data: bytes) -> bytes | None:
-        (state / "env").write_bytes(data)
-        return read_tagged_report(dir_fd, "env", "sbx-1")
+        return tagged_report(data, "sbx-1")
 
-    try:
-        assert report(exports + b"return\nsbx-1\n" + sub + b"\n") == sub + b"\n"
-        assert report(b"return\nsbx-1\n" + sub) == sub  # the marker starts the file
-        assert report(b"declare -x B=1\n") is None  # no report: failed, or ended by exec
-        too_long = report(exports + b"return\nsbx-1\n" + b"/" * (MAX_REPORT + 50))
-        assert checked_directory(too_long, workspace) is None  # past the window, or too long
-        # an earlier run's report: what follows this run's marker (if any) is no report
-        for stale in (b"declare -x B=1\n", exports):
-            found = report(stale + b"return\nsbx-0\n" + sub + b"\n")
-            assert checked_directory(found, workspace) is None, found
-        (state / "env").unlink()
-        (tmp_path / "elsewhere").write_bytes(b"return\nsbx-1\n" + sub)
-        os.symlink(tmp_path / "elsewhere", state / "env")  # a link is not followed
-        assert read_tagged_report(dir_fd, "env", "sbx-1") is None
-        assert read_tagged_report(dir_fd, "missing", "sbx-1") is None
-    finally:
-        os.close(dir_fd)
+    assert report(exports + b"return\nsbx-1\n" + sub + b"\n") == sub + b"\n"
+    assert report(b"return\nsbx-1\n" + sub) == sub  # the marker starts the state
+    assert report(b"declare -x B=1\n") is None  # no report: failed, or ended by exec
+    assert report(b"") is None
+    too_long = report(exports + b"return\nsbx-1\n" + b"/" * (MAX_REPORT + 50))
+    assert checked_directory(too_long, workspace) is None  # past the window, or too long
+    # an earlier run's report: what follows this run's marker (if any) is no report
+    for stale in (b"declare -x B=1\n", exports):
+        found = report(stale + b"return\nsbx-0\n" + sub + b"\n")
+        assert checked_directory(found, workspace) is None, found
