@@ -160,3 +160,58 @@ def test_a_git_file_a_sandbox_planted_never_makes_another_repositorys_git_dir_wr
         assert b"ESCAPED" not in result.stdout, (name, result.stdout)
     assert snapshot() == before
     assert host_git(world, other, "status").returncode == 0
+
+
+def test_a_back_pointer_forged_in_the_shared_directory_never_widens_it_beyond_it(
+    world: World,
+) -> None:
+    """ATK13: a sandbox in a linked worktree (``git worktree add ../wt``) can write the
+    shared ``repo/.git``, so the vouching back-pointer is no proof there: it makes
+    ``repo/.git/objects/zz/G`` with ``commondir`` = ``../../../..`` (the main working
+    tree ``repo``, an ancestor of G, which the sandbox cannot write) and ``gitdir``
+    naming ``wt/sub/.git``, and plants ``wt/sub/.git`` = ``gitdir: G``. The git check
+    quarantines both only when that run ends; a run started in ``sub`` while it lasts
+    (a background call beside a foreground one) must not get ``repo`` writable."""
+    import subprocess
+    import time
+
+    from tests.conftest import client_command
+
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    assert host_git(world, repo, "init", "-q").returncode == 0
+    World.write(os.path.join(repo, "README"), "main\n")
+    assert host_git(world, repo, "add", "README").returncode == 0
+    assert host_git(world, repo, "commit", "-qm", "init").returncode == 0
+    worktree = os.path.join(world.root, "wt")
+    assert host_git(world, repo, "worktree", "add", "-q", worktree).returncode == 0
+    forged = os.path.join(repo, ".git", "objects", "zz", "G")
+    sub = os.path.join(worktree, "sub")
+    plant = (
+        f"mkdir -p {forged} && printf '../../../..\\n' > {forged}/commondir"
+        f" && printf '%s\\n' {sub}/.git > {forged}/gitdir"
+        f" && mkdir sub && printf 'gitdir: %s\\n' {forged} > sub/.git"
+        " && touch sub/planted && sleep 60"
+    )
+    planter = subprocess.Popen(
+        [*client_command("corral"), "run", "-c", plant],
+        cwd=worktree,
+        env=dict(world.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(sub, "planted")):
+            assert planter.poll() is None, planter.communicate()
+            assert time.monotonic() < deadline, "the plant never appeared"
+            time.sleep(0.05)
+        attack = world.run(f"echo pwned > {repo}/README && echo ESCAPED; exit 0", cwd=sub)
+        assert attack.returncode == 0, attack.stderr
+        assert b"ESCAPED" not in attack.stdout, attack.stdout
+    finally:
+        planter.kill()
+        planter.communicate()
+    with open(os.path.join(repo, "README"), encoding="utf-8") as f:
+        assert f.read() == "main\n"
+    assert host_git(world, repo, "status", "--short").stdout == b""
