@@ -62,8 +62,8 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
     *workspace* is a linked worktree when its ``.git`` is a regular file
     ``gitdir: G`` (absolute, or relative to the workspace) naming a directory
     outside the workspace, the shared directory is what ``G/commondir`` names
-    (relative to ``G``) with ``G`` strictly inside it (the usual
-    ``<common>/worktrees/NAME``), and ``G`` *vouches* for the workspace: its
+    (relative to ``G``), a git directory (``objects``, ``refs``) of which ``G`` is
+    ``<common>/worktrees/NAME`` (git's own layout), and ``G`` *vouches* for the workspace: its
     ``gitdir`` file (written by ``git worktree add``, absolute or relative to
     ``G``) names this ``.git`` file. Returns the resolved shared directory,
     else None: an unusual layout (``--separate-git-dir``, where no file
@@ -76,6 +76,15 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
     directory, which a sandbox can write only if it could already write that
     directory - so a planted ``.git`` file never makes a git directory
     writable that its planter could not write (docs/threat-model.md, "Git").
+    That holds only because the shared directory is ``G``'s grandparent: a
+    sandbox of a linked worktree can write the shared directory, and with any
+    ancestor of ``G`` allowed its ``G/commondir`` chose one it cannot write
+    (ATK13: ``repo/.git/objects/zz/G`` with ``commondir`` ``../../../..`` made
+    the main working tree writable for a run while the planting run lasted;
+    the git check quarantines it only afterwards). ``<common>/worktrees/*/commondir``
+    is a ``protect`` row, so no sandbox makes a ``commondir`` there; and the
+    shared directory must have ``objects`` and ``refs``, which a sandbox makes
+    only where it can write.
     """
     line = _read_pointer(posixpath.join(workspace, ".git"))
     if line is None or not line.startswith("gitdir:"):
@@ -95,8 +104,12 @@ def linked_worktree_common_dir(workspace: str) -> str | None:
     common = posixpath.join(gitdir, common_line)
     depends_on(common)
     common = os.path.realpath(common)
-    if not os.path.isdir(common) or gitdir == common or not _inside(gitdir, common):
-        return None
+    if posixpath.dirname(gitdir) != posixpath.join(common, "worktrees"):
+        return None  # git's own layout only: G is <common>/worktrees/NAME (see above)
+    for name in ("objects", "refs"):
+        depends_on(posixpath.join(common, name))
+        if not os.path.isdir(posixpath.join(common, name)):
+            return None  # not a git directory
     if _inside(real_workspace, common) or common == "/":
         return None  # a workspace inside its own git directory: not a worktree layout
     back = _read_pointer(posixpath.join(gitdir, "gitdir"))

@@ -308,7 +308,10 @@ def test_every_path_the_loaders_touch_is_recorded(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     (repo / ".git" / "worktrees" / "wt").mkdir(parents=True)
     (repo / ".git" / "worktrees" / "wt" / "commondir").write_text("../..\n")
+    (repo / ".git" / "objects").mkdir()
+    (repo / ".git" / "refs").mkdir()
     worktree = tmp_path / "worktree"
+    (repo / ".git" / "worktrees" / "wt" / "gitdir").write_text(f"{worktree}/.git\n")
     (worktree / "sub").mkdir(parents=True)
     (worktree / ".git").write_text(f"gitdir: {repo}/.git/worktrees/wt\n")
     _write(tmp_path / "home" / ".config" / "corral" / "settings.json", {"env": {"set": {"A": "1"}}})
@@ -397,6 +400,8 @@ def test_a_workspace_turned_into_a_linked_worktree_is_handed_off_at_once(hook: H
         assert "--command-file" not in _rewritten(hook)
     common = hook.root / "repo" / ".git"
     (common / "worktrees" / "ws").mkdir(parents=True)
+    (common / "objects").mkdir(exist_ok=True)
+    (common / "refs").mkdir(exist_ok=True)
     (common / "worktrees" / "ws" / "commondir").write_text("../..\n")
     os.rmdir(hook.workspace / ".git")
     (hook.workspace / ".git").write_text(f"gitdir: {common}/worktrees/ws\n")

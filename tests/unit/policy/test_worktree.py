@@ -14,9 +14,11 @@ def worktree(world: SettingsWorld, pointer: str | None = None) -> tuple[str, str
     common = os.path.join(world.root, "repo", ".git")
     admin = os.path.join(common, "worktrees", "X")
     tree = os.path.join(world.root, "repo", ".claude", "worktrees", "X")
-    os.makedirs(os.path.join(common, "hooks"))
+    for name in ("hooks", "objects", "refs"):
+        os.makedirs(os.path.join(common, name))
     os.makedirs(tree)
     world.write(os.path.join(admin, "commondir"), "../..\n")
+    world.write(os.path.join(admin, "gitdir"), os.path.join(tree, ".git") + "\n")
     world.write(os.path.join(tree, ".git"), f"gitdir: {pointer or admin}\n")
     return common, tree
 
@@ -59,3 +61,28 @@ def test_other_git_files_change_nothing(world: SettingsWorld, pointer: str) -> N
     before = world.load(cwd=world.workspace).policy.filesystem
     fs = world.load(cwd=tree).policy.filesystem
     assert fs.allow_write == before.allow_write and fs.allow_read == before.allow_read
+
+
+@pytest.mark.parametrize(
+    ("admin", "commondir"),
+    [
+        ("objects/zz/G", "../.."),  # the shared directory, but not git's layout
+        ("worktrees/X", "../../.."),  # worktrees/NAME under the main working tree
+    ],
+)
+def test_a_back_pointer_anywhere_but_worktrees_name_exposes_nothing(
+    world: SettingsWorld, admin: str, commondir: str
+) -> None:
+    """ATK13: a sandbox of a linked worktree writes the shared directory, so it can forge
+    a vouching admin directory there; its ``commondir`` must not choose the area (the
+    integration test ``test_a_back_pointer_forged_in_the_shared_directory_never_widens_it_beyond_it``
+    has it choose the main working tree)."""
+    common, tree = worktree(world)
+    forged = os.path.join(common, admin)
+    sub = os.path.join(tree, "sub")
+    world.write(os.path.join(forged, "commondir"), commondir + "\n")
+    world.write(os.path.join(forged, "gitdir"), os.path.join(sub, ".git") + "\n")
+    world.write(os.path.join(sub, ".git"), f"gitdir: {forged}\n")
+    fs = world.load(cwd=sub).policy.filesystem
+    exposed = [p for p in (*fs.allow_write, *fs.allow_read) if p.startswith(world.root)]
+    assert not [p for p in exposed if p != sub], exposed
