@@ -27,11 +27,16 @@ file named after its ``(st_dev, st_ino)`` in the user's private lock
 directory, ``~/.cache/corral/locks`` of the user's *passwd* home (0700,
 owned by the user, never reached through a link; the same for every corral
 process of the user, whatever its environment). A regular file opened
-read-write also takes ``flock`` on NFS. Where no such directory can be made
-(no home - uid 65534's is ``/nonexistent`` -, one owned by someone else, a
-link planted there), the lock is ``flock`` on the directory itself: brokers
-still exclude each other everywhere, but then anyone who can read the
-directory can hold its lock (the limit below, for that user only).
+read-write also takes ``flock`` on NFS. Only for a user without a home (the
+passwd home missing - uid 65534's is ``/nonexistent`` - or not the user's
+own) is the lock ``flock`` on the directory itself: brokers still exclude
+each other everywhere, but then anyone who can read the directory can hold
+its lock (the limit below, for that user only). A user with a home whose
+lock directory cannot be had (a part of it another user's, a link, a mode
+that denies access - a sandbox whose workspace holds ``~/.cache`` can
+``chmod`` it, ATK13) gets every run refused (``BrokerFailed``): falling
+back would lock other objects than the user's running corral processes
+lock, and brokers would no longer exclude each other.
 
 No sandbox reaches the lock directory: every plan hides it and makes it
 read-only where it lies in a writable area (:func:`lock_directory`; a
@@ -198,12 +203,19 @@ _DIRECTORY: list[tuple[int, str] | None] = []
 
 def lock_directory() -> str | None:
     """The path of this user's private lock directory (made where it is missing), or
-    ``None`` where none can be had.
+    ``None`` where the user has no home to keep one in.
 
     Every plan hides it from the sandbox, and makes it read-only where it lies in a
     writable area (:func:`corral.pipeline._runner.prepare`): a sandboxed process that
-    could open a lock file could hold it, and one that could replace a lock file
-    would split the brokers that lock through it.
+    could open a lock file could hold it, and one that could replace it would split the
+    brokers that lock through it.
+
+    Raises:
+        BrokerFailed: the user has a home but the directory cannot be had there (a
+            part of it not this user's own directory, a link, no access): every run
+            is refused rather than locked another way than the user's other corral
+            processes lock (a sandbox whose workspace holds ``~/.cache`` could have
+            changed its mode; ATK13).
     """
     found = _private_directory()
     return None if found is None else found[1]
@@ -216,17 +228,27 @@ def _lock_directory() -> int | None:
 
 def _private_directory() -> tuple[int, str] | None:
     """An fd and the path of ``~/.cache/corral/locks`` of this user's passwd home, made
-    0700 where it is missing; ``None`` when a part of it is not this user's own directory
-    (or a link)."""
+    0700 where it is missing; ``None`` when that home is missing or not the user's own
+    (uid 65534's ``/nonexistent``): only then do brokers lock the directories themselves.
+    A failure for any other reason raises (:func:`lock_directory`) and is not kept."""
     if _DIRECTORY:
         return _DIRECTORY[0]
-    found: tuple[int, str] | None = None
-    try:
-        import pwd
+    import pwd
 
+    from .._exceptions import BrokerFailed
+
+    try:
         home = pwd.getpwuid(os.getuid()).pw_dir
-        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        st = os.stat(home)
+        homeless = not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()
+    except (OSError, KeyError):
+        homeless = True
+    found: tuple[int, str] | None = None
+    if not homeless:
+        path = os.path.realpath(os.path.join(home, ".cache/corral/locks"))
+        fd = -1
         try:
+            fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             for name in (".cache", "corral", "locks"):
                 try:
                     os.mkdir(name, 0o700, dir_fd=fd)
@@ -239,13 +261,21 @@ def _private_directory() -> tuple[int, str] | None:
                 fd = below
                 st = os.fstat(fd)
                 if st.st_uid != os.getuid() or (name == "locks" and st.st_mode & 0o077):
-                    raise PermissionError(f"{name} is not this user's private directory")
-            found, fd = (fd, os.path.realpath(os.path.join(home, ".cache/corral/locks"))), -1
+                    raise PermissionError(
+                        errno.EPERM, f"{name} is not this user's private directory"
+                    )
+            found, fd = (fd, path), -1
+        except OSError as exc:
+            raise BrokerFailed(
+                f"Failed to open the write brokers' private lock directory {path}: "
+                f"{exc.strerror or exc}",
+                hint="it must be a directory of yours, mode 0700, reached without a link, "
+                "below directories you can search (a sandbox that could write ~/.cache "
+                "may have changed one: check the modes of ~/.cache and ~/.cache/corral)",
+            ) from None
         finally:
             if fd >= 0:
                 os.close(fd)
-    except (OSError, KeyError):
-        found = None
     with _GUARD:
         if not _DIRECTORY:
             _DIRECTORY.append(found)
@@ -256,22 +286,25 @@ def _private_directory() -> tuple[int, str] | None:
 
 def _lock_file(key: tuple[int, int], directory: int) -> int:
     """An fd to ``flock`` for the directory *key* (open as *directory*): its private lock
-    file, opened read-write (a regular file of this user's, never a link), else a new fd
-    of the directory itself."""
+    file, opened read-write (a regular file of this user's, never a link); a new fd of the
+    directory itself only for a user without a home (:func:`_private_directory`).
+
+    Raises:
+        OSError: the lock file cannot be had (the broker does not start: never a lock
+            other than the one the user's other brokers take).
+        BrokerFailed: the private directory cannot be had.
+    """
     private = _lock_directory()
-    if private is not None:
-        try:
-            fd = os.open(
-                f"{key[0]:x}-{key[1]:x}",
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                0o600,
-                dir_fd=private,
-            )
-        except OSError:
-            pass
-        else:
-            st = os.fstat(fd)
-            if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
-                return fd
-            os.close(fd)
-    return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    if private is None:
+        return os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=directory)
+    fd = os.open(
+        f"{key[0]:x}-{key[1]:x}",
+        os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+        0o600,
+        dir_fd=private,
+    )
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        os.close(fd)
+        raise PermissionError(errno.EPERM, f"lock file {key[0]:x}-{key[1]:x} is not this user's")
+    return fd

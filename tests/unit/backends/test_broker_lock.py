@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -117,10 +118,18 @@ def test_a_broker_with_a_root_inside_another_of_its_roots_takes_its_own_locks(
         other.close()
 
 
+def needs_a_private_lock_directory() -> None:
+    from corral.backends._broker_lock import lock_directory
+
+    if lock_directory() is None:
+        pytest.skip("this user has no home (uid 65534): brokers lock the directories")
+
+
 def lock_file(directory: str) -> str:
     """The private lock file of *directory* (``~/.cache/corral/locks/<dev>-<ino>``)."""
     import pwd
 
+    needs_a_private_lock_directory()
     st = os.stat(directory)
     home = pwd.getpwuid(os.getuid()).pw_dir
     return os.path.join(home, ".cache", "corral", "locks", f"{st.st_dev:x}-{st.st_ino:x}")
@@ -163,6 +172,7 @@ def test_a_lock_another_process_holds_fails_the_operation_within_the_bound(
 def test_a_lock_on_the_directory_itself_delays_nothing(tmp_path: object) -> None:
     """Anyone who can read a workspace can flock the directory itself (another local user,
     a sandbox): the brokers' locks are private files, so that holds up no write."""
+    needs_a_private_lock_directory()
     root = str(tmp_path)
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLD, root], stdin=subprocess.PIPE, stdout=subprocess.PIPE
@@ -235,3 +245,73 @@ def test_without_a_private_lock_directory_the_policy_is_unchanged(
     monkeypatch.setattr(_broker_lock, "lock_directory", lambda: None)
     policy = default_policy("/srv/ws", home="/home/u")
     assert _hide_broker_locks(policy) is policy
+
+
+def _home(monkeypatch: pytest.MonkeyPatch, home: str) -> None:
+    """This process's passwd home is *home*, and no private directory is known yet."""
+    import pwd
+
+    from corral.backends import _broker_lock
+
+    real = pwd.getpwuid(os.getuid())
+    fake = pwd.struct_passwd((*real[:5], home, *real[6:]))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: fake)
+    monkeypatch.setattr(_broker_lock, "_DIRECTORY", [])
+
+
+@pytest.mark.parametrize("damage", ["link", "mode", "owner", "open-locks"])
+def test_a_lock_directory_that_cannot_be_had_refuses_rather_than_locking_elsewhere(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, damage: str
+) -> None:
+    """ATK13: a sandbox whose workspace holds ~/.cache can chmod ~/.cache/corral; had
+    corral then fallen back to the directories' own flock, new brokers would lock other
+    objects than the running ones (no exclusion) and a sandbox could hold those locks.
+    Where the user has a home, a lock directory that cannot be had refuses the run."""
+    from corral._exceptions import BrokerFailed
+    from corral.backends import _broker_lock
+    from corral.pipeline._runner import _hide_broker_locks
+    from corral.policy import default_policy
+
+    home = tmp_path / "home"
+    (home / ".cache" / "corral").mkdir(parents=True)
+    if damage == "link":
+        os.rename(home / ".cache" / "corral", home / "elsewhere")
+        os.symlink(home / "elsewhere", home / ".cache" / "corral")
+    elif damage == "mode":
+        if os.geteuid() == 0:
+            pytest.skip("root searches a directory of mode 000 anyway")
+        os.chmod(home / ".cache" / "corral", 0)
+    elif damage == "owner":
+        if os.geteuid() != 0:
+            pytest.skip("only root can give the directory to another user")
+        os.chown(home / ".cache" / "corral", 65534, 65534)
+    else:
+        (home / ".cache" / "corral" / "locks").mkdir(mode=0o755)
+        os.chmod(home / ".cache" / "corral" / "locks", 0o755)
+    _home(monkeypatch, str(home))
+    try:
+        with pytest.raises(BrokerFailed, match="private lock directory"):
+            _hide_broker_locks(default_policy(str(tmp_path), home=str(home)))
+        with pytest.raises(BrokerFailed):
+            broker_on(str(tmp_path))  # nor does a broker start
+        assert _broker_lock._DIRECTORY == []  # not kept: fixed, the next run goes on
+    finally:
+        os.chmod(home / ".cache" / "corral", 0o700)
+
+
+def test_only_a_user_without_a_home_locks_the_directories_themselves(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from corral.backends import _broker_lock
+
+    _home(monkeypatch, str(tmp_path / "nonexistent"))
+    assert _broker_lock.lock_directory() is None
+    locks = broker_on(str(tmp_path))  # the directory's own flock
+    try:
+        locks.acquire(BOUND)
+        locks.release()
+    finally:
+        locks.close()
+    _home(monkeypatch, str(tmp_path))
+    assert _broker_lock.lock_directory() == str(tmp_path / ".cache" / "corral" / "locks")
+    assert os.stat(tmp_path / ".cache" / "corral" / "locks").st_mode & 0o777 == 0o700
