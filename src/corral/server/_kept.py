@@ -270,7 +270,7 @@ class KeptSessions:
             stdin_mode="null",
             stdin=b"",
             tmp_dir=tmp_dir,
-            env=(*request.env, (STATE_VARIABLE, "")),
+            env=(*request.env, (STATE_VARIABLE, str(STATE_FD))),
         )
         resident = None
         try:
