@@ -344,7 +344,6 @@ def _keep_options(opts: RunOptions) -> tuple[bool, int | None]:
             a descriptor number of 3 or more.
     """
     from ..._exceptions import UsageError
-    from ...server._kept import STATE_VARIABLE
 
     keep = bool(opts.extra.get("--keep"))
     given = opts.extra.get("--report-fd")
@@ -359,6 +358,8 @@ def _keep_options(opts: RunOptions) -> tuple[bool, int | None]:
             )
         report_fd = int(given)
     if keep:
+        from ...server._kept import STATE_VARIABLE  # (a run without --keep never needs it)
+
         # set in every run: only a kept sandbox's command gets a value (_run_kept)
         opts.flags.setdefault("env", {}).setdefault("set", {})[STATE_VARIABLE] = ""
     return keep, report_fd
