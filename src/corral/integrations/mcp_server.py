@@ -182,6 +182,9 @@ class ApplyResult(TypedDict):
     skipped_unsupported: list[str]
     failed: list[list[str]]
     preview_removed: bool
+    #: ``[path, reason]`` of git inputs that landed and that the git check renamed out of
+    #: git's way (``<name>.corral-quarantined``): the agent must learn they did not land
+    quarantined: list[list[str]]
 
 
 class DestroyResult(TypedDict):
@@ -518,6 +521,7 @@ class SandboxRegistry:
             "skipped_unsupported": list(result.skipped_unsupported),
             "failed": [list(f) for f in result.failed],
             "preview_removed": result.preview_removed,
+            "quarantined": [list(q) for q in result.quarantined],
         }
 
     async def destroy(self, sandbox_id: str, discard: bool) -> DestroyResult:

@@ -34,7 +34,9 @@ def test_changes_are_reviewed_then_applied(world: World) -> None:
         assert by_path["tracked"]["diff"] == "@@ -1,2 +1,2 @@\n a\n-b\n+B"
         assert by_path["made.txt"]["diff"] == "@@ -0,0 +1 @@\n+new"
         assert diff["diff_truncated"] is False
-        await call(client, "sandbox_apply", sandbox_id=sid)
+        applied = await call(client, "sandbox_apply", sandbox_id=sid)
+        assert sorted(applied["applied"]) == ["made.txt", "tracked"], applied
+        assert applied["quarantined"] == [] and applied["failed"] == [], applied
         await call(client, "sandbox_destroy", sandbox_id=sid)
 
     with open(os.path.join(world.workspace, "tracked"), "w") as f:
