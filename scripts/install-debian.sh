@@ -9,7 +9,10 @@ if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq bubblewrap gcc libc6-dev python3 python3-venv >/dev/null
-python3 -m venv .venv
+# Debian's interpreter (the python3-venv just installed), not whatever python3 comes
+# first on PATH (a pyenv shim); --clear: a re-run, or a venv another interpreter made,
+# starts over instead of failing in ensurepip
+/usr/bin/python3 -m venv --clear .venv
 .venv/bin/pip install -q --upgrade pip >/dev/null
 .venv/bin/pip install -q .
 echo "corral installed: $(pwd)/.venv/bin/corral"

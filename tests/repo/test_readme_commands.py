@@ -34,6 +34,7 @@ TOOL_PACKAGES = {
     "tar": "tar",
     "dash": "dash",
     "bash": "bash",
+    "python3": "python3",
     "zsh": "zsh",
     "fish": "fish",
     "groff": "groff-base",
@@ -140,3 +141,42 @@ def test_ci_installs_every_tool_the_suite_looks_for() -> None:
     missing = needed - packages - ESSENTIAL
     assert not missing, f".ci/run does not install {sorted(missing)}"
     assert {"bubblewrap", "gcc", "python3-venv"} <= apt_packages("scripts/install-debian.sh")
+
+
+def venv_command(script: str) -> list[str]:
+    """The words of the line of *script* that makes ``.venv``."""
+    with open(os.path.join(ROOT, script), encoding="utf-8") as f:
+        lines = [line for line in f if not line.lstrip().startswith("#") and " -m venv " in line]
+    assert len(lines) == 1, f"{script} makes its venv on one line"
+    return shlex.split(lines[0])
+
+
+@pytest.mark.skipif(
+    subprocess.run(["/usr/bin/python3", "-c", "import ensurepip"], capture_output=True).returncode,
+    reason="Debian's python3-venv is not installed (the README's first command installs it)",
+)
+def test_the_two_commands_run_in_order_in_one_clone(tmp_path: pytest.TempPathFactory) -> None:
+    """The README's second command runs where its first made ``.venv`` already.
+
+    Each script's own venv line runs in one directory, in the README's order, after a
+    venv another interpreter made (the first ``python3`` on PATH: here a pyenv shim):
+    ``.ci/run`` made its venv over the one ``install-debian.sh`` had made with that
+    interpreter, and ensurepip failed, so ``sh .ci/run`` ended before any test.
+    """
+    debian = os.path.realpath("/usr/bin/python3")
+    steps = [
+        [shutil.which("python3") or "/usr/bin/python3", "-m", "venv", ".venv"],
+        venv_command("scripts/install-debian.sh"),
+        venv_command(".ci/run"),
+    ]
+    for step in steps:
+        made = subprocess.run(step, cwd=tmp_path, capture_output=True, text=True)
+        assert made.returncode == 0, f"{shlex.join(step)}: {made.stderr}"
+        pip = subprocess.run(
+            [".venv/bin/python", "-c", "import pip, sys; print(sys._base_executable)"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+        )
+        assert pip.returncode == 0, pip.stderr
+    assert os.path.realpath(pip.stdout.strip()) == debian, "the scripts' venv is Debian's python"
