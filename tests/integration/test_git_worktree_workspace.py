@@ -215,3 +215,66 @@ def test_a_back_pointer_forged_in_the_shared_directory_never_widens_it_beyond_it
     with open(os.path.join(repo, "README"), encoding="utf-8") as f:
         assert f.read() == "main\n"
     assert host_git(world, repo, "status", "--short").stdout == b""
+
+
+def test_a_shared_directory_inside_a_git_directory_keeps_its_persistence_points_protected(
+    world: World,
+) -> None:
+    """ATK16: a sandbox in a linked worktree (``git worktree add ../wt``) writes the shared
+    ``repo/.git``, where ``worktrees/*/commondir`` is a protect row. It turns
+    ``repo/.git/worktrees`` itself into a git directory (``objects``, ``refs``) with the
+    admin directory ``repo/.git/worktrees/worktrees/N`` (``commondir`` ``../..``: G's
+    grandparent, as the layout rule asks; ``gitdir`` naming ``wt/sub/.git``; the protect
+    row ``worktrees/*/commondir`` matches one component only) and plants ``wt/sub/.git``.
+    A run started in ``sub`` while that run lasts gets ``repo/.git/worktrees`` writable,
+    with the ``**/.git/REST`` rows re-rooted there - ``repo/.git/worktrees/worktrees/*/commondir``,
+    not ``repo/.git/worktrees/wt/commondir`` - so it could re-point the real worktree's
+    ``commondir`` (at a config that runs code when the host's git runs there; the git check
+    renames it away only at the end, which breaks the worktree). The planter could not."""
+    import subprocess
+    import time
+
+    from tests.conftest import client_command
+
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    assert host_git(world, repo, "init", "-q").returncode == 0
+    World.write(os.path.join(repo, "README"), "main\n")
+    assert host_git(world, repo, "add", "README").returncode == 0
+    assert host_git(world, repo, "commit", "-qm", "init").returncode == 0
+    worktree = os.path.join(world.root, "wt")
+    assert host_git(world, repo, "worktree", "add", "-q", worktree).returncode == 0
+    admin = os.path.join(repo, ".git", "worktrees")
+    commondir = os.path.join(admin, "wt", "commondir")
+    before = read_bytes(commondir)
+    forged = os.path.join(admin, "worktrees", "N")
+    sub = os.path.join(worktree, "sub")
+    plant = (
+        f"mkdir -p {admin}/objects {admin}/refs {forged} && printf '../..\\n' > {forged}/commondir"
+        f" && printf '%s\\n' {sub}/.git > {forged}/gitdir"
+        f" && mkdir sub && printf 'gitdir: %s\\n' {forged} > sub/.git"
+        " && touch sub/planted && sleep 60"
+    )
+    planter = subprocess.Popen(
+        [*client_command("corral"), "run", "-c", plant],
+        cwd=worktree,
+        env=dict(world.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(sub, "planted")):
+            assert planter.poll() is None, planter.communicate()
+            assert time.monotonic() < deadline, "the plant never appeared"
+            time.sleep(0.05)
+        attack = world.run(f"printf '/elsewhere\\n' > {commondir} && echo ESCAPED; exit 0", cwd=sub)
+        assert attack.returncode == 0, attack.stderr
+        assert b"ESCAPED" not in attack.stdout, attack.stdout
+    finally:
+        planter.kill()
+        planter.communicate()
+    # the real worktree's redirect is as git made it, and git still works there
+    assert os.path.isfile(commondir), os.listdir(os.path.dirname(commondir))
+    assert read_bytes(commondir) == before
+    assert host_git(world, worktree, "status", "--short").returncode == 0

@@ -372,3 +372,77 @@ def test_a_call_with_another_environment_never_gets_the_kept_sandbox_of_the_firs
     other = _client(served, *show, env={"KEPT_PROBE": "second"})
     assert [r.stdout.strip() for r in (first, again, other)] == [b"first", b"first", b"second"]
     assert len(_sandboxes(served)) >= 2  # the second value has a kept sandbox of its own
+
+
+def test_a_kept_call_in_a_forged_worktree_never_makes_the_hosts_git_run_its_config(
+    served: World,
+) -> None:
+    """ATK16, the whole chain: a background call in a linked worktree ``wt`` (its sandbox
+    writes the shared ``repo/.git``) makes ``repo/.git/worktrees`` a git directory with the
+    admin directory ``worktrees/N`` vouching for a planted ``wt/sub/.git``, and lasts. A
+    kept call started in ``sub`` meanwhile gets ``repo/.git/worktrees`` writable with the
+    ``.git`` rows re-rooted there, so ``repo/.git/worktrees/wt/commondir`` is not
+    protected in it: it builds a git directory with a payload config in its kept ``/tmp``
+    (a host directory no broker supervises, named by its own mountinfo) and points the real
+    worktree's ``commondir`` at it. Until the call ends, the host's ``git status`` in ``wt``
+    (an editor's poll, Claude Code's own) runs the payload's ``core.fsmonitor`` on the
+    host."""
+    from tests.integration.test_git_persistence import host_git, marker, payload_config
+
+    world = served
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(repo)
+    assert host_git(world, repo, "init", "-q").returncode == 0
+    World.write(os.path.join(repo, "README"), "main\n")
+    assert host_git(world, repo, "add", "README").returncode == 0
+    assert host_git(world, repo, "commit", "-qm", "init").returncode == 0
+    worktree = os.path.join(world.root, "wt")
+    assert host_git(world, repo, "worktree", "add", "-q", worktree).returncode == 0
+    admin = os.path.join(repo, ".git", "worktrees")
+    forged = os.path.join(admin, "worktrees", "N")
+    sub = os.path.join(worktree, "sub")
+    plant = (
+        f"mkdir -p {admin}/objects {admin}/refs {forged} && printf '../..\\n' > {forged}/commondir"
+        f" && printf '%s\\n' {sub}/.git > {forged}/gitdir"
+        f" && mkdir sub && printf 'gitdir: %s\\n' {forged} > sub/.git"
+        " && touch sub/planted && sleep 60"
+    )
+    config = payload_config(world).replace("\thooksPath = payload-hooks\n", "")
+    redirect = (
+        "mkdir -p /tmp/evil/objects /tmp/evil/refs && cat > /tmp/evil/config <<'CFG'\n"
+        f"{config}CFG\n"
+        "host=$(awk '$5 == \"/tmp\" { print $4 }' /proc/self/mountinfo | head -n 1)\n"
+        f"printf '%s/evil\\n' \"$host\" > {admin}/wt/commondir && touch {sub}/redirected\n"
+        "sleep 30"
+    )
+    spawn: dict[str, Any] = {
+        "env": dict(world.environ),
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+    }
+    planter = subprocess.Popen(
+        [*client_command("corral-client"), "run", "-c", plant], cwd=worktree, **spawn
+    )
+    kept = None
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(os.path.join(sub, "planted")):
+            assert planter.poll() is None, planter.communicate()
+            assert time.monotonic() < deadline, "the plant never appeared"
+            time.sleep(0.05)
+        kept = subprocess.Popen(
+            [*client_command("corral-client"), "run", *SESSION, "-c", redirect], cwd=sub, **spawn
+        )
+        deadline = time.monotonic() + 20
+        while not os.path.exists(os.path.join(sub, "redirected")) and kept.poll() is None:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        host_git(world, worktree, "status")  # the user's (or an editor's) git, during the call
+    finally:
+        for process in (kept, planter):
+            if process is not None:
+                process.kill()
+                process.communicate()
+    assert not os.path.exists(marker(world)), "the host's git ran the kept call's config"
+    assert host_git(world, worktree, "status", "--short").returncode == 0  # wt still works
