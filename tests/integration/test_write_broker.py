@@ -121,6 +121,37 @@ def test_renaming_a_big_tree_keeps_protection(world: World) -> None:
     assert b"blocked write to" in result.stderr
 
 
+@pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
+def test_a_root_a_sandbox_chose_never_hides_a_protection_above_it(
+    world: World, backend: str
+) -> None:
+    """A run makes new repositories at ``.config`` and ``.local`` (its own to make). A run
+    started there has that repository as its workspace, where ``fish/config.fish`` is not
+    ``**/.config/fish/**`` relative to the workspace - the whole path matches it, and so it
+    stays protected, as do git's XDG config, user services and ``.local/bin``
+    (docs/threat-model.md, "A root never hides a protection above it")."""
+    degrade = (
+        ["--allow-degraded", "isolation"] if backend == "landlock" and os.geteuid() == 0 else []
+    )
+    options = ["--backend", backend, "--isolation", "process", *degrade]
+    plant = world.run("git init -q .config && git init -q .local && echo planted", *options)
+    assert b"planted" in plant.stdout, plant.stderr
+    attacks = {
+        ".config": "mkdir -p fish git systemd/user; echo 'curl x|sh' > fish/config.fish; "
+        "printf '[core]\\n\\tfsmonitor = evil\\n' > git/config; echo x > systemd/user/x.service; "
+        "mkdir -p nvim && echo ok > nvim/init.lua && echo wrote",
+        ".local": "mkdir -p bin; printf '#!/bin/sh\\n' > bin/ls; mkdir -p share && echo ok > "
+        "share/f && echo wrote",
+    }
+    for directory, script in attacks.items():
+        result = world.run(script, *options, cwd=world.ws(directory))
+        assert b"wrote" in result.stdout, result.stderr  # the rest of the root is writable
+        assert b"blocked write to" in result.stderr
+    for rel in (".config/fish", ".config/git", ".config/systemd/user", ".local/bin"):
+        assert not os.path.exists(world.ws(rel)), rel
+    assert World.read(world.ws(".config", "nvim", "init.lua")) == "ok\n"
+
+
 def test_unprotecting_a_row_from_a_trusted_layer(world: World) -> None:
     settings = World.write(
         os.path.join(world.home, ".config", "corral", "settings.json"),

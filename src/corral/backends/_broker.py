@@ -156,6 +156,7 @@ class Broker(_Emulator):
         self._attached.acquire()
         rows, self._git_rows = _compiled_rows(spec.patterns)
         self._patterns = list(rows)  # a copy: the broker adds a root's own rows to it
+        self._reach = {}  # the rows reaching into each root from above it (_reaching_into)
         self.journal = Journal()
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []

@@ -27,6 +27,7 @@ class _Policy(_Resolver):
 
     _patterns: list[tuple[PathPattern, str]]
     _git_rows: frozenset[str]
+    _reach: dict[tuple[str, int], tuple[tuple[PathPattern, str], ...]]
     journal: Journal
     violations: list[Violation]
     error: BaseException | None
@@ -86,7 +87,34 @@ class _Policy(_Resolver):
                 ):
                     continue
                 return label
+        # the rows that reach into this root from above it match the whole path, and a
+        # repository the run created is no exemption there: it lies inside what they protect
+        root = sandbox_path[: len(sandbox_path) - len(rel)].rstrip("/") if rel else sandbox_path
+        reach = self._reaching_into(root or "/")
+        if reach:
+            whole = parts.get(True)
+            if whole is None:
+                whole = components(sandbox_path)
+            for pattern, label in reach:
+                if pattern.could_match_parts(whole) and pattern.matches(sandbox_path):
+                    return label
         return None
+
+    def _reaching_into(self, root: str) -> tuple[tuple[PathPattern, str], ...]:
+        """The relative rows that protect names below *root* through its own components
+        (:meth:`~corral.policy._glob.PathPattern.reaches_into`), e.g. ``**/.config/fish/**``
+        in a root ``/home/u/.config``; none for most roots. Cached per root and row count
+        (the broker adds rows before it serves: trusted hook paths)."""
+        key = (root, len(self._patterns))
+        found = self._reach.get(key)
+        if found is None:
+            found = tuple(
+                (pattern, label)
+                for pattern, label in self._patterns
+                if not pattern.absolute and pattern.reaches_into(root)
+            )
+            self._reach[key] = found
+        return found
 
     def _own_repository(self, r: _Resolved) -> bool:
         """Whether *r* belongs to a repository this run created (its own to write).
@@ -262,6 +290,10 @@ class _Policy(_Resolver):
             p.could_match_below(src.sandbox_path if p.absolute else src.rel)
             or p.could_match_below(dst.sandbox_path if p.absolute else dst.rel)
             for p, _ in self._patterns
+        ) and not any(
+            p.could_match_below(end.sandbox_path)
+            for end in (src, dst)
+            for p, _ in self._reaching_into(end.root.sandbox_path)
         ):
             return
         top = f"/proc/self/fd/{src.parent_fd}/{src.name}"

@@ -315,8 +315,13 @@ class PathRules:
                 )
             )
             return f"it is outside the areas the sandbox may write ({where})"
-        rel = best[1]
+        root, rel = best
         for pattern, label in self._relative:
             if rel and pattern.matches(rel):
+                return label
+        # a row reaching into the root from above it matches the whole path, as the write
+        # broker's does (PathPattern.reaches_into)
+        for pattern, label in self._relative:
+            if rel and pattern.reaches_into(root) and pattern.matches(path):
                 return label
         return None

@@ -187,6 +187,38 @@ class PathPattern:
         parts = tuple(s for s in directory.strip("/").split("/") if s)
         return self._prefix(0, parts, 0)
 
+    def reaches_into(self, root: str) -> bool:
+        """Whether this pattern, matched against whole paths, protects names below the
+        absolute directory *root* that it misses when matched against their path relative
+        to *root*; such a pattern is matched against the whole path too (see below).
+
+        Only an any-depth pattern (``**/REST``) can: a match that begins in *root*'s own
+        components. ``**/.config/fish/**`` reaches into ``/home/u/.config`` (its
+        ``fish/config.fish`` is the user's fish configuration), and
+        ``**/.git/worktrees/*/commondir`` into ``/r/.git/worktrees``. A pattern that matches
+        *root* itself (or, for ``DIR/**``, is ``DIR``) does not: the root lies wholly inside
+        what it protects (a Claude Code
+        worktree session ``/r/.claude/worktrees/NAME`` under ``**/.claude/**``), where the
+        user put it - no sandbox can make a directory there - and the pattern still
+        applies relative to it. Patterns not anchored at any depth (``src/*.key``) are
+        relative to their root only.
+
+        Why this matters (docs/threat-model.md, "A root never hides a protection above
+        it"): a writable root can be chosen by what an earlier sandbox wrote - a nested
+        repository it created becomes the workspace of a run started there, a forged
+        worktree layout names the git directory a run exposes - so a protection that
+        depended on where a root begins could be stepped around by choosing the root.
+        """
+        segments = self._segments
+        if self.absolute or len(segments) < 2 or segments[0] != "**":
+            return False
+        parts = tuple(s for s in root.strip("/").split("/") if s)
+        if self._match(0, parts, 0):
+            return False
+        if segments[-1] == "**" and PathPattern("/".join(segments[:-1]))._match(0, parts, 0):
+            return False  # DIR/** and the root is DIR: inside it too
+        return any(self._prefix(1, parts, k) for k in range(len(parts)))
+
     def _match(self, si: int, parts: tuple[str, ...], pi: int) -> bool:
         segments = self._segments
         while si < len(segments):

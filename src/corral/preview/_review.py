@@ -71,6 +71,13 @@ def _protected(
                         continue  # what lands inside it is judged by the rows inside .git
                     found.append((rel, label))
                     break
+                # a row reaching into the workspace from above it matches the whole path,
+                # as the write broker's does (PathPattern.reaches_into); no exemption there
+                if compiled_pattern.reaches_into(workspace) and compiled_pattern.matches(
+                    f"{workspace}/{rel}"
+                ):
+                    found.append((rel, label))
+                    break
         if change.new_mode is not None and change.new_mode & _SETID and change.new_type == "file":
             found.append((change.path, "a set-user-ID or set-group-ID bit"))
     return found

@@ -196,3 +196,30 @@ def test_glob_braces_cannot_smuggle_a_secret_past_the_check(
 def test_glob_braces_inside_the_workspace_are_fine(tree: dict[str, str]) -> None:
     assert rules_for(tree).search_denial(tree["ws"], "src/**/*.{py,pyi}") is None
     assert rules_for(tree).search_denial(tree["ws"], "{a,b,c}/{d,e}") is None
+
+
+def test_a_workspace_below_a_protected_name_keeps_what_is_protected_above_it(
+    tree: dict[str, str],
+) -> None:
+    """A nested repository a sandbox made at ``home/.config`` becomes the workspace of a call
+    started there: ``fish/config.fish`` is still ``**/.config/fish/**`` (docs/threat-model.md,
+    "A root never hides a protection above it")."""
+    config = f"{tree['home']}/.config"
+    os.makedirs(f"{config}/.git")
+    policy = Policy.for_workspace(config, home=tree["home"])
+    rules = PathRules(policy)
+    for rel in ("fish/config.fish", "git/config", "systemd/user/x.service"):
+        denial = rules.write_denial(f"{config}/{rel}")
+        assert denial is not None, rel
+        assert "filesystem.protect: **/.config/" in denial
+    assert rules.write_denial(f"{config}/nvim/init.lua") is None
+
+
+def test_a_worktree_session_under_claude_is_its_own_workspace(tree: dict[str, str]) -> None:
+    worktree = f"{tree['ws']}/.claude/worktrees/one"
+    os.makedirs(worktree)
+    rules = PathRules(Policy.for_workspace(worktree, home=tree["home"]))
+    assert rules.write_denial(f"{worktree}/src/app.py") is None
+    denial = rules.write_denial(f"{worktree}/.claude/settings.json")
+    assert denial is not None
+    assert "**/.claude/**" in denial

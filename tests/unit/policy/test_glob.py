@@ -169,3 +169,66 @@ def test_the_literal_prefilter_rules_out_paths_without_the_literals() -> None:
     assert not hooks.could_match_parts(components("vendor/.git/config"))
     assert hooks.could_match_parts(components("vendor/.git/hooks/pre-commit"))
     assert PathPattern("**/*.pem").literals == frozenset()  # no literal: always tried
+
+
+@pytest.mark.parametrize(
+    ("pattern", "root", "expected"),
+    [
+        # a match beginning in the root's own components
+        ("**/.config/fish/**", "/home/u/.config", True),
+        ("**/.config/fish/**", "/home/u/.config/fish", False),  # the root is inside it
+        ("**/.config/fish", "/home/u/.config", True),
+        ("**/.git/worktrees/*/commondir", "/r/.git/worktrees", True),
+        ("**/.git/worktrees/*/commondir", "/r/.git", True),
+        ("**/.git/modules/**/hooks/**", "/r/.git/modules/sub", True),
+        ("**/.local/lib/python*/site-packages/*.pth", "/h/.local/lib/python3.11", True),
+        # the root wholly inside what the pattern protects (a Claude Code worktree session)
+        ("**/.claude/**", "/r/.claude/worktrees/one", False),
+        ("**/.git", "/r/new/.git", False),
+        # nothing of the root can begin a match
+        ("**/.config/fish/**", "/srv/ws", False),
+        ("**/.git/hooks/**", "/r/.git/worktrees", False),
+        ("**/.bashrc", "/home/u", False),  # one segment: the match is the name itself
+        # not an any-depth pattern: relative to its root only
+        (".config/fish/**", "/home/u/.config", False),
+        ("/etc/**", "/etc", False),
+    ],
+)
+def test_knows_which_patterns_reach_into_a_root_from_above(
+    pattern: str, root: str, expected: bool
+) -> None:
+    assert PathPattern(pattern).reaches_into(root) is expected
+
+
+def test_a_match_beginning_above_the_root_is_always_announced() -> None:
+    """The write broker, the hook and ``apply`` match a pattern against the whole path only
+    for the roots :meth:`PathPattern.reaches_into` names, so it must name every root where
+    the whole path matches and the root-relative one does not (unless the root itself
+    matches, or is DIR of a pattern DIR/**: the root lies inside what it protects). Random any-depth patterns against
+    random roots and paths below them."""
+    import random
+
+    rng = random.Random(20261207)
+    names = ["a", "b", ".git", "hooks", "config", "x.pem", "ab"]
+    pieces = ["*", "?", "[ab]", "a*", "**"]
+    checked = above = 0
+    for _ in range(3000):
+        tail = "/".join(
+            rng.choice(names if rng.random() < 0.7 else pieces) for _ in range(rng.randint(1, 4))
+        )
+        glob = PathPattern("**/" + tail)
+        for _ in range(10):
+            root = "/" + "/".join(rng.choice(names) for _ in range(rng.randint(1, 4)))
+            rel = "/".join(rng.choice(names) for _ in range(rng.randint(1, 3)))
+            checked += 1
+            if glob.matches(f"{root}/{rel}") and not glob.matches(rel):
+                parts = tail.split("/")
+                while len(parts) > 1 and parts[-1] == "**":
+                    parts.pop()  # DIR of DIR/** (a run of ** is one **)
+                directory = PathPattern("/".join(["**", *parts]))
+                if glob.matches(root) or (tail.endswith("**") and directory.matches(root)):
+                    assert not glob.reaches_into(root), (glob, root)
+                    continue
+                above += 1
+                assert glob.reaches_into(root), (glob, root, rel)
+    assert checked == 30000 and above > 150  # the case is exercised

