@@ -152,6 +152,56 @@ def test_a_root_a_sandbox_chose_never_hides_a_protection_above_it(
     assert World.read(world.ws(".config", "nvim", "init.lua")) == "ok\n"
 
 
+@pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
+@pytest.mark.parametrize(
+    ("key", "value", "name", "trigger"),
+    [
+        ("core.hooksPath", "tools/githooks", "githooks/pre-commit", "commit"),
+        ("core.fsmonitor", "tools/fsmonitor.sh", "fsmonitor.sh", "status"),
+    ],
+)
+def test_a_nested_root_never_hides_the_enclosing_repositorys_trusted_code_paths(
+    world: World, backend: str, key: str, value: str, name: str, trigger: str
+) -> None:
+    """ATK17: the workspace's own config names ``tools/githooks`` (or an fsmonitor program
+    ``tools/fsmonitor.sh``) as code, so the broker protects it - but only in a root whose
+    own ``.git/config`` names it. A run makes ``tools`` a new repository (its own to make);
+    the run started in ``tools`` has it as its workspace, reads only ``tools/.git/config``
+    (no hooksPath), and writes the hook the user's config runs: the host's next ``git
+    commit`` (or ``git status``) in the workspace runs it. The protection lies above the
+    root, where it must still hold (docs/threat-model.md, "A root never hides a protection
+    above it")."""
+    from .test_git_persistence import host_git, marker
+
+    ws = world.workspace
+    assert host_git(world, ws, "init", "-q").returncode == 0
+    World.write(world.ws("tools", "githooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    World.write(world.ws("tools", "fsmonitor.sh"), "#!/bin/sh\nexit 1\n")
+    for script in ("githooks/pre-commit", "fsmonitor.sh"):
+        os.chmod(world.ws("tools", script), 0o755)
+    assert host_git(world, ws, "add", "-A").returncode == 0
+    assert host_git(world, ws, "commit", "-qm", "init").returncode == 0
+    assert host_git(world, ws, "config", key, value).returncode == 0
+    degrade = (
+        ["--allow-degraded", "isolation"] if backend == "landlock" and os.geteuid() == 0 else []
+    )
+    options = ["--backend", backend, "--isolation", "process", *degrade]
+    payload = f"#!/bin/sh\ntouch {marker(world)}\nexit 1\n"
+    # the workspace's run may not write it (the protection holds in its own root) ...
+    direct = world.run(f"printf '{payload}' > tools/{name}", *options)
+    assert b"blocked write to" in direct.stderr, direct.stderr
+    # ... so it makes tools a repository of its own, and a run started there writes it
+    plant = world.run("git init -q tools && echo planted", *options)
+    assert b"planted" in plant.stdout, plant.stderr
+    world.run(f"printf '{payload}' > {name}", *options, cwd=world.ws("tools"))
+    if trigger == "commit":
+        host_git(world, ws, "commit", "-q", "--allow-empty", "-m", "next")
+    else:
+        host_git(world, ws, "status", "--short")
+    assert not os.path.exists(marker(world)), f"the host's git ran the planted {value}"
+    assert World.read(world.ws("tools", name)) != payload
+
+
 def test_unprotecting_a_row_from_a_trusted_layer(world: World) -> None:
     settings = World.write(
         os.path.join(world.home, ".config", "corral", "settings.json"),
