@@ -278,3 +278,49 @@ def test_a_shared_directory_inside_a_git_directory_keeps_its_persistence_points_
     assert os.path.isfile(commondir), os.listdir(os.path.dirname(commondir))
     assert read_bytes(commondir) == before
     assert host_git(world, worktree, "status", "--short").returncode == 0
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "landlock"])
+@pytest.mark.parametrize(
+    ("key", "value", "name", "trigger"),
+    [
+        ("core.hooksPath", "tools/githooks", "tools/githooks/pre-commit", "commit"),
+        ("core.fsmonitor", "tools/fsmonitor.sh", "tools/fsmonitor.sh", "status"),
+    ],
+)
+def test_a_linked_worktree_keeps_the_code_paths_its_repositorys_config_names(
+    world: World, backend: str, key: str, value: str, name: str, trigger: str
+) -> None:
+    """ATK17: the broker protects what the root's repository config names as code
+    (``core.hooksPath``, a ``core.fsmonitor`` program) by opening the root's ``.git``
+    as a directory - a linked worktree's ``.git`` is a file, so in a Claude Code worktree
+    session nothing of it is protected: one run writes ``tools/githooks/pre-commit`` (in
+    the main working tree a run is refused that), and the host's next ``git commit`` in
+    the worktree runs it (``git status`` for the fsmonitor program)."""
+    from .test_git_persistence import host_git, marker
+
+    repo = os.path.join(world.root, "repo")
+    os.makedirs(os.path.join(repo, "tools", "githooks"))
+    assert host_git(world, repo, "init", "-q").returncode == 0
+    World.write(os.path.join(repo, "tools", "githooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    World.write(os.path.join(repo, "tools", "fsmonitor.sh"), "#!/bin/sh\nexit 1\n")
+    for script in ("githooks/pre-commit", "fsmonitor.sh"):
+        os.chmod(os.path.join(repo, "tools", script), 0o755)
+    assert host_git(world, repo, "add", "-A").returncode == 0
+    assert host_git(world, repo, "commit", "-qm", "init").returncode == 0
+    assert host_git(world, repo, "config", key, value).returncode == 0
+    worktree = os.path.join(repo, ".claude", "worktrees", "X")
+    assert host_git(world, repo, "worktree", "add", "-q", worktree).returncode == 0
+    degrade = (
+        ["--allow-degraded", "isolation"] if backend == "landlock" and os.geteuid() == 0 else []
+    )
+    options = ["--backend", backend, "--isolation", "process", *degrade]
+    payload = f"#!/bin/sh\\ntouch {marker(world)}\\nexit 1\\n"
+    main = world.run(f"printf '{payload}' > {name}", *options, cwd=repo)
+    assert b"blocked write to" in main.stderr, main.stderr  # the main tree's run may not
+    world.run(f"printf '{payload}' > {name}", *options, cwd=worktree)
+    if trigger == "commit":
+        host_git(world, worktree, "commit", "-q", "--allow-empty", "-m", "next")
+    else:
+        host_git(world, worktree, "status", "--short")
+    assert not os.path.exists(marker(world)), f"the host's git ran the planted {value}"
