@@ -461,6 +461,53 @@ def test_file_tools_are_denied_where_the_sandbox_cannot_write(
     assert decision(world, via, tool, {field: "relative/in/workspace.txt"}) is None
 
 
+@pytest.mark.parametrize("case", ["hooks-path", "gitdir-under-another-name"])
+def test_file_tools_never_write_code_the_sandbox_may_not_write(
+    world: World, via: str, case: str
+) -> None:
+    """ATK17: the hook's Write/Edit decisions are meant to allow only what a sandboxed
+    command could write, but ``PathRules`` knows only the ``protect``/``denyWrite`` rows -
+    not what the broker adds or checks beyond them: the paths the workspace's own git config
+    runs as code (``core.hooksPath``), and the config and hooks of a directory shaped like a
+    git directory under another name (``evil/``, which a sandbox made with ``git init
+    --separate-git-dir=evil x``). Claude Code's Write runs on the host, outside any sandbox;
+    what it writes there makes the host's next ``git commit`` (or ``git status`` in ``x``)
+    run a payload."""
+    from ..test_git_persistence import host_git, marker
+
+    ws = world.workspace
+    assert host_git(world, ws, "init", "-q").returncode == 0
+    assert host_git(world, ws, "commit", "-q", "--allow-empty", "-m", "init").returncode == 0
+    if case == "hooks-path":
+        assert host_git(world, ws, "config", "core.hooksPath", "tools/githooks").returncode == 0
+        # the sandbox may not write it
+        sandboxed = world.run("mkdir -p tools/githooks && echo x > tools/githooks/pre-commit")
+        assert b"blocked write to" in sandboxed.stderr, sandboxed.stderr
+        target = world.ws("tools", "githooks", "pre-commit")
+        content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    else:
+        plant = world.run("git init -q --separate-git-dir=evil x && echo planted")
+        assert b"planted" in plant.stdout, plant.stderr
+        # the sandbox may not write it directly either (a config is written only via config.lock)
+        sandboxed = world.run("echo '[core]' > evil/config")
+        assert b"blocked write to" in sandboxed.stderr, sandboxed.stderr
+        target = world.ws("evil", "config")
+        content = (
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
+            f'\tfsmonitor = "touch {marker(world)}; false"\n'
+        )
+    out = decision(world, via, "Write", {"file_path": target, "content": content})
+    if out is None or out["permissionDecision"] != "deny":
+        # what Claude Code's Write does then, on the host; and the user's next git
+        World.write(target, content)
+        os.chmod(target, 0o755)
+        host_git(world, ws, "commit", "-q", "--allow-empty", "-m", "next")
+        if case != "hooks-path":
+            host_git(world, world.ws("x"), "status", "--short")
+    assert not os.path.exists(marker(world)), f"the hook let Write land {target}; git ran it"
+    assert out is not None and out["permissionDecision"] == "deny", out
+
+
 def test_read_only_workspace_denies_every_write(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
