@@ -36,8 +36,9 @@ from ._broker_abi import (
     _signed_fd,
 )
 from ._broker_connect import _Connector
-from ._broker_policy import _land_copy, _read_regular_file
+from ._broker_policy import _land_copy
 from ._broker_pty import _PtyPeer
+from ._gitlayout import read_regular_file
 
 __all__: list[str] = []
 
@@ -531,7 +532,7 @@ class _Emulator(_Connector, _PtyPeer):
         """
         from ._gitcheck import config_problem
 
-        data = _read_regular_file(src.parent_fd, src.name)
+        data = read_regular_file(src.parent_fd, src.name)
         if data is None:
             raise _Denied(dst.sandbox_path, f"{row} (the new config is no regular file)")
         parts = dst.rel.split("/")
@@ -541,7 +542,7 @@ class _Emulator(_Connector, _PtyPeer):
             own = self.journal.is_new(dst.root.sandbox_path, "/".join(parts[:-1]))
         before: bytes | None = None
         if not own and _exists(dst.parent_fd, dst.name):
-            before = _read_regular_file(dst.parent_fd, dst.name)
+            before = read_regular_file(dst.parent_fd, dst.name)
             if before is None:  # a symlink or special file stands there: not git's
                 raise _Denied(dst.sandbox_path, row)
         problem = config_problem(data, before=before)

@@ -6,7 +6,7 @@ import os
 import stat
 
 from ..pipeline._outcome import Violation
-from ..policy._glob import PathPattern, components
+from ..policy._glob import PathPattern, components, escape
 from ._broker_abi import (
     _FD_METADATA_CALLS,
     _RENAME_WALK_LIMIT,
@@ -18,6 +18,17 @@ from ._broker_abi import (
 )
 from ._broker_resolve import _Resolver
 from ._gitcheck import Journal
+from ._gitlayout import (
+    CONFIG_NAMES,
+    SHAPE_CONFIG,
+    SHAPE_HOOK,
+    SHAPE_NAMES,
+    exists_at,
+    git_shaped,
+    read_config_file,
+    read_regular_file,
+    work_tree_config,
+)
 
 __all__: list[str] = []
 
@@ -148,12 +159,12 @@ class _Policy(_Resolver):
         """The git row protecting *r* if it is a repository's ``config`` or ``config.worktree``
         (in a ``.git``, or in a directory shaped like a gitdir: see :meth:`_check_git_shape`)."""
         parts = r.rel.split("/")
-        if parts[-1] not in _CONFIG_NAMES:
+        if parts[-1] not in CONFIG_NAMES:
             return None
         if r.root.sandbox_path in self._spec.open_roots:
             return None
         if ".git" not in parts[:-1]:
-            return _SHAPE_CONFIG if _git_shaped(r.parent_fd) else None
+            return SHAPE_CONFIG if git_shaped(r.parent_fd) else None
         label = self._denied_by(r.rel, r.sandbox_path)
         return label if label in self._git_rows else None
 
@@ -197,20 +208,20 @@ class _Policy(_Resolver):
             raise _Denied(r.sandbox_path, "git: a .git made a symlink")
         if ".git" in parts[:-1] or not (creates or content or symlink or moved):
             return
-        if name in _CONFIG_NAMES:
-            if (content or symlink or (creates and not moved)) and _git_shaped(r.parent_fd):
-                raise _Denied(r.sandbox_path, _SHAPE_CONFIG)
+        if name in CONFIG_NAMES:
+            if (content or symlink or (creates and not moved)) and git_shaped(r.parent_fd):
+                raise _Denied(r.sandbox_path, SHAPE_CONFIG)
         elif name == "hooks":
-            if (symlink or moved) and _git_shaped(r.parent_fd):
-                raise _Denied(r.sandbox_path, _SHAPE_HOOK)
+            if (symlink or moved) and git_shaped(r.parent_fd):
+                raise _Denied(r.sandbox_path, SHAPE_HOOK)
         elif len(parts) >= 2 and parts[-2] == "hooks" and not name.endswith(".sample"):
-            if _git_shaped(r.parent_fd, up=True):
-                raise _Denied(r.sandbox_path, _SHAPE_HOOK)
+            if git_shaped(r.parent_fd, up=True):
+                raise _Denied(r.sandbox_path, SHAPE_HOOK)
         elif (
-            name in _SHAPE_NAMES
-            and not _exists_at(r.parent_fd, name)
-            and not _git_shaped(r.parent_fd)
-            and _git_shaped(r.parent_fd, adding=name)
+            name in SHAPE_NAMES
+            and not exists_at(r.parent_fd, name)
+            and not git_shaped(r.parent_fd)
+            and git_shaped(r.parent_fd, adding=name)
         ):
             self._judge_git_shape(r)
 
@@ -221,12 +232,12 @@ class _Policy(_Resolver):
 
         where = r.sandbox_path.rpartition("/")[0]
         copies: list[tuple[str, bytes, int]] = []
-        for config in _CONFIG_NAMES:
+        for config in CONFIG_NAMES:
             try:
                 st = os.stat(config, dir_fd=r.parent_fd, follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            data = _read_regular_file(r.parent_fd, config) if stat.S_ISREG(st.st_mode) else None
+            data = read_regular_file(r.parent_fd, config) if stat.S_ISREG(st.st_mode) else None
             problem = "no regular file" if data is None else config_problem(data)
             if problem is not None:
                 raise _Denied(
@@ -339,36 +350,29 @@ class _Policy(_Resolver):
             return "?"
 
     def _protect_trusted_hook_paths(self, root: _Root) -> None:
-        """Protect what the root's own repository config names as code (``core.hooksPath``,
-        a ``core.fsmonitor`` program) when it lies inside the root (``.githooks``, husky's
-        directory): the user's trusted config runs whatever is planted there.
+        """Protect what the configs of the repositories holding the root name as code
+        (``core.hooksPath``, a ``core.fsmonitor`` program) where it lies inside the root
+        (``.githooks``, husky's directory): the user's trusted config runs whatever is
+        planted there.
 
-        Only the repository at the root is read (its ``.git/config``, never through a
-        symlink); git parses it only when one of the two keys is spelled in it.
+        Every repository whose work tree holds the root counts - the root's own (through
+        a ``.git`` directory, or a linked worktree's or submodule's ``.git`` file) and each
+        one above it (:func:`~._gitlayout.enclosing_code_paths`): where a root begins is no
+        reason to forget them (ATK17: a nested repository a run made at ``tools/`` became
+        the next run's workspace, and the enclosing repository's ``tools/githooks`` was
+        writable there; a worktree's ``.git`` is a file, and its repository's hooks path
+        was writable in one run). Git parses a config only when one of the two keys is
+        spelled in it.
         """
-        from ._gitcheck import trusted_code_paths
+        from ._gitlayout import enclosing_code_paths
 
-        try:
-            git_fd = os.open(
-                ".git",
-                os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                dir_fd=root.host_fd,
-            )
-        except OSError:
-            return
-        try:
-            fd = os.open(
-                "config", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=git_fd
-            )
-        except OSError:
-            return
-        finally:
-            os.close(git_fd)
-        try:
-            data = os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-        finally:
-            os.close(fd)
-        self._protect_code_paths(trusted_code_paths(data, root.sandbox_path), "the repository's")
+        base = root.sandbox_path.rstrip("/")
+        inside = [
+            path
+            for path in enclosing_code_paths(root.sandbox_path, own_fd=root.host_fd)
+            if path == root.sandbox_path or path.startswith(base + "/")
+        ]
+        self._protect_code_paths([escape(p) for p in inside], "a trusted repository's")
 
     def _protect_code_paths(self, rels: list[str], whose: str) -> None:
         for rel in rels:
@@ -394,13 +398,19 @@ class _Policy(_Resolver):
         from ._gitcheck import trusted_code_paths
 
         for path in self._spec.git_configs:
-            data = _read_config_file(path)
+            data = read_config_file(path)
             if not data:
                 continue
             for root in self._roots:
                 if root.sandbox_path not in self._spec.open_roots:
                     found = trusted_code_paths(data, root.sandbox_path, "*")
-                    self._protect_code_paths(found, f"the user's global ({path})")
+                    self._protect_code_paths(
+                        [
+                            f"**/{escape(f[3:])}" if f.startswith("**/") else escape(f)
+                            for f in found
+                        ],
+                        f"the user's global ({path})",
+                    )
         for root in self._roots:
             if root.sandbox_path in self._spec.open_roots:
                 continue
@@ -410,10 +420,10 @@ class _Policy(_Resolver):
                     break
                 rel = top[2:] if top.startswith("./") else ""
                 if rel and (".git" in dirs or ".git" in files):
-                    data = _nested_repository_config(dfd)
+                    data = work_tree_config(dfd)
                     worktree = f"{root.sandbox_path.rstrip('/')}/{rel}"
                     self._protect_code_paths(
-                        trusted_code_paths(data, root.sandbox_path, worktree),
+                        [escape(p) for p in trusted_code_paths(data, root.sandbox_path, worktree)],
                         f"the nested repository {rel}'s",
                     )
                 dirs[:] = [d for d in dirs if d != ".git"]
@@ -449,94 +459,8 @@ class _Policy(_Resolver):
             )
 
 
-_CONFIG_NAMES = ("config", "config.worktree")
-
 #: Directories visited per root when looking for nested repositories' configs.
 _NESTED_SCAN_LIMIT = 100_000
-
-
-def _read_config_file(path: str) -> bytes:
-    """A global git config's bytes (b"" if absent or not a regular file)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return b""
-    try:
-        return os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-    finally:
-        os.close(fd)
-
-
-def _nested_repository_config(dir_fd: int) -> bytes:
-    """The config a nested repository's work tree (*dir_fd*) uses: ``.git/config``,
-    or through a ``.git`` file (a submodule, a worktree) its gitdir's common config,
-    never through a symlink; plus ``config.worktree``."""
-    data = b""
-    gitdir = ".git"
-    link = _read_regular_file(dir_fd, ".git", 4096)
-    if link is not None:
-        text = link.strip()
-        if not text.startswith(b"gitdir:"):
-            return b""
-        gitdir = os.fsdecode(text[len(b"gitdir:") :].strip())
-    common = _read_regular_file(dir_fd, f"{gitdir}/commondir", 4096)
-    base = gitdir
-    if common is not None:
-        target = os.fsdecode(common.strip())
-        base = target if target.startswith("/") else f"{gitdir}/{target}"
-    for name in (f"{base}/config", f"{gitdir}/config.worktree"):
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
-            continue
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                data += os.read(fd, 1 << 20) + b"\n"
-        finally:
-            os.close(fd)
-    return data
-
-
-#: The names that make a directory shaped like a gitdir (see _Policy._check_git_shape).
-_SHAPE_NAMES = ("objects", "refs", "commondir")
-_SHAPE_CONFIG = (
-    "git: the config of a directory shaped like a repository is written only through "
-    "config.lock, as git does"
-)
-_SHAPE_HOOK = "git: a hook in a directory shaped like a repository"
-
-
-def _exists_at(dir_fd: int, name: str) -> bool:
-    try:
-        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return True
-
-
-def _git_shaped(dir_fd: int, *, adding: str | None = None, up: bool = False) -> bool:
-    """Whether the directory *dir_fd* (its parent with *up*) has ``objects`` and ``refs``,
-    or ``commondir`` - counting *adding* as present."""
-    prefix = "../" if up else ""
-    have = {n for n in _SHAPE_NAMES if n == adding or _exists_at(dir_fd, prefix + n)}
-    return "commondir" in have or {"objects", "refs"} <= have
-
-
-def _read_regular_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
-    """The bytes of the regular file *name* (never through a symlink); None otherwise."""
-    try:
-        fd = os.open(
-            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
-        )
-    except OSError:
-        return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
-        return data if len(data) <= limit else None
-    finally:
-        os.close(fd)
 
 
 def _land_copy(dir_fd: int, name: str, data: bytes, mode: int) -> None:
@@ -567,4 +491,4 @@ def _live_code(rel: str, *, content: bool, symlink: bool) -> bool:
         return True
     if parts[-1] == "hooks" and symlink:
         return True
-    return parts[-1] in _CONFIG_NAMES and (content or symlink)
+    return parts[-1] in CONFIG_NAMES and (content or symlink)

@@ -679,12 +679,9 @@ def _as_user(
 
 def user_git_configs(facts: HostFacts) -> tuple[str, ...]:
     """The global git configs the caller's git reads (:attr:`BrokerSpec.git_configs`)."""
-    env = dict(facts.environ)
-    if env.get("GIT_CONFIG_GLOBAL"):
-        return (env["GIT_CONFIG_GLOBAL"],)
-    home = facts.home.rstrip("/")
-    xdg = env.get("XDG_CONFIG_HOME") or f"{home}/.config"
-    return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
+    from ._gitlayout import global_git_configs
+
+    return global_git_configs(dict(facts.environ), facts.home)
 
 
 def proc_masks(facts: HostFacts) -> list[str]:

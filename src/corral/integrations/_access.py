@@ -34,6 +34,8 @@ from ..policy._glob import PathPattern
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ..policy._model import Policy
 
 __all__ = ["MagicPath", "PathRules", "expand_braces", "resolve"]
@@ -197,8 +199,12 @@ class PathRules:
         # "it is a protected persistence point (filesystem.protect: **/.git/hooks/**)"
     """
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, environ: Mapping[str, str] | None = None) -> None:
+        """*environ* (default :data:`os.environ`) says which global git configs the user's
+        git reads (``GIT_CONFIG_GLOBAL``, ``HOME``, ``XDG_CONFIG_HOME``)."""
         fs = policy.filesystem
+        env = os.environ if environ is None else environ
+        self._environ = env
         roots = [] if fs.read_only else [fs.workspace]
         roots += list(fs.allow_write)
         # (root as written, root resolved): a symlinked workspace is still the workspace
@@ -324,4 +330,81 @@ class PathRules:
         for pattern, label in self._relative:
             if rel and pattern.reaches_into(root) and pattern.matches(path):
                 return label
+        return self._git_denial(path, rel)
+
+    def _git_denial(self, path: str, rel: str) -> str | None:
+        """What the write broker refuses beyond the rows, for a tool writing *path*'s bytes
+        on the host (ATK17: each check of the broker the hook lacked was a Write-tool
+        bypass): a file with other hard links; the config or a hook of a directory shaped
+        like a gitdir, or the name that would make a directory so shaped; and a path that
+        a trusted git config - of a repository holding *path*, or the user's global one -
+        runs as code. *rel* is *path* relative to its writable root."""
+        import stat
+
+        from ..backends._gitlayout import (
+            CONFIG_NAMES,
+            SHAPE_CONFIG,
+            SHAPE_HOOK,
+            SHAPE_NAMES,
+            enclosing_code_paths,
+            exists_at,
+            git_shaped,
+        )
+
+        try:
+            st = os.lstat(path)
+        except OSError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            return "the file has other hard links, possibly outside the writable area"
+        parent, name = posixpath.split(path)
+        try:
+            parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            parent_fd = -1  # made by the tool: a new directory is no gitdir
+        if parent_fd >= 0:
+            try:
+                if name in CONFIG_NAMES and git_shaped(parent_fd):
+                    return SHAPE_CONFIG
+                if (
+                    posixpath.basename(parent) == "hooks"
+                    and not name.endswith(".sample")
+                    and git_shaped(parent_fd, up=True)
+                ):
+                    return SHAPE_HOOK
+                if (
+                    name in SHAPE_NAMES
+                    and not exists_at(parent_fd, name)
+                    and not git_shaped(parent_fd)
+                    and git_shaped(parent_fd, adding=name)
+                ):
+                    return f"git: {parent} would become a directory shaped like a repository"
+            finally:
+                os.close(parent_fd)
+        for code in enclosing_code_paths(parent):
+            if _under(path, code) and code != "/":
+                return f"git: a path a trusted repository's config runs code from: {code}"
+        for pattern, label in self._global_code_rows():
+            if pattern.matches(rel) or pattern.matches(path):
+                return label
         return None
+
+    def _global_code_rows(self) -> list[tuple[PathPattern, str]]:
+        """The user's global git configs' code paths, as the broker protects them: a
+        relative value at any depth (``**/VALUE``), an absolute one as itself."""
+        from ..backends._gitcheck import trusted_code_paths
+        from ..backends._gitlayout import global_git_configs, read_config_file
+        from ..policy._glob import escape
+
+        rows: list[tuple[PathPattern, str]] = []
+        home = self._environ.get("HOME") or os.path.expanduser("~")
+        for config in global_git_configs(self._environ, home):
+            data = read_config_file(config)
+            label = f"git: a path the user's global git config ({config}) runs code from"
+            for found in trusted_code_paths(data, "/", "*"):
+                text = f"**/{escape(found[3:])}" if found.startswith("**/") else "/" + escape(found)
+                try:
+                    rows += [(PathPattern(text), label), (PathPattern(text + "/**"), label)]
+                except ValueError:
+                    continue
+        return rows

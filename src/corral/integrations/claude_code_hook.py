@@ -531,7 +531,7 @@ def decide(
         if tool == "Monitor" and tool_input.get("command") is None:
             return None  # a WebSocket monitor runs no command (network tools are Claude Code's)
         return _shell_decision(tool, tool_input, payload, resolved, corral, env, pid)
-    rules = PathRules(resolved.policy)
+    rules = PathRules(resolved.policy, environ=env)
     if tool in FILE_TOOLS:
         optional = tool == "EnterWorktree"  # without a path: under the project's .claude/
         given = _field(tool_input, FILE_TOOLS[tool], "tool_input.", optional=optional)

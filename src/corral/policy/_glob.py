@@ -19,7 +19,7 @@ budget"), and the grammar above is small.
 
 from __future__ import annotations
 
-__all__ = ["PathPattern", "compiled", "components", "match_word", "validate_pattern"]
+__all__ = ["PathPattern", "compiled", "components", "escape", "match_word", "validate_pattern"]
 
 
 def validate_pattern(pattern: str) -> str | None:
@@ -247,6 +247,13 @@ class PathPattern:
             si += 1
             pi += 1
         return si < len(segments)
+
+
+def escape(path: str) -> str:
+    """A pattern that matches exactly *path*: each ``*``, ``?`` and ``[`` becomes a
+    one-character class (``[*]``), so a literal path someone else wrote (a config's
+    ``core.hooksPath``) is never read as a glob, wider or invalid."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in path)
 
 
 def components(path: str) -> frozenset[str]:

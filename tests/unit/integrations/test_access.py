@@ -223,3 +223,54 @@ def test_a_worktree_session_under_claude_is_its_own_workspace(tree: dict[str, st
     denial = rules.write_denial(f"{worktree}/.claude/settings.json")
     assert denial is not None
     assert "**/.claude/**" in denial
+
+
+def test_file_tools_get_the_brokers_rules_beyond_the_rows(tree: dict[str, str]) -> None:
+    """ATK17: each check the write broker makes beyond the rows must be the hook's too -
+    a file tool writes on the host, where git then runs what it wrote."""
+    ws = tree["ws"]
+    rules = rules_for(tree)
+    # a gitdir under another name (git init --separate-git-dir=evil x): its config, its hooks
+    for name in ("objects", "refs/heads", "hooks"):
+        os.makedirs(f"{ws}/evil/{name}")
+    assert rules.write_denial(f"{ws}/evil/config") is not None
+    assert rules.write_denial(f"{ws}/evil/config.worktree") is not None
+    assert rules.write_denial(f"{ws}/evil/hooks/pre-commit") is not None
+    assert rules.write_denial(f"{ws}/evil/hooks/pre-commit.sample") is None
+    assert rules.write_denial(f"{ws}/evil/description") is None
+    # the name that makes a directory so shaped
+    os.makedirs(f"{ws}/half/objects")
+    denial = rules.write_denial(f"{ws}/half/refs")
+    assert denial is not None and "shaped like a repository" in denial
+    assert rules.write_denial(f"{ws}/half/commondir") is not None
+    assert rules.write_denial(f"{ws}/plain/commondir") is None  # one name alone shapes nothing
+    # a file with another hard link (possibly a protected file, or one outside)
+    with open(f"{ws}/a.txt", "w") as f:
+        f.write("a\n")
+    os.link(f"{ws}/a.txt", f"{ws}/b.txt")
+    denial = rules.write_denial(f"{ws}/b.txt")
+    assert denial is not None and "hard links" in denial
+
+
+def test_file_tools_never_write_what_a_trusted_git_config_runs(tree: dict[str, str]) -> None:
+    import subprocess
+
+    ws = tree["ws"]
+    git = ["git", "-c", "init.defaultBranch=main"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tree["home"]}
+    subprocess.run([*git, "init", "-q", ws], check=True, env=env)
+    subprocess.run(["git", "-C", ws, "config", "core.hooksPath", "tools/githooks"], env=env)
+    # the workspace's own config, and an enclosing repository's seen from a nested root
+    nested = f"{ws}/tools"
+    os.makedirs(f"{nested}/.git")
+    for workspace in (ws, nested):
+        policy = Policy.for_workspace(workspace, home=tree["home"])
+        denial = PathRules(policy, environ=env).write_denial(f"{ws}/tools/githooks/pre-commit")
+        assert denial is not None and "runs code from" in denial, workspace
+    # the user's global config: a relative hooksPath applies in every work tree
+    with open(f"{tree['home']}/.gitconfig", "w") as f:
+        f.write("[core]\n\thooksPath = .hooks\n")
+    policy = Policy.for_workspace(ws, home=tree["home"])
+    denial = PathRules(policy, environ=env).write_denial(f"{ws}/sub/.hooks/pre-push")
+    assert denial is not None and "global git config" in denial
+    assert PathRules(policy, environ=env).write_denial(f"{ws}/sub/hooks/pre-push") is None

@@ -232,3 +232,13 @@ def test_a_match_beginning_above_the_root_is_always_announced() -> None:
                 above += 1
                 assert glob.reaches_into(root), (glob, root, rel)
     assert checked == 30000 and above > 150  # the case is exercised
+
+
+def test_an_escaped_path_matches_only_itself() -> None:
+    from corral.policy._glob import escape
+
+    for path in ("a*b/c?d/[x", "tools/githooks", "x]y"):
+        pattern = PathPattern(escape(path))
+        assert pattern.matches(path)
+    assert not PathPattern(escape("a*b")).matches("aXb")
+    assert not PathPattern(escape("c?d")).matches("cXd")

@@ -1,0 +1,185 @@
+"""Where git takes code from in a directory tree: the write broker's and the hook's shared view.
+
+Git runs code from a repository's ``config`` and ``config.worktree`` (programs
+they name), from its ``hooks/``, and from what a trusted config names as code:
+``core.hooksPath`` (the hooks live there instead) and a ``core.fsmonitor``
+program. This module answers, for a host directory:
+
+* :func:`git_shaped` - whether git would take the directory for a gitdir (it
+  has ``objects`` and ``refs``, or ``commondir``), so its ``config`` and
+  ``hooks/`` are code wherever a ``.git`` file leads to it;
+* :func:`work_tree_config` - the config a work tree's git reads (through its
+  ``.git`` directory, or a ``.git`` file's gitdir and its common dir);
+* :func:`enclosing_code_paths` - every path that the configs of the
+  repositories whose work tree holds the directory name as code. Git finds
+  those repositories above the directory, so where a writable root begins
+  must not decide which of them are read: a nested repository a run makes at
+  ``tools/`` is the next run's workspace, and ``tools/githooks`` is still the
+  enclosing repository's hooks (docs/threat-model.md, "A root never hides a
+  protection above it").
+
+Everything is read without following a symbolic link at the last component,
+only from regular files, with a size bound; what is read only ever *adds*
+protection, so a config an earlier sandbox planted can make more paths
+read-only, never fewer.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import stat
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+__all__ = [
+    "CONFIG_NAMES",
+    "SHAPE_CONFIG",
+    "SHAPE_HOOK",
+    "SHAPE_NAMES",
+    "enclosing_code_paths",
+    "exists_at",
+    "git_shaped",
+    "global_git_configs",
+    "read_config_file",
+    "read_regular_file",
+    "work_tree_config",
+]
+
+#: The files of a gitdir that git reads as its configuration.
+CONFIG_NAMES = ("config", "config.worktree")
+#: The names that make a directory shaped like a gitdir.
+SHAPE_NAMES = ("objects", "refs", "commondir")
+SHAPE_CONFIG = (
+    "git: the config of a directory shaped like a repository is written only through "
+    "config.lock, as git does"
+)
+SHAPE_HOOK = "git: a hook in a directory shaped like a repository"
+
+_POINTER_MAX = 4096  # a .git file or commondir is one short line
+
+
+def exists_at(dir_fd: int, name: str) -> bool:
+    """Whether *name* exists in the directory *dir_fd* (a symlink counts as itself)."""
+    try:
+        os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def git_shaped(dir_fd: int, *, adding: str | None = None, up: bool = False) -> bool:
+    """Whether the directory *dir_fd* (its parent with *up*) has ``objects`` and ``refs``,
+    or ``commondir`` - counting *adding* as present."""
+    prefix = "../" if up else ""
+    have = {n for n in SHAPE_NAMES if n == adding or exists_at(dir_fd, prefix + n)}
+    return "commondir" in have or {"objects", "refs"} <= have
+
+
+def read_regular_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    """The bytes of the regular file *name* (never through a symlink); None otherwise."""
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd
+        )
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+        return data if len(data) <= limit else None
+    finally:
+        os.close(fd)
+
+
+def read_config_file(path: str) -> bytes:
+    """A git config's bytes at the host *path* (b"" if absent or not a regular file)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1 << 20) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+
+
+def work_tree_config(dir_fd: int) -> bytes:
+    """The config the work tree *dir_fd*'s git uses: ``.git/config``, or through a ``.git``
+    file (a linked worktree, a submodule) its gitdir's common config; plus the gitdir's
+    ``config.worktree``. Empty when the directory holds no repository."""
+    data = b""
+    gitdir = ".git"
+    link = read_regular_file(dir_fd, ".git", _POINTER_MAX)
+    if link is not None:
+        text = link.strip()
+        if not text.startswith(b"gitdir:"):
+            return b""
+        gitdir = os.fsdecode(text[len(b"gitdir:") :].strip())
+    common = read_regular_file(dir_fd, f"{gitdir}/commondir", _POINTER_MAX)
+    base = gitdir
+    if common is not None:
+        target = os.fsdecode(common.strip())
+        base = target if target.startswith("/") else f"{gitdir}/{target}"
+    for name in (f"{base}/config", f"{gitdir}/config.worktree"):
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError:
+            continue
+        try:
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                data += os.read(fd, 1 << 20) + b"\n"
+        finally:
+            os.close(fd)
+    return data
+
+
+def global_git_configs(environ: Mapping[str, str], home: str) -> tuple[str, ...]:
+    """The global git configs the git of a user with *environ* and *home* reads:
+    ``GIT_CONFIG_GLOBAL``, else ``~/.gitconfig`` and the XDG one."""
+    if environ.get("GIT_CONFIG_GLOBAL"):
+        return (environ["GIT_CONFIG_GLOBAL"],)
+    home = home.rstrip("/")
+    xdg = environ.get("XDG_CONFIG_HOME") or f"{home}/.config"
+    return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
+
+
+def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[str]:
+    """The absolute paths that the configs of the repositories whose work tree holds the
+    absolute *directory* name as code (``core.hooksPath``, a ``core.fsmonitor`` program).
+
+    Every directory from *directory* up to ``/`` that holds a ``.git`` (a directory or a
+    file) is such a work tree; *own_fd*, when given, is how *directory* itself is reached
+    (the broker's descriptor of its root, which may be another view of it, e.g. a
+    preview's overlay). Relative values are taken from the work tree that names them.
+    Git parses a config only when one of the two keys is spelled in it.
+    """
+    from ._gitcheck import trusted_code_paths
+
+    found: list[str] = []
+    current = posixpath.normpath(directory)
+    first = True
+    while True:
+        fd = own_fd if first and own_fd is not None else -1
+        opened = False
+        if fd < 0:
+            try:
+                fd = os.open(current, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                opened = True
+            except OSError:
+                fd = -1
+        if fd >= 0:
+            try:
+                if exists_at(fd, ".git"):
+                    data = work_tree_config(fd)
+                    found += ["/" + p for p in trusted_code_paths(data, "/", current)]
+            finally:
+                if opened:
+                    os.close(fd)
+        if current == "/":
+            return list(dict.fromkeys(found))
+        current = posixpath.dirname(current)
+        first = False

@@ -1,0 +1,73 @@
+"""Where git takes code from: the shape of a gitdir and the configs of enclosing repositories."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from corral.backends._gitlayout import enclosing_code_paths, git_shaped, work_tree_config
+
+
+def _git(*args: str, cwd: str) -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": cwd, "GIT_CONFIG_NOSYSTEM": "1"}
+    subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True)
+
+
+def test_enclosing_repositories_name_their_code_paths_from_any_depth(tmp_path: object) -> None:
+    root = str(tmp_path)
+    outer, inner = f"{root}/outer", f"{root}/outer/tools/inner"
+    os.makedirs(inner)
+    _git("init", "-q", ".", cwd=outer)
+    _git("config", "core.hooksPath", "tools/githooks", cwd=outer)
+    _git("init", "-q", ".", cwd=inner)
+    _git("config", "core.fsmonitor", "../fsmon.sh", cwd=inner)
+    # from the inner work tree: its own fsmonitor (relative to it) and the outer hooks path
+    found = enclosing_code_paths(inner)
+    assert f"{root}/outer/tools/fsmon.sh" in found
+    assert f"{outer}/tools/githooks" in found
+    # from a directory of the outer tree that does not exist yet: the outer config only
+    assert enclosing_code_paths(f"{outer}/tools/new/dir") == [f"{outer}/tools/githooks"]
+    assert enclosing_code_paths(root) == []
+
+
+def test_a_linked_worktrees_config_is_its_repositorys(tmp_path: object) -> None:
+    root = str(tmp_path)
+    repo = f"{root}/repo"
+    os.makedirs(repo)
+    _git("init", "-q", ".", cwd=repo)
+    _git(
+        "-c",
+        "user.name=t",
+        "-c",
+        "user.email=t@t",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "x",
+        cwd=repo,
+    )
+    _git("config", "core.hooksPath", ".githooks", cwd=repo)
+    _git("worktree", "add", "-q", f"{root}/wt", cwd=repo)
+    fd = os.open(f"{root}/wt", os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert b"hooksPath = .githooks" in work_tree_config(fd)
+    finally:
+        os.close(fd)
+    assert f"{root}/wt/.githooks" in enclosing_code_paths(f"{root}/wt")
+
+
+def test_a_directory_is_shaped_like_a_gitdir_by_objects_and_refs_or_commondir(
+    tmp_path: object,
+) -> None:
+    d = str(tmp_path)
+    fd = os.open(d, os.O_PATH | os.O_DIRECTORY)
+    try:
+        assert not git_shaped(fd)
+        os.mkdir(f"{d}/objects")
+        assert not git_shaped(fd)
+        assert git_shaped(fd, adding="refs")
+        os.mkdir(f"{d}/refs")
+        assert git_shaped(fd)
+    finally:
+        os.close(fd)
