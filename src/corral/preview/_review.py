@@ -52,10 +52,14 @@ def _protected(
 
     compiled = []
     for pattern, label in patterns:
-        try:
-            compiled.append((PathPattern(pattern), label))
-        except ValueError:
-            continue
+        # as the write broker's rows (backends.base.broker_patterns): DIR/** also covers
+        # DIR itself - a file or a symlink to a payload directory would stand in for it
+        dir_row = [pattern[:-3]] if pattern.endswith("/**") and len(pattern) > 3 else []
+        for text, is_dir_row in ((pattern, False), *((d, True) for d in dir_row)):
+            try:
+                compiled.append((PathPattern(text), label, is_dir_row))
+            except ValueError:
+                continue
     found: list[tuple[str, str]] = []
     for change in changes:
         if change.kind == "unsupported":
@@ -63,7 +67,9 @@ def _protected(
         for rel in (change.path, change.old_path):
             if rel is None:
                 continue
-            for compiled_pattern, label in compiled:
+            for compiled_pattern, label, is_dir_row in compiled:
+                if is_dir_row and _new_directory(change, rel):
+                    continue  # a directory made (or kept) there: what it holds is judged
                 if compiled_pattern.matches(
                     f"{workspace}/{rel}" if compiled_pattern.absolute else rel
                 ):
@@ -108,6 +114,17 @@ def _git_check(
     finally:
         os.close(fd)
     return tuple((f.path, f"{f.reason}; quarantined as {f.quarantined_as}") for f in findings)
+
+
+def _new_directory(change: Change, rel: str) -> bool:
+    """Whether *change* makes a directory at *rel*, or keeps one there (never a file or a
+    symlink standing in for a protected directory, nor its removal or move)."""
+    return (
+        rel == change.path
+        and change.kind in ("added", "modified")
+        and change.new_type == "dir"
+        and change.old_type in (None, "dir")
+    )
 
 
 def _new_repository_dir(change: Change, rel: str) -> bool:

@@ -256,3 +256,15 @@ def test_refuses_what_a_pattern_protects_from_above_the_workspace(tmp_path):
     assert "fish/config.fish" in info.value.message
     assert "nvim/init.lua" not in info.value.message
     assert not os.path.exists(f"{ws}/fish")
+
+
+def test_refuses_a_protected_directory_replaced_by_a_link(world):
+    """``DIR/**`` also covers ``DIR``, as in the write broker: a ``.claude`` that is a
+    symlink to a payload directory would load its settings and hooks."""
+    ws, state = world
+    preview, t = copy_preview(ws, state)
+    os.symlink("/var/tmp/payload", f"{t}/.claude")
+    with pytest.raises(PreviewError, match="protected paths") as info:
+        preview.apply()
+    assert ".claude" in info.value.message
+    assert not os.path.lexists(f"{ws}/.claude")
