@@ -103,6 +103,8 @@ class Record(metaclass=_RecordMeta):
         return tuple(getattr(self, field) for field in self._fields)
 
     def __eq__(self, other: object) -> bool:
+        if other is self:
+            return True  # immutable: the same record is equal to itself (the common case)
         if type(other) is not type(self):
             return NotImplemented
         return self._values() == other._values()

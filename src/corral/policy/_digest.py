@@ -46,6 +46,14 @@ def policy_data(value: Any) -> Any:
     return value
 
 
+#: digests of the policies asked about lately, by identity: ``id -> (policy, digest)``. A
+#: policy is immutable, so its digest never changes; the corral server asks for the digest
+#: of the same (cached) policy on every run. The policy is kept in the entry, so its id
+#: cannot be reused while the entry lives.
+_DIGESTS: dict[int, tuple[Policy, str]] = {}
+_DIGESTS_MAX = 64  # a bound, not a tuning knob
+
+
 def policy_digest(policy: Policy) -> str:
     """Return the SHA-256 hex digest of *policy*'s canonical JSON.
 
@@ -53,4 +61,11 @@ def policy_digest(policy: Policy) -> str:
 
         policy_digest(default_policy("/src/app", home="/home/me"))  # "3f1c..."
     """
-    return sha256_hex(dumps(policy_data(policy), sort_keys=True).encode("ascii"))
+    entry = _DIGESTS.get(id(policy))
+    if entry is not None and entry[0] is policy:
+        return entry[1]
+    digest = sha256_hex(dumps(policy_data(policy), sort_keys=True).encode("ascii"))
+    if len(_DIGESTS) >= _DIGESTS_MAX:
+        _DIGESTS.clear()
+    _DIGESTS[id(policy)] = (policy, digest)
+    return digest

@@ -289,11 +289,12 @@ def _environ_digest(environ: Mapping[str, str], policy: Policy) -> str:
     from ...backends.bubblewrap import _name_passes
 
     passes = _name_passes(policy.env.pass_through, policy.env.deny)
-    digest = hashlib.sha256()
-    for name, value in sorted(environ.items()):
-        if name not in _VOLATILE or passes(name):
-            digest.update(os.fsencode(name) + b"=" + os.fsencode(value) + b"\0")
-    return digest.hexdigest()
+    entries = [
+        f"{name}={value}\0"
+        for name, value in sorted(environ.items())
+        if name not in _VOLATILE or passes(name)
+    ]
+    return hashlib.sha256(os.fsencode("".join(entries))).hexdigest()
 
 
 def _run_reporting(
