@@ -372,9 +372,15 @@ def _cwd_carrying(command: str, delimiter: str, inner: str, prefix: str, workspa
         "exit 0"
     )
     ws = quote(workspace)
+    # Claude Code runs a command with no redirection of its own with < /dev/null; the
+    # heredocs here make it leave the rewritten one's stdin alone (its own pipe), so corral
+    # gives that stdin back for every command without a "<" at all (a subset of Claude
+    # Code's rule, the rest as before): what the command reads is what it reads without
+    # corral, and a kept session's next shell, started ahead with /dev/null, fits it
+    stdin = " </dev/null" if "<" not in command else ""
     host = (
         f"{{ __corral_w=$(exec {prefix} --workspace {ws} --keep --report-fd 3 --shell {SHELL} "
-        f'-c "${PRE_VARIABLE}${VARIABLE}${POST_VARIABLE}" 3>&1 >&4 4>&-); }} 4>&1\n'
+        f'-c "${PRE_VARIABLE}${VARIABLE}${POST_VARIABLE}" 3>&1 >&4 4>&-{stdin}); }} 4>&1\n'
         "__corral_s=$?\n"
         'if [ "$__corral_s" = 0 ]; then\n'
         "  case $__corral_w in\n"

@@ -67,6 +67,7 @@ if TYPE_CHECKING:
     from ..policy import Policy
     from ._launchers import LauncherPool
     from ._request import ExecRequest
+    from ._resident_next import NextShell
     from ._runner import Prepared
 
 __all__ = ["Resident", "ResidentCommand"]
@@ -217,6 +218,18 @@ def _split(plan: LaunchPlan) -> tuple[tuple[object, ...], str, tuple[str, ...]] 
     return shape, cwd, command
 
 
+class _Launched:
+    """A command the init was asked to start: its output streams, our descriptors (closed
+    when it is supervised) and the write end of its stdin pipe (-1: none)."""
+
+    __slots__ = ("ours", "outs", "stdin_fd")
+
+    def __init__(self, outs: list[_Stream], ours: list[int], stdin_fd: int) -> None:
+        self.outs = outs
+        self.ours = ours
+        self.stdin_fd = stdin_fd
+
+
 class ResidentCommand:
     """The handle of one command of a resident sandbox (``on_start``: cancel, kill, signal)."""
 
@@ -295,6 +308,7 @@ class Resident:
         self._looked: tuple[ExecRequest, _Looked | None] | None = None
         self._unchecked = False  # set by open(): no command ran since that look
         self._null = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # the commands' stdin
+        self._next: NextShell | None = None  # a shell started ahead (start_next)
 
     @classmethod
     def open(
@@ -410,6 +424,42 @@ class Resident:
         if found is None:
             return None
         plan, cwd, argv, environ = found
+        body = self._body(cwd, argv, environ)
+        if body is None or not self._lock.acquire(False):
+            return None
+        try:
+            shell, self._next = self._next, None
+            if shell is not None:
+                from ._resident_next import discard, run_next, waiting
+
+                if not waiting(self):
+                    shell.close()  # it ended on its own (its end was read): start one here
+                elif shell.fits(request, cwd, argv, environ, state_fd, streams):
+                    return run_next(self, shell, request, argv[2], plan, on_start, streams)
+                elif not discard(self, shell):
+                    return None  # its init did not answer: the sandbox is retired
+            return self._run(plan, request, body, on_start, streams, state_fd)
+        finally:
+            self._lock.release()
+
+    def start_next(self, request: ExecRequest, *, state_fd: int) -> bool:
+        """Start the shell of the next call ahead (:mod:`._resident_next`): *request* is that
+        call as expected, its command ``[shell, "-c", LOADER]``; *state_fd* becomes the
+        shell's descriptor 63. Whether it now waits; never while a command runs here."""
+        from ._resident_next import start_next
+
+        if not self._lock.acquire(False):
+            return False
+        try:
+            if self.broken or self._next is not None:
+                return False
+            self._next = start_next(self, request, state_fd=state_fd)
+            return self._next is not None
+        finally:
+            self._lock.release()
+
+    def _body(self, cwd: str, argv: tuple[str, ...], environ: bytes) -> bytes | None:
+        """The init's ``C`` request for *argv* in *cwd* with *environ*; ``None`` when too big."""
         body = b"\0".join(
             [
                 b"C" + os.fsencode(cwd),
@@ -418,17 +468,9 @@ class Resident:
                 environ,
             ]
         )
-        if (
-            len(body) > _MAX_REQUEST
-            or len(argv) > _MAX_WORDS
-            or environ.count(b"\0") > _MAX_WORDS
-            or not self._lock.acquire(False)
-        ):
+        if len(body) > _MAX_REQUEST or len(argv) > _MAX_WORDS or environ.count(b"\0") > _MAX_WORDS:
             return None
-        try:
-            return self._run(plan, request, body, on_start, streams, state_fd)
-        finally:
-            self._lock.release()
+        return body
 
     def _plan(self, request: ExecRequest) -> tuple[LaunchPlan, str, tuple[str, ...], bytes] | None:
         """``(plan, cwd, command, encoded environment)`` of *request*, or ``None`` (not here).
@@ -483,11 +525,32 @@ class Resident:
         streams: tuple[int, int, int],
         state_fd: int | None = None,
     ) -> Outcome | None:
-        import select
-
-        ours: list[int] = []  # our ends: closed at the end
-        theirs: list[int] = []  # the command's: closed once sent
         handle = ResidentCommand(self, plan.kill_grace, wakeable=on_start is not None)
+        try:
+            started, wall = time.monotonic(), time.time()
+            launched = self._launch(request, body, streams, () if state_fd is None else (state_fd,))
+        except BaseException:
+            handle.close()
+            raise
+        if launched is None:
+            handle.close()
+            return None  # the sandbox is gone (its init failed?): nothing ran
+        self.commands += 1
+        if on_start is not None:
+            on_start(handle)
+        return self._supervise(plan, request, launched, handle, started, wall)
+
+    def _launch(
+        self,
+        request: ExecRequest,
+        body: bytes,
+        streams: tuple[int, int, int],
+        extra: tuple[int, ...],
+    ) -> _Launched | None:
+        """Send the init the ``C`` request *body* with the command's stdin, output pipes and
+        the *extra* descriptors (its 63, 61, 62); ``None`` when the sandbox is gone."""
+        ours: list[int] = []  # our ends: closed by _supervise (or here on failure)
+        theirs: list[int] = []  # the command's: closed once sent
         try:
             stdin_fd = -1
             if request.stdin_mode == "data":
@@ -504,18 +567,39 @@ class Resident:
                 theirs.append(w)
                 ours.append(r)
                 outs.append(_Stream(r, None if request.capture else streams[index]))
-            if state_fd is not None:
-                theirs.append(os.dup(state_fd))
-            started, wall = time.monotonic(), time.time()
+            theirs.extend(os.dup(fd) for fd in extra)
             self.control(body, tuple(theirs))
+        except BaseException:
+            self.broken = True  # the init's replies may be out of step now: retire it
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
             for fd in theirs:
                 os.close(fd)
-            theirs = []
-            if self.broken:
-                return None  # the sandbox is gone (its init failed?): nothing ran
-            self.commands += 1
-            if on_start is not None:
-                on_start(handle)
+        if self.broken:
+            for fd in ours:
+                os.close(fd)
+            return None
+        return _Launched(outs, ours, stdin_fd)
+
+    def _supervise(
+        self,
+        plan: LaunchPlan,
+        request: ExecRequest,
+        launched: _Launched,
+        handle: ResidentCommand,
+        started: float,
+        wall: float,
+        replies: list[bytes] | None = None,
+    ) -> Outcome:
+        """Relay the launched command's output and stdin, enforce its timeout, and wait for
+        the init's end (``D``); its Outcome. Closes our ends and *handle* in every case."""
+        import select
+
+        ours, outs, stdin_fd = launched.ours, launched.outs, launched.stdin_fd
+        replies = [] if replies is None else replies  # P, and E or X before their D
+        try:
             poller = select.poll()
             poller.register(self._control, _POLLIN)
             if handle._wake_r >= 0:
@@ -531,7 +615,6 @@ class Resident:
             deadline = started + plan.timeout if plan.timeout is not None else None
             limit, kept = plan.output_limit, 0
             wait_status: int | None = None
-            replies: list[bytes] = []
             timed_out = False
             while wait_status is None or by_fd:
                 timeouts = [t for t in (deadline, handle.kill_at) if t is not None]
@@ -592,7 +675,7 @@ class Resident:
             self.broken = True  # the init's replies may be out of step now: retire it
             raise
         finally:
-            for fd in (*ours, *theirs):
+            for fd in ours:
                 try:
                     os.close(fd)
                 except OSError:
@@ -676,6 +759,9 @@ class Resident:
             control, self._control = self._control, -1
             sock, self._socket = self._socket, None
         self.broken = True
+        shell, self._next = self._next, None
+        if shell is not None:
+            shell.close()  # the shell itself ends with the sandbox
         if sock is not None:
             sock.close()
         if self._null >= 0:

@@ -81,7 +81,16 @@ MAX_STATE = 1 << 20
 
 
 class _Kept:
-    __slots__ = ("busy", "resident", "state", "tmp_dir", "used")
+    __slots__ = (
+        "busy",
+        "next_channel",
+        "next_id",
+        "next_lock",
+        "resident",
+        "state",
+        "tmp_dir",
+        "used",
+    )
 
     def __init__(self, resident: Resident, tmp_dir: str) -> None:
         self.resident = resident
@@ -90,6 +99,11 @@ class _Kept:
         self.used = time.monotonic()
         #: what the last call left on the state channel (the sandbox's own, untrusted claim)
         self.state = b""
+        #: the state channel and sandbox id of the next call's shell started ahead (-1: none)
+        self.next_channel = -1
+        self.next_id = ""
+        #: held while that shell is being started: the next call waits for it
+        self.next_lock = _thread.allocate_lock()
 
 
 class KeptSessions:
@@ -160,12 +174,18 @@ class KeptSessions:
         kept = self._take(key, request, policy, environ)
         if kept is None:
             return None
-        channel = -1
+        with kept.next_lock:  # a shell being started ahead for this call: wait for it
+            channel, kept.next_channel = kept.next_channel, -1
+        if channel >= 0:
+            # the call the shell started ahead waits for has the id chosen for it (its
+            # environment names it); it runs there if it fits (Resident.run), else as before
+            request = request.replace(sandbox_id=kept.next_id)
         try:
-            try:
-                channel = _state_channel(kept.state)
-            except OSError:
-                return None  # no memfd to be had (out of descriptors): a fresh sandbox
+            if channel < 0:
+                try:
+                    channel = _state_channel(kept.state)
+                except OSError:
+                    return None  # no memfd to be had (out of descriptors): a fresh sandbox
             outcome = kept.resident.run(
                 request.replace(
                     tmp_dir=kept.tmp_dir, env=(*request.env, (STATE_VARIABLE, str(STATE_FD)))
@@ -332,6 +352,56 @@ class KeptSessions:
             _release(kept)
         return True
 
+    def start_next(self, key: tuple[str, str, str], request: ExecRequest) -> bool:
+        """Start the shell of the next call of *key* ahead, after a call *request* of the
+        shape ``[bash, "-c", SCRIPT]`` (:mod:`corral.pipeline._resident_next`): whether
+        it now waits. Run once the call's client has its answer; a call that comes
+        meanwhile waits for it."""
+        from ..pipeline._request import new_sandbox_id
+        from ..pipeline._resident_next import LOADER
+
+        argv = request.argv
+        if len(argv) != 3 or argv[1] != "-c" or os.path.basename(argv[0]) != "bash":
+            return False  # the loader is bash's (read -d, -n): the hook's --shell bash
+        with self._lock:
+            kept = self._kept.get(key)
+            if (
+                kept is None
+                or self._closed
+                or kept.busy
+                or kept.resident.broken
+                or kept.next_channel >= 0
+                or not kept.next_lock.acquire(False)
+            ):
+                return False
+        try:
+            try:
+                channel = _state_channel(kept.state)
+            except OSError:
+                return False
+            sandbox_id = new_sandbox_id()
+            ahead = request.replace(
+                argv=(argv[0], "-c", LOADER),
+                shell_command=None,
+                sandbox_id=sandbox_id,
+                stdin_mode="null",
+                stdin=b"",
+                capture=True,
+                tmp_dir=kept.tmp_dir,
+                env=(*request.env, (STATE_VARIABLE, str(STATE_FD))),
+            )
+            try:
+                waiting = kept.resident.start_next(ahead, state_fd=channel)
+            except Exception:
+                waiting = False  # e.g. a plan that fails now: the call plans (and says) it
+            if not waiting:
+                os.close(channel)
+                return False
+            kept.next_channel, kept.next_id = channel, sandbox_id
+            return True
+        finally:
+            kept.next_lock.release()
+
     def close(self) -> None:
         """Release every kept sandbox that is not running a command (the server exits)."""
         with self._lock:
@@ -376,6 +446,10 @@ def start_sweeper(idle: float, sweep: Callable[[], bool]) -> None:
 
 
 def _release(kept: _Kept) -> None:
+    with kept.next_lock:  # a shell being started ahead: let it finish first
+        channel, kept.next_channel = kept.next_channel, -1
+    if channel >= 0:
+        os.close(channel)
     kept.resident.close()
     _remove_tree(kept.tmp_dir)
 

@@ -446,3 +446,164 @@ def test_a_kept_call_in_a_forged_worktree_never_makes_the_hosts_git_run_its_conf
                 process.communicate()
     assert not os.path.exists(marker(world)), "the host's git ran the kept call's config"
     assert host_git(world, worktree, "status", "--short").returncode == 0  # wt still works
+
+
+def _bash(
+    world: World, script: str, *options: str, stdin: object = subprocess.DEVNULL, cwd: str = ""
+) -> subprocess.CompletedProcess[bytes]:
+    """A call as the hook's rewritten command makes it: ``--shell bash -c``, stdin /dev/null."""
+    return subprocess.run(
+        [
+            *client_command("corral-client"),
+            "run",
+            *SESSION,
+            *options,
+            "--shell",
+            "bash",
+            "-c",
+            script,
+        ],
+        cwd=cwd or world.workspace,
+        env=world.environ,
+        stdin=stdin,  # type: ignore[arg-type]
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _waiting_shells(world: World) -> list[int]:
+    """The pids of the shells started ahead in this world's kept sandboxes (waiting)."""
+    ours = {int(line.split(":", 1)[0]) for line in _sandboxes(world)}
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                if b"__corral_g" not in f.read():
+                    continue
+            with open(f"/proc/{name}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except OSError:
+            continue
+        if parent in ours:
+            found.append(int(name))
+    return found
+
+
+def _wait_for_shell(world: World) -> list[int]:
+    deadline = time.monotonic() + 20
+    while not (shells := _waiting_shells(world)):
+        assert time.monotonic() < deadline, "no shell was started ahead of the next call"
+        time.sleep(0.02)
+    return shells
+
+
+def test_the_next_calls_shell_waits_ahead_and_runs_exactly_that_call(served: World) -> None:
+    """After a call, the shell of the session's next call is started ahead (issue 12): the
+    next call runs there - as ``bash -c`` would run it, stdin ``/dev/null``, ``$SECONDS``
+    from its start - with the exports and ``/tmp`` of the session, and nothing else of the
+    calls before: their processes are gone before the shell is started."""
+    world = served
+    first = _bash(
+        world,
+        "export CARRIED=yes; echo t >/tmp/mark; "
+        "(setsid sleep 300 & echo $! >/tmp/bg) ; sleep 300 & echo first",
+    )
+    assert (first.returncode, first.stdout) == (0, b"first\n"), first
+    [shell] = _wait_for_shell(world)
+    second = _bash(
+        world,
+        'printf "%s\\n" "${BASH_EXECUTION_STRING%%;*}" "s=$SECONDS" "$(cat /tmp/mark)"; '
+        '[ -c /dev/stdin ] && echo null-stdin; ls /proc | grep -c "^[0-9]"; '
+        'kill -0 "$(cat /tmp/bg)" 2>/dev/null && echo bg-alive; exit 7',
+    )
+    lines = second.stdout.decode().splitlines()
+    assert second.returncode == 7, second
+    # run by the shell started ahead (its loader), whose $SECONDS starts with the call
+    assert lines[0] == "read -rn1 __corral_g <&62 || exit 125", lines
+    assert lines[1:3] == ["s=0", "t"], lines
+    assert lines[3] == "null-stdin"
+    # pid 1 (the init), the shell, the pipeline's ls and grep, and $(...) is done: no sleep
+    assert int(lines[4]) <= 4, lines
+    assert "bg-alive" not in lines
+    assert not os.path.exists(f"/proc/{shell}")  # it ended with its call
+    assert shell not in _wait_for_shell(world)  # and the next call has a new one
+
+
+def test_a_call_the_waiting_shell_does_not_fit_runs_as_before(served: World) -> None:
+    """The shell started ahead runs only the call it was started for: another stdin,
+    directory, program or environment gets a shell of its own (the waiting one is killed),
+    with what it asked for."""
+    world = served
+    os.makedirs(world.ws("sub"))
+    assert _bash(world, "echo one").returncode == 0
+    _wait_for_shell(world)
+    piped = _bash(world, "cat", stdin=subprocess.PIPE)
+    assert piped.returncode == 0
+    with subprocess.Popen(
+        [*client_command("corral-client"), "run", *SESSION, "--shell", "bash", "-c", "cat; pwd"],
+        cwd=world.ws("sub"),
+        env=world.environ,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    ) as proc:
+        out, _err = proc.communicate(b"from stdin\n", timeout=60)
+    assert (proc.returncode, out) == (
+        0,
+        f"from stdin\n{os.path.realpath(world.ws('sub'))}\n".encode(),
+    )
+    _wait_for_shell(world)
+    elsewhere = _bash(world, "pwd", cwd=world.ws("sub"))
+    assert elsewhere.stdout == f"{os.path.realpath(world.ws('sub'))}\n".encode()
+    _wait_for_shell(world)
+    plain = _client(world, "--", "sh", "-c", 'echo "$0"')
+    assert (plain.returncode, plain.stdout) == (0, b"sh\n")
+    env = _bash(world, 'echo "${CORRAL_PROBE-unset}"')
+    assert env.stdout == b"unset\n"
+
+
+def test_a_shell_waiting_ahead_that_died_is_replaced(served: World) -> None:
+    """Killed from the host while it waits, the shell started ahead is not used: the call
+    runs in a shell of its own, in the same kept sandbox, and the one after it waits again."""
+    world = served
+    assert _bash(world, "echo keep >/tmp/mark").returncode == 0
+    for pid in _wait_for_shell(world):
+        os.kill(pid, signal.SIGKILL)
+    after = _bash(world, 'cat /tmp/mark; echo "${BASH_EXECUTION_STRING%%;*}"')
+    assert after.returncode == 0, after
+    assert after.stdout.splitlines()[0] == b"keep"  # the same kept sandbox
+    assert b"__corral_g" not in after.stdout  # not by the dead shell's loader
+    assert _wait_for_shell(world)
+
+
+def test_timeout_and_signals_reach_a_call_in_the_shell_started_ahead(served: World) -> None:
+    world = served
+    assert _bash(world, "true", "--timeout", "2s").returncode == 0
+    _wait_for_shell(world)
+    timed = _bash(world, "echo started; sleep 30", "--timeout", "2s")
+    assert timed.returncode == 124 and b"timed out after 2s" in timed.stderr, timed
+    _wait_for_shell(world)
+    with subprocess.Popen(
+        [
+            *client_command("corral-client"),
+            "run",
+            *SESSION,
+            "--shell",
+            "bash",
+            "-c",
+            "trap 'exit 42' INT; echo ready; while :; do sleep 0.1; done # ahead-int-marker",
+        ],
+        cwd=world.workspace,
+        env=world.environ,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+    ) as proc:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 42
+    deadline = time.monotonic() + 10
+    while _processes_mentioning("ahead-int-marker") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _processes_mentioning("ahead-int-marker")

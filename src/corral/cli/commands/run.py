@@ -399,9 +399,17 @@ def _run_kept(
     if done is None:
         return None
     outcome, cwd_report = done
-    outcome = _conclude(opts, caller, outcome, request, digest, policy.resources.timeout)
+    # a shell started ahead has the id chosen for its call (corral.pipeline._resident_next)
+    ran = request.replace(sandbox_id=outcome.sandbox_id)
+    outcome = _conclude(opts, caller, outcome, ran, digest, policy.resources.timeout)
     if report_fd is not None and outcome.returncode == 0:
         _hand_report(caller, report_fd, cwd_report, resolved.workspace)
+
+    # the shell of the session's next call, started once this call's client has its answer
+    def start_next() -> None:
+        kept.start_next(key, request)
+
+    caller.later(start_next)
     return outcome.returncode
 
 

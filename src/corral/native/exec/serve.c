@@ -27,9 +27,11 @@
  * an exec instead of a new sandbox. Requests (one message each):
  *   C<cwd>\0<argc>\0<arg>\0...<NAME=value>\0...   with 3 fds (SCM_RIGHTS): the
  *                                   command's stdin, stdout and stderr; and
- *                                   optionally a 4th, which the command gets as
- *                                   fd CX_STATE_FD (a kept session's shell state
- *                                   channel, corral.server._kept)
+ *                                   optionally up to 3 more, which the command
+ *                                   gets as fds 63, 61 and 62 (a kept session's
+ *                                   shell state channel, and the script and go
+ *                                   channels of a shell started ahead for the
+ *                                   session's next call: corral.server._kept)
  *   S<signal>                       send <signal> to the command
  *   K[<signal>]                     send <signal> (default SIGKILL) to every process
  *                                   of the sandbox but this one
@@ -47,9 +49,11 @@
  */
 #define SERVE_MAX (256 * 1024)
 #define SERVE_MAX_ARGS 4096
-/* where a request's 4th fd reaches the command: high, so that a script's own
- * `exec 3>file` never receives it (corral.integrations.claude_code_hook) */
-#define CX_STATE_FD 63
+/* where a request's 4th, 5th and 6th fds reach the command: high, so that a
+ * script's own `exec 3>file` never receives them (corral.integrations.claude_code_hook,
+ * corral.server._kept) */
+#define CX_SERVE_FDS 6
+static const int serve_extra_fds[CX_SERVE_FDS - 3] = {63, 61, 62};
 
 static void serve_reply(const char *buf, size_t len) {
     ssize_t n;
@@ -67,7 +71,8 @@ static void serve_fail(const char *step, int err, const char *text) {
 }
 
 /* In the forked child: become the command (never returns). */
-static void serve_exec(char *cwd, char **args, char **envp, const int fds[4], const sigset_t *old) {
+static void serve_exec(char *cwd, char **args, char **envp, const int fds[CX_SERVE_FDS],
+                       const sigset_t *old) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = SIG_DFL;
@@ -79,12 +84,14 @@ static void serve_exec(char *cwd, char **args, char **envp, const int fds[4], co
         serve_fail("setsid", errno, strerror(errno));
         _exit(125);
     }
-    int high[4] = {-1, -1, -1, -1};
-    for (int k = 0; k < 4; k++) {
+    int high[CX_SERVE_FDS];
+    for (int k = 0; k < CX_SERVE_FDS; k++) {
+        high[k] = -1;
         if (fds[k] < 0)
-            continue; /* no 4th */
-        /* above the stdio numbers first: a received fd may be 0, 1 or 2 */
-        high[k] = fcntl(fds[k], F_DUPFD_CLOEXEC, 10);
+            continue; /* fewer than 6 */
+        /* above the stdio numbers and the extras' targets first: a received fd may be
+         * 0, 1 or 2, or one of 61-63 */
+        high[k] = fcntl(fds[k], F_DUPFD_CLOEXEC, 64);
         if (high[k] < 0) {
             serve_fail("set-up-stdio", errno, strerror(errno));
             _exit(125);
@@ -107,9 +114,12 @@ static void serve_exec(char *cwd, char **args, char **envp, const int fds[4], co
         serve_fail("close-inherited-fds", errno, strerror(errno));
         _exit(125);
     }
-    if (high[3] >= 0 && (dup2(high[3], CX_STATE_FD) < 0 || fcntl(CX_STATE_FD, F_SETFD, 0) < 0)) {
-        serve_fail("set-up-state", errno, strerror(errno));
-        _exit(125);
+    for (int k = 3; k < CX_SERVE_FDS; k++) {
+        int target = serve_extra_fds[k - 3];
+        if (high[k] >= 0 && (dup2(high[k], target) < 0 || fcntl(target, F_SETFD, 0) < 0)) {
+            serve_fail("set-up-channels", errno, strerror(errno));
+            _exit(125);
+        }
     }
     execvpe(args[0], args, envp);
     int err = errno;
@@ -131,7 +141,7 @@ static void serve_sweep(void) {
     }
 }
 
-static pid_t serve_spawn(char *msg, size_t len, const int fds[4], const sigset_t *old) {
+static pid_t serve_spawn(char *msg, size_t len, const int fds[CX_SERVE_FDS], const sigset_t *old) {
     /* C<cwd>\0<argc>\0<argv...>\0<env...>\0 */
     static char *args[SERVE_MAX_ARGS + 1], *envp[SERVE_MAX_ARGS + 1];
     char *p = msg + 1, *end = msg + len;
@@ -233,7 +243,7 @@ void cx_serve_main(void) {
         }
         if (!(polls[0].revents & (POLLIN | POLLHUP | POLLERR)))
             continue;
-        char cbuf[CMSG_SPACE(4 * sizeof(int))];
+        char cbuf[CMSG_SPACE(CX_SERVE_FDS * sizeof(int))];
         struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg};
         struct msghdr mh;
         memset(&mh, 0, sizeof mh);
@@ -246,7 +256,7 @@ void cx_serve_main(void) {
             continue;
         if (len <= 0)
             _exit(0); /* corral closed the session (or went away): the namespace ends */
-        int fds[4] = {-1, -1, -1, -1};
+        int fds[CX_SERVE_FDS] = {-1, -1, -1, -1, -1, -1};
         int nfds = 0;
         for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c != NULL; c = CMSG_NXTHDR(&mh, c)) {
             if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
@@ -254,7 +264,7 @@ void cx_serve_main(void) {
                 for (int k = 0; k < got; k++) {
                     int fd;
                     memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof fd);
-                    if (nfds < 4)
+                    if (nfds < CX_SERVE_FDS)
                         fds[nfds++] = fd;
                     else
                         close(fd);
@@ -268,8 +278,8 @@ void cx_serve_main(void) {
             }
             else if (child > 0)
                 serve_fail("spawn", EBUSY, "a command is running");
-            else if (nfds != 3 && nfds != 4)
-                serve_fail("parse-request", EINVAL, "a command needs 3 fds (or 4)");
+            else if (nfds < 3)
+                serve_fail("parse-request", EINVAL, "a command needs 3 fds (and at most 6)");
             else {
                 child = serve_spawn(msg, (size_t)len, fds, &old);
                 char line[32];
