@@ -187,7 +187,10 @@ def run(ctx: Context) -> list[Row]:
             )
             _check_kept(ctx, server.env, [fast])
             client_fresh = ctx.median_cmd_ms([fast, "run", "--", "true"], env=server.env)
+            # each piece in a session of its own, as each would run alone: a session's next
+            # bash is started ahead only after a bash -c call (corral.pipeline._resident_next)
             kept = [fast, "run", "--agent-session", "bench-kept", "--keep"]
+            kept_shell = [fast, "run", "--agent-session", "bench-kept-shell", "--keep"]
             answer = _hook(ctx, bash_call, server.env, [fast])
             rewritten = str(answer["hookSpecificOutput"]["updatedInput"]["command"])  # type: ignore[index]
             # the kept call piece by piece, interleaved: the client and the init's fork, then
@@ -196,7 +199,7 @@ def run(ctx: Context) -> list[Row]:
                 ctx,
                 [
                     _command(ctx, [*kept, "--", "true"], server.env),
-                    _command(ctx, [*kept, "--shell", "bash", "-c", "true"], server.env),
+                    _command(ctx, [*kept_shell, "--shell", "bash", "-c", "true"], server.env),
                     _command(ctx, ["bash", "-c", rewritten], server.env),
                 ],
             )
@@ -319,7 +322,7 @@ def run(ctx: Context) -> list[Row]:
                 samples=ctx.runs,
                 baseline="raw bwrap",
                 note=f"{ratio(shell_kept, raw)}; {shell_kept - client_kept:+.2f} ms against the row "
-                "above: the sandbox starts bash in place of /bin/true (true is bash's builtin; "
+                "above: bash, started ahead, in place of /bin/true (true is bash's builtin; "
                 "interleaved with it)",
             )
         )
@@ -366,9 +369,15 @@ def _interleaved_ms(ctx: Context, fns: Sequence[Callable[[], object]]) -> list[f
 
 
 def _command(ctx: Context, argv: list[str], env: dict[str, str]) -> Callable[[], object]:
-    """Run *argv* in the workspace with *env*, output discarded; raise if it fails."""
+    """Run *argv* in the workspace with *env*, stdin ``/dev/null`` (as Claude Code gives a
+    command) and output discarded; raise if it fails."""
     return lambda: subprocess.run(
-        argv, cwd=ctx.workspace, env=env, stdout=subprocess.DEVNULL, check=True
+        argv,
+        cwd=ctx.workspace,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        check=True,
     )
 
 
