@@ -69,7 +69,7 @@ __all__ = ["VmSession", "wants_vm"]
 if TYPE_CHECKING:
     #: what a kept VM serves: its configuration, the workspace view, and the host paths
     #: the view was planned from (``pipeline._resident.looked_at``)
-    from ._resident import _Looked
+    from ._resident_look import _Looked
 
     _Key = tuple[VmConfig, ShareSpec, _Looked | None]
 
@@ -221,8 +221,8 @@ class VmSession:
         self, request: ExecRequest, policy: Policy, preview: Preview | None
     ) -> tuple[Prepared, _Key] | None:
         """The prepared run of *request*, and the VM, the view and the host paths the view
-        was planned from (the resident look, :func:`._resident._looked_at`) it needs; None: not a VM."""
-        from ._resident import _looked_at as looked_at  # the resident check's rule
+        was planned from (the resident look, :func:`._resident_look._looked_at`) it needs; None: not a VM."""
+        from ._resident_look import _looked_at as looked_at  # the resident check's rule
         from ._runner import prepare
 
         prepared = prepare(request, policy, environ=self._environ, preview=preview)

@@ -15,7 +15,7 @@ import stat
 from pathlib import Path
 
 from corral.pipeline._request import ExecRequest
-from corral.pipeline._resident import _looked_at
+from corral.pipeline._resident_look import _looked_at
 from corral.policy import Policy
 from corral.policy._expand import _resolved, _steerable_link, expand_deny_read
 from corral.policy._hostview import HostView
