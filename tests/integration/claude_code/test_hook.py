@@ -508,6 +508,50 @@ def test_file_tools_never_write_code_the_sandbox_may_not_write(
     assert out is not None and out["permissionDecision"] == "deny", out
 
 
+def test_file_tools_never_make_a_directory_a_gitdir_through_the_directories_they_create(
+    world: World, via: str
+) -> None:
+    """ATK18: Claude Code's Write creates the missing directories of its path on the host;
+    the hook judges only the path's last name. A sandbox plants what the git check passes
+    (``y/.git`` -> ``../evil``; ``evil`` with ``HEAD`` and ``objects/`` only: no gitdir, no
+    config, nothing to quarantine); Write puts a config in ``evil`` (not shaped: allowed),
+    then writes ``evil/refs/heads/main``, whose new directory ``refs`` makes ``evil`` a
+    gitdir - the operation the write broker refuses in a sandbox ("would become a directory
+    shaped like a repository", judged by its config). The host's ``git status`` in ``y``
+    then runs the config's fsmonitor."""
+    from ..test_git_persistence import host_git, marker
+
+    plant = world.run(
+        "mkdir -p evil/objects y && echo 'ref: refs/heads/main' > evil/HEAD"
+        " && echo 'gitdir: ../evil' > y/.git && echo planted"
+    )
+    assert b"planted" in plant.stdout, plant.stderr
+    config = world.ws("evil", "config")
+    content = (
+        "[core]\n\trepositoryformatversion = 0\n\tbare = false\n"
+        f'\tfsmonitor = "touch {marker(world)}; false"\n'
+    )
+    ref = world.ws("evil", "refs", "heads", "main")
+    # the sandbox may not make that step: its broker refuses the directory that shapes evil
+    shaped = world.run(
+        f"printf '{content}' > evil/config.x && mv evil/config.x evil/config"
+        " && mkdir evil/refs && echo made"
+    )
+    assert b"made" not in shaped.stdout, shaped.stderr
+    assert b"would become a repository whose config runs code" in shaped.stderr, shaped.stderr
+    world.run("rm -f evil/config*")  # (the git check quarantined it)
+    assert not os.path.exists(config) and not os.path.exists(world.ws("evil", "refs"))
+    outs = []
+    for target, data in ((config, content), (ref, "0" * 40 + "\n")):
+        out = decision(world, via, "Write", {"file_path": target, "content": data})
+        outs.append(out)
+        if out is None or out["permissionDecision"] != "deny":
+            World.write(target, data)  # what Claude Code's Write does: mkdir -p, then write
+    host_git(world, world.ws("y"), "status", "--short")
+    assert not os.path.exists(marker(world)), f"Write made evil a gitdir; git ran it: {outs}"
+    assert any(o is not None and o["permissionDecision"] == "deny" for o in outs), outs
+
+
 def test_read_only_workspace_denies_every_write(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
