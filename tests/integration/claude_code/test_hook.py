@@ -552,6 +552,34 @@ def test_file_tools_never_make_a_directory_a_gitdir_through_the_directories_they
     assert any(o is not None and o["permissionDecision"] == "deny" for o in outs), outs
 
 
+def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
+    world: World, via: str
+) -> None:
+    """ATK18: the broker protects what the configs of the nested repositories below a root
+    name as code, wherever inside the root that is (``app``'s ``core.hooksPath =
+    ../shared-hooks``: the hooks the user's sub-repositories share); the hook's Write/Edit
+    decisions read only the repositories *above* the written path, so Write rewrites
+    ``shared-hooks/pre-commit`` (an existing, executable hook: its mode stays) on the host,
+    and the user's next ``git commit`` in ``app`` runs it."""
+    from ..test_git_persistence import host_git, marker
+
+    app = world.ws("app")
+    os.makedirs(app)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    sandboxed = world.run("echo 'touch /tmp/x' >> shared-hooks/pre-commit")
+    assert b"blocked write to" in sandboxed.stderr, sandboxed.stderr
+    content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    out = decision(world, via, "Write", {"file_path": hook, "content": content})
+    if out is None or out["permissionDecision"] != "deny":
+        World.write(hook, content)  # Claude Code's Write, on the host
+        host_git(world, app, "commit", "-q", "--allow-empty", "-m", "next")
+    assert not os.path.exists(marker(world)), f"the hook let Write land {hook}; git ran it"
+    assert out is not None and out["permissionDecision"] == "deny", out
+
+
 def test_read_only_workspace_denies_every_write(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
