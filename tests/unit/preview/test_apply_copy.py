@@ -268,3 +268,83 @@ def test_refuses_a_protected_directory_replaced_by_a_link(world):
         preview.apply()
     assert ".claude" in info.value.message
     assert not os.path.lexists(f"{ws}/.claude")
+
+
+def _host_git(ws, home, *args):
+    import subprocess
+
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(home),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+    }
+    return subprocess.run(["git", *args], cwd=ws, env=env, capture_output=True, check=False)
+
+
+def test_refuses_what_the_workspaces_git_config_runs_as_code(world, tmp_path):
+    """ATK18: the write broker protects what a trusted git config names as code
+    (``core.hooksPath = tools/githooks``); apply - the only gate for what a VM guest wrote
+    into its preview - lands ``tools/githooks/pre-commit`` and the user's next ``git
+    commit`` runs it."""
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    ws, state = world
+    assert _host_git(ws, tmp_path, "init", "-q").returncode == 0
+    assert _host_git(ws, tmp_path, "config", "core.hooksPath", "tools/githooks").returncode == 0
+    preview, t = copy_preview(ws, state)
+    marker = str(tmp_path / "PWNED")
+    write(f"{t}/tools/githooks/pre-commit", f"#!/bin/sh\ntouch {marker}\n", 0o755)
+    try:
+        preview.apply()
+    except PreviewError:
+        pass
+    _host_git(ws, tmp_path, "commit", "-q", "--allow-empty", "-m", "next")
+    assert not os.path.exists(marker), "apply landed the hooks path's payload; git ran it"
+    assert not os.path.exists(f"{ws}/tools/githooks/pre-commit")
+
+
+def test_refuses_what_an_absolute_deny_write_covers_below_it(world):
+    """ATK18: a ``filesystem.denyWrite`` of an absolute path covers it and everything below
+    it in the write broker (``backends.base.broker_patterns``: ``P`` and ``P/**``); apply's
+    patterns take it as one name, so a change below it lands."""
+    from corral.policy._model import FilesystemPolicy, Policy
+    from corral.preview._preview import _policy_patterns
+
+    ws, state = world
+    write(f"{ws}/vendor/lib.js", "trusted\n")
+    policy = Policy(filesystem=FilesystemPolicy(workspace=ws, deny_write=(f"{ws}/vendor",)))
+    preview, t = copy_preview(ws, state)
+    write(f"{t}/vendor/lib.js", "payload\n")
+    with pytest.raises(PreviewError, match="protected paths"):
+        preview.apply(protect=_policy_patterns(policy, ws))
+    with open(f"{ws}/vendor/lib.js") as f:
+        assert f.read() == "trusted\n"
+
+
+def test_refuses_to_write_a_secret_path_inside_the_workspace(tmp_path):
+    """ATK18: the write broker refuses creating, replacing or deleting a ``denyRead`` path
+    inside a writable root (``broker_patterns``); apply's patterns hold no ``denyRead``
+    rows, so what a VM guest wrote there - ``.ssh/authorized_keys`` of a home workspace -
+    lands on the host."""
+    from corral.policy._model import FilesystemPolicy, Policy
+    from corral.preview._preview import _policy_patterns
+
+    ws = tmp_path / "home"
+    write(f"{ws}/.ssh/id_ed25519", "secret\n", 0o600)
+    write(f"{ws}/notes.txt", "x\n")
+    policy = Policy(
+        filesystem=FilesystemPolicy(
+            workspace=str(ws), allow_home_workspace=True, deny_read=(f"{ws}/.ssh",)
+        )
+    )
+    preview, t = copy_preview(str(ws), str(tmp_path / "state"))
+    write(f"{t}/.ssh/authorized_keys", "ssh-ed25519 AAAA attacker\n")
+    with pytest.raises(PreviewError, match="protected paths"):
+        preview.apply(protect=_policy_patterns(policy, str(ws)))
+    assert not os.path.exists(f"{ws}/.ssh/authorized_keys")
