@@ -607,3 +607,25 @@ def test_timeout_and_signals_reach_a_call_in_the_shell_started_ahead(served: Wor
     while _processes_mentioning("ahead-int-marker") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _processes_mentioning("ahead-int-marker")
+
+
+def test_nothing_a_call_sets_on_the_sandboxs_init_reaches_the_next_call(served: World) -> None:
+    """ATK18: every command of a kept sandbox - and the shell started ahead for the next
+    call - is forked by its init (pid 1), and inherits the init's resource limits. A command
+    runs as the init's uid, and ``prlimit(2)`` on another process of the same uid needs
+    nothing more (no ptrace, no dumpable check), so one call lowers the init's limits and
+    every later call of the session gets them: a file size limit, or - at 64 descriptors -
+    an init that can no longer set up a command's descriptors (``F_DUPFD`` above 63), so
+    every later call fails (exit 125) and the sandbox is kept: a Claude Code session's Bash
+    tool wedged while it is used."""
+    world = served
+    show = "ulimit -Hf; ulimit -Hn"
+    first = _bash(world, f"{show}; prlimit --pid 1 --fsize=1024:1024; echo set")
+    assert first.returncode == 0 and first.stdout.endswith(b"set\n"), first
+    before = first.stdout.splitlines()[:2]
+    second = _bash(world, f"{show}; echo ran")
+    assert second.returncode == 0, second
+    assert second.stdout.splitlines() == [*before, b"ran"], "a call's limits reached the next"
+    assert _bash(world, "prlimit --pid 1 --nofile=64:64; echo set").returncode == 0
+    after = _bash(world, "echo ran")
+    assert (after.returncode, after.stdout) == (0, b"ran\n"), after
