@@ -25,9 +25,9 @@ from ._gitlayout import (
     SHAPE_NAMES,
     exists_at,
     git_shaped,
+    nested_code_paths,
     read_config_file,
     read_regular_file,
-    work_tree_config,
 )
 
 __all__: list[str] = []
@@ -392,7 +392,7 @@ class _Policy(_Resolver):
         and the ones the run makes hold only keys git writes itself (neither
         of these). A relative value of a global config applies in every work
         tree: it is protected at any depth (``**/VALUE``). The walk visits at
-        most :data:`_NESTED_SCAN_LIMIT` directories per root, never through a
+        most :data:`~._gitlayout.NESTED_SCAN_LIMIT` directories per root, never through a
         symlink, and not into ``.git`` directories.
         """
         from ._gitcheck import trusted_code_paths
@@ -414,19 +414,15 @@ class _Policy(_Resolver):
         for root in self._roots:
             if root.sandbox_path in self._spec.open_roots:
                 continue
-            walk = os.fwalk(".", dir_fd=root.host_fd)
-            for seen, (top, dirs, files, dfd) in enumerate(walk):
-                if seen >= _NESTED_SCAN_LIMIT:
-                    break
-                rel = top[2:] if top.startswith("./") else ""
-                if rel and (".git" in dirs or ".git" in files):
-                    data = work_tree_config(dfd)
-                    worktree = f"{root.sandbox_path.rstrip('/')}/{rel}"
-                    self._protect_code_paths(
-                        [escape(p) for p in trusted_code_paths(data, root.sandbox_path, worktree)],
-                        f"the nested repository {rel}'s",
-                    )
-                dirs[:] = [d for d in dirs if d != ".git"]
+            base = root.sandbox_path.rstrip("/")
+            self._protect_code_paths(
+                [
+                    escape(p)
+                    for p in nested_code_paths(root.sandbox_path, root_fd=root.host_fd)
+                    if p.startswith(base + "/")
+                ],
+                "a nested repository's",
+            )
 
     def _check_git(self) -> None:
         """Run the git check over what this run touched (all its processes are gone)."""
@@ -460,7 +456,6 @@ class _Policy(_Resolver):
 
 
 #: Directories visited per root when looking for nested repositories' configs.
-_NESTED_SCAN_LIMIT = 100_000
 
 
 def _land_copy(dir_fd: int, name: str, data: bytes, mode: int) -> None:

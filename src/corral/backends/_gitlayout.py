@@ -36,13 +36,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONFIG_NAMES",
+    "NESTED_SCAN_LIMIT",
     "SHAPE_CONFIG",
     "SHAPE_HOOK",
     "SHAPE_NAMES",
     "enclosing_code_paths",
     "exists_at",
     "git_shaped",
+    "global_code_patterns",
     "global_git_configs",
+    "nested_code_paths",
     "read_config_file",
     "read_regular_file",
     "work_tree_config",
@@ -59,6 +62,8 @@ SHAPE_CONFIG = (
 SHAPE_HOOK = "git: a hook in a directory shaped like a repository"
 
 _POINTER_MAX = 4096  # a .git file or commondir is one short line
+#: directories a walk for nested repositories visits at most per root
+NESTED_SCAN_LIMIT = 100_000
 
 
 def exists_at(dir_fd: int, name: str) -> bool:
@@ -147,6 +152,23 @@ def global_git_configs(environ: Mapping[str, str], home: str) -> tuple[str, ...]
     return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
 
 
+def global_code_patterns(environ: Mapping[str, str], home: str) -> list[tuple[str, str]]:
+    """``(pattern, label)`` rows of what the global git configs of a user with *environ* and
+    *home* run as code: a relative value applies in every work tree (``**/VALUE`` and
+    below), an absolute one is itself and what is below it. Values are escaped, never
+    read as globs."""
+    from ..policy._glob import escape
+    from ._gitcheck import trusted_code_paths
+
+    rows: list[tuple[str, str]] = []
+    for config in global_git_configs(environ, home):
+        label = f"git: a path the user's global git config ({config}) runs code from"
+        for found in trusted_code_paths(read_config_file(config), "/", "*"):
+            text = f"**/{escape(found[3:])}" if found.startswith("**/") else "/" + escape(found)
+            rows += [(text, label), (text + "/**", label)]
+    return rows
+
+
 def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[str]:
     """The absolute paths that the configs of the repositories whose work tree holds the
     absolute *directory* name as code (``core.hooksPath``, a ``core.fsmonitor`` program).
@@ -183,3 +205,41 @@ def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[s
             return list(dict.fromkeys(found))
         current = posixpath.dirname(current)
         first = False
+
+
+def nested_code_paths(
+    root: str, *, root_fd: int | None = None, limit: int = NESTED_SCAN_LIMIT
+) -> list[str]:
+    """The absolute paths that the configs of the repositories nested below the absolute
+    directory *root* name as code (``core.hooksPath``, a ``core.fsmonitor`` program),
+    relative values taken from each one's work tree (``app/`` with ``../shared-hooks``
+    names ``<root>/shared-hooks``).
+
+    A walk of at most *limit* directories, from *root_fd* when given (the broker's view of
+    the root) else from *root*; never through a symbolic link, never into a ``.git``.
+    """
+    from ._gitcheck import trusted_code_paths
+
+    found: list[str] = []
+    base = posixpath.normpath(root).rstrip("/")
+    opened = -1
+    if root_fd is None:
+        try:
+            opened = root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return []
+    try:
+        walk = os.fwalk(".", dir_fd=root_fd)
+        for seen, (top, dirs, files, dfd) in enumerate(walk):
+            if seen >= limit:
+                break
+            rel = top[2:] if top.startswith("./") else ""
+            if rel and (".git" in dirs or ".git" in files):
+                data = work_tree_config(dfd)
+                tree = f"{base}/{rel}"
+                found += ["/" + p for p in trusted_code_paths(data, "/", tree)]
+            dirs[:] = [d for d in dirs if d != ".git"]
+    finally:
+        if opened >= 0:
+            os.close(opened)
+    return list(dict.fromkeys(found))

@@ -224,6 +224,12 @@ class PathRules:
                 self._absolute.append((PathPattern(p), label))
             else:
                 self._absolute.append((posixpath.normpath(p), label))
+        #: DIR of each relative row DIR/**: a file or a link made there stands in for it
+        self._dir_rows = [
+            (PathPattern(pattern.pattern[:-3]), label)
+            for pattern, label in self._relative
+            if pattern.pattern.endswith("/**") and len(pattern.pattern) > 3
+        ]
         self._secrets = tuple(posixpath.normpath(p) for p in fs.deny_read)
         self._carved = tuple(posixpath.normpath(p) for p in fs.allow_read)
 
@@ -322,23 +328,40 @@ class PathRules:
             )
             return f"it is outside the areas the sandbox may write ({where})"
         root, rel = best
+        denial = self._row_denial(path, root)
+        if denial is not None:
+            return denial
+        return self._git_denial(path, root, rel)
+
+    def _row_denial(self, path: str, root: str) -> str | None:
+        """The relative ``protect``/``denyWrite`` row refusing *path* below *root*, or None."""
+        rel = posixpath.relpath(path, root) if path != root else ""
+        if not rel:
+            return None
         for pattern, label in self._relative:
-            if rel and pattern.matches(rel):
+            if pattern.matches(rel):
                 return label
         # a row reaching into the root from above it matches the whole path, as the write
         # broker's does (PathPattern.reaches_into)
         for pattern, label in self._relative:
-            if rel and pattern.reaches_into(root) and pattern.matches(path):
+            if pattern.reaches_into(root) and pattern.matches(path):
                 return label
-        return self._git_denial(path, rel)
+        # a row DIR/** covers DIR itself too, as in the broker (backends.base.broker_patterns)
+        for pattern, label in self._dir_rows:
+            if pattern.matches(rel) or (pattern.reaches_into(root) and pattern.matches(path)):
+                return label
+        return None
 
-    def _git_denial(self, path: str, rel: str) -> str | None:
+    def _git_denial(self, path: str, root: str, rel: str) -> str | None:
         """What the write broker refuses beyond the rows, for a tool writing *path*'s bytes
-        on the host (ATK17: each check of the broker the hook lacked was a Write-tool
-        bypass): a file with other hard links; the config or a hook of a directory shaped
-        like a gitdir, or the name that would make a directory so shaped; and a path that
-        a trusted git config - of a repository holding *path*, or the user's global one -
-        runs as code. *rel* is *path* relative to its writable root."""
+        on the host, making the directories on its way that are missing (Claude Code's
+        Write does; each one is a ``mkdir`` the broker would judge). ATK17 and ATK18: each
+        check of the broker the hook lacked was a Write-tool bypass. Refused: a file with
+        other hard links; a directory made where a row protects it; the config or a hook of
+        a directory shaped like a gitdir, or a name - file or directory - that would make a
+        directory so shaped; and a path that a trusted git config runs as code (of a
+        repository holding *path*, one nested in its writable *root*, or the user's global
+        one). *rel* is *path* relative to *root*."""
         import stat
 
         from ..backends._gitlayout import (
@@ -357,31 +380,48 @@ class PathRules:
             st = None
         if st is not None and stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
             return "the file has other hard links, possibly outside the writable area"
-        parent, name = posixpath.split(path)
+        # the deepest directory on the way that exists, and the names the tool makes below it
+        existing, made = posixpath.dirname(path), [posixpath.basename(path)]
+        while existing != "/" and not os.path.isdir(existing):
+            existing, missing = posixpath.split(existing)
+            made.insert(0, missing)
+        for depth in range(1, len(made)):  # each directory made on the way: the rows
+            directory = posixpath.join(existing, *made[:depth])
+            denial = self._row_denial(directory, root)
+            if denial is not None:
+                return f"{denial} (a directory the tool would make: {directory})"
         try:
-            parent_fd = os.open(parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            existing_fd = os.open(existing, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
-            parent_fd = -1  # made by the tool: a new directory is no gitdir
-        if parent_fd >= 0:
-            try:
-                if name in CONFIG_NAMES and git_shaped(parent_fd):
-                    return SHAPE_CONFIG
-                if (
-                    posixpath.basename(parent) == "hooks"
-                    and not name.endswith(".sample")
-                    and git_shaped(parent_fd, up=True)
-                ):
+            return f"its directory {existing} cannot be examined"
+        try:
+            first, file_made_there = made[0], len(made) == 1
+            if (
+                first in SHAPE_NAMES
+                and not exists_at(existing_fd, first)
+                and not git_shaped(existing_fd)
+                and git_shaped(existing_fd, adding=first)
+            ):
+                return f"git: {existing} would become a directory shaped like a repository"
+            if file_made_there and first in CONFIG_NAMES and git_shaped(existing_fd):
+                return SHAPE_CONFIG
+            name = made[-1]
+            if not name.endswith(".sample"):
+                # a hook: in an existing hooks/ of a shaped directory, or in the hooks/ the
+                # tool makes in one
+                if file_made_there and posixpath.basename(existing) == "hooks":
+                    if git_shaped(existing_fd, up=True):
+                        return SHAPE_HOOK
+                elif made[:-1] == ["hooks"] and git_shaped(existing_fd):
                     return SHAPE_HOOK
-                if (
-                    name in SHAPE_NAMES
-                    and not exists_at(parent_fd, name)
-                    and not git_shaped(parent_fd)
-                    and git_shaped(parent_fd, adding=name)
-                ):
-                    return f"git: {parent} would become a directory shaped like a repository"
-            finally:
-                os.close(parent_fd)
-        for code in enclosing_code_paths(parent):
+        finally:
+            os.close(existing_fd)
+        # a directory the tool makes holds only what it makes: commondir alone shapes it
+        if len(made) > 1 and made[-1] == "commondir":
+            return (
+                f"git: {posixpath.dirname(path)} would become a directory shaped like a repository"
+            )
+        for code in (*enclosing_code_paths(existing), *_nested_code_paths(root)):
             if _under(path, code) and code != "/":
                 return f"git: a path a trusted repository's config runs code from: {code}"
         for pattern, label in self._global_code_rows():
@@ -390,21 +430,41 @@ class PathRules:
         return None
 
     def _global_code_rows(self) -> list[tuple[PathPattern, str]]:
-        """The user's global git configs' code paths, as the broker protects them: a
-        relative value at any depth (``**/VALUE``), an absolute one as itself."""
-        from ..backends._gitcheck import trusted_code_paths
-        from ..backends._gitlayout import global_git_configs, read_config_file
-        from ..policy._glob import escape
+        """The user's global git configs' code paths, as the broker protects them
+        (:func:`~corral.backends._gitlayout.global_code_patterns`)."""
+        from ..backends._gitlayout import global_code_patterns
 
-        rows: list[tuple[PathPattern, str]] = []
         home = self._environ.get("HOME") or os.path.expanduser("~")
-        for config in global_git_configs(self._environ, home):
-            data = read_config_file(config)
-            label = f"git: a path the user's global git config ({config}) runs code from"
-            for found in trusted_code_paths(data, "/", "*"):
-                text = f"**/{escape(found[3:])}" if found.startswith("**/") else "/" + escape(found)
-                try:
-                    rows += [(PathPattern(text), label), (PathPattern(text + "/**"), label)]
-                except ValueError:
-                    continue
+        rows: list[tuple[PathPattern, str]] = []
+        for text, label in global_code_patterns(self._environ, home):
+            try:
+                rows.append((PathPattern(text), label))
+            except ValueError:
+                continue
         return rows
+
+
+#: the code paths of the repositories nested in a root, by root: ``(taken at, paths)``
+_NESTED: dict[str, tuple[float, tuple[str, ...]]] = {}
+#: how long they are reused (the corral server answers many decisions in a row); the
+#: configs they come from are the user's own (a sandbox's repository holds only the keys
+#: git writes itself: the git check), so this bounds how late a change of the user's is seen
+_NESTED_FOR = 2.0
+
+
+def _nested_code_paths(root: str) -> tuple[str, ...]:
+    """:func:`~corral.backends._gitlayout.nested_code_paths` of *root*, reused for
+    :data:`_NESTED_FOR` seconds."""
+    import time
+
+    from ..backends._gitlayout import nested_code_paths
+
+    now = time.monotonic()
+    cached = _NESTED.get(root)
+    if cached is not None and now - cached[0] < _NESTED_FOR:
+        return cached[1]
+    paths = tuple(nested_code_paths(root))
+    if len(_NESTED) >= 64:
+        _NESTED.clear()
+    _NESTED[root] = (now, paths)
+    return paths

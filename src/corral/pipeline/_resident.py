@@ -145,6 +145,11 @@ def _split(plan: LaunchPlan) -> tuple[tuple[object, ...], str, tuple[str, ...]] 
     return shape, cwd, command
 
 
+class _InitChanged(Exception):
+    """The init refused to spawn: a command had changed what every command inherits from it
+    (``native/exec/serve.c``, ``init_state``). Nothing ran; the sandbox is retired."""
+
+
 class _Launched:
     """A command the init was asked to start: its output streams, our descriptors (closed
     when it is supervised) and the write end of its stdin pipe (-1: none)."""
@@ -366,6 +371,8 @@ class Resident:
                 elif not discard(self, shell):
                     return None  # its init did not answer: the sandbox is retired
             return self._run(plan, request, body, on_start, streams, state_fd)
+        except _InitChanged:
+            return None  # retired; the command runs in a new sandbox
         finally:
             self._lock.release()
 
@@ -623,6 +630,9 @@ class Resident:
         exec_error = None
         for reply in replies:
             text = reply.decode("utf-8", "replace")
+            if text.startswith("Einit-changed\t"):
+                self.broken = True  # nothing ran; the command gets a new sandbox
+                raise _InitChanged(text)
             if text.startswith("E"):
                 step, _, rest = text[1:].partition("\t")
                 _err, _, detail = rest.partition("\t")

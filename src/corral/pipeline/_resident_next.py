@@ -160,11 +160,15 @@ def start_next(resident: Resident, request: ExecRequest, *, state_fd: int) -> Ne
         sandbox_id=plan.sandbox_id,
         state=_identity(state_fd),
     )
-    # the init answers P at once, or E (the fork failed) and D
+    # the init answers P at once, or E (it spawned nothing) and D
     reply = _read_reply(resident, time.monotonic() + _DISCARD_WITHIN)
     if reply is None or not reply.startswith(b"P"):
         shell.close()
-        if reply is not None and not reply.startswith(b"D"):
+        if reply is None or reply.startswith(b"Einit-changed\t"):
+            # no answer: its replies may be out of step now; or a command changed what
+            # every command inherits from the init (native/exec/serve.c): retire it
+            resident.broken = True
+        elif not reply.startswith(b"D"):
             _drain_until_end(resident, time.monotonic() + _DISCARD_WITHIN)
         return None
     return shell

@@ -549,9 +549,11 @@ class Preview:
 
     def _patterns(self, extra: Iterable[tuple[str, str]]) -> builtins.list[tuple[str, str]]:
         from ..policy import PROTECTED_PATTERNS
+        from ._review import _code_path_patterns
 
         patterns = [(p, f"filesystem.protect: {p}") for p, _reason in PROTECTED_PATTERNS]
-        for p, label in [*self._meta.get("patterns", []), *extra]:
+        code = _code_path_patterns(self.workspace)  # what the host's git runs now
+        for p, label in [*self._meta.get("patterns", []), *extra, *code]:
             if (str(p), str(label)) not in patterns:
                 patterns.append((str(p), str(label)))
         return patterns

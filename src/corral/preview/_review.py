@@ -37,12 +37,38 @@ def _touched(changes: Iterable[Change]) -> list[str]:
 
 
 def _policy_patterns(policy: Policy, workspace: str) -> list[tuple[str, str]]:
-    fs = policy.filesystem
-    patterns = [(p, f"filesystem.protect: {p}") for p in fs.protect]
-    for p in fs.deny_write:
-        if not p.startswith("/") or _overlaps(p.rstrip("/*") or "/", workspace):
-            patterns.append((p, f"filesystem.denyWrite: {p}"))
-    return patterns
+    """The rows the write broker would apply in *workspace* under *policy*
+    (:func:`~corral.backends.base.broker_patterns`: ``protect``; ``denyWrite``, an
+    absolute path covering itself and what is below it; the ``denyRead`` paths inside the
+    workspace), those that can concern it."""
+    from ..backends.base import broker_patterns
+
+    return [
+        (p, label)
+        for p, label in broker_patterns(policy.filesystem, [workspace])
+        if not p.startswith("/") or _overlaps(p.rstrip("/*") or "/", workspace)
+    ]
+
+
+def _code_path_patterns(workspace: str) -> list[tuple[str, str]]:
+    """Rows of what a trusted git config runs as code in *workspace*, taken at apply time
+    as the write broker takes them for a run: the configs of the repositories holding it
+    and nested in it, and the user's global ones (``backends/_gitlayout.py``)."""
+    from ..backends._gitlayout import (
+        enclosing_code_paths,
+        global_code_patterns,
+        nested_code_paths,
+    )
+    from ..policy._glob import escape
+
+    base = workspace.rstrip("/")
+    rows: list[tuple[str, str]] = []
+    for path in dict.fromkeys((*enclosing_code_paths(workspace), *nested_code_paths(workspace))):
+        if path == base or path.startswith(base + "/"):
+            label = f"git: a path a trusted repository's config runs code from: {path}"
+            rows += [(escape(path), label), (escape(path) + "/**", label)]
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    return rows + global_code_patterns(os.environ, home)
 
 
 def _protected(

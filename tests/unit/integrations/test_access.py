@@ -243,7 +243,17 @@ def test_file_tools_get_the_brokers_rules_beyond_the_rows(tree: dict[str, str]) 
     denial = rules.write_denial(f"{ws}/half/refs")
     assert denial is not None and "shaped like a repository" in denial
     assert rules.write_denial(f"{ws}/half/commondir") is not None
-    assert rules.write_denial(f"{ws}/plain/commondir") is None  # one name alone shapes nothing
+    # a directory the tool makes holds what it makes: commondir alone shapes it, objects not
+    assert rules.write_denial(f"{ws}/plain/commondir") is not None
+    assert rules.write_denial(f"{ws}/plain/objects") is None
+    # the directories made on the way are judged too (ATK18): refs/ made in half/, and the
+    # hooks/ made in a shaped directory without one
+    assert rules.write_denial(f"{ws}/half/refs/heads/main") is not None
+    os.makedirs(f"{ws}/bare/objects")
+    os.makedirs(f"{ws}/bare/refs")
+    assert rules.write_denial(f"{ws}/bare/hooks/pre-commit") is not None
+    assert rules.write_denial(f"{ws}/bare/hooks/pre-commit.sample") is None
+    assert rules.write_denial(f"{ws}/new/.vscode/tasks.json") is not None
     # a file with another hard link (possibly a protected file, or one outside)
     with open(f"{ws}/a.txt", "w") as f:
         f.write("a\n")

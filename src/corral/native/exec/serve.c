@@ -10,9 +10,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -131,6 +134,77 @@ static void serve_exec(char *cwd, char **args, char **envp, const int fds[CX_SER
     _exit(err == ENOENT ? 127 : 126);
 }
 
+/*
+ * What a forked command inherits from this process and another process of the
+ * sandbox can change in it without ptrace rights - only the same uid:
+ * resource limits (prlimit), nice, scheduling policy and attributes
+ * (setpriority, sched_setattr), CPU affinity, I/O priority, the OOM score
+ * adjustment and the timer slack. It is taken when serving begins and
+ * compared before every spawn: a command that changed any of it (ATK18:
+ * `prlimit --pid 1` lowered every later command's limits, and at 64
+ * descriptors no command could be set up) gets no further command here -
+ * the spawn fails with "init-changed", and corral retires the sandbox and
+ * runs that command in a new one. Lowered hard limits cannot be raised back.
+ */
+struct init_state {
+    struct rlimit limits[RLIM_NLIMITS];
+    int limits_ok[RLIM_NLIMITS];
+    int nice;
+    cpu_set_t cpus;
+    int cpus_ok;
+    unsigned char attr[56]; /* struct sched_attr, SCHED_ATTR_SIZE_VER1 */
+    long attr_ok;
+    long ioprio;
+    long timerslack;
+    char oom[24];
+};
+
+static void init_state_read(struct init_state *s) {
+    memset(s, 0, sizeof *s);
+    for (int r = 0; r < RLIM_NLIMITS; r++)
+        s->limits_ok[r] = getrlimit(r, &s->limits[r]) == 0;
+    errno = 0;
+    s->nice = getpriority(PRIO_PROCESS, 0);
+    if (errno != 0)
+        s->nice = -1000;
+    s->cpus_ok = sched_getaffinity(0, sizeof s->cpus, &s->cpus) == 0;
+    s->attr_ok = syscall(SYS_sched_getattr, 0, s->attr, sizeof s->attr, 0);
+    s->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
+    s->timerslack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, s->oom, sizeof s->oom - 1);
+        if (n < 0)
+            s->oom[0] = '\0';
+        close(fd);
+    }
+}
+
+/* What differs between two states (NULL: nothing). */
+static const char *init_state_change(const struct init_state *a, const struct init_state *b) {
+    for (int r = 0; r < RLIM_NLIMITS; r++) {
+        if (a->limits_ok[r] != b->limits_ok[r] ||
+            a->limits[r].rlim_cur != b->limits[r].rlim_cur ||
+            a->limits[r].rlim_max != b->limits[r].rlim_max)
+            return "its resource limits";
+    }
+    if (a->nice != b->nice)
+        return "its nice value";
+    if (a->cpus_ok != b->cpus_ok || (a->cpus_ok && !CPU_EQUAL(&a->cpus, &b->cpus)))
+        return "its CPU affinity";
+    if (a->attr_ok != b->attr_ok || memcmp(a->attr, b->attr, sizeof a->attr) != 0)
+        return "its scheduling attributes";
+    if (a->ioprio != b->ioprio)
+        return "its I/O priority";
+    if (a->timerslack != b->timerslack)
+        return "its timer slack";
+    if (strcmp(a->oom, b->oom) != 0)
+        return "its OOM score adjustment";
+    return NULL;
+}
+
+static struct init_state serve_initial;
+
 /* Kill everything in the namespace but us, and reap it all. */
 static void serve_sweep(void) {
     for (;;) {
@@ -176,6 +250,15 @@ static pid_t serve_spawn(char *msg, size_t len, const int fds[CX_SERVE_FDS], con
         p += strlen(p) + 1;
     }
     envp[nenv] = NULL;
+    struct init_state now;
+    init_state_read(&now);
+    const char *changed = init_state_change(&serve_initial, &now);
+    if (changed != NULL) {
+        char text[160];
+        snprintf(text, sizeof text, "a command changed %s (inherited by every command)", changed);
+        serve_fail("init-changed", EPERM, text);
+        return -1;
+    }
     pid_t child = fork();
     if (child < 0) {
         serve_fail("fork", errno, strerror(errno));
@@ -212,6 +295,7 @@ void cx_serve_main(void) {
     cx_serve_fd = 4;
     sigfd = 5;
     syscall(__NR_close_range, 6U, ~0U, 0U);
+    init_state_read(&serve_initial); /* what every command inherits, before the first */
     pid_t child = 0;
     for (;;) {
         struct pollfd polls[2] = {{.fd = cx_serve_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
