@@ -580,6 +580,61 @@ def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
     assert out is not None and out["permissionDecision"] == "deny", out
 
 
+#: a sandboxed script: a directory that the root's listing (so the nested-repository walk,
+#: depth first in listing order) visits before ``app``, holding 100,000 empty directories
+_FLOOD = r"""
+set -e
+for i in $(seq 0 500); do
+  mkdir "c$i"
+  python3 -c 'import os, sys; n = os.listdir("."); sys.exit(n.index(sys.argv[1]) > n.index("app"))' "c$i" && break
+  rmdir "c$i"
+done
+cd "c$i"
+python3 -c 'import os; [os.mkdir(str(k)) for k in range(100000)]'
+echo flooded
+"""
+
+
+def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(
+    world: World, via: str
+) -> None:
+    """ATK19: what a nested repository's config runs as code (``app``'s ``core.hooksPath =
+    ../shared-hooks``) is found by a walk of the root that stops, silently, after 100,000
+    directories (``backends/_gitlayout.py``, ``nested_code_paths``). A sandboxed command
+    makes 100,000 empty directories in a directory the walk visits before ``app`` (ext4
+    lists by name hash: it tries names until one is listed first); from then on neither the
+    write broker nor the hook sees ``app``'s config: a later sandboxed command rewrites
+    ``shared-hooks/pre-commit`` (blocked before the flood), Write is allowed too, and the
+    user's next ``git commit`` in ``app`` runs it as the user."""
+    from ..test_git_persistence import host_git, marker
+
+    app = world.ws("app")
+    os.makedirs(app)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    before = world.run("printf 'exit 0\\n' > shared-hooks/pre-commit")
+    assert b"blocked write to" in before.stderr, before.stderr
+    flood = world.run(_FLOOD)
+    assert flood.returncode == 0 and flood.stdout.endswith(b"flooded\n"), flood.stderr
+    failures = []
+    payload = f"#!/bin/sh\ntouch {marker(world)}\n"
+    world.run(f"printf '{payload}' > shared-hooks/pre-commit")
+    host_git(world, app, "commit", "-q", "--allow-empty", "-m", "sandboxed")
+    if os.path.exists(marker(world)):
+        failures.append("a sandboxed command wrote app's hooks path; git ran it")
+        os.unlink(marker(world))
+    World.write(hook, "#!/bin/sh\nexit 0\n")  # (the user's own hook again)
+    out = decision(world, via, "Write", {"file_path": hook, "content": payload})
+    if out is None or out["permissionDecision"] != "deny":
+        World.write(hook, payload)  # Claude Code's Write, on the host
+        host_git(world, app, "commit", "-q", "--allow-empty", "-m", "written")
+        if os.path.exists(marker(world)):
+            failures.append(f"Write landed {hook}; git ran it ({out})")
+    assert not failures, failures
+
+
 def test_read_only_workspace_denies_every_write(world: World, via: str) -> None:
     path = os.path.join(world.home, ".config", "corral", "settings.json")
     os.makedirs(os.path.dirname(path))
