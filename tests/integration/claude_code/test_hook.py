@@ -595,9 +595,7 @@ echo flooded
 """
 
 
-def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(
-    world: World, via: str
-) -> None:
+def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(world: World, via: str) -> None:
     """ATK19: what a nested repository's config runs as code (``app``'s ``core.hooksPath =
     ../shared-hooks``) is found by a walk of the root that stops, silently, after 100,000
     directories (``backends/_gitlayout.py``, ``nested_code_paths``). A sandboxed command
