@@ -629,3 +629,21 @@ def test_nothing_a_call_sets_on_the_sandboxs_init_reaches_the_next_call(served: 
     assert _bash(world, "prlimit --pid 1 --nofile=64:64; echo set").returncode == 0
     after = _bash(world, "echo ran")
     assert (after.returncode, after.stdout) == (0, b"ran\n"), after
+
+
+def test_nothing_a_call_writes_in_the_inits_proc_files_reaches_the_next_call(
+    served: World,
+) -> None:
+    """ATK19: the init is not dumpable, so its ``/proc/1`` files belong to uid 0 of its
+    user namespace - and a root caller's sandbox maps uid 0 (to 65533): they are the
+    command's own. ``/proc/1/coredump_filter`` is writable by owner and the mm flags it sets
+    are inherited by every process the init forks (and kept across exec); the init's check
+    (``init_state``) does not read it, so one call sets what every later call's core dumps
+    hold, the shell started ahead too."""
+    world = served
+    fresh = _bash(world, "cat /proc/self/coredump_filter")
+    assert fresh.returncode == 0, fresh
+    _bash(world, "echo 0x7f > /proc/1/coredump_filter")
+    later = _bash(world, "cat /proc/self/coredump_filter")
+    assert later.returncode == 0, later
+    assert later.stdout == fresh.stdout, "a call's coredump_filter on the init reached the next"
