@@ -348,3 +348,42 @@ def test_refuses_to_write_a_secret_path_inside_the_workspace(tmp_path):
     with pytest.raises(PreviewError, match="protected paths"):
         preview.apply(protect=_policy_patterns(policy, str(ws)))
     assert not os.path.exists(f"{ws}/.ssh/authorized_keys")
+
+
+def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_path):
+    """ATK19: apply takes the code paths of the workspace's nested repositories from a walk
+    that stops, silently, after 100,000 directories (``nested_code_paths``). One apply lands
+    100,000 empty directories in a directory listed before the nested repository ``app``;
+    the next lands ``shared-hooks/pre-commit`` (``app``'s ``core.hooksPath``), and the
+    user's next ``git commit`` in ``app`` runs it."""
+    import shutil
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    ws, state = world
+    app = f"{ws}/app"
+    os.makedirs(app)
+    assert _host_git(app, tmp_path, "init", "-q").returncode == 0
+    assert _host_git(app, tmp_path, "config", "core.hooksPath", "../shared-hooks").returncode == 0
+    write(f"{ws}/shared-hooks/pre-commit", "#!/bin/sh\nexit 0\n", 0o755)
+    preview, t = copy_preview(ws, state)
+    for i in range(500):
+        os.mkdir(f"{t}/c{i}")
+        os.mkdir(f"{ws}/c{i}")  # (only to learn the workspace's listing order)
+        names = os.listdir(ws)
+        os.rmdir(f"{ws}/c{i}")
+        if names.index(f"c{i}") < names.index("app"):
+            break
+        os.rmdir(f"{t}/c{i}")
+    for k in range(100_000):
+        os.mkdir(f"{t}/c{i}/{k}")
+    preview.apply()
+    preview, t = copy_preview(ws, state)
+    marker = str(tmp_path / "PWNED")
+    write(f"{t}/shared-hooks/pre-commit", f"#!/bin/sh\ntouch {marker}\n", 0o755)
+    try:
+        preview.apply()
+    except PreviewError:
+        pass
+    _host_git(app, tmp_path, "commit", "-q", "--allow-empty", "-m", "next")
+    assert not os.path.exists(marker), "apply landed app's hooks path; git ran it"
