@@ -26,6 +26,7 @@ from ._gitlayout import (
     exists_at,
     git_shaped,
     nested_code_paths,
+    nested_scan_limit,
     read_config_file,
     read_regular_file,
 )
@@ -415,12 +416,19 @@ class _Policy(_Resolver):
             if root.sandbox_path in self._spec.open_roots:
                 continue
             base = root.sandbox_path.rstrip("/")
+            nested = nested_code_paths(root.sandbox_path, root_fd=root.host_fd)
+            if nested is None:
+                # not every repository below the root could be found: nothing written there
+                # can be told not to be one's code path (gitlayout.nested_code_paths)
+                label = (
+                    f"git: more than {nested_scan_limit()} directories below {root.sandbox_path}; "
+                    "corral cannot find every repository whose config could run what is "
+                    "written there (use a smaller workspace)"
+                )
+                self._patterns.append((PathPattern(escape(base) + "/**"), label))
+                continue
             self._protect_code_paths(
-                [
-                    escape(p)
-                    for p in nested_code_paths(root.sandbox_path, root_fd=root.host_fd)
-                    if p.startswith(base + "/")
-                ],
+                [escape(p) for p in nested if p.startswith(base + "/")],
                 "a nested repository's",
             )
 

@@ -62,8 +62,15 @@ SHAPE_CONFIG = (
 SHAPE_HOOK = "git: a hook in a directory shaped like a repository"
 
 _POINTER_MAX = 4096  # a .git file or commondir is one short line
-#: directories a walk for nested repositories visits at most per root
+#: directories a walk for nested repositories visits at most per root (past it: refused);
+#: ``CORRAL_NESTED_SCAN_LIMIT`` in corral's environment sets another
 NESTED_SCAN_LIMIT = 100_000
+
+
+def nested_scan_limit() -> int:
+    """:data:`NESTED_SCAN_LIMIT`, or ``CORRAL_NESTED_SCAN_LIMIT`` when it is a positive number."""
+    value = os.environ.get("CORRAL_NESTED_SCAN_LIMIT", "")
+    return int(value) if value.isdigit() and int(value) > 0 else NESTED_SCAN_LIMIT
 
 
 def exists_at(dir_fd: int, name: str) -> bool:
@@ -208,20 +215,25 @@ def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[s
 
 
 def nested_code_paths(
-    root: str, *, root_fd: int | None = None, limit: int = NESTED_SCAN_LIMIT
-) -> list[str]:
+    root: str, *, root_fd: int | None = None, limit: int | None = None
+) -> list[str] | None:
     """The absolute paths that the configs of the repositories nested below the absolute
     directory *root* name as code (``core.hooksPath``, a ``core.fsmonitor`` program),
     relative values taken from each one's work tree (``app/`` with ``../shared-hooks``
-    names ``<root>/shared-hooks``).
+    names ``<root>/shared-hooks``); ``None`` when they cannot all be found.
 
-    A walk of at most *limit* directories, from *root_fd* when given (the broker's view of
-    the root) else from *root*; never through a symbolic link, never into a ``.git``.
+    A walk of at most *limit* directories (default :func:`nested_scan_limit`), from
+    *root_fd* when given (the broker's view of the root) else from *root*; never through
+    a symbolic link, never into a ``.git``. A walk that reaches its limit is ``None``,
+    never a partial answer: what a sandbox can fill must not turn a protection off
+    (ATK19 made 100,000 directories listed before a nested repository, and the walk never
+    reached it). Its callers refuse instead.
     """
     from ._gitcheck import trusted_code_paths
 
     found: list[str] = []
     base = posixpath.normpath(root).rstrip("/")
+    limit = nested_scan_limit() if limit is None else limit
     opened = -1
     if root_fd is None:
         try:
@@ -232,7 +244,7 @@ def nested_code_paths(
         walk = os.fwalk(".", dir_fd=root_fd)
         for seen, (top, dirs, files, dfd) in enumerate(walk):
             if seen >= limit:
-                break
+                return None
             rel = top[2:] if top.startswith("./") else ""
             if rel and (".git" in dirs or ".git" in files):
                 data = work_tree_config(dfd)

@@ -372,6 +372,7 @@ class PathRules:
             enclosing_code_paths,
             exists_at,
             git_shaped,
+            nested_scan_limit,
         )
 
         try:
@@ -421,7 +422,13 @@ class PathRules:
             return (
                 f"git: {posixpath.dirname(path)} would become a directory shaped like a repository"
             )
-        for code in (*enclosing_code_paths(existing), *_nested_code_paths(root)):
+        nested = _nested_code_paths(root)
+        if nested is None:
+            return (
+                f"git: more than {nested_scan_limit()} directories below {root}; corral cannot "
+                "find every repository whose config could run what is written there"
+            )
+        for code in (*enclosing_code_paths(existing), *nested):
             if _under(path, code) and code != "/":
                 return f"git: a path a trusted repository's config runs code from: {code}"
         for pattern, label in self._global_code_rows():
@@ -445,16 +452,16 @@ class PathRules:
 
 
 #: the code paths of the repositories nested in a root, by root: ``(taken at, paths)``
-_NESTED: dict[str, tuple[float, tuple[str, ...]]] = {}
+_NESTED: dict[str, tuple[float, tuple[str, ...] | None]] = {}
 #: how long they are reused (the corral server answers many decisions in a row); the
 #: configs they come from are the user's own (a sandbox's repository holds only the keys
 #: git writes itself: the git check), so this bounds how late a change of the user's is seen
 _NESTED_FOR = 2.0
 
 
-def _nested_code_paths(root: str) -> tuple[str, ...]:
-    """:func:`~corral.backends._gitlayout.nested_code_paths` of *root*, reused for
-    :data:`_NESTED_FOR` seconds."""
+def _nested_code_paths(root: str) -> tuple[str, ...] | None:
+    """:func:`~corral.backends._gitlayout.nested_code_paths` of *root* (``None``: not all
+    could be found), reused for :data:`_NESTED_FOR` seconds."""
     import time
 
     from ..backends._gitlayout import nested_code_paths
@@ -463,7 +470,8 @@ def _nested_code_paths(root: str) -> tuple[str, ...]:
     cached = _NESTED.get(root)
     if cached is not None and now - cached[0] < _NESTED_FOR:
         return cached[1]
-    paths = tuple(nested_code_paths(root))
+    found = nested_code_paths(root)
+    paths = None if found is None else tuple(found)
     if len(_NESTED) >= 64:
         _NESTED.clear()
     _NESTED[root] = (now, paths)

@@ -58,12 +58,21 @@ def _code_path_patterns(workspace: str) -> list[tuple[str, str]]:
         enclosing_code_paths,
         global_code_patterns,
         nested_code_paths,
+        nested_scan_limit,
     )
     from ..policy._glob import escape
 
     base = workspace.rstrip("/")
     rows: list[tuple[str, str]] = []
-    for path in dict.fromkeys((*enclosing_code_paths(workspace), *nested_code_paths(workspace))):
+    nested = nested_code_paths(workspace)
+    if nested is None:  # not every nested repository could be found: nothing may land
+        label = (
+            f"git: more than {nested_scan_limit()} directories in the workspace; corral cannot "
+            "find every repository whose config could run what lands"
+        )
+        rows.append(("**", label))
+        nested = []
+    for path in dict.fromkeys((*enclosing_code_paths(workspace), *nested)):
         if path == base or path.startswith(base + "/"):
             label = f"git: a path a trusted repository's config runs code from: {path}"
             rows += [(escape(path), label), (escape(path) + "/**", label)]

@@ -563,6 +563,7 @@ def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
     and the user's next ``git commit`` in ``app`` runs it."""
     from ..test_git_persistence import host_git, marker
 
+    world.environ["CORRAL_NESTED_SCAN_LIMIT"] = str(_LIMIT)
     app = world.ws("app")
     os.makedirs(app)
     assert host_git(world, app, "init", "-q").returncode == 0
@@ -580,8 +581,12 @@ def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
     assert out is not None and out["permissionDecision"] == "deny", out
 
 
+#: the walk's limit in these tests (CORRAL_NESTED_SCAN_LIMIT): the same attack as with
+#: the default 100,000, which takes the broker ~20 s of mkdirs per hook
+_LIMIT = 2000
+
 #: a sandboxed script: a directory that the root's listing (so the nested-repository walk,
-#: depth first in listing order) visits before ``app``, holding 100,000 empty directories
+#: depth first in listing order) visits before ``app``, holding _LIMIT empty directories
 _FLOOD = r"""
 set -e
 for i in $(seq 0 500); do
@@ -590,7 +595,7 @@ for i in $(seq 0 500); do
   rmdir "c$i"
 done
 cd "c$i"
-python3 -c 'import os; [os.mkdir(str(k)) for k in range(100000)]'
+python3 -c 'import os; [os.mkdir(str(k)) for k in range(2000)]'
 echo flooded
 """
 
@@ -606,6 +611,7 @@ def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(world: World, 
     user's next ``git commit`` in ``app`` runs it as the user."""
     from ..test_git_persistence import host_git, marker
 
+    world.environ["CORRAL_NESTED_SCAN_LIMIT"] = str(_LIMIT)
     app = world.ws("app")
     os.makedirs(app)
     assert host_git(world, app, "init", "-q").returncode == 0

@@ -350,7 +350,7 @@ def test_refuses_to_write_a_secret_path_inside_the_workspace(tmp_path):
     assert not os.path.exists(f"{ws}/.ssh/authorized_keys")
 
 
-def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_path):
+def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_path, monkeypatch):
     """ATK19: apply takes the code paths of the workspace's nested repositories from a walk
     that stops, silently, after 100,000 directories (``nested_code_paths``). One apply lands
     100,000 empty directories in a directory listed before the nested repository ``app``;
@@ -361,6 +361,8 @@ def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_pat
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     ws, state = world
+    limit = 2000  # CORRAL_NESTED_SCAN_LIMIT: the same attack as with the default 100,000
+    monkeypatch.setenv("CORRAL_NESTED_SCAN_LIMIT", str(limit))
     app = f"{ws}/app"
     os.makedirs(app)
     assert _host_git(app, tmp_path, "init", "-q").returncode == 0
@@ -375,7 +377,7 @@ def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_pat
         if names.index(f"c{i}") < names.index("app"):
             break
         os.rmdir(f"{t}/c{i}")
-    for k in range(100_000):
+    for k in range(limit):
         os.mkdir(f"{t}/c{i}/{k}")
     preview.apply()
     preview, t = copy_preview(ws, state)

@@ -138,8 +138,11 @@ static void serve_exec(char *cwd, char **args, char **envp, const int fds[CX_SER
  * What a forked command inherits from this process and another process of the
  * sandbox can change in it without ptrace rights - only the same uid:
  * resource limits (prlimit), nice, scheduling policy and attributes
- * (setpriority, sched_setattr), CPU affinity, I/O priority, the OOM score
- * adjustment and the timer slack. It is taken when serving begins and
+ * (setpriority, sched_setattr), CPU affinity, I/O priority, the timer slack,
+ * and the files of /proc/1 that its owner may write - which for a root caller
+ * is the command's own uid 0 of the user namespace - the OOM score adjustment
+ * and the core dump filter (its autogroup is not inherited: every command
+ * starts a session, and so an autogroup, of its own; comm is refused). It is taken when serving begins and
  * compared before every spawn: a command that changed any of it (ATK18:
  * `prlimit --pid 1` lowered every later command's limits, and at 64
  * descriptors no command could be set up) gets no further command here -
@@ -157,7 +160,21 @@ struct init_state {
     long ioprio;
     long timerslack;
     char oom[24];
+    char coredump[24];
 };
+
+/* The first line of /proc/self/NAME into BUF (empty when it cannot be read). */
+static void read_proc_self(const char *name, char *buf, size_t size) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/self/%s", name);
+    buf[0] = '\0';
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, buf, size - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
+}
 
 static void init_state_read(struct init_state *s) {
     memset(s, 0, sizeof *s);
@@ -171,13 +188,10 @@ static void init_state_read(struct init_state *s) {
     s->attr_ok = syscall(SYS_sched_getattr, 0, s->attr, sizeof s->attr, 0);
     s->ioprio = syscall(SYS_ioprio_get, 1 /* IOPRIO_WHO_PROCESS */, 0);
     s->timerslack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
-    if (fd >= 0) {
-        ssize_t n = read(fd, s->oom, sizeof s->oom - 1);
-        if (n < 0)
-            s->oom[0] = '\0';
-        close(fd);
-    }
+    /* files of /proc/1 the command may write: for a root caller the init's /proc files
+     * belong to uid 0 of the user namespace, the command's own uid (ATK19) */
+    read_proc_self("oom_score_adj", s->oom, sizeof s->oom);
+    read_proc_self("coredump_filter", s->coredump, sizeof s->coredump);
 }
 
 /* What differs between two states (NULL: nothing). */
@@ -200,6 +214,8 @@ static const char *init_state_change(const struct init_state *a, const struct in
         return "its timer slack";
     if (strcmp(a->oom, b->oom) != 0)
         return "its OOM score adjustment";
+    if (strcmp(a->coredump, b->coredump) != 0)
+        return "its core dump filter";
     return NULL;
 }
 
