@@ -367,13 +367,21 @@ class _Policy(_Resolver):
         """
         from ._gitlayout import enclosing_code_paths
 
-        base = root.sandbox_path.rstrip("/")
+        # absolute rows: a path in any supervised root is protected, whichever root's
+        # repository names it (an allowWrite directory another root's config names)
         inside = [
             path
             for path in enclosing_code_paths(root.sandbox_path, own_fd=root.host_fd)
-            if path == root.sandbox_path or path.startswith(base + "/")
+            if self._in_a_root(path)
         ]
         self._protect_code_paths([escape(p) for p in inside], "a trusted repository's")
+
+    def _in_a_root(self, path: str) -> bool:
+        """Whether the absolute *path* is a supervised root or lies below one."""
+        return any(
+            path == r.sandbox_path or path.startswith(r.sandbox_path.rstrip("/") + "/")
+            for r in self._roots
+        )
 
     def _protect_code_paths(self, rels: list[str], whose: str) -> None:
         for rel in rels:
@@ -404,7 +412,7 @@ class _Policy(_Resolver):
                 continue
             for root in self._roots:
                 if root.sandbox_path not in self._spec.open_roots:
-                    found = trusted_code_paths(data, root.sandbox_path, "*")
+                    found = trusted_code_paths(data, root.sandbox_path, "*", source=path)
                     self._protect_code_paths(
                         [
                             f"**/{escape(f[3:])}" if f.startswith("**/") else escape(f)
@@ -428,8 +436,7 @@ class _Policy(_Resolver):
                 self._patterns.append((PathPattern(escape(base) + "/**"), label))
                 continue
             self._protect_code_paths(
-                [escape(p) for p in nested if p.startswith(base + "/")],
-                "a nested repository's",
+                [escape(p) for p in nested if self._in_a_root(p)], "a nested repository's"
             )
 
     def _check_git(self) -> None:

@@ -8,7 +8,7 @@ program. This module answers, for a host directory:
 * :func:`git_shaped` - whether git would take the directory for a gitdir (it
   has ``objects`` and ``refs``, or ``commondir``), so its ``config`` and
   ``hooks/`` are code wherever a ``.git`` file leads to it;
-* :func:`work_tree_config` - the config a work tree's git reads (through its
+* :func:`work_tree_config_files` - the configs a work tree's git reads (through its
   ``.git`` directory, or a ``.git`` file's gitdir and its common dir);
 * :func:`enclosing_code_paths` - every path that the configs of the
   repositories whose work tree holds the directory name as code. Git finds
@@ -48,7 +48,8 @@ __all__ = [
     "nested_code_paths",
     "read_config_file",
     "read_regular_file",
-    "work_tree_config",
+    "work_tree_code_paths",
+    "work_tree_config_files",
 ]
 
 #: The files of a gitdir that git reads as its configuration.
@@ -119,36 +120,6 @@ def read_config_file(path: str) -> bytes:
         os.close(fd)
 
 
-def work_tree_config(dir_fd: int) -> bytes:
-    """The config the work tree *dir_fd*'s git uses: ``.git/config``, or through a ``.git``
-    file (a linked worktree, a submodule) its gitdir's common config; plus the gitdir's
-    ``config.worktree``. Empty when the directory holds no repository."""
-    data = b""
-    gitdir = ".git"
-    link = read_regular_file(dir_fd, ".git", _POINTER_MAX)
-    if link is not None:
-        text = link.strip()
-        if not text.startswith(b"gitdir:"):
-            return b""
-        gitdir = os.fsdecode(text[len(b"gitdir:") :].strip())
-    common = read_regular_file(dir_fd, f"{gitdir}/commondir", _POINTER_MAX)
-    base = gitdir
-    if common is not None:
-        target = os.fsdecode(common.strip())
-        base = target if target.startswith("/") else f"{gitdir}/{target}"
-    for name in (f"{base}/config", f"{gitdir}/config.worktree"):
-        try:
-            fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-        except OSError:
-            continue
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                data += os.read(fd, 1 << 20) + b"\n"
-        finally:
-            os.close(fd)
-    return data
-
-
 def global_git_configs(environ: Mapping[str, str], home: str) -> tuple[str, ...]:
     """The global git configs the git of a user with *environ* and *home* reads:
     ``GIT_CONFIG_GLOBAL``, else ``~/.gitconfig`` and the XDG one."""
@@ -170,7 +141,7 @@ def global_code_patterns(environ: Mapping[str, str], home: str) -> list[tuple[st
     rows: list[tuple[str, str]] = []
     for config in global_git_configs(environ, home):
         label = f"git: a path the user's global git config ({config}) runs code from"
-        for found in trusted_code_paths(read_config_file(config), "/", "*"):
+        for found in trusted_code_paths(read_config_file(config), "/", "*", source=config):
             text = f"**/{escape(found[3:])}" if found.startswith("**/") else "/" + escape(found)
             rows += [(text, label), (text + "/**", label)]
     return rows
@@ -182,12 +153,10 @@ def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[s
 
     Every directory from *directory* up to ``/`` that holds a ``.git`` (a directory or a
     file) is such a work tree; *own_fd*, when given, is how *directory* itself is reached
-    (the broker's descriptor of its root, which may be another view of it, e.g. a
-    preview's overlay). Relative values are taken from the work tree that names them.
-    Git parses a config only when one of the two keys is spelled in it.
+    to see whether it holds one (the broker's descriptor of its root, which may be another
+    view of it, e.g. a preview's overlay). Relative values are taken from the work tree
+    that names them; each config is read by git where it lies, with its includes.
     """
-    from ._gitcheck import trusted_code_paths
-
     found: list[str] = []
     current = posixpath.normpath(directory)
     first = True
@@ -202,16 +171,56 @@ def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[s
                 fd = -1
         if fd >= 0:
             try:
-                if exists_at(fd, ".git"):
-                    data = work_tree_config(fd)
-                    found += ["/" + p for p in trusted_code_paths(data, "/", current)]
+                holds = exists_at(fd, ".git")
             finally:
                 if opened:
                     os.close(fd)
+            if holds:
+                found += work_tree_code_paths(current)
         if current == "/":
             return list(dict.fromkeys(found))
         current = posixpath.dirname(current)
         first = False
+
+
+def work_tree_config_files(tree: str) -> list[str]:
+    """The config files the git of the work tree at the absolute path *tree* reads: its
+    ``.git``'s ``config`` (through a ``.git`` file: the gitdir's common dir's) and the
+    gitdir's ``config.worktree``. The ``.git`` file is read without following a link."""
+    gitdir = f"{tree.rstrip('/')}/.git"
+    try:
+        fd = os.open(gitdir, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        fd = -1  # a directory (O_RDONLY works there too), a link, or nothing
+    if fd >= 0:
+        try:
+            st = os.fstat(fd)
+            text = os.read(fd, _POINTER_MAX) if stat.S_ISREG(st.st_mode) else None
+        finally:
+            os.close(fd)
+        if text is not None:
+            line = text.strip()
+            if not line.startswith(b"gitdir:"):
+                return []
+            target = os.fsdecode(line[len(b"gitdir:") :].strip())
+            gitdir = posixpath.normpath(posixpath.join(tree, target))
+    common = gitdir
+    pointer = read_config_file(f"{gitdir}/commondir")[:_POINTER_MAX].strip()
+    if pointer:
+        common = posixpath.normpath(posixpath.join(gitdir, os.fsdecode(pointer)))
+    return [f"{common}/config", f"{gitdir}/config.worktree"]
+
+
+def work_tree_code_paths(tree: str) -> list[str]:
+    """The absolute paths the configs of the work tree at *tree* name as code."""
+    from ._gitcheck import trusted_code_paths
+
+    found: list[str] = []
+    for config in work_tree_config_files(tree):
+        data = read_config_file(config)
+        if data:
+            found += ["/" + p for p in trusted_code_paths(data, "/", tree, source=config)]
+    return found
 
 
 def nested_code_paths(
@@ -229,8 +238,6 @@ def nested_code_paths(
     (ATK19 made 100,000 directories listed before a nested repository, and the walk never
     reached it). Its callers refuse instead.
     """
-    from ._gitcheck import trusted_code_paths
-
     found: list[str] = []
     base = posixpath.normpath(root).rstrip("/")
     limit = nested_scan_limit() if limit is None else limit
@@ -242,14 +249,12 @@ def nested_code_paths(
             return []
     try:
         walk = os.fwalk(".", dir_fd=root_fd)
-        for seen, (top, dirs, files, dfd) in enumerate(walk):
+        for seen, (top, dirs, files, _dfd) in enumerate(walk):
             if seen >= limit:
                 return None
             rel = top[2:] if top.startswith("./") else ""
             if rel and (".git" in dirs or ".git" in files):
-                data = work_tree_config(dfd)
-                tree = f"{base}/{rel}"
-                found += ["/" + p for p in trusted_code_paths(data, "/", tree)]
+                found += work_tree_code_paths(f"{base}/{rel}")
             dirs[:] = [d for d in dirs if d != ".git"]
     finally:
         if opened >= 0:

@@ -422,13 +422,18 @@ class PathRules:
             return (
                 f"git: {posixpath.dirname(path)} would become a directory shaped like a repository"
             )
-        nested = _nested_code_paths(root)
-        if nested is None:
-            return (
-                f"git: more than {nested_scan_limit()} directories below {root}; corral cannot "
-                "find every repository whose config could run what is written there"
-            )
-        for code in (*enclosing_code_paths(existing), *nested):
+        codes = list(enclosing_code_paths(existing))
+        # every writable root's repositories: the one holding it, and those nested in it
+        # (a code path one names may lie in another root, e.g. an allowWrite directory)
+        for each in dict.fromkeys(written for written, _resolved in self._roots):
+            nested = _nested_code_paths(each)
+            if nested is None:
+                return (
+                    f"git: more than {nested_scan_limit()} directories below {each}; corral "
+                    "cannot find every repository whose config could run what is written there"
+                )
+            codes += [*enclosing_code_paths(each), *nested]
+        for code in codes:
             if _under(path, code) and code != "/":
                 return f"git: a path a trusted repository's config runs code from: {code}"
         for pattern, label in self._global_code_rows():

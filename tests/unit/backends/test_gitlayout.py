@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 
-from corral.backends._gitlayout import enclosing_code_paths, git_shaped, work_tree_config
+import pytest
+
+from corral.backends._gitlayout import enclosing_code_paths, git_shaped, work_tree_config_files
 
 
 def _git(*args: str, cwd: str) -> None:
@@ -49,11 +51,7 @@ def test_a_linked_worktrees_config_is_its_repositorys(tmp_path: object) -> None:
     )
     _git("config", "core.hooksPath", ".githooks", cwd=repo)
     _git("worktree", "add", "-q", f"{root}/wt", cwd=repo)
-    fd = os.open(f"{root}/wt", os.O_PATH | os.O_DIRECTORY)
-    try:
-        assert b"hooksPath = .githooks" in work_tree_config(fd)
-    finally:
-        os.close(fd)
+    assert work_tree_config_files(f"{root}/wt")[0] == f"{repo}/.git/config"
     assert f"{root}/wt/.githooks" in enclosing_code_paths(f"{root}/wt")
 
 
@@ -71,3 +69,22 @@ def test_a_directory_is_shaped_like_a_gitdir_by_objects_and_refs_or_commondir(
         assert git_shaped(fd)
     finally:
         os.close(fd)
+
+
+def test_includes_home_and_an_fsmonitor_command_line_name_code_paths_too(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ATK19's reading: git follows a config's includes, expands ``~/``, and runs an
+    fsmonitor value with arguments through the shell - each names a code path."""
+    root = str(tmp_path)
+    home, repo = f"{root}/home", f"{root}/home/repo"
+    os.makedirs(repo)
+    monkeypatch.setenv("HOME", home)
+    _git("init", "-q", ".", cwd=repo)
+    with open(f"{repo}/.git/extra.inc", "w") as f:
+        f.write("[core]\n\thooksPath = ~/hooks\n")
+    _git("config", "include.path", "extra.inc", cwd=repo)
+    _git("config", "core.fsmonitor", "tools/fsmon.sh --quiet", cwd=repo)
+    found = enclosing_code_paths(repo)
+    assert f"{home}/hooks" in found  # through the include, ~ expanded
+    assert f"{repo}/tools/fsmon.sh" in found  # the program of the command line

@@ -284,3 +284,25 @@ def test_file_tools_never_write_what_a_trusted_git_config_runs(tree: dict[str, s
     denial = PathRules(policy, environ=env).write_denial(f"{ws}/sub/.hooks/pre-push")
     assert denial is not None and "global git config" in denial
     assert PathRules(policy, environ=env).write_denial(f"{ws}/sub/hooks/pre-push") is None
+
+
+def test_a_code_path_in_another_writable_root_is_protected_too(tree: dict[str, str]) -> None:
+    """A repository of the workspace naming, as its hooks path, a directory in an
+    ``allowWrite`` root: the path is code wherever it lies (ATK19's reading)."""
+    import subprocess
+
+    ws, data = tree["ws"], tree["data"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tree["home"]}
+    subprocess.run(["git", "init", "-q", ws], check=True, env=env)
+    subprocess.run(["git", "-C", ws, "config", "core.hooksPath", f"{data}/hooks"], env=env)
+    rules = PathRules(
+        Policy.for_workspace(ws, home=tree["home"]).replace(
+            filesystem=Policy.for_workspace(ws, home=tree["home"]).filesystem.replace(
+                allow_write=(data,)
+            )
+        ),
+        environ=env,
+    )
+    denial = rules.write_denial(f"{data}/hooks/pre-commit")
+    assert denial is not None and "runs code from" in denial
+    assert rules.write_denial(f"{data}/other.txt") is None
