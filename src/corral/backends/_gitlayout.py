@@ -236,7 +236,8 @@ def nested_code_paths(
     a symbolic link, never into a ``.git``. A walk that reaches its limit is ``None``,
     never a partial answer: what a sandbox can fill must not turn a protection off
     (ATK19 made 100,000 directories listed before a nested repository, and the walk never
-    reached it). Its callers refuse instead.
+    reached it), and so is a walk that met a directory of this uid it could not read
+    (:func:`_nested_work_trees`). Its callers refuse instead.
     """
     found: list[str] = []
     base = posixpath.normpath(root).rstrip("/")
@@ -245,18 +246,63 @@ def nested_code_paths(
     if root_fd is None:
         try:
             opened = root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            return []  # nothing there (an allowWrite path not made yet)
         except OSError:
-            return []
+            return None
     try:
-        walk = os.fwalk(".", dir_fd=root_fd)
-        for seen, (top, dirs, files, _dfd) in enumerate(walk):
-            if seen >= limit:
-                return None
-            rel = top[2:] if top.startswith("./") else ""
-            if rel and (".git" in dirs or ".git" in files):
-                found += work_tree_code_paths(f"{base}/{rel}")
-            dirs[:] = [d for d in dirs if d != ".git"]
+        trees = _nested_work_trees(root_fd, limit)
     finally:
         if opened >= 0:
             os.close(opened)
+    if trees is None:
+        return None
+    for rel in trees:
+        found += work_tree_code_paths(f"{base}/{rel}")
     return list(dict.fromkeys(found))
+
+
+def _nested_work_trees(root_fd: int, limit: int) -> list[str] | None:
+    """The root-relative paths of the directories below *root_fd* that hold a ``.git``;
+    ``None`` when they cannot all be found: past *limit* directories, or a directory of
+    this uid the walk cannot read (a sandbox may ``chmod 000`` one of its uid's - root
+    reads through it, so for a root caller this never happens). Another user's directory
+    that cannot be read is passed by: this user's git cannot work there either. Never
+    through a symbolic link, never into a ``.git``."""
+    uid = os.geteuid()
+    found: list[str] = []
+    pending = [""]
+    seen = 0
+    while pending:
+        rel = pending.pop()
+        seen += 1
+        if seen > limit:
+            return None
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(rel or ".", flags, dir_fd=root_fd)
+        except PermissionError:
+            try:
+                owner = os.stat(rel or ".", dir_fd=root_fd, follow_symlinks=False).st_uid
+            except OSError:
+                return None
+            if owner == uid:
+                return None
+            continue
+        except (FileNotFoundError, NotADirectoryError, OSError) as exc:
+            if isinstance(exc, (FileNotFoundError, NotADirectoryError)) or exc.errno == 40:
+                continue  # gone, or no longer a directory (ELOOP: a link now): nothing below
+            return None
+        try:
+            with os.scandir(fd) as entries:
+                names = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if rel and any(name == ".git" for name, _ in names):
+            found.append(rel)
+        pending += [
+            f"{rel}/{name}" if rel else name for name, is_dir in names if is_dir and name != ".git"
+        ]
+    return found

@@ -88,3 +88,48 @@ def test_includes_home_and_an_fsmonitor_command_line_name_code_paths_too(
     found = enclosing_code_paths(repo)
     assert f"{home}/hooks" in found  # through the include, ~ expanded
     assert f"{repo}/tools/fsmon.sh" in found  # the program of the command line
+
+
+def test_a_directory_of_this_uid_the_walk_cannot_read_is_no_answer() -> None:
+    """A sandbox can ``chmod 000`` a directory of its uid: a repository below it would be
+    hidden from the walk, so the walk gives no answer (its callers refuse); another
+    user's unreadable directory is passed by (this user's git cannot work there)."""
+    import shutil
+    import sys
+    import tempfile
+
+    # another user must reach it: not under pytest's private directory
+    root = tempfile.mkdtemp(prefix="corral-walk-", dir="/var/tmp")
+    os.chmod(root, 0o755)
+    os.makedirs(f"{root}/ws/locked/app/.git")
+    os.makedirs(f"{root}/ws/other")
+    probe = (
+        "import sys; from corral.backends._gitlayout import nested_code_paths as n; "
+        "print(n(sys.argv[1]))"
+    )
+    prefix: list[str] = []
+    if os.geteuid() == 0:  # root reads through any mode: walk as another user
+        if shutil.which("setpriv") is None:
+            pytest.skip("setpriv (util-linux) is needed to walk as another user")
+        for directory, dirs, _files in os.walk(root):
+            for name in [directory, *(os.path.join(directory, d) for d in dirs)]:
+                os.chown(name, 65534, 65534)
+        os.chmod(root, 0o755)
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    os.chmod(f"{root}/ws/locked", 0)
+    try:
+        walk = subprocess.run(
+            [*prefix, sys.executable, "-c", probe, f"{root}/ws"], capture_output=True, text=True
+        )
+        assert walk.stdout.strip() == "None", walk.stderr
+        if os.geteuid() == 0:  # the same directory, another user's: passed by
+            os.chown(f"{root}/ws/locked", 0, 0)
+            walk = subprocess.run(
+                [*prefix, sys.executable, "-c", probe, f"{root}/ws"],
+                capture_output=True,
+                text=True,
+            )
+            assert walk.stdout.strip() == "[]", walk.stderr
+    finally:
+        os.chmod(f"{root}/ws/locked", 0o755)
+        shutil.rmtree(root, ignore_errors=True)
