@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -1050,3 +1051,217 @@ def test_plugin_and_user_skills_with_shell_injections_are_denied(world: World, v
         out = decision(world, via, "Skill", {"skill": name})
         assert out is not None and out["permissionDecision"] == "deny", (name, out)
     assert decision(world, via, "Skill", {"skill": "init"}) is None  # built in: no file
+
+
+#: a sandboxed script: a gitdir whose config is a comment naming ``include`` (so the hook
+#: has git read it, with its includes) and then 64 GiB of a sparse hole that git reads to
+#: the end; four ``.git`` files lead to it. The git check lets it stand: git finds no
+#: entry in its first MiB, and ``g`` is no directory shaped like a gitdir
+_SLOW_CONFIG = r"""
+set -e
+mkdir g
+printf '# include\n#' > g/config
+truncate -s 64G g/config
+for d in r1 r2 r3 r4; do mkdir "$d"; printf 'gitdir: ../g\n' > "$d/.git"; done
+echo planted
+"""
+
+
+def test_a_sandbox_cannot_stall_the_hook_past_claude_codes_timeout(world: World, via: str) -> None:
+    """ATK20: Claude Code kills a PreToolUse hook that runs longer than its ``timeout``
+    (corral installs 30 s: ``claude_settings.TIMEOUT``) and then runs the tool call as if
+    no hook had answered. The hook's Write/Edit decision reads every nested repository's
+    config with git (``trusted_code_paths``, ``git config --file C --includes``), one git
+    per ``.git`` found, each allowed 30 s. A sandboxed command plants ``.git`` files
+    leading to a config that is a comment naming ``include`` and a 64 GiB sparse hole
+    (the git check passes it: no entry). Every later Write decision below the workspace
+    then takes 30 s and more; Claude Code kills it and the Write lands - here
+    ``shared-hooks/pre-commit``, ``app``'s ``core.hooksPath``, and the user's next
+    ``git commit`` in ``app`` runs it as the user."""
+    import signal
+
+    from corral.integrations.claude_settings import TIMEOUT
+
+    from ..test_git_persistence import host_git, marker
+
+    app = world.ws("app")
+    os.makedirs(app)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    planted = world.run(_SLOW_CONFIG)
+    assert planted.returncode == 0 and planted.stdout.endswith(b"planted\n"), planted.stderr
+    content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    data = json.dumps(payload(world, "Write", {"file_path": hook, "content": content})).encode()
+    # the hook as Claude Code runs it: killed after TIMEOUT seconds, and then the tool runs
+    proc = subprocess.Popen(
+        [*client_command(via), "hook", "claude-code"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=world.environ,
+        cwd=world.workspace,
+        start_new_session=True,
+    )
+    try:
+        out, _err = proc.communicate(data, timeout=TIMEOUT)
+        killed = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _err = proc.communicate()
+        killed = True
+    answer = None if killed or not out.strip() else json.loads(out)["hookSpecificOutput"]
+    blocked = not killed and (
+        proc.returncode == 2 or (answer is not None and answer["permissionDecision"] == "deny")
+    )
+    if not blocked:
+        World.write(hook, content)  # Claude Code's Write, on the host
+        host_git(world, app, "commit", "-q", "--allow-empty", "-m", "next")
+    # a served hook's git goes on in the server until its own 30 s bound
+    for _ in range(100):
+        if not subprocess.run(["pgrep", "-f", world.ws("g")], capture_output=True).stdout:
+            break
+        time.sleep(0.5)
+    assert not os.path.exists(marker(world)), (
+        f"the hook ran past Claude Code's {TIMEOUT} s (killed: {killed}); Write landed {hook} "
+        "and git ran it"
+    )
+
+
+def test_a_global_configs_conditional_include_protects_its_hooks_path(
+    world: World, via: str
+) -> None:
+    """ATK20: the user's ``~/.gitconfig`` includes a config for the repositories below the
+    workspace (``[includeIf "gitdir:WS/"]``, the usual way to keep work settings apart),
+    and that one sets ``core.hooksPath = .githooks``. corral reads each config "by git where
+    it lies, its include/includeIf files counting" - with ``git config --file C
+    --includes``, in whatever directory the reader happens to run: git evaluates a
+    ``gitdir:`` condition against the repository of *that* directory, so in the corral
+    server (the fast hook and served runs) the condition is false and ``.githooks`` is not
+    protected. Write (and a sandboxed command the hook rewrites) lands
+    ``.githooks/pre-commit``, and the user's next ``git commit`` runs it."""
+    from ..test_git_persistence import host_git, marker
+
+    assert host_git(world, world.workspace, "init", "-q").returncode == 0
+    work = World.write(
+        os.path.join(world.home, ".gitconfig-work"), "[core]\n\thooksPath = .githooks\n"
+    )
+    World.write(
+        os.path.join(world.home, ".gitconfig"),
+        f'[includeIf "gitdir:{world.workspace}/"]\n\tpath = {work}\n',
+    )
+    hook = World.write(world.ws(".githooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    failures = []
+    content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    out = decision(world, via, "Write", {"file_path": hook, "content": content})
+    if out is None or out["permissionDecision"] != "deny":
+        World.write(hook, content)  # Claude Code's Write, on the host
+        host_git(world, world.workspace, "commit", "-q", "--allow-empty", "-m", "written")
+        if os.path.exists(marker(world)):
+            failures.append(f"Write landed {hook}; git ran it ({out})")
+            os.unlink(marker(world))
+    World.write(hook, "#!/bin/sh\nexit 0\n")  # (the user's own hook again)
+    if via == "corral-client":  # a Bash call, as the hook rewrites it: served by the server
+        command = f"printf '{content}' > .githooks/pre-commit"
+        out = decision(world, via, "Bash", {"command": command, "description": "t"})
+        assert out is not None and out["permissionDecision"] == "allow", out
+        bash(world, out["updatedInput"]["command"])
+        host_git(world, world.workspace, "commit", "-q", "--allow-empty", "-m", "sandboxed")
+        if os.path.exists(marker(world)):
+            failures.append("a served sandboxed command wrote .githooks/pre-commit; git ran it")
+    assert not failures, failures
+
+
+#: a sandboxed script: renames ``sub`` (which holds the user's nested repository ``app``)
+#: to ``zz`` and back for 15 s, next to 1,500 directories the walk visits meanwhile; then,
+#: ``sub`` in place again, it waits (a background call) until the test says ``done``
+_RENAME_RACE = r"""
+mkdir big && python3 -c 'import os; [os.mkdir("big/%d" % k) for k in range(1500)]'
+python3 - <<'EOF'
+import os, time
+end = time.time() + 15
+while time.time() < end:
+    os.rename("sub", "zz")
+    os.rename("zz", "sub")
+open("raced", "w").close()
+while not os.path.exists("done") and time.time() < end + 60:
+    time.sleep(0.1)
+EOF
+"""
+
+
+def test_a_background_call_cannot_hide_a_nested_repository_by_renaming_it(
+    world: World, via: str
+) -> None:
+    """ATK20: the walk for nested repositories (``_gitlayout.nested_code_paths``) lists a
+    directory and opens its subdirectories later, by name; one that is gone by then is
+    passed by as "nothing below" - but a rename moved it, under a name the listing never
+    had. A background sandboxed call renames ``sub`` (holding the user's ``app``, whose
+    ``core.hooksPath = ../../shared-hooks``) back and forth; nearly every Write decision
+    meanwhile misses ``app`` and lets Write land ``shared-hooks/pre-commit``. The call
+    then leaves ``sub`` in place and lasts; the user's ``git commit`` in ``app`` runs the
+    hook (the git check quarantines the moved repository's config only when the call
+    ends)."""
+    from ..test_git_persistence import host_git, marker
+
+    app = world.ws("sub", "app")
+    os.makedirs(app)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", "../../shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    racer = subprocess.Popen(
+        [*client_command("corral"), "run", "-c", _RENAME_RACE],
+        cwd=world.workspace,
+        env=world.environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    answers = []
+    try:
+        time.sleep(3)
+        for _ in range(10):
+            out = decision(world, via, "Write", {"file_path": hook, "content": content})
+            answers.append(None if out is None else out["permissionDecision"])
+            if out is None or out["permissionDecision"] != "deny":
+                World.write(hook, content)  # Claude Code's Write, on the host
+                break
+            time.sleep(0.3)
+        for _ in range(300):
+            if os.path.exists(world.ws("raced")):
+                break
+            time.sleep(0.1)
+        host_git(world, app, "commit", "-q", "--allow-empty", "-m", "meanwhile")
+    finally:
+        World.write(world.ws("done"), "")
+        racer.communicate(timeout=120)
+    assert not os.path.exists(marker(world)), (
+        f"Write landed {hook} while a background call renamed sub ({answers}); git ran it"
+    )
+
+
+def test_a_directory_made_unreadable_hides_no_nested_repository(world: World) -> None:
+    """ATK20: ``os.fwalk`` (the committed walk for nested repositories) passes by a
+    directory it cannot open without a word. The broker walks with no capabilities (its
+    thread dropped them), so a root caller's sandbox ``chmod 000 app`` (its uid's own
+    directory) hides ``app``'s ``core.hooksPath = ../shared-hooks`` from the next call's
+    broker, which writes ``shared-hooks/pre-commit`` and restores the mode; the user's
+    ``git commit`` in ``app`` runs it. Fails at 37b5ef3; the walk in main's working tree
+    (a directory of this uid it cannot read: no answer) holds."""
+    from ..test_git_persistence import host_git, marker
+
+    app = world.ws("app")
+    os.makedirs(app)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    assert world.run("chmod 000 app").returncode == 0
+    content = f"#!/bin/sh\ntouch {marker(world)}\n"
+    world.run(f"printf '{content}' > shared-hooks/pre-commit; chmod 755 app")
+    os.chmod(app, 0o755)
+    host_git(world, app, "commit", "-q", "--allow-empty", "-m", "next")
+    assert not os.path.exists(marker(world)), "a sandboxed command wrote app's hooks path"
