@@ -323,7 +323,13 @@ class Broker(_Emulator):
                             # ctypes is loaded on the first notification only: runs
                             # that never write the workspace do not pay for it
                             self._load_native()
-                            self._protect_other_hook_paths()
+                            # under the roots' locks: no other broker of these roots moves a
+                            # repository while they are walked and their configs read
+                            self._locks.acquire()
+                            try:
+                                self._protect_other_hook_paths()
+                            finally:
+                                self._locks.release()
                         notif[:] = bytes(_NOTIF_SIZE)
                         try:
                             fcntl.ioctl(self._listener, _IOCTL_RECV, notif, True)

@@ -25,9 +25,7 @@ from ._gitlayout import (
     SHAPE_NAMES,
     exists_at,
     git_shaped,
-    nested_code_paths,
     nested_scan_limit,
-    read_config_file,
     read_regular_file,
 )
 
@@ -365,16 +363,28 @@ class _Policy(_Resolver):
         was writable in one run). Git parses a config only when one of the two keys is
         spelled in it.
         """
-        from ._gitlayout import enclosing_code_paths
+        import time
+
+        from ._gitlayout import CodePaths, CodePathsUnknown
 
         # absolute rows: a path in any supervised root is protected, whichever root's
         # repository names it (an allowWrite directory another root's config names)
-        inside = [
-            path
-            for path in enclosing_code_paths(root.sandbox_path, own_fd=root.host_fd)
-            if self._in_a_root(path)
-        ]
+        reader = CodePaths(deadline=time.monotonic() + _READ_BOUND)
+        try:
+            found = reader.enclosing(root.sandbox_path, own_fd=root.host_fd)
+        except CodePathsUnknown as exc:
+            self._refuse_root(root, str(exc))
+            return
+        inside = [path for path in found if self._in_a_root(path)]
         self._protect_code_paths([escape(p) for p in inside], "a trusted repository's")
+
+    def _refuse_root(self, root: _Root, reason: str) -> None:
+        """Refuse every write below *root*: what a trusted config runs as code there could
+        not be told (:class:`~._gitlayout.CodePathsUnknown`), so nothing written there can
+        be told not to be code."""
+        base = escape(root.sandbox_path.rstrip("/"))
+        label = f"git: {reason} (every write below {root.sandbox_path} is refused)"
+        self._patterns += [(PathPattern(base), label), (PathPattern(base + "/**"), label)]
 
     def _in_a_root(self, path: str) -> bool:
         """Whether the absolute *path* is a supervised root or lies below one."""
@@ -404,40 +414,48 @@ class _Policy(_Resolver):
         most :data:`~._gitlayout.NESTED_SCAN_LIMIT` directories per root, never through a
         symlink, and not into ``.git`` directories.
         """
-        from ._gitcheck import trusted_code_paths
+        import time
 
-        for path in self._spec.git_configs:
-            data = read_config_file(path)
-            if not data:
-                continue
-            for root in self._roots:
-                if root.sandbox_path not in self._spec.open_roots:
-                    found = trusted_code_paths(data, root.sandbox_path, "*", source=path)
-                    self._protect_code_paths(
-                        [
-                            f"**/{escape(f[3:])}" if f.startswith("**/") else escape(f)
-                            for f in found
-                        ],
-                        f"the user's global ({path})",
-                    )
+        from ._gitlayout import CodePaths, CodePathsUnknown, enclosing_work_trees, nested_work_trees
+
+        reader = CodePaths(deadline=time.monotonic() + _READ_BOUND)
+        trees: list[str] = []
         for root in self._roots:
             if root.sandbox_path in self._spec.open_roots:
                 continue
-            base = root.sandbox_path.rstrip("/")
-            nested = nested_code_paths(root.sandbox_path, root_fd=root.host_fd)
-            if nested is None:
-                # not every repository below the root could be found: nothing written there
-                # can be told not to be one's code path (gitlayout.nested_code_paths)
-                label = (
-                    f"git: more than {nested_scan_limit()} directories below {root.sandbox_path}; "
-                    "corral cannot find every repository whose config could run what is "
-                    "written there (use a smaller workspace)"
-                )
-                self._patterns.append((PathPattern(escape(base) + "/**"), label))
+            try:
+                # the broker walks between two of its operations: no sandbox of this root
+                # moves a name meanwhile (its every move is one of them, and the other
+                # brokers of the root wait for this one's locks around each)
+                nested = nested_work_trees(root.sandbox_path, root_fd=root.host_fd)
+                if nested is None:
+                    raise CodePathsUnknown(
+                        f"more than {nested_scan_limit()} directories below "
+                        f"{root.sandbox_path}, or one of them unreadable: corral cannot find "
+                        "every repository whose config could run what is written there "
+                        "(use a smaller workspace)"
+                    )
+                found = [p for tree in nested for p in reader.tree(tree)]
+            except CodePathsUnknown as exc:
+                self._refuse_root(root, str(exc))
                 continue
+            trees += nested
+            trees += enclosing_work_trees(root.sandbox_path, own_fd=root.host_fd)
             self._protect_code_paths(
-                [escape(p) for p in nested if self._in_a_root(p)], "a nested repository's"
+                [escape(p) for p in found if self._in_a_root(p)], "a nested repository's"
             )
+        try:
+            rows = reader.global_patterns(self._spec.git_configs, trees=trees)
+        except CodePathsUnknown as exc:
+            for root in self._roots:
+                if root.sandbox_path not in self._spec.open_roots:
+                    self._refuse_root(root, str(exc))
+            return
+        for text, label in rows:
+            try:
+                self._patterns.append((PathPattern(text), label))
+            except ValueError:
+                continue
 
     def _check_git(self) -> None:
         """Run the git check over what this run touched (all its processes are gone)."""
@@ -471,6 +489,11 @@ class _Policy(_Resolver):
 
 
 #: Directories visited per root when looking for nested repositories' configs.
+
+
+#: seconds the broker may spend reading trusted git configs at its start or its first
+#: write (past it: every write below the root is refused)
+_READ_BOUND = 20.0
 
 
 def _land_copy(dir_fd: int, name: str, data: bytes, mode: int) -> None:

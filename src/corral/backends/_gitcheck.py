@@ -48,7 +48,6 @@ __all__ = [
     "Journal",
     "check_root",
     "config_problem",
-    "trusted_code_paths",
 ]
 
 QUARANTINE_SUFFIX = ".corral-quarantined"
@@ -103,6 +102,8 @@ SAFE_KEYS: tuple[tuple[str, bool, str, str, str], ...] = (
 
 _KEYS = {(section, sub, key): kind for section, sub, key, kind, _reason in SAFE_KEYS}
 _BOOLS = frozenset({"", "true", "false", "yes", "no", "on", "off", "1", "0"})
+#: the values git takes for a boolean (a code key set to one names no program)
+GIT_BOOLEANS = _BOOLS
 _UPDATES = frozenset({"checkout", "rebase", "merge", "none"})
 _REBASES = _BOOLS | {"merges", "interactive", "i", "m"}
 #: areas a redirect may not lead into: the sandbox could write there
@@ -243,78 +244,6 @@ def _value_ok(kind: str, value: str) -> bool:
         transport_helper = bool(sep) and all(c.isalnum() or c in "+-." for c in scheme)
         return not (transport_helper or value.startswith("-") or "\n" in value)
     return True
-
-
-def trusted_code_paths(
-    data: bytes, root: str, worktree: str | None = None, *, source: str | None = None
-) -> list[str]:
-    """Root-relative paths a trusted git config runs code from, inside *root*.
-
-    ``core.hooksPath`` and a ``core.fsmonitor`` program (its whole value, and the first
-    word of a command line: git runs a value with arguments through the shell);
-    relative values are relative to the work tree *worktree* (default: *root*), and
-    ``~/`` is this user's home, as git expands it. With *worktree* ``"*"`` (a global
-    config: every work tree), a relative value comes back as a pattern ``**/VALUE``.
-    With *source*, the config's own path, git reads it there and follows its
-    ``include``/``includeIf`` files as it would (relative to it); else it parses *data*
-    without them. Git runs only when one of the keys, or an include, is spelled in *data*
-    (case-insensitively).
-    """
-    low = data.lower()
-    if b"hookspath" not in low and b"fsmonitor" not in low and b"include" not in low:
-        return []
-    import shutil
-    import subprocess
-
-    git = shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
-    if git is None:
-        return []
-    env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "PATH": "/usr/bin:/bin"}
-    home = os.path.expanduser("~")
-    if home.startswith("/"):
-        env["HOME"] = home  # where git's "~/" in a path or an include leads
-    where = ["--file", source, "--includes"] if source else ["--file", "-", "--no-includes"]
-    proc = subprocess.run(
-        [git, "config", *where, "--null", "--get-regexp", r"^core\.(hookspath|fsmonitor)$"],
-        input=None if source else data,
-        stdin=subprocess.DEVNULL if source else None,
-        capture_output=True,
-        env=env,
-        check=False,
-        timeout=30,
-    )
-    values: list[str] = []
-    for entry in proc.stdout.split(b"\0"):
-        name, _, value_b = entry.partition(b"\n")
-        value = os.fsdecode(value_b).strip()
-        if not value or value.lower() in _BOOLS:
-            continue
-        values.append(value)
-        if name.lower() == b"core.fsmonitor" and any(c.isspace() for c in value):
-            import shlex
-
-            try:
-                words = shlex.split(value)
-            except ValueError:
-                words = value.split()
-            if words:
-                values.append(words[0])
-    found: list[str] = []
-    base = root.rstrip("/")
-    tree = base if worktree is None else worktree.rstrip("/")
-    for value in values:
-        if value == "~" or value.startswith("~/"):
-            value = home + value[1:]
-        if not value.startswith("/") and tree == "*":
-            relative = os.path.normpath(value)
-            if not relative.startswith(".."):
-                found.append(f"**/{relative}")
-                continue
-            continue  # above every work tree: outside the roots as far as can be told
-        path = os.path.normpath(value if value.startswith("/") else f"{tree}/{value}")
-        if path.startswith(base + "/"):
-            found.append(path[len(base) + 1 :])
-    return list(dict.fromkeys(found))
 
 
 class _Checker:

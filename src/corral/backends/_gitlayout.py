@@ -32,23 +32,31 @@ import stat
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
+
+    from ._broker_lock import RootLocks
 
 __all__ = [
+    "CONFIG_MAX",
     "CONFIG_NAMES",
     "NESTED_SCAN_LIMIT",
     "SHAPE_CONFIG",
     "SHAPE_HOOK",
     "SHAPE_NAMES",
+    "CodePaths",
+    "CodePathsUnknown",
     "enclosing_code_paths",
+    "enclosing_work_trees",
     "exists_at",
     "git_shaped",
     "global_code_patterns",
     "global_git_configs",
     "nested_code_paths",
+    "nested_scan_limit",
+    "nested_work_trees",
     "read_config_file",
     "read_regular_file",
-    "work_tree_code_paths",
+    "roots_held",
     "work_tree_config_files",
 ]
 
@@ -130,33 +138,247 @@ def global_git_configs(environ: Mapping[str, str], home: str) -> tuple[str, ...]
     return (f"{home}/.gitconfig", f"{xdg.rstrip('/')}/git/config")
 
 
-def global_code_patterns(environ: Mapping[str, str], home: str) -> list[tuple[str, str]]:
-    """``(pattern, label)`` rows of what the global git configs of a user with *environ* and
-    *home* run as code: a relative value applies in every work tree (``**/VALUE`` and
-    below), an absolute one is itself and what is below it. Values are escaped, never
-    read as globs."""
-    from ..policy._glob import escape
-    from ._gitcheck import trusted_code_paths
-
-    rows: list[tuple[str, str]] = []
-    for config in global_git_configs(environ, home):
-        label = f"git: a path the user's global git config ({config}) runs code from"
-        for found in trusted_code_paths(read_config_file(config), "/", "*", source=config):
-            text = f"**/{escape(found[3:])}" if found.startswith("**/") else "/" + escape(found)
-            rows += [(text, label), (text + "/**", label)]
-    return rows
+class CodePathsUnknown(Exception):
+    """What a trusted git config runs as code could not be told: a config over
+    :data:`CONFIG_MAX`, git failing on it (an include cycle, a broken file), the reader's
+    deadline passed, or a walk for nested repositories without an answer. Every caller
+    refuses then (the broker every write below the root, the hook the tool call, apply the
+    change set): what a sandbox can make large or slow never turns a protection off."""
 
 
-def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[str]:
-    """The absolute paths that the configs of the repositories whose work tree holds the
-    absolute *directory* name as code (``core.hooksPath``, a ``core.fsmonitor`` program).
+#: the largest config git is asked to read (git reads a config, and its includes, whole)
+CONFIG_MAX = 1 << 20
+#: seconds one git may take on one config
+_GIT_BOUND = 5.0
 
-    Every directory from *directory* up to ``/`` that holds a ``.git`` (a directory or a
-    file) is such a work tree; *own_fd*, when given, is how *directory* itself is reached
-    to see whether it holds one (the broker's descriptor of its root, which may be another
-    view of it, e.g. a preview's overlay). Relative values are taken from the work tree
-    that names them; each config is read by git where it lies, with its includes.
+
+class CodePaths:
+    """One reading of what trusted git configs run as code (``core.hooksPath``, a
+    ``core.fsmonitor`` program), within *deadline* (monotonic seconds; None: unbounded).
+
+    Each config is read by git where it lies, with its ``include`` and ``includeIf``
+    files, in the work tree it serves - so a condition (``gitdir:``, ``onbranch:``) is
+    judged for that repository, never for the reader's own directory (ATK20) - and a
+    value is taken as git takes it: ``~/`` is the user's home, a relative value is
+    relative to the work tree, an fsmonitor command line runs its first word. One config
+    is read once per git directory (a thousand ``.git`` files leading to one gitdir cost
+    one git run). Raises :class:`CodePathsUnknown` rather than answer less.
     """
+
+    def __init__(self, *, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self._values: dict[tuple[str, str], tuple[str, ...]] = {}
+
+    # ------------------------------------------------------------ reading
+    def values(self, config: str, *, cwd: str, key: str) -> tuple[str, ...]:
+        """The code values *config* holds, read by git in *cwd*; ``key`` names what a
+        condition of its includes depends on there (the git directory)."""
+        cached = self._values.get((config, key))
+        if cached is None:
+            cached = self._values[(config, key)] = tuple(self._read(config, cwd))
+        return cached
+
+    def _read(self, config: str, cwd: str) -> list[str]:
+        data = read_config_file(config)
+        low = data.lower()
+        if b"hookspath" not in low and b"fsmonitor" not in low and b"include" not in low:
+            return []  # nothing to ask git (the run path imports no subprocess for this)
+        import subprocess
+        import time
+
+        try:
+            size = os.stat(config).st_size
+        except OSError:
+            return []
+        if size > CONFIG_MAX:
+            raise CodePathsUnknown(f"the git config {config} is larger than {CONFIG_MAX} bytes")
+        git = _git()
+        if git is None:
+            raise CodePathsUnknown("git is not installed: its configs cannot be read")
+        bound = _GIT_BOUND
+        if self.deadline is not None:
+            bound = min(bound, self.deadline - time.monotonic())
+            if bound <= 0:
+                raise CodePathsUnknown("the git configs could not be read in time")
+        env = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+        env["PATH"] = "/usr/bin:/bin"
+        home = os.path.expanduser("~")
+        if home.startswith("/"):
+            env["HOME"] = home  # where git's "~/" in a path or an include leads
+        try:
+            proc = subprocess.run(
+                [
+                    git,
+                    "config",
+                    "--file",
+                    config,
+                    "--includes",
+                    "--null",
+                    "--get-regexp",
+                    r"^core\.(hookspath|fsmonitor)$",
+                ],
+                cwd=cwd if os.path.isdir(cwd) else "/",
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                env=env,
+                check=False,
+                timeout=bound,
+            )
+        except subprocess.TimeoutExpired:
+            raise CodePathsUnknown(f"git took too long reading {config}") from None
+        if proc.returncode not in (0, 1):  # 1: no such key
+            detail = proc.stderr.decode("utf-8", "replace").strip()[:200]
+            raise CodePathsUnknown(f"git cannot read the config {config}: {detail}")
+        return _code_values(proc.stdout, home)
+
+    # ------------------------------------------------------------ work trees
+    def tree(self, tree: str) -> list[str]:
+        """The absolute paths the configs of the work tree at *tree* name as code."""
+        gitdir, configs = work_tree_config_files(tree)
+        found: list[str] = []
+        for config in configs:
+            for value in self.values(config, cwd=tree, key=gitdir):
+                found.append(posixpath.normpath(posixpath.join(tree, value)))
+        return found
+
+    def enclosing(self, directory: str, *, own_fd: int | None = None) -> list[str]:
+        """The code paths of the repositories whose work tree holds the absolute
+        *directory* (every directory from it up to ``/`` with a ``.git``, a directory or a
+        file); *own_fd*, when given, is how *directory* itself is looked at (the broker's
+        view of its root, e.g. a preview's overlay)."""
+        return [
+            path
+            for tree in enclosing_work_trees(directory, own_fd=own_fd)
+            for path in self.tree(tree)
+        ]
+
+    def nested(
+        self, root: str, *, root_fd: int | None = None, limit: int | None = None
+    ) -> list[str]:
+        """The code paths of the repositories nested below the absolute directory *root*
+        (:func:`nested_work_trees`); raises when they cannot all be found."""
+        trees = nested_work_trees(root, root_fd=root_fd, limit=limit)
+        if trees is None:
+            raise CodePathsUnknown(
+                f"more than {nested_scan_limit()} directories below {root}, or one of them "
+                "unreadable: corral cannot find every repository whose config could run what "
+                "is written there"
+            )
+        return [path for tree in trees for path in self.tree(tree)]
+
+    def global_patterns(
+        self, configs: Sequence[str], *, trees: Sequence[str] = ()
+    ) -> list[tuple[str, str]]:
+        """``(pattern, label)`` rows of what the user's global git *configs* run as code, read
+        in each of *trees* (a condition of an include may hold in one repository and not in
+        another) and outside any: a relative value applies in every work tree (``**/VALUE``
+        and below), an absolute one is itself and what is below it. Escaped, never globs."""
+        from ..policy._glob import escape
+
+        places = [("/", "")]
+        places += [(tree, work_tree_config_files(tree)[0]) for tree in dict.fromkeys(trees)]
+        rows: list[tuple[str, str]] = []
+        for config in configs:
+            label = f"git: a path the user's global git config ({config}) runs code from"
+            seen: set[str] = set()
+            for cwd, gitdir in places:
+                for value in self.values(config, cwd=cwd, key=gitdir):
+                    if value in seen:
+                        continue
+                    seen.add(value)
+                    if value.startswith("/"):
+                        text = escape(posixpath.normpath(value))
+                    else:
+                        relative = posixpath.normpath(value)
+                        if relative.startswith(".."):
+                            continue  # above every work tree: outside the roots as far as known
+                        text = f"**/{escape(relative)}"
+                    rows += [(text, label), (text + "/**", label)]
+        return rows
+
+
+def _git() -> str | None:
+    import shutil
+
+    return shutil.which("git", path="/usr/bin:/bin:/usr/local/bin")
+
+
+def _code_values(output: bytes, home: str) -> list[str]:
+    """The values of ``git config --null --get-regexp`` *output*: booleans dropped, ``~/``
+    expanded, and an fsmonitor command line's first word added to it."""
+    from ._gitcheck import GIT_BOOLEANS
+
+    values: list[str] = []
+    for entry in output.split(b"\0"):
+        name, _, value_b = entry.partition(b"\n")
+        value = os.fsdecode(value_b).strip()
+        if not value or value.lower() in GIT_BOOLEANS:
+            continue
+        found = [value]
+        if name.lower() == b"core.fsmonitor" and any(c.isspace() for c in value):
+            import shlex
+
+            try:
+                words = shlex.split(value)
+            except ValueError:
+                words = value.split()
+            found += words[:1]
+        for each in found:
+            if each == "~" or each.startswith("~/"):
+                each = home + each[1:]
+            values.append(each)
+    return list(dict.fromkeys(values))
+
+
+def global_code_patterns(environ: Mapping[str, str], home: str) -> list[tuple[str, str]]:
+    """:meth:`CodePaths.global_patterns` of the user's global configs outside any
+    repository (no deadline)."""
+    return CodePaths().global_patterns(global_git_configs(environ, home))
+
+
+class roots_held:
+    """Hold the write brokers' locks of *roots* (:class:`~._broker_lock.RootLocks`): no
+    sandbox's broker renames, creates or removes a name below them meanwhile, so a walk of
+    them is one picture (ATK20 renamed a directory back and forth while the hook walked,
+    and the walk passed a nested repository by). Entering raises :class:`CodePathsUnknown`
+    when they cannot be had (another holds them for :data:`~._broker_lock.LOCK_BOUND` s).
+    A plain class, not :mod:`contextlib` (this module is on the run path)."""
+
+    def __init__(self, roots: Sequence[str]) -> None:
+        self._roots = tuple(roots)
+        self._locks: RootLocks | None = None
+
+    def __enter__(self) -> None:
+        from .._exceptions import CorralError
+        from ._broker_lock import RootLocks
+
+        locks = RootLocks()
+        try:
+            for root in self._roots:
+                try:
+                    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                try:
+                    locks.add_root(fd)
+                finally:
+                    os.close(fd)
+            locks.acquire()
+        except (OSError, CorralError) as exc:
+            locks.close()
+            where = ", ".join(self._roots)
+            raise CodePathsUnknown(f"the brokers' locks of {where} cannot be had: {exc}") from None
+        self._locks = locks
+
+    def __exit__(self, *_exc: object) -> None:
+        locks, self._locks = self._locks, None
+        if locks is not None:
+            locks.release()
+            locks.close()
+
+
+def enclosing_work_trees(directory: str, *, own_fd: int | None = None) -> list[str]:
+    """Every directory from the absolute *directory* up to ``/`` that holds a ``.git``."""
     found: list[str] = []
     current = posixpath.normpath(directory)
     first = True
@@ -171,22 +393,29 @@ def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[s
                 fd = -1
         if fd >= 0:
             try:
-                holds = exists_at(fd, ".git")
+                if exists_at(fd, ".git"):
+                    found.append(current)
+            except PermissionError:
+                pass  # not searchable by this uid: its git cannot work there either
             finally:
                 if opened:
                     os.close(fd)
-            if holds:
-                found += work_tree_code_paths(current)
         if current == "/":
-            return list(dict.fromkeys(found))
+            return found
         current = posixpath.dirname(current)
         first = False
 
 
-def work_tree_config_files(tree: str) -> list[str]:
-    """The config files the git of the work tree at the absolute path *tree* reads: its
-    ``.git``'s ``config`` (through a ``.git`` file: the gitdir's common dir's) and the
-    gitdir's ``config.worktree``. The ``.git`` file is read without following a link."""
+def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[str]:
+    """:meth:`CodePaths.enclosing` (no deadline)."""
+    return CodePaths().enclosing(directory, own_fd=own_fd)
+
+
+def work_tree_config_files(tree: str) -> tuple[str, list[str]]:
+    """The git directory of the work tree at the absolute path *tree* and the config
+    files its git reads: the ``config`` of its ``.git`` (through a ``.git`` file: of the
+    gitdir's common dir) and the gitdir's ``config.worktree``. The ``.git`` file is read
+    without following a link; ``("", [])`` when it names no gitdir."""
     gitdir = f"{tree.rstrip('/')}/.git"
     try:
         fd = os.open(gitdir, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -201,35 +430,21 @@ def work_tree_config_files(tree: str) -> list[str]:
         if text is not None:
             line = text.strip()
             if not line.startswith(b"gitdir:"):
-                return []
+                return "", []
             target = os.fsdecode(line[len(b"gitdir:") :].strip())
             gitdir = posixpath.normpath(posixpath.join(tree, target))
     common = gitdir
     pointer = read_config_file(f"{gitdir}/commondir")[:_POINTER_MAX].strip()
     if pointer:
         common = posixpath.normpath(posixpath.join(gitdir, os.fsdecode(pointer)))
-    return [f"{common}/config", f"{gitdir}/config.worktree"]
+    return os.path.realpath(gitdir), [f"{common}/config", f"{gitdir}/config.worktree"]
 
 
-def work_tree_code_paths(tree: str) -> list[str]:
-    """The absolute paths the configs of the work tree at *tree* name as code."""
-    from ._gitcheck import trusted_code_paths
-
-    found: list[str] = []
-    for config in work_tree_config_files(tree):
-        data = read_config_file(config)
-        if data:
-            found += ["/" + p for p in trusted_code_paths(data, "/", tree, source=config)]
-    return found
-
-
-def nested_code_paths(
+def nested_work_trees(
     root: str, *, root_fd: int | None = None, limit: int | None = None
 ) -> list[str] | None:
-    """The absolute paths that the configs of the repositories nested below the absolute
-    directory *root* name as code (``core.hooksPath``, a ``core.fsmonitor`` program),
-    relative values taken from each one's work tree (``app/`` with ``../shared-hooks``
-    names ``<root>/shared-hooks``); ``None`` when they cannot all be found.
+    """The absolute paths of the directories below the absolute *root* that hold a
+    ``.git``; ``None`` when they cannot all be found.
 
     A walk of at most *limit* directories (default :func:`nested_scan_limit`), from
     *root_fd* when given (the broker's view of the root) else from *root*; never through
@@ -237,9 +452,10 @@ def nested_code_paths(
     never a partial answer: what a sandbox can fill must not turn a protection off
     (ATK19 made 100,000 directories listed before a nested repository, and the walk never
     reached it), and so is a walk that met a directory of this uid it could not read
-    (:func:`_nested_work_trees`). Its callers refuse instead.
+    (:func:`_nested_work_trees`). Its callers refuse instead. A sandbox renaming
+    directories during the walk (ATK20) is the callers' to exclude: the broker walks
+    between two of its own operations, the hook and apply hold the brokers' locks.
     """
-    found: list[str] = []
     base = posixpath.normpath(root).rstrip("/")
     limit = nested_scan_limit() if limit is None else limit
     opened = -1
@@ -255,11 +471,18 @@ def nested_code_paths(
     finally:
         if opened >= 0:
             os.close(opened)
-    if trees is None:
+    return None if trees is None else [f"{base}/{rel}" for rel in trees]
+
+
+def nested_code_paths(
+    root: str, *, root_fd: int | None = None, limit: int | None = None
+) -> list[str] | None:
+    """:meth:`CodePaths.nested` (no deadline); ``None`` when not every repository could be
+    found (or read)."""
+    try:
+        return CodePaths().nested(root, root_fd=root_fd, limit=limit)
+    except CodePathsUnknown:
         return None
-    for rel in trees:
-        found += work_tree_code_paths(f"{base}/{rel}")
-    return list(dict.fromkeys(found))
 
 
 def _nested_work_trees(root_fd: int, limit: int) -> list[str] | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 import posixpath
 
+from ..backends._gitlayout import CodePathsUnknown
 from ..policy._glob import PathPattern
 
 TYPE_CHECKING = False
@@ -203,8 +204,12 @@ class PathRules:
         """*environ* (default :data:`os.environ`) says which global git configs the user's
         git reads (``GIT_CONFIG_GLOBAL``, ``HOME``, ``XDG_CONFIG_HOME``)."""
         fs = policy.filesystem
+        import time
+
         env = os.environ if environ is None else environ
         self._environ = env
+        #: when the git configs a write decision reads must have been read (DECISION_BOUND)
+        self._deadline = time.monotonic() + DECISION_BOUND
         roots = [] if fs.read_only else [fs.workspace]
         roots += list(fs.allow_write)
         # (root as written, root resolved): a symlinked workspace is still the workspace
@@ -369,10 +374,8 @@ class PathRules:
             SHAPE_CONFIG,
             SHAPE_HOOK,
             SHAPE_NAMES,
-            enclosing_code_paths,
             exists_at,
             git_shaped,
-            nested_scan_limit,
         )
 
         try:
@@ -422,62 +425,109 @@ class PathRules:
             return (
                 f"git: {posixpath.dirname(path)} would become a directory shaped like a repository"
             )
-        codes = list(enclosing_code_paths(existing))
-        # every writable root's repositories: the one holding it, and those nested in it
-        # (a code path one names may lie in another root, e.g. an allowWrite directory)
-        for each in dict.fromkeys(written for written, _resolved in self._roots):
-            nested = _nested_code_paths(each)
-            if nested is None:
-                return (
-                    f"git: more than {nested_scan_limit()} directories below {each}; corral "
-                    "cannot find every repository whose config could run what is written there"
-                )
-            codes += [*enclosing_code_paths(each), *nested]
+        try:
+            return self._code_denial(path, rel, existing)
+        except CodePathsUnknown as exc:
+            return f"git: {exc}"
+
+    def _code_denial(self, path: str, rel: str, existing: str) -> str | None:
+        """Why *path* may not be written as a path a trusted git config runs as code: of a
+        repository holding it, of every writable root's repositories (holding it or nested
+        in it: a path one names may lie in another root, e.g. an ``allowWrite`` directory),
+        or the user's global configs read in each of those repositories.
+
+        Raises:
+            CodePathsUnknown: not every config could be read in time - the decision has
+                :data:`DECISION_BOUND` seconds, well within Claude Code's hook timeout
+                (ATK20: a hook Claude Code kills lets the tool call run).
+        """
+        from ..backends._gitlayout import (
+            CodePaths,
+            enclosing_work_trees,
+            global_git_configs,
+            roots_held,
+        )
+
+        reader = CodePaths(deadline=self._deadline)
+        roots = list(dict.fromkeys(written for written, _resolved in self._roots))
+        # the walk and every read under the brokers' locks of the roots: no sandbox moves a
+        # repository meanwhile (ATK20 renamed one back and forth: a config read after the
+        # walk found it was gone from its path)
+        with roots_held(roots):
+            trees = list(enclosing_work_trees(existing))
+            for each in roots:
+                trees += enclosing_work_trees(each)
+                trees += _nested_work_trees(each)
+            trees = list(dict.fromkeys(trees))
+            codes = [code for tree in trees for code in reader.tree(tree)]
+            home = self._environ.get("HOME") or os.path.expanduser("~")
+            configs = global_git_configs(self._environ, home)
+            rows = reader.global_patterns(configs, trees=trees)
         for code in codes:
             if _under(path, code) and code != "/":
                 return f"git: a path a trusted repository's config runs code from: {code}"
-        for pattern, label in self._global_code_rows():
+        for text, label in rows:
+            try:
+                pattern = PathPattern(text)
+            except ValueError:
+                continue
             if pattern.matches(rel) or pattern.matches(path):
                 return label
         return None
 
-    def _global_code_rows(self) -> list[tuple[PathPattern, str]]:
-        """The user's global git configs' code paths, as the broker protects them
-        (:func:`~corral.backends._gitlayout.global_code_patterns`)."""
-        from ..backends._gitlayout import global_code_patterns
 
-        home = self._environ.get("HOME") or os.path.expanduser("~")
-        rows: list[tuple[PathPattern, str]] = []
-        for text, label in global_code_patterns(self._environ, home):
-            try:
-                rows.append((PathPattern(text), label))
-            except ValueError:
-                continue
-        return rows
+#: seconds a file tool's decision may spend reading git configs, well within the timeout
+#: corral installs for the hook (claude_settings.TIMEOUT: Claude Code kills a slower hook
+#: and runs the tool call)
+DECISION_BOUND = 10.0
 
-
-#: the code paths of the repositories nested in a root, by root: ``(taken at, paths)``
-_NESTED: dict[str, tuple[float, tuple[str, ...] | None]] = {}
-#: how long they are reused (the corral server answers many decisions in a row); the
-#: configs they come from are the user's own (a sandbox's repository holds only the keys
-#: git writes itself: the git check), so this bounds how late a change of the user's is seen
+#: the repositories nested in a root, by root: ``(taken at, [(work tree, its .git's
+#: (device, inode))])``
+_NESTED: dict[str, tuple[float, tuple[tuple[str, tuple[int, int]], ...]]] = {}
+#: how long they are reused (the corral server answers many decisions in a row), each
+#: still holding the very ``.git`` it held (a sandbox's broker may move a repository, and
+#: leave another at its path); so this bounds only how late the user's own new repository
+#: is seen
 _NESTED_FOR = 2.0
 
 
-def _nested_code_paths(root: str) -> tuple[str, ...] | None:
-    """:func:`~corral.backends._gitlayout.nested_code_paths` of *root* (``None``: not all
-    could be found), reused for :data:`_NESTED_FOR` seconds."""
+def _nested_work_trees(root: str) -> list[str]:
+    """:func:`~corral.backends._gitlayout.nested_work_trees` of *root* (the caller holds
+    the brokers' locks of *root*), reused for :data:`_NESTED_FOR` seconds while every one
+    of them still holds the same ``.git``.
+
+    Raises:
+        CodePathsUnknown: not every repository below *root* could be found.
+    """
     import time
 
-    from ..backends._gitlayout import nested_code_paths
+    from ..backends._gitlayout import nested_scan_limit, nested_work_trees
 
     now = time.monotonic()
     cached = _NESTED.get(root)
-    if cached is not None and now - cached[0] < _NESTED_FOR:
-        return cached[1]
-    found = nested_code_paths(root)
-    paths = None if found is None else tuple(found)
+    if (
+        cached is not None
+        and now - cached[0] < _NESTED_FOR
+        and all(_git_entry(tree) == key for tree, key in cached[1])
+    ):
+        return [tree for tree, _key in cached[1]]
+    found = nested_work_trees(root)
+    if found is None:
+        raise CodePathsUnknown(
+            f"more than {nested_scan_limit()} directories below {root}, or one of them "
+            "unreadable: corral cannot find every repository whose config could run what is "
+            "written there"
+        )
     if len(_NESTED) >= 64:
         _NESTED.clear()
-    _NESTED[root] = (now, paths)
-    return paths
+    _NESTED[root] = (now, tuple((tree, _git_entry(tree)) for tree in found))
+    return found
+
+
+def _git_entry(tree: str) -> tuple[int, int]:
+    """The (device, inode) of *tree*'s ``.git`` entry, not followed; (-1, -1) when none."""
+    try:
+        st = os.lstat(f"{tree}/.git")
+    except OSError:
+        return (-1, -1)
+    return (st.st_dev, st.st_ino)

@@ -53,31 +53,52 @@ def _policy_patterns(policy: Policy, workspace: str) -> list[tuple[str, str]]:
 def _code_path_patterns(workspace: str) -> list[tuple[str, str]]:
     """Rows of what a trusted git config runs as code in *workspace*, taken at apply time
     as the write broker takes them for a run: the configs of the repositories holding it
-    and nested in it, and the user's global ones (``backends/_gitlayout.py``)."""
+    and nested in it (walked holding the brokers' locks: no sandbox moves a repository
+    meanwhile), and the user's global ones read in each of them
+    (``backends/_gitlayout.py``). When that cannot be told - past the walk's bound, a
+    config too large or unreadable, :data:`_APPLY_BOUND` seconds gone - one row refuses
+    every change."""
+    import time
+
     from ..backends._gitlayout import (
-        enclosing_code_paths,
-        global_code_patterns,
-        nested_code_paths,
+        CodePaths,
+        CodePathsUnknown,
+        enclosing_work_trees,
+        global_git_configs,
         nested_scan_limit,
+        nested_work_trees,
+        roots_held,
     )
     from ..policy._glob import escape
 
     base = workspace.rstrip("/")
+    reader = CodePaths(deadline=time.monotonic() + _APPLY_BOUND)
     rows: list[tuple[str, str]] = []
-    nested = nested_code_paths(workspace)
-    if nested is None:  # not every nested repository could be found: nothing may land
-        label = (
-            f"git: more than {nested_scan_limit()} directories in the workspace; corral cannot "
-            "find every repository whose config could run what lands"
-        )
-        rows.append(("**", label))
-        nested = []
-    for path in dict.fromkeys((*enclosing_code_paths(workspace), *nested)):
-        if path == base or path.startswith(base + "/"):
-            label = f"git: a path a trusted repository's config runs code from: {path}"
-            rows += [(escape(path), label), (escape(path) + "/**", label)]
-    home = os.environ.get("HOME") or os.path.expanduser("~")
-    return rows + global_code_patterns(os.environ, home)
+    try:
+        with roots_held([workspace]):  # the walk and every read: no sandbox moves a repo
+            nested = nested_work_trees(workspace)
+            if nested is None:
+                raise CodePathsUnknown(
+                    f"more than {nested_scan_limit()} directories in the workspace, or one of "
+                    "them unreadable: corral cannot find every repository whose config could "
+                    "run what lands"
+                )
+            trees = list(dict.fromkeys([*enclosing_work_trees(workspace), *nested]))
+            found = [p for tree in trees for p in reader.tree(tree)]
+            home = os.environ.get("HOME") or os.path.expanduser("~")
+            globals_ = reader.global_patterns(global_git_configs(os.environ, home), trees=trees)
+        for path in dict.fromkeys(found):
+            if path == base or path.startswith(base + "/"):
+                label = f"git: a path a trusted repository's config runs code from: {path}"
+                rows += [(escape(path), label), (escape(path) + "/**", label)]
+        rows += globals_
+    except CodePathsUnknown as exc:
+        return [("**", f"git: {exc}")]
+    return rows
+
+
+#: seconds apply may spend reading trusted git configs (past it: the change set is refused)
+_APPLY_BOUND = 60.0
 
 
 def _protected(

@@ -89,15 +89,22 @@ def test_ipv6_urls_are_not_transport_helpers() -> None:
     assert config_problem(b'[remote "o"]\n\turl = http://[::1]:8080/r.git\n') is None
 
 
-def test_trusted_code_paths_of_a_nested_and_of_a_global_config() -> None:
-    from corral.backends._gitcheck import trusted_code_paths
+def test_trusted_code_paths_of_a_nested_and_of_a_global_config(tmp_path: object) -> None:
+    from corral.backends._gitlayout import CodePaths
 
-    data = b"[core]\n\thooksPath = .githooks\n\tfsmonitor = ../tools/mon\n"
-    # a nested work tree: relative to it, kept while inside the root
-    assert sorted(trusted_code_paths(data, "/ws", "/ws/lib")) == ["lib/.githooks", "tools/mon"]
+    lib = f"{tmp_path}/ws/lib"
+    os.makedirs(f"{lib}/.git")
+    with open(f"{lib}/.git/config", "w") as f:
+        f.write("[core]\n\thooksPath = .githooks\n\tfsmonitor = ../tools/mon\n")
+    # a nested work tree: relative to it
+    assert sorted(CodePaths().tree(lib)) == [f"{lib}/.githooks", f"{tmp_path}/ws/tools/mon"]
     # a global config: every work tree (any depth); absolute values as they are
-    found = trusted_code_paths(b"[core]\n\thooksPath = h\n\tfsmonitor = /ws/bin/m\n", "/ws", "*")
-    assert sorted(found) == ["**/h", "bin/m"]
-    # above every work tree, or outside the root: nothing of the root's
-    assert trusted_code_paths(b"[core]\n\thooksPath = ../x\n", "/ws", "*") == []
-    assert trusted_code_paths(b"[core]\n\thooksPath = /elsewhere\n", "/ws", "*") == []
+    glob = f"{tmp_path}/gitconfig"
+    with open(glob, "w") as f:
+        f.write("[core]\n\thooksPath = h\n\tfsmonitor = /ws/bin/m\n")
+    rows = {text for text, _label in CodePaths().global_patterns([glob])}
+    assert rows == {"**/h", "**/h/**", "/ws/bin/m", "/ws/bin/m/**"}
+    # above every work tree: no row
+    with open(glob, "w") as f:
+        f.write("[core]\n\thooksPath = ../x\n")
+    assert CodePaths().global_patterns([glob]) == []

@@ -51,7 +51,7 @@ def test_a_linked_worktrees_config_is_its_repositorys(tmp_path: object) -> None:
     )
     _git("config", "core.hooksPath", ".githooks", cwd=repo)
     _git("worktree", "add", "-q", f"{root}/wt", cwd=repo)
-    assert work_tree_config_files(f"{root}/wt")[0] == f"{repo}/.git/config"
+    assert work_tree_config_files(f"{root}/wt")[1][0] == f"{repo}/.git/config"
     assert f"{root}/wt/.githooks" in enclosing_code_paths(f"{root}/wt")
 
 
