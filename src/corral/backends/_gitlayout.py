@@ -10,18 +10,21 @@ program. This module answers, for a host directory:
   ``hooks/`` are code wherever a ``.git`` file leads to it;
 * :func:`work_tree_config_files` - the configs a work tree's git reads (through its
   ``.git`` directory, or a ``.git`` file's gitdir and its common dir);
-* :func:`enclosing_code_paths` - every path that the configs of the
-  repositories whose work tree holds the directory name as code. Git finds
-  those repositories above the directory, so where a writable root begins
+* :class:`CodePaths` - every path that the configs of the repositories holding
+  a directory (:func:`enclosing_work_trees`), of those nested below a root
+  (:func:`nested_work_trees`) and the user's global ones name as code. Git
+  finds a work tree's repositories above it, so where a writable root begins
   must not decide which of them are read: a nested repository a run makes at
   ``tools/`` is the next run's workspace, and ``tools/githooks`` is still the
   enclosing repository's hooks (docs/threat-model.md, "A root never hides a
   protection above it").
 
-Everything is read without following a symbolic link at the last component,
-only from regular files, with a size bound; what is read only ever *adds*
+Pointers are read without following a symbolic link at the last component,
+only from regular files; configs are read by git where they lie, with their
+includes, within a size and a time bound. What is read only ever *adds*
 protection, so a config an earlier sandbox planted can make more paths
-read-only, never fewer.
+read-only, never fewer; and what cannot be read or found is no answer
+(:class:`CodePathsUnknown`): every caller refuses then.
 """
 
 from __future__ import annotations
