@@ -157,6 +157,7 @@ class Broker(_Emulator):
         rows, self._git_rows = _compiled_rows(spec.patterns)
         self._patterns = list(rows)  # a copy: the broker adds a root's own rows to it
         self._reach = {}  # the rows reaching into each root from above it (_reaching_into)
+        self._code_rows_pending = True  # _protect_other_hook_paths, before the first act
         self.journal = Journal()
         self._names = dict(spec.syscall_names)
         self._roots: list[_Root] = []
@@ -323,13 +324,6 @@ class Broker(_Emulator):
                             # ctypes is loaded on the first notification only: runs
                             # that never write the workspace do not pay for it
                             self._load_native()
-                            # under the roots' locks: no other broker of these roots moves a
-                            # repository while they are walked and their configs read
-                            self._locks.acquire()
-                            try:
-                                self._protect_other_hook_paths()
-                            finally:
-                                self._locks.release()
                         notif[:] = bytes(_NOTIF_SIZE)
                         try:
                             fcntl.ioctl(self._listener, _IOCTL_RECV, notif, True)
@@ -406,6 +400,13 @@ class Broker(_Emulator):
                 else:
                     self._lock_roots(name, pid)
                     try:
+                        if self._code_rows_pending:
+                            # once, before the first operation that can act, under the roots'
+                            # locks: no other broker of these roots moves a repository while
+                            # they are walked and their configs read (a lock held past its
+                            # bound fails this operation, EAGAIN, and the next one tries again)
+                            self._protect_other_hook_paths()
+                            self._code_rows_pending = False
                         result = self._dispatch(name, pid, notif_id, args)
                     finally:
                         self._locks.release()

@@ -405,8 +405,9 @@ class _Policy(_Resolver):
         """Protect what the user's global git configs and the nested repositories'
         configs name as code (``core.hooksPath``, ``core.fsmonitor``) inside a root.
 
-        Read once, before the broker serves its first notification (runs that
-        never write do not pay for the walk), which is the pre-run view: the
+        Read once, before the broker's first operation that can act, under the
+        roots' locks (runs that never write do not pay for the walk), which is
+        the pre-run view: the
         configs of repositories that existed before the run are protected rows,
         and the ones the run makes hold only keys git writes itself (neither
         of these). A relative value of a global config applies in every work
