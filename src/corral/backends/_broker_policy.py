@@ -25,7 +25,6 @@ from ._gitlayout import (
     SHAPE_NAMES,
     exists_at,
     git_shaped,
-    nested_scan_limit,
     read_regular_file,
 )
 
@@ -356,7 +355,7 @@ class _Policy(_Resolver):
 
         Every repository whose work tree holds the root counts - the root's own (through
         a ``.git`` directory, or a linked worktree's or submodule's ``.git`` file) and each
-        one above it (:func:`~._gitlayout.enclosing_code_paths`): where a root begins is no
+        one above it (:meth:`~._gitlayout.CodePaths.enclosing`): where a root begins is no
         reason to forget them (ATK17: a nested repository a run made at ``tools/`` became
         the next run's workspace, and the enclosing repository's ``tools/githooks`` was
         writable there; a worktree's ``.git`` is a file, and its repository's hooks path
@@ -429,13 +428,6 @@ class _Policy(_Resolver):
                 # moves a name meanwhile (its every move is one of them, and the other
                 # brokers of the root wait for this one's locks around each)
                 nested = nested_work_trees(root.sandbox_path, root_fd=root.host_fd)
-                if nested is None:
-                    raise CodePathsUnknown(
-                        f"more than {nested_scan_limit()} directories below "
-                        f"{root.sandbox_path}, or one of them unreadable: corral cannot find "
-                        "every repository whose config could run what is written there "
-                        "(use a smaller workspace)"
-                    )
                 found = [p for tree in nested for p in reader.tree(tree)]
             except CodePathsUnknown as exc:
                 self._refuse_root(root, str(exc))

@@ -48,13 +48,10 @@ __all__ = [
     "SHAPE_NAMES",
     "CodePaths",
     "CodePathsUnknown",
-    "enclosing_code_paths",
     "enclosing_work_trees",
     "exists_at",
     "git_shaped",
-    "global_code_patterns",
     "global_git_configs",
-    "nested_code_paths",
     "nested_scan_limit",
     "nested_work_trees",
     "read_config_file",
@@ -255,20 +252,6 @@ class CodePaths:
             for path in self.tree(tree)
         ]
 
-    def nested(
-        self, root: str, *, root_fd: int | None = None, limit: int | None = None
-    ) -> list[str]:
-        """The code paths of the repositories nested below the absolute directory *root*
-        (:func:`nested_work_trees`); raises when they cannot all be found."""
-        trees = nested_work_trees(root, root_fd=root_fd, limit=limit)
-        if trees is None:
-            raise CodePathsUnknown(
-                f"more than {nested_scan_limit()} directories below {root}, or one of them "
-                "unreadable: corral cannot find every repository whose config could run what "
-                "is written there"
-            )
-        return [path for tree in trees for path in self.tree(tree)]
-
     def global_patterns(
         self, configs: Sequence[str], *, trees: Sequence[str] = ()
     ) -> list[tuple[str, str]]:
@@ -331,12 +314,6 @@ def _code_values(output: bytes, home: str) -> list[str]:
                 each = home + each[1:]
             values.append(each)
     return list(dict.fromkeys(values))
-
-
-def global_code_patterns(environ: Mapping[str, str], home: str) -> list[tuple[str, str]]:
-    """:meth:`CodePaths.global_patterns` of the user's global configs outside any
-    repository (no deadline)."""
-    return CodePaths().global_patterns(global_git_configs(environ, home))
 
 
 class roots_held:
@@ -409,11 +386,6 @@ def enclosing_work_trees(directory: str, *, own_fd: int | None = None) -> list[s
         first = False
 
 
-def enclosing_code_paths(directory: str, *, own_fd: int | None = None) -> list[str]:
-    """:meth:`CodePaths.enclosing` (no deadline)."""
-    return CodePaths().enclosing(directory, own_fd=own_fd)
-
-
 def work_tree_config_files(tree: str) -> tuple[str, list[str]]:
     """The git directory of the work tree at the absolute path *tree* and the config
     files its git reads: the ``config`` of its ``.git`` (through a ``.git`` file: of the
@@ -445,14 +417,14 @@ def work_tree_config_files(tree: str) -> tuple[str, list[str]]:
 
 def nested_work_trees(
     root: str, *, root_fd: int | None = None, limit: int | None = None
-) -> list[str] | None:
+) -> list[str]:
     """The absolute paths of the directories below the absolute *root* that hold a
-    ``.git``; ``None`` when they cannot all be found.
+    ``.git``; raises :class:`CodePathsUnknown` when they cannot all be found.
 
     A walk of at most *limit* directories (default :func:`nested_scan_limit`), from
     *root_fd* when given (the broker's view of the root) else from *root*; never through
-    a symbolic link, never into a ``.git``. A walk that reaches its limit is ``None``,
-    never a partial answer: what a sandbox can fill must not turn a protection off
+    a symbolic link, never into a ``.git``. A walk that reaches its limit is no answer,
+    never a partial one: what a sandbox can fill must not turn a protection off
     (ATK19 made 100,000 directories listed before a nested repository, and the walk never
     reached it), and so is a walk that met a directory of this uid it could not read
     (:func:`_nested_work_trees`). Its callers refuse instead. A sandbox renaming
@@ -461,31 +433,28 @@ def nested_work_trees(
     """
     base = posixpath.normpath(root).rstrip("/")
     limit = nested_scan_limit() if limit is None else limit
-    opened = -1
-    if root_fd is None:
+    trees: list[str] | None = None  # none found yet: no answer
+    if root_fd is not None:
+        trees = _nested_work_trees(root_fd, limit)
+    else:
         try:
-            opened = root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return []  # nothing there (an allowWrite path not made yet)
         except OSError:
-            return None
-    try:
-        trees = _nested_work_trees(root_fd, limit)
-    finally:
-        if opened >= 0:
-            os.close(opened)
-    return None if trees is None else [f"{base}/{rel}" for rel in trees]
-
-
-def nested_code_paths(
-    root: str, *, root_fd: int | None = None, limit: int | None = None
-) -> list[str] | None:
-    """:meth:`CodePaths.nested` (no deadline); ``None`` when not every repository could be
-    found (or read)."""
-    try:
-        return CodePaths().nested(root, root_fd=root_fd, limit=limit)
-    except CodePathsUnknown:
-        return None
+            fd = -1  # a root it cannot read: no answer
+        if fd >= 0:
+            try:
+                trees = _nested_work_trees(fd, limit)
+            finally:
+                os.close(fd)
+    if trees is None:
+        raise CodePathsUnknown(
+            f"more than {limit} directories below {root}, or one of them unreadable: corral "
+            "cannot find every repository whose config could run what is written there "
+            "(a smaller workspace, or CORRAL_NESTED_SCAN_LIMIT)"
+        )
+    return [f"{base}/{rel}" for rel in trees]
 
 
 def _nested_work_trees(root_fd: int, limit: int) -> list[str] | None:

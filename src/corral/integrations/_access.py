@@ -457,7 +457,7 @@ class PathRules:
             trees = list(enclosing_work_trees(existing))
             for each in roots:
                 trees += enclosing_work_trees(each)
-                trees += _nested_work_trees(each)
+                trees += _cached_nested_work_trees(each)
             trees = list(dict.fromkeys(trees))
             codes = [code for tree in trees for code in reader.tree(tree)]
             home = self._environ.get("HOME") or os.path.expanduser("~")
@@ -491,7 +491,7 @@ _NESTED: dict[str, tuple[float, tuple[tuple[str, tuple[int, int]], ...]]] = {}
 _NESTED_FOR = 2.0
 
 
-def _nested_work_trees(root: str) -> list[str]:
+def _cached_nested_work_trees(root: str) -> list[str]:
     """:func:`~corral.backends._gitlayout.nested_work_trees` of *root* (the caller holds
     the brokers' locks of *root*), reused for :data:`_NESTED_FOR` seconds while every one
     of them still holds the same ``.git``.
@@ -501,7 +501,7 @@ def _nested_work_trees(root: str) -> list[str]:
     """
     import time
 
-    from ..backends._gitlayout import nested_scan_limit, nested_work_trees
+    from ..backends._gitlayout import nested_work_trees
 
     now = time.monotonic()
     cached = _NESTED.get(root)
@@ -512,12 +512,6 @@ def _nested_work_trees(root: str) -> list[str]:
     ):
         return [tree for tree, _key in cached[1]]
     found = nested_work_trees(root)
-    if found is None:
-        raise CodePathsUnknown(
-            f"more than {nested_scan_limit()} directories below {root}, or one of them "
-            "unreadable: corral cannot find every repository whose config could run what is "
-            "written there"
-        )
     if len(_NESTED) >= 64:
         _NESTED.clear()
     _NESTED[root] = (now, tuple((tree, _git_entry(tree)) for tree in found))

@@ -65,7 +65,6 @@ def _code_path_patterns(workspace: str) -> list[tuple[str, str]]:
         CodePathsUnknown,
         enclosing_work_trees,
         global_git_configs,
-        nested_scan_limit,
         nested_work_trees,
         roots_held,
     )
@@ -77,12 +76,6 @@ def _code_path_patterns(workspace: str) -> list[tuple[str, str]]:
     try:
         with roots_held([workspace]):  # the walk and every read: no sandbox moves a repo
             nested = nested_work_trees(workspace)
-            if nested is None:
-                raise CodePathsUnknown(
-                    f"more than {nested_scan_limit()} directories in the workspace, or one of "
-                    "them unreadable: corral cannot find every repository whose config could "
-                    "run what lands"
-                )
             trees = list(dict.fromkeys([*enclosing_work_trees(workspace), *nested]))
             found = [p for tree in trees for p in reader.tree(tree)]
             home = os.environ.get("HOME") or os.path.expanduser("~")

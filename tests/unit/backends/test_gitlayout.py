@@ -7,7 +7,11 @@ import subprocess
 
 import pytest
 
-from corral.backends._gitlayout import enclosing_code_paths, git_shaped, work_tree_config_files
+from corral.backends._gitlayout import CodePaths, git_shaped, work_tree_config_files
+
+
+def enclosing_code_paths(directory: str) -> list[str]:
+    return CodePaths().enclosing(directory)
 
 
 def _git(*args: str, cwd: str) -> None:
@@ -104,8 +108,9 @@ def test_a_directory_of_this_uid_the_walk_cannot_read_is_no_answer() -> None:
     os.makedirs(f"{root}/ws/locked/app/.git")
     os.makedirs(f"{root}/ws/other")
     probe = (
-        "import sys; from corral.backends._gitlayout import nested_code_paths as n; "
-        "print(n(sys.argv[1]))"
+        "import sys; from corral.backends._gitlayout import CodePathsUnknown, nested_work_trees\n"
+        "try: print(nested_work_trees(sys.argv[1]))\n"
+        "except CodePathsUnknown: print(None)"
     )
     prefix: list[str] = []
     if os.geteuid() == 0:  # root reads through any mode: walk as another user

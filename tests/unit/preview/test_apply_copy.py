@@ -352,7 +352,7 @@ def test_refuses_to_write_a_secret_path_inside_the_workspace(tmp_path):
 
 def test_a_preview_cannot_starve_the_walk_for_nested_repositories(world, tmp_path, monkeypatch):
     """ATK19: apply takes the code paths of the workspace's nested repositories from a walk
-    that stops, silently, after 100,000 directories (``nested_code_paths``). One apply lands
+    that stops, silently, after 100,000 directories (``nested_work_trees``). One apply lands
     100,000 empty directories in a directory listed before the nested repository ``app``;
     the next lands ``shared-hooks/pre-commit`` (``app``'s ``core.hooksPath``), and the
     user's next ``git commit`` in ``app`` runs it."""
