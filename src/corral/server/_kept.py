@@ -52,6 +52,7 @@ from ._cwd_report import tagged_report
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
+    from typing import Any
 
     from ..pipeline._outcome import Outcome
     from ..pipeline._request import ExecRequest
@@ -187,9 +188,7 @@ class KeptSessions:
                 except OSError:
                     return None  # no memfd to be had (out of descriptors): a fresh sandbox
             outcome = kept.resident.run(
-                request.replace(
-                    tmp_dir=kept.tmp_dir, env=(*request.env, (STATE_VARIABLE, str(STATE_FD)))
-                ),
+                _as_kept(request, kept.tmp_dir),
                 policy,
                 on_start=relay.started,  # type: ignore[arg-type]  # the relay's duck type
                 streams=streams,
@@ -284,13 +283,8 @@ class KeptSessions:
             if tmp_dir:
                 _remove_tree(tmp_dir)
             return None, True  # the fresh run reports what is wrong, if anything
-        base = request.replace(
-            argv=("/bin/true",),
-            shell_command=None,
-            stdin_mode="null",
-            stdin=b"",
-            tmp_dir=tmp_dir,
-            env=(*request.env, (STATE_VARIABLE, str(STATE_FD))),
+        base = _as_kept(
+            request, tmp_dir, argv=("/bin/true",), shell_command=None, stdin_mode="null", stdin=b""
         )
         resident = None
         try:
@@ -380,15 +374,15 @@ class KeptSessions:
             except OSError:
                 return False
             sandbox_id = new_sandbox_id()
-            ahead = request.replace(
+            ahead = _as_kept(
+                request,
+                kept.tmp_dir,
                 argv=(argv[0], "-c", LOADER),
                 shell_command=None,
                 sandbox_id=sandbox_id,
                 stdin_mode="null",
                 stdin=b"",
                 capture=True,
-                tmp_dir=kept.tmp_dir,
-                env=(*request.env, (STATE_VARIABLE, str(STATE_FD))),
             )
             try:
                 waiting = kept.resident.start_next(ahead, state_fd=channel)
@@ -410,6 +404,14 @@ class KeptSessions:
             self._kept.clear()
         for kept in released:
             _release(kept)
+
+
+def _as_kept(request: ExecRequest, tmp_dir: str, **changes: Any) -> ExecRequest:
+    """*request* as it runs in a kept sandbox: its ``/tmp`` the sandbox's, the state
+    channel named to it (:data:`STATE_VARIABLE`), and *changes*."""
+    return request.replace(
+        tmp_dir=tmp_dir, env=(*request.env, (STATE_VARIABLE, str(STATE_FD))), **changes
+    )
 
 
 def _state_channel(state: bytes) -> int:
