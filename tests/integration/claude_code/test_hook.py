@@ -553,6 +553,23 @@ def test_file_tools_never_make_a_directory_a_gitdir_through_the_directories_they
     assert any(o is not None and o["permissionDecision"] == "deny" for o in outs), outs
 
 
+def _nested_app(world: World, *parts: str) -> tuple[str, str]:
+    """The user's nested repository at *parts* (``app`` by default) whose ``core.hooksPath``
+    is the workspace's ``shared-hooks``, and that hook (an existing executable one): the
+    repository and the hook's path."""
+    from ..test_git_persistence import host_git
+
+    parts = parts or ("app",)
+    app = world.ws(*parts)
+    os.makedirs(app)
+    up = "../" * len(parts)
+    assert host_git(world, app, "init", "-q").returncode == 0
+    assert host_git(world, app, "config", "core.hooksPath", f"{up}shared-hooks").returncode == 0
+    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
+    os.chmod(hook, 0o755)
+    return app, hook
+
+
 def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
     world: World, via: str
 ) -> None:
@@ -564,13 +581,7 @@ def test_file_tools_never_write_what_a_nested_repositorys_config_runs(
     and the user's next ``git commit`` in ``app`` runs it."""
     from ..test_git_persistence import host_git, marker
 
-    world.environ["CORRAL_NESTED_SCAN_LIMIT"] = str(_LIMIT)
-    app = world.ws("app")
-    os.makedirs(app)
-    assert host_git(world, app, "init", "-q").returncode == 0
-    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
-    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-    os.chmod(hook, 0o755)
+    app, hook = _nested_app(world)
     sandboxed = world.run("echo 'touch /tmp/x' >> shared-hooks/pre-commit")
     assert b"blocked write to" in sandboxed.stderr, sandboxed.stderr
     content = f"#!/bin/sh\ntouch {marker(world)}\n"
@@ -604,7 +615,7 @@ echo flooded
 def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(world: World, via: str) -> None:
     """ATK19: what a nested repository's config runs as code (``app``'s ``core.hooksPath =
     ../shared-hooks``) is found by a walk of the root that stops, silently, after 100,000
-    directories (``backends/_gitlayout.py``, ``nested_code_paths``). A sandboxed command
+    directories (``backends/_gitlayout.py``, ``nested_work_trees``). A sandboxed command
     makes 100,000 empty directories in a directory the walk visits before ``app`` (ext4
     lists by name hash: it tries names until one is listed first); from then on neither the
     write broker nor the hook sees ``app``'s config: a later sandboxed command rewrites
@@ -613,12 +624,7 @@ def test_a_sandbox_cannot_starve_the_walk_for_nested_repositories(world: World, 
     from ..test_git_persistence import host_git, marker
 
     world.environ["CORRAL_NESTED_SCAN_LIMIT"] = str(_LIMIT)
-    app = world.ws("app")
-    os.makedirs(app)
-    assert host_git(world, app, "init", "-q").returncode == 0
-    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
-    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-    os.chmod(hook, 0o755)
+    app, hook = _nested_app(world)
     before = world.run("printf 'exit 0\\n' > shared-hooks/pre-commit")
     assert b"blocked write to" in before.stderr, before.stderr
     flood = world.run(_FLOOD)
@@ -1084,12 +1090,7 @@ def test_a_sandbox_cannot_stall_the_hook_past_claude_codes_timeout(world: World,
 
     from ..test_git_persistence import host_git, marker
 
-    app = world.ws("app")
-    os.makedirs(app)
-    assert host_git(world, app, "init", "-q").returncode == 0
-    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
-    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-    os.chmod(hook, 0o755)
+    app, hook = _nested_app(world)
     planted = world.run(_SLOW_CONFIG)
     assert planted.returncode == 0 and planted.stdout.endswith(b"planted\n"), planted.stderr
     content = f"#!/bin/sh\ntouch {marker(world)}\n"
@@ -1195,7 +1196,7 @@ EOF
 def test_a_background_call_cannot_hide_a_nested_repository_by_renaming_it(
     world: World, via: str
 ) -> None:
-    """ATK20: the walk for nested repositories (``_gitlayout.nested_code_paths``) lists a
+    """ATK20: the walk for nested repositories (``_gitlayout.nested_work_trees``) lists a
     directory and opens its subdirectories later, by name; one that is gone by then is
     passed by as "nothing below" - but a rename moved it, under a name the listing never
     had. A background sandboxed call renames ``sub`` (holding the user's ``app``, whose
@@ -1206,12 +1207,7 @@ def test_a_background_call_cannot_hide_a_nested_repository_by_renaming_it(
     ends)."""
     from ..test_git_persistence import host_git, marker
 
-    app = world.ws("sub", "app")
-    os.makedirs(app)
-    assert host_git(world, app, "init", "-q").returncode == 0
-    assert host_git(world, app, "config", "core.hooksPath", "../../shared-hooks").returncode == 0
-    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-    os.chmod(hook, 0o755)
+    app, hook = _nested_app(world, "sub", "app")
     content = f"#!/bin/sh\ntouch {marker(world)}\n"
     racer = subprocess.Popen(
         [*client_command("corral"), "run", "-c", _RENAME_RACE],
@@ -1253,12 +1249,7 @@ def test_a_directory_made_unreadable_hides_no_nested_repository(world: World) ->
     (a directory of this uid it cannot read: no answer) holds."""
     from ..test_git_persistence import host_git, marker
 
-    app = world.ws("app")
-    os.makedirs(app)
-    assert host_git(world, app, "init", "-q").returncode == 0
-    assert host_git(world, app, "config", "core.hooksPath", "../shared-hooks").returncode == 0
-    hook = World.write(world.ws("shared-hooks", "pre-commit"), "#!/bin/sh\nexit 0\n")
-    os.chmod(hook, 0o755)
+    app, _hook = _nested_app(world)
     assert world.run("chmod 000 app").returncode == 0
     content = f"#!/bin/sh\ntouch {marker(world)}\n"
     world.run(f"printf '{content}' > shared-hooks/pre-commit; chmod 755 app")
